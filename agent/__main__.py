@@ -1,0 +1,5 @@
+"""`python -m agent`: the same entry point as the `restore-agent` console script."""
+
+from agent.cli import main
+
+raise SystemExit(main())

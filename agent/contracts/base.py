@@ -1,0 +1,62 @@
+"""Conventions every contract model follows.
+
+- `WireModel`: exact schema (`extra="forbid"`), strict types (no bool-as-int, no str-as-int),
+  frozen, snake_case attributes with the seeds' camelCase names as aliases. `to_wire()` dumps
+  by alias and omits absent optional fields: the contracts use `field?: T`, never `T | null`,
+  for what may be missing, so `None` in Python always means "absent on the wire".
+- `PassThroughModel`: for documents the agent only reads and passes on (`IService`, cluster and
+  node documents): the fields the agent needs are typed, everything else is kept verbatim.
+- `SafeInt`: an integer JavaScript represents exactly (|n| <= 2^53 - 1).
+- `StreamMarker`: the wire form of a VirtualStream inside a payload.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic.alias_generators import to_camel
+
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "NonNegativeSafeInt",
+    "PassThroughModel",
+    "SafeInt",
+    "StreamMarker",
+    "WireModel",
+]
+
+MAX_SAFE_INTEGER = 2**53 - 1
+
+SafeInt = Annotated[int, Strict(), Field(ge=-MAX_SAFE_INTEGER, le=MAX_SAFE_INTEGER)]
+NonNegativeSafeInt = Annotated[int, Strict(), Field(ge=0, le=MAX_SAFE_INTEGER)]
+
+
+class WireModel(BaseModel):
+    """An exact contract shape."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        serialize_by_alias=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON-ready dict as it goes on the wire (camelCase, absent fields omitted)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class PassThroughModel(WireModel):
+    """A tolerant document: unknown fields are kept and passed on unchanged."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamMarker(WireModel):
+    """`{"_isVirtualStream": true, "streamId": "..."}`: a VirtualStream inside a payload."""
+
+    is_virtual_stream: Literal[True] = Field(alias="_isVirtualStream")
+    stream_id: str = Field(alias="streamId", min_length=1, max_length=256)

@@ -1,0 +1,328 @@
+"""The agent's one exception root, split by who is at fault.
+
+Every failure the agent raises on purpose is an `AgentError`. Each class carries the stable
+kebab-case `code` and the `retryable` flag that travel on the wire (`error.data`, see
+`docs/errors.md` and `../shared/research/decisions.md`), so translating an exception into an
+error envelope is one function (`wire_error_data`) and nothing else re-decides it.
+
+    AgentError                       code            retryable   at fault
+    ├── ConfigError                  internal        no          operator (bad config file)
+    ├── ProtocolError
+    │   ├── LocalProtocolError       internal        yes         us (we misused the protocol)
+    │   └── RemoteProtocolError      internal        no          peer (malformed frame)
+    ├── InvalidState                 internal        yes         us (illegal state-machine move)
+    ├── StoreError                   internal        yes         disk / SQLite
+    │   └── StoreCorrupt             internal        no          disk (integrity_check failed)
+    ├── SessionError                 internal        yes         network / Cloudly
+    │   ├── SessionClosed                                          (websocket closed: code, reason)
+    │   ├── CallTimeout                                            (no reply before the deadline)
+    │   ├── CallFailed                                             (Cloudly answered with `error`)
+    │   └── AuthenticationFailed                                   (machine token refused)
+    ├── TransferError                internal        yes         bytes in flight
+    │   ├── StreamBroken                                           (VirtualStream died mid-way)
+    │   └── IntegrityError           integrity-mismatch  yes     sender or storage (size/sha256)
+    ├── CorestoreError                                           the node's Corestore
+    │   ├── CorestoreUnavailable     corestore-unavailable yes   (unreachable, timeout, 5xx)
+    │   └── CorestoreRefused         corestore-refused   no      (4xx, its text sanitised)
+    └── Refusal                                                  the caller (Cloudly's request)
+        ├── InvalidRequest           invalid-request     no
+        ├── MisroutedCluster         misrouted-cluster   no
+        ├── UnknownNode              unknown-node        no
+        ├── NodeWithoutCorestore     node-without-corestore yes
+        ├── RestoreNotFound          restore-not-found   no
+        ├── RevisionConflict         revision-conflict   no   (+ currentRevision, status)
+        ├── IllegalTransition        illegal-transition  no   (+ currentRevision, status)
+        ├── ObjectNotInManifest      object-not-in-manifest no
+        ├── GrantInvalid             grant-invalid       no
+        ├── PartialRestoreRefused    partial-restore-refused no
+        └── ShuttingDown             shutting-down       yes
+
+Messages are one sentence naming what failed and why. They never quote a grant, token, JWT,
+credential or payload bytes: constructors take the facts, not the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+__all__ = [
+    "AgentError",
+    "AuthenticationFailed",
+    "CallFailed",
+    "CallTimeout",
+    "ConfigError",
+    "CorestoreError",
+    "CorestoreRefused",
+    "CorestoreUnavailable",
+    "GrantInvalid",
+    "IllegalTransition",
+    "IntegrityError",
+    "InvalidRequest",
+    "InvalidState",
+    "LocalProtocolError",
+    "MisroutedCluster",
+    "NodeWithoutCorestore",
+    "ObjectNotInManifest",
+    "PartialRestoreRefused",
+    "ProtocolError",
+    "Refusal",
+    "RemoteProtocolError",
+    "RestoreNotFound",
+    "RevisionConflict",
+    "SessionClosed",
+    "SessionError",
+    "ShuttingDown",
+    "StoreCorrupt",
+    "StoreError",
+    "StreamBroken",
+    "TransferError",
+    "UnknownNode",
+    "wire_error_data",
+]
+
+
+class AgentError(Exception):
+    """Root of every error the agent raises on purpose.
+
+    `data` holds extra machine-readable facts for the wire (camelCase keys); it must never hold a
+    secret.
+    """
+
+    code: ClassVar[str] = "internal"
+    retryable: ClassVar[bool] = True
+
+    def __init__(self, message: str, **data: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.data: dict[str, Any] = data
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# --- the operator's fault ---------------------------------------------------------------------
+
+
+class ConfigError(AgentError):
+    """The configuration file is missing, unreadable or invalid. Start-up stops with exit code 2."""
+
+    retryable = False
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"config {key}: {reason}" if key else f"config: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+# --- protocol -----------------------------------------------------------------------------------
+
+
+class ProtocolError(AgentError):
+    """The TypedRequest/VirtualStream protocol was violated."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We tried to do something the protocol forbids: a bug on our side."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something the protocol forbids (malformed frame, unknown stream...)."""
+
+    retryable = False
+
+
+class InvalidState(AgentError, AssertionError):
+    """An illegal move was asked of an internal state machine; nothing changed."""
+
+
+# --- persistence --------------------------------------------------------------------------------
+
+
+class StoreError(AgentError):
+    """SQLite failed (I/O, locking); the operation did not happen."""
+
+
+class StoreCorrupt(StoreError):
+    """The state database failed its integrity check and was moved aside."""
+
+    retryable = False
+
+
+# --- the Cloudly session ------------------------------------------------------------------------
+
+
+class SessionError(AgentError):
+    """The Cloudly session failed or a call on it did."""
+
+
+class SessionClosed(SessionError):
+    """The websocket closed."""
+
+    def __init__(self, code: int | None, reason: str = "") -> None:
+        super().__init__(
+            f"session closed with code {code}" + (f": {reason}" if reason else ""),
+        )
+        self.close_code = code
+        self.reason = reason
+
+
+class CallTimeout(SessionError, TimeoutError):
+    """An outgoing call got no reply before its deadline."""
+
+    def __init__(self, method: str, timeout: float) -> None:
+        super().__init__(f"{method} got no reply within {timeout:g} s")
+        self.method = method
+        self.timeout = timeout
+
+
+class CallFailed(SessionError):
+    """The peer answered an outgoing call with an `error`."""
+
+    def __init__(self, method: str, text: str, error_data: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"{method} failed: {text}")
+        self.method = method
+        self.text = text
+        self.error_data: dict[str, Any] = dict(error_data or {})
+
+
+class AuthenticationFailed(SessionError):
+    """Cloudly refused the machine token or the identity it issued."""
+
+    retryable = False
+
+
+# --- bytes in flight ----------------------------------------------------------------------------
+
+
+class TransferError(AgentError):
+    """Moving bytes failed."""
+
+
+class StreamBroken(TransferError):
+    """A VirtualStream ended before its closing marker (keep-alive timeout, session lost)."""
+
+
+class IntegrityError(TransferError):
+    """Bytes do not match their declared size or sha256."""
+
+    code = "integrity-mismatch"
+    retryable = True
+
+
+# --- the node's Corestore -----------------------------------------------------------------------
+
+
+class CorestoreError(AgentError):
+    """Corestore could not do what we asked."""
+
+
+class CorestoreUnavailable(CorestoreError, ConnectionError):
+    """Corestore is unreachable, timed out or answered 5xx."""
+
+    code = "corestore-unavailable"
+    retryable = True
+
+
+class CorestoreRefused(CorestoreError):
+    """Corestore answered 4xx; the message carries its sanitised text."""
+
+    code = "corestore-refused"
+    retryable = False
+
+
+# --- the caller's fault (answers to Cloudly's requests) -----------------------------------------
+
+
+class Refusal(AgentError):
+    """A request is refused; nothing changed."""
+
+    retryable = False
+
+
+class InvalidRequest(Refusal):
+    """The request body fails the contract; the message names the first offending field path."""
+
+    code = "invalid-request"
+
+
+class MisroutedCluster(Refusal):
+    """`clusterId` is not the session's cluster."""
+
+    code = "misrouted-cluster"
+
+
+class UnknownNode(Refusal):
+    """The cluster document lists no such node."""
+
+    code = "unknown-node"
+
+
+class NodeWithoutCorestore(Refusal):
+    """The node has no valid Corestore endpoint (retry after a cluster update)."""
+
+    code = "node-without-corestore"
+    retryable = True
+
+
+class RestoreNotFound(Refusal):
+    """No state exists for this cluster/node/restore key."""
+
+    code = "restore-not-found"
+
+
+class RevisionConflict(Refusal):
+    """`expectedRevision` is not current and the request is no exact replay."""
+
+    code = "revision-conflict"
+
+    def __init__(self, *, expected: int, current: int, status: str | None) -> None:
+        super().__init__(
+            f"expectedRevision {expected} is not the current revision {current}",
+            currentRevision=current,
+            status=status,
+        )
+
+
+class IllegalTransition(Refusal):
+    """The request is not allowed in the current status."""
+
+    code = "illegal-transition"
+
+    def __init__(self, *, operation: str, status: str | None, current: int) -> None:
+        where = f"status {status}" if status is not None else "a restore that does not exist"
+        super().__init__(
+            f"{operation} is not allowed in {where}",
+            currentRevision=current,
+            status=status,
+        )
+
+
+class ObjectNotInManifest(Refusal):
+    """The staged object differs from every manifest entry."""
+
+    code = "object-not-in-manifest"
+
+
+class GrantInvalid(Refusal):
+    """`restoreGrant` is malformed."""
+
+    code = "grant-invalid"
+
+
+class PartialRestoreRefused(Refusal):
+    """A partial restore names a resource type it may not."""
+
+    code = "partial-restore-refused"
+
+
+class ShuttingDown(Refusal):
+    """The agent is draining and takes no new work."""
+
+    code = "shutting-down"
+    retryable = True
+
+
+def wire_error_data(exc: AgentError) -> dict[str, Any]:
+    """The `error.data` object for an agent error: `code`, `retryable`, then its own facts."""
+    return {"code": exc.code, "retryable": exc.retryable, **exc.data}
