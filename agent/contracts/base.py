@@ -5,16 +5,27 @@
   by alias and omits absent optional fields: the contracts use `field?: T`, never `T | null`,
   for what may be missing, so `None` in Python always means "absent on the wire".
 - `PassThroughModel`: for documents the agent only reads and passes on (`IService`, cluster and
-  node documents): the fields the agent needs are typed, everything else is kept verbatim.
+  node documents): the fields the agent needs are typed, everything else is kept verbatim, an
+  explicit `null` included (it is a value the sender chose, not an absent optional).
+- Parse wire data with `Model.from_wire(data)`: it accepts the camelCase names only. Python code
+  may construct models by their snake_case names; the wire may not use them ("requests are exact").
 - `SafeInt`: an integer JavaScript represents exactly (|n| <= 2^53 - 1).
 - `StreamMarker`: the wire form of a VirtualStream inside a payload.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    Strict,
+    model_serializer,
+)
 from pydantic.alias_generators import to_camel
 
 __all__ = [
@@ -44,6 +55,11 @@ class WireModel(BaseModel):
         serialize_by_alias=True,
     )
 
+    @classmethod
+    def from_wire(cls, data: Any) -> Self:
+        """Validate wire data (camelCase names only); raises pydantic's ValidationError."""
+        return cls.model_validate(data, by_alias=True, by_name=False)
+
     def to_wire(self) -> dict[str, Any]:
         """The JSON-ready dict as it goes on the wire (camelCase, absent fields omitted)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -53,6 +69,17 @@ class PassThroughModel(WireModel):
     """A tolerant document: unknown fields are kept and passed on unchanged."""
 
     model_config = ConfigDict(extra="allow")
+
+    @model_serializer(mode="wrap")
+    def _keep_null_extras(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if info.exclude_none:
+            for key, value in (self.model_extra or {}).items():
+                if value is None:
+                    data[key] = None
+        return data
 
 
 class StreamMarker(WireModel):

@@ -1,0 +1,393 @@
+"""The agent's configuration: a frozen pydantic model tree loaded from one TOML file.
+
+`load_config(path)` turns every way a file can be wrong (missing, not TOML, unknown key, wrong
+type, out of range) into one `ConfigError` naming the dotted key (`cloudly.url`) and the
+reason. Relative paths in the file are resolved against the file's directory.
+
+The model holds no secret, only the paths of the files that hold them: `read_secret_file()`
+reads one (owner-only permissions, one line) into a `Secret`, and `load_secrets(config)` reads
+both. `config.example.toml` at the repository root documents every key.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date, datetime, time
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import ErrorDetails
+
+from agent.errors import ConfigError
+from agent.log import register_secret
+from agent.secret import Secret
+
+__all__ = [
+    "CloudlyConfig",
+    "Config",
+    "CorestoreConfig",
+    "LogConfig",
+    "Secrets",
+    "ShutdownConfig",
+    "StateConfig",
+    "StreamsConfig",
+    "load_config",
+    "load_secrets",
+    "read_secret_file",
+]
+
+KiB: Final = 1024
+MiB: Final = 1024 * KiB
+
+# A secret file larger than this is the wrong file, not a token.
+_MAX_SECRET_BYTES: Final = 64 * KiB
+# Durations above one day are typos, not intentions.
+_MAX_SECONDS: Final = 86_400.0
+
+_URL_SCHEMES: Final = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
+
+
+def _refuse_empty_path(value: object) -> object:
+    # Path("") is Path("."): refuse it before it silently means "this directory".
+    if value == "":
+        raise ValueError("must not be empty")
+    return value
+
+
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
+    base = info.context.get("base_dir") if isinstance(info.context, dict) else None
+    if not value.is_absolute() and isinstance(base, Path):
+        return base / value
+    return value
+
+
+# Paths come from TOML strings, which strict mode would refuse for `Path`.
+FilePath = Annotated[
+    Path,
+    Field(strict=False),
+    BeforeValidator(_refuse_empty_path),
+    AfterValidator(_resolve_path),
+]
+Seconds = Annotated[float, Field(gt=0, le=_MAX_SECONDS, allow_inf_nan=False)]
+NonNegativeSeconds = Annotated[float, Field(ge=0, le=_MAX_SECONDS, allow_inf_nan=False)]
+
+
+class _Section(BaseModel):
+    """Exact (unknown keys refused), strict (no `"30"` for 30) and frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class CloudlyConfig(_Section):
+    """`[cloudly]`: the outbound session to Cloudly."""
+
+    url: str
+    token_file: FilePath
+    ca_file: FilePath | None = None
+    max_frame_bytes: Annotated[int, Field(ge=1 * MiB, le=256 * MiB)] = 16 * MiB
+    compression: bool = False
+    call_timeout_s: Seconds = 30.0
+    ping_interval_s: Seconds = 10.0
+    ping_timeout_s: Seconds = 30.0
+    backoff_base_s: Seconds = 1.0
+    backoff_cap_s: Seconds = 60.0
+    stable_after_s: NonNegativeSeconds = 60.0
+    identity_renew_margin_s: NonNegativeSeconds = 300.0
+    tag_name: Annotated[str, Field(min_length=1)] = "restore-agent"
+    tag_payload: Mapping[str, Any] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        try:
+            parts = urlsplit(url)
+            _ = parts.port  # parsing the port raises ValueError when it is not a number
+        except ValueError as exc:
+            raise ValueError(f"is not a valid URL ({exc})") from exc
+        if parts.scheme not in _URL_SCHEMES:
+            raise ValueError("must start with http://, https://, ws:// or wss://")
+        if not parts.hostname:
+            raise ValueError("names no host")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must not carry credentials; the machine token goes in token_file")
+        if parts.fragment:
+            raise ValueError("must not have a #fragment")
+        return url
+
+    @field_validator("backoff_cap_s")
+    @classmethod
+    def _check_backoff_cap(cls, cap: float, info: ValidationInfo) -> float:
+        base = info.data.get("backoff_base_s")
+        if base is not None and cap < base:
+            raise ValueError(f"must be >= backoff_base_s ({_number(base)}), got {_number(cap)}")
+        return cap
+
+    @field_validator("tag_payload")
+    @classmethod
+    def _check_tag_payload(cls, payload: Mapping[str, Any]) -> Mapping[str, Any]:
+        _require_json_value(payload, "")
+        return payload
+
+    @property
+    def websocket_url(self) -> str:
+        """`url` with http(s) mapped to ws(s)."""
+        parts = urlsplit(self.url)
+        return urlunsplit(parts._replace(scheme=_URL_SCHEMES[parts.scheme]))
+
+
+def _require_json_value(value: Any, where: str) -> None:
+    """Refuse what TOML can say but JSON cannot carry (dates and times, inf, nan)."""
+    at = f" at {where}" if where else ""
+    if isinstance(value, datetime | date | time):
+        # pydantic turns only ValueError into a validation error.
+        raise ValueError(f"holds a TOML date/time{at}, which JSON cannot carry")  # noqa: TRY004
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"holds {value}{at}, which JSON cannot carry")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _require_json_value(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _require_json_value(item, f"{where}[{index}]")
+
+
+class CorestoreConfig(_Section):
+    """`[corestore]`: the node's Corestore control API."""
+
+    credential_file: FilePath
+    chunk_size: Annotated[int, Field(ge=64 * KiB, le=16 * MiB)] = 4 * MiB
+    max_in_flight: Annotated[int, Field(ge=1, le=32)] = 4
+    connect_timeout_s: Seconds = 5.0
+    request_timeout_s: Seconds = 60.0
+    retries: Annotated[int, Field(ge=0, le=10)] = 3
+
+
+class StateConfig(_Section):
+    """`[state]`: where the revision store and the agent's key live."""
+
+    directory: FilePath = Path("/var/lib/restore-agent")
+
+
+class StreamsConfig(_Section):
+    """`[streams]`: VirtualStream flow control and chunk encoding."""
+
+    window: Annotated[int, Field(ge=1, le=256)] = 16
+    keepalive_timeout_s: Seconds = 10.0
+    chunk_form: Literal["buffer", "base64", "object"] = "buffer"
+
+
+class ShutdownConfig(_Section):
+    """`[shutdown]`: how long a stop may take (keep the sum below systemd's TimeoutStopSec)."""
+
+    drain_timeout_s: Seconds = 20.0
+    close_timeout_s: Seconds = 5.0
+
+
+class LogConfig(_Section):
+    """`[log]`: output format and level."""
+
+    format: Literal["auto", "json", "console"] = "auto"
+    level: Literal["debug", "info", "warning", "error", "critical"] = "info"
+
+
+class Config(_Section):
+    """The whole configuration file."""
+
+    cloudly: CloudlyConfig
+    corestore: CorestoreConfig
+    state: StateConfig = StateConfig()
+    streams: StreamsConfig = StreamsConfig()
+    shutdown: ShutdownConfig = ShutdownConfig()
+    log: LogConfig = LogConfig()
+
+    @property
+    def websocket_url(self) -> str:
+        """The Cloudly URL to connect to, with http(s) mapped to ws(s)."""
+        return self.cloudly.websocket_url
+
+
+def load_config(path: Path) -> Config:
+    """Read and validate the TOML file at `path`; raise `ConfigError` naming what is wrong."""
+    try:
+        with path.open("rb") as file:
+            data = tomllib.load(file)
+    except FileNotFoundError as exc:
+        raise ConfigError("", f"{path}: no such file") from exc
+    except IsADirectoryError as exc:
+        raise ConfigError("", f"{path}: is a directory, not a file") from exc
+    except OSError as exc:
+        raise ConfigError("", f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError("", f"{path}: is not UTF-8 text") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("", f"{path}: is not valid TOML ({exc})") from exc
+    try:
+        return Config.model_validate(data, context={"base_dir": path.parent.absolute()})
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        # A misspelt key is also a missing one; the unknown key is the cause worth naming.
+        error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+        raise ConfigError(_dotted_key(error["loc"]), _reason(error)) from None
+
+
+def _dotted_key(loc: tuple[int | str, ...]) -> str:
+    key = ""
+    for part in loc:
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else part)
+    return key
+
+
+_EXPECTED: Final = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "path_type": "a path (string)",
+    "is_instance_of": "a path (string)",
+    "model_type": "a table",
+    "dict_type": "a table",
+}
+_BOUNDS: Final = {
+    "greater_than": ">",
+    "greater_than_equal": ">=",
+    "less_than": "<",
+    "less_than_equal": "<=",
+}
+
+
+def _reason(error: ErrorDetails) -> str:
+    """One clause saying what is wrong, without echoing strings (they might be pasted secrets)."""
+    kind = error["type"]
+    value = error["input"]
+    ctx = error.get("ctx", {})
+    if kind == "missing":
+        return (
+            "required section is missing" if len(error["loc"]) == 1 else "required key is missing"
+        )
+    if kind == "extra_forbidden":
+        return "unknown section" if isinstance(value, dict) else "unknown key"
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}, got {_toml_type(value)}"
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()))
+        return f"must be {_BOUNDS[kind]} {_number(bound)}, got {value}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {value}"
+    if kind == "literal_error":
+        got = "" if isinstance(value, str) else f", got {_toml_type(value)}"
+        return f"must be {ctx['expected']}{got}"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "value_error":
+        return str(ctx.get("error", error["msg"]))
+    return error["msg"].replace("Input should be", "must be")
+
+
+def _number(value: object) -> object:
+    """`60` rather than `60.0` for a whole float bound."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _toml_type(value: object) -> str:
+    names: list[tuple[type | tuple[type, ...], str]] = [
+        (bool, "a boolean"),
+        (int, "an integer"),
+        (float, "a float"),
+        (str, "a string"),
+        (dict, "a table"),
+        (list, "an array"),
+        ((datetime, date, time), "a date/time"),
+    ]
+    return next((name for kind, name in names if isinstance(value, kind)), type(value).__name__)
+
+
+def read_secret_file(path: Path, key: str) -> Secret:
+    """The one-line secret in the file at `path`; `key` names the config key for errors.
+
+    Refuses a missing, non-regular, empty, multi-line or oversized file and one that group or
+    others may access. One trailing newline is stripped. The value is registered with the log
+    redactor (`agent.log.register_secret`) so it cannot appear in log output.
+    """
+    try:
+        # O_NONBLOCK: a FIFO put there by mistake must not hang start-up.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except FileNotFoundError as exc:
+        raise ConfigError(key, f"{path}: no such file") from exc
+    except OSError as exc:
+        raise ConfigError(key, f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    try:
+        raw = _read_owner_only(fd, path, key)
+    finally:
+        os.close(fd)
+    if len(raw) > _MAX_SECRET_BYTES:
+        raise ConfigError(key, f"{path}: is larger than {_MAX_SECRET_BYTES // KiB} KiB")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(key, f"{path}: is not UTF-8 text") from exc
+    text = text.removesuffix("\n").removesuffix("\r")
+    if not text:
+        raise ConfigError(key, f"{path}: is empty")
+    if "\n" in text or "\r" in text:
+        raise ConfigError(key, f"{path}: must hold a single line")
+    if text != text.strip():
+        raise ConfigError(key, f"{path}: has leading or trailing whitespace")
+    secret = Secret(text)
+    register_secret(secret)
+    return secret
+
+
+def _read_owner_only(fd: int, path: Path, key: str) -> bytes:
+    """Up to one byte more than the size limit from `fd`, after checking what it is."""
+    # fstat on the open descriptor: the checked file is the file that is read.
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(key, f"{path}: is not a regular file")
+    if info.st_mode & 0o077:
+        mode = stat.S_IMODE(info.st_mode)
+        raise ConfigError(
+            key, f"{path}: group or others have access (mode {mode:04o}); use 0600 or 0400"
+        )
+    chunks: list[bytes] = []
+    remaining = _MAX_SECRET_BYTES + 1
+    try:
+        while remaining > 0 and (chunk := os.read(fd, remaining)):
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    except OSError as exc:
+        raise ConfigError(key, f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    return b"".join(chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class Secrets:
+    """The secrets the configuration names, read from their files."""
+
+    machine_token: Secret
+    corestore_credential: Secret
+
+
+def load_secrets(config: Config) -> Secrets:
+    """Read both secret files `config` names; raise `ConfigError` naming the key that failed."""
+    return Secrets(
+        machine_token=read_secret_file(config.cloudly.token_file, "cloudly.token_file"),
+        corestore_credential=read_secret_file(
+            config.corestore.credential_file, "corestore.credential_file"
+        ),
+    )

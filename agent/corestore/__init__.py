@@ -1,0 +1,53 @@
+"""The node's Corestore control API, as the isolated restore relies on it (docs/corestore-api.md).
+
+- `shapes`   scalar rules: ids, object paths, sha256, grant shape, the 16 MiB chunk cap (pure)
+- `models`   request bodies and answers as frozen pydantic models (pure)
+- `routes`   THE place that knows paths, headers and what each status means (pure)
+- `ledger`   which chunk PUT counts, replays or is refused (pure)
+- `sanitize` Corestore's error text made safe for an exception message (pure)
+- `client`   `CorestoreClient` (aiohttp, timeouts, safe retries, error mapping) and
+             `CorestoreClients` (one client per node endpoint)
+
+Typical use by the engine:
+
+    client = clients.client_for(node.corestore_endpoint, credential)
+    await client.prepare_restore(restore_id, scratch_namespace_id=..., staging_archive_id=...,
+                                 resource_mappings=[...], archive_manifest=..., grant=grant)
+    progress = await client.object_progress(archive_id, entry.path, grant)
+    ...put_chunk(archive_id, entry.path, offset, data, sha256_of(data), grant) from
+       progress.verified_bytes on, then commit_object(archive_id, path, size, sha256, grant)
+    status = await client.wait_resource_restored(restore_id, mapping.id, grant)
+    verification = await client.verify_resource(restore_id, mapping.id, grant)
+    await client.delete_resource(...); await client.delete_staging_archive(...)  # cleanup
+"""
+
+from agent.corestore.client import CorestoreClient, CorestoreClients, CorestoreTimeouts, RetryPolicy
+from agent.corestore.models import (
+    ChunkAccepted,
+    DeleteOutcome,
+    Health,
+    ObjectCommitted,
+    ObjectProgress,
+    PreparedRestore,
+    ResourceStatus,
+    ResourceVerification,
+    VerificationCheck,
+)
+from agent.corestore.shapes import MAX_CHUNK_SIZE
+
+__all__ = [
+    "MAX_CHUNK_SIZE",
+    "ChunkAccepted",
+    "CorestoreClient",
+    "CorestoreClients",
+    "CorestoreTimeouts",
+    "DeleteOutcome",
+    "Health",
+    "ObjectCommitted",
+    "ObjectProgress",
+    "PreparedRestore",
+    "ResourceStatus",
+    "ResourceVerification",
+    "RetryPolicy",
+    "VerificationCheck",
+]

@@ -1,0 +1,495 @@
+"""`CorestoreClient`: the agent's only HTTP caller of a node's Corestore control API.
+
+One `aiohttp.ClientSession` per client (one client per node endpoint; `CorestoreClients` keeps
+them). Every call: built by `routes.py`, bounded by a connect timeout and a per-attempt total
+timeout, retried with backoff only when its route is idempotent, and mapped at this edge:
+
+    connection error, timeout, 5xx, 408, 429   -> CorestoreUnavailable (retryable)
+    422 chunk/object-digest-mismatch, or an
+        acknowledgement of other bytes          -> IntegrityError (resend)
+    any other 4xx                               -> CorestoreRefused (Corestore's text sanitised)
+    404 with Corestore's not-found code on a
+        delete                                  -> DeleteOutcome.ALREADY_ABSENT (cleaned)
+
+The bearer credential and the restore grant are revealed only inside the expression that hands
+the headers to aiohttp: no local variable, log line or exception text of this module holds them,
+and the tracebacks of aiohttp's exceptions (whose frames do) are dropped before chaining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+import structlog
+from pydantic import BaseModel
+from yarl import URL
+
+from agent.corestore import routes
+from agent.corestore.models import (
+    ChunkAccepted,
+    DeleteOutcome,
+    Health,
+    ObjectCommitted,
+    ObjectProgress,
+    PreparedRestore,
+    ResourceStatus,
+    ResourceVerification,
+)
+from agent.corestore.routes import AnswerKind, RouteRequest, SupportsToWire
+from agent.corestore.sanitize import sanitize_code, sanitize_text
+from agent.errors import (
+    CorestoreRefused,
+    CorestoreUnavailable,
+    IntegrityError,
+    LocalProtocolError,
+    NodeWithoutCorestore,
+    ShuttingDown,
+)
+from agent.secret import Secret
+
+__all__ = ["CorestoreClient", "CorestoreClients", "CorestoreTimeouts", "RetryPolicy", "Sleep"]
+
+Sleep = Callable[[float], Awaitable[None]]
+_M = TypeVar("_M", bound=BaseModel)
+_log = structlog.get_logger("agent.corestore.client")
+
+
+@dataclass(frozen=True, slots=True)
+class CorestoreTimeouts:
+    """Seconds. `control` bounds one attempt of a small call; `transfer` one that moves or hashes
+    bulk bytes (chunk PUT, commit, verification)."""
+
+    connect: float = 5.0
+    control: float = 30.0
+    transfer: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff for idempotent calls: `attempts` in total, jittered by `jitter`."""
+
+    attempts: int = 4
+    first_delay: float = 0.2
+    max_delay: float = 5.0
+    multiplier: float = 2.0
+    jitter: float = 0.1
+
+    def delay(self, retry: int, rng: random.Random) -> float:
+        """Seconds to wait before retry number `retry` (1-based)."""
+        base = min(self.max_delay, self.first_delay * self.multiplier ** (retry - 1))
+        return max(0.0, base * (1 + rng.uniform(-self.jitter, self.jitter)))
+
+
+def _canonical_origin(endpoint: str) -> URL:
+    try:
+        url = URL(endpoint)
+    except ValueError as exc:
+        raise NodeWithoutCorestore("the corestore endpoint is not a parsable URL") from exc
+    if (
+        url.scheme not in ("http", "https")
+        or not url.host
+        or url.user is not None
+        or url.password is not None
+        or url.raw_path not in ("", "/")
+        or url.query_string
+        or url.fragment
+    ):
+        raise NodeWithoutCorestore("the corestore endpoint is not a canonical http(s) origin")
+    return url.with_path("/")
+
+
+def _check_credential(credential: Secret) -> Secret:
+    value = credential.reveal()
+    if not value or not value.isascii() or not value.isprintable() or " " in value:
+        raise LocalProtocolError("the corestore control credential is not a header-safe token")
+    return credential
+
+
+def _scrub(exc: BaseException) -> BaseException:
+    """`exc` with its tracebacks (and those of its causes) dropped: aiohttp's frames hold the
+    request headers as local variables, which a traceback renderer showing locals would print."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.__traceback__ = None
+        current = current.__cause__ or current.__context__
+    return exc
+
+
+class CorestoreClient:
+    """The Corestore control API of one node. Methods are safe to call concurrently."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        credential: Secret,
+        *,
+        timeouts: CorestoreTimeouts | None = None,
+        retry: RetryPolicy | None = None,
+        sleep: Sleep = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._origin = _canonical_origin(endpoint)
+        self._endpoint = endpoint
+        self._credential = _check_credential(credential)
+        self._timeouts = timeouts or CorestoreTimeouts()
+        self._retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self._rng = rng or random.Random()
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"CorestoreClient({self._endpoint!r})"
+
+    @property
+    def endpoint(self) -> str:
+        """The node's Corestore origin, as given."""
+        return self._endpoint
+
+    @property
+    def credential(self) -> Secret:
+        """The bearer control credential sent on every authenticated call."""
+        return self._credential
+
+    @credential.setter
+    def credential(self, value: Secret) -> None:
+        # A rotated credential takes effect on the next request; none is cached elsewhere.
+        self._credential = _check_credential(value)
+
+    async def close(self) -> None:
+        """Close the HTTP session; later calls raise `ShuttingDown`."""
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> CorestoreClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- the routes -----------------------------------------------------------------------------
+
+    async def health(self) -> Health:
+        """`GET /health` (unauthenticated)."""
+        return await self._ok(routes.build_health(), Health)
+
+    async def prepare_restore(
+        self,
+        restore_id: str,
+        *,
+        scratch_namespace_id: str,
+        staging_archive_id: str,
+        resource_mappings: list[dict[str, Any] | SupportsToWire],
+        archive_manifest: dict[str, Any] | SupportsToWire,
+        grant: Secret,
+    ) -> PreparedRestore:
+        """Create the scratch namespace and staging archive; an identical replay answers the same
+        (`created=False`), a different body for the same `restore_id` is refused (409)."""
+        request = routes.build_prepare_restore(
+            restore_id,
+            scratch_namespace_id=scratch_namespace_id,
+            staging_archive_id=staging_archive_id,
+            resource_mappings=list(resource_mappings),
+            archive_manifest=archive_manifest,
+            grant=grant,
+        )
+        return await self._ok(request, PreparedRestore)
+
+    async def put_chunk(
+        self,
+        staging_archive_id: str,
+        path: str,
+        offset: int,
+        data: bytes,
+        sha256: str,
+        grant: Secret,
+    ) -> ChunkAccepted:
+        """Write one chunk (1 byte to 16 MiB) at `offset`; `sha256` is the chunk's digest.
+
+        Idempotent: resending a counted chunk is answered as before. Raises `IntegrityError`
+        when Corestore's digest of what it received differs (nothing is counted then)."""
+        request = routes.build_put_chunk(staging_archive_id, path, offset, data, sha256, grant)
+        accepted = await self._ok(request, ChunkAccepted)
+        if (accepted.path, accepted.offset, accepted.length, accepted.sha256) != (
+            path,
+            offset,
+            len(data),
+            sha256,
+        ):
+            raise IntegrityError(f"Corestore acknowledged another chunk than {path} at {offset}")
+        return accepted
+
+    async def object_progress(
+        self, staging_archive_id: str, path: str, grant: Secret
+    ) -> ObjectProgress:
+        """What Corestore verified of one object; resume staging at `verified_bytes`."""
+        request = routes.build_object_progress(staging_archive_id, path, grant)
+        return await self._ok(request, ObjectProgress)
+
+    async def commit_object(
+        self, staging_archive_id: str, path: str, size: int, sha256: str, grant: Secret
+    ) -> ObjectCommitted:
+        """Have Corestore re-hash the whole object and count it as written.
+
+        Raises `IntegrityError` on a mismatch (Corestore has removed the partial object).
+        NOT retried: after `CorestoreUnavailable`, ask `object_progress` — `committed` means
+        done, `partial` with every byte means commit again, `absent` means stage again."""
+        request = routes.build_commit_object(staging_archive_id, path, size, sha256, grant)
+        committed = await self._ok(request, ObjectCommitted)
+        if (committed.path, committed.size, committed.sha256) != (path, size, sha256):
+            raise IntegrityError(f"Corestore committed {path} with another size or sha256")
+        return committed
+
+    async def delete_object(
+        self, staging_archive_id: str, path: str, grant: Secret
+    ) -> DeleteOutcome:
+        """Remove one (partial or committed) staging object."""
+        return await self._delete(routes.build_delete_object(staging_archive_id, path, grant))
+
+    async def delete_staging_archive(self, staging_archive_id: str, grant: Secret) -> DeleteOutcome:
+        """Remove the whole staging archive."""
+        return await self._delete(routes.build_delete_staging_archive(staging_archive_id, grant))
+
+    async def restore_resource(
+        self, restore_id: str, mapping_id: str, grant: Secret
+    ) -> ResourceStatus:
+        """Start restoring one mapping into the scratch namespace (or learn it already ran).
+
+        Asynchronous on Corestore: the answer is `running` (202) or `succeeded` (200); follow up
+        with `resource_restore_status` or use `wait_resource_restored`. Idempotent: a running
+        or finished restore is not started twice; a `failed` one is started again."""
+        request = routes.build_restore_resource(restore_id, mapping_id, grant)
+        return await self._ok(request, ResourceStatus)
+
+    async def resource_restore_status(
+        self, restore_id: str, mapping_id: str, grant: Secret
+    ) -> ResourceStatus:
+        """Where the restore of one mapping stands: absent, running, succeeded or failed."""
+        request = routes.build_resource_status(restore_id, mapping_id, grant)
+        return await self._ok(request, ResourceStatus)
+
+    async def wait_resource_restored(
+        self,
+        restore_id: str,
+        mapping_id: str,
+        grant: Secret,
+        *,
+        poll_interval: float = 1.0,
+        max_wait: float = 3600.0,
+    ) -> ResourceStatus:
+        """`restore_resource`, then poll until it is no longer `running`; returns the final
+        status (`succeeded` or `failed`, the caller decides). `CorestoreUnavailable` after
+        `max_wait` seconds."""
+        try:
+            async with asyncio.timeout(max_wait):
+                status = await self.restore_resource(restore_id, mapping_id, grant)
+                while status.state == "running":
+                    await self._sleep(poll_interval)
+                    status = await self.resource_restore_status(restore_id, mapping_id, grant)
+        except TimeoutError as exc:
+            raise CorestoreUnavailable(
+                f"Corestore at {self._endpoint} did not finish restoring {mapping_id} "
+                f"within {max_wait:g} s"
+            ) from exc
+        return status
+
+    async def verify_resource(
+        self, restore_id: str, mapping_id: str, grant: Secret
+    ) -> ResourceVerification:
+        """Run Corestore's checks on one restored resource (`IIsolatedRestoreVerificationCheck`)."""
+        request = routes.build_verify_resource(restore_id, mapping_id, grant)
+        return await self._ok(request, ResourceVerification)
+
+    async def delete_resource(
+        self, restore_id: str, mapping_id: str, grant: Secret
+    ) -> DeleteOutcome:
+        """Remove one restored scratch resource (a running restore of it is stopped first)."""
+        return await self._delete(routes.build_delete_resource(restore_id, mapping_id, grant))
+
+    # --- the edge -------------------------------------------------------------------------------
+
+    async def _ok(self, request: RouteRequest, model: type[_M]) -> _M:
+        status, body = await self._call(request)
+        kind = self._judge(request, status, body)
+        if kind is not AnswerKind.OK:
+            raise self._refused(request, status, body)
+        try:
+            return routes.parse_answer(model, body)
+        except ValueError as exc:
+            raise CorestoreRefused(
+                f"Corestore answered {request.spec.name} with a body of another shape",
+                httpStatus=status,
+            ) from exc
+
+    async def _delete(self, request: RouteRequest) -> DeleteOutcome:
+        status, body = await self._call(request)
+        kind = self._judge(request, status, body)
+        if kind is AnswerKind.GONE:
+            return DeleteOutcome.ALREADY_ABSENT
+        if kind is not AnswerKind.OK:
+            raise self._refused(request, status, body)
+        return DeleteOutcome.DELETED
+
+    def _judge(self, request: RouteRequest, status: int, body: bytes) -> AnswerKind:
+        error = routes.parse_error(body) if status >= 300 else None
+        kind = routes.classify_answer(request.spec, status, error[0] if error else None)
+        if kind is AnswerKind.INTEGRITY:
+            refused = self._refused(request, status, body)
+            raise IntegrityError(str(refused), **refused.data) from refused
+        return kind
+
+    def _refused(self, request: RouteRequest, status: int, body: bytes) -> CorestoreRefused:
+        error = routes.parse_error(body)
+        code = sanitize_code(error[0] if error else None)
+        secrets = [self._credential] + ([request.grant] if request.grant else [])
+        text = sanitize_text(error[1], secrets) if error else "no error body"
+        return CorestoreRefused(
+            f"Corestore refused {request.spec.name} with {status} {code}: {text}",
+            httpStatus=status,
+            corestoreCode=code,
+        )
+
+    async def _call(self, request: RouteRequest) -> tuple[int, bytes]:
+        """Send `request`, retrying idempotent routes while Corestore is unavailable."""
+        attempts = self._retry.attempts if request.spec.idempotent else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self._attempt(request)
+            except CorestoreUnavailable as exc:
+                if attempt >= attempts:
+                    raise CorestoreUnavailable(
+                        f"{exc} (attempt {attempt} of {attempts})", **exc.data
+                    ) from exc
+                delay = self._retry.delay(attempt, self._rng)
+                _log.warning(
+                    "corestore.retry",
+                    endpoint=self._endpoint,
+                    route=str(request.spec.name),
+                    attempt=attempt,
+                    delay=round(delay, 3),
+                    reason=exc.message,
+                )
+                await self._sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _attempt(self, request: RouteRequest) -> tuple[int, bytes]:
+        spec = request.spec
+        total = self._timeouts.transfer if spec.transfer else self._timeouts.control
+        try:
+            async with (
+                asyncio.timeout(total),
+                self._http().request(
+                    spec.method,
+                    self._origin.with_path(request.path, encoded=True),
+                    params=dict(request.query) or None,
+                    data=request.body,
+                    headers=routes.request_headers(request, self._credential),
+                    allow_redirects=False,
+                ) as response,
+            ):
+                status = response.status
+                body = await self._read(response, request)
+        except TimeoutError as exc:
+            raise CorestoreUnavailable(
+                f"Corestore at {self._endpoint} did not answer {spec.name} within {total:g} s"
+            ) from _scrub(exc)
+        except (aiohttp.ClientError, OSError) as exc:
+            text = sanitize_text(str(exc), [self._credential])
+            raise CorestoreUnavailable(
+                f"Corestore at {self._endpoint} did not answer {spec.name}: "
+                f"{type(exc).__name__}" + (f": {text}" if text else "")
+            ) from _scrub(exc)
+        kind = routes.classify_answer(spec, status, None)
+        if kind is AnswerKind.UNAVAILABLE:
+            error = routes.parse_error(body)
+            raise CorestoreUnavailable(
+                f"Corestore at {self._endpoint} answered {spec.name} with {status} "
+                f"{sanitize_code(error[0] if error else None)}",
+                httpStatus=status,
+            )
+        return status, body
+
+    async def _read(self, response: aiohttp.ClientResponse, request: RouteRequest) -> bytes:
+        body = bytearray()
+        async for piece in response.content.iter_chunked(64 * 1024):
+            body += piece
+            if len(body) > routes.MAX_ANSWER_BYTES:
+                raise CorestoreRefused(
+                    f"Corestore answered {request.spec.name} with more than "
+                    f"{routes.MAX_ANSWER_BYTES} bytes"
+                )
+        return bytes(body)
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ShuttingDown(f"the Corestore client of {self._endpoint} is closed")
+        if self._session is None:
+            # Created on first use: a ClientSession belongs to the running loop.
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=self._timeouts.connect, sock_connect=self._timeouts.connect
+                ),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,  # no proxy or .netrc from the environment
+                raise_for_status=False,
+            )
+        return self._session
+
+
+class CorestoreClients:
+    """One `CorestoreClient` per node endpoint; the engine asks here, the app closes it."""
+
+    def __init__(
+        self,
+        *,
+        timeouts: CorestoreTimeouts | None = None,
+        retry: RetryPolicy | None = None,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._timeouts = timeouts
+        self._retry = retry
+        self._sleep = sleep
+        self._clients: dict[str, CorestoreClient] = {}
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def client_for(self, endpoint: str, credential: Secret) -> CorestoreClient:
+        """The client of the node whose Corestore answers at `endpoint` (a validated origin).
+
+        The same endpoint always gets the same client; a changed `credential` replaces the one
+        it sends from the next request on."""
+        if self._closed:
+            raise ShuttingDown("the Corestore clients are closed")
+        client = self._clients.get(endpoint)
+        if client is None:
+            client = CorestoreClient(
+                endpoint, credential, timeouts=self._timeouts, retry=self._retry, sleep=self._sleep
+            )
+            self._clients[endpoint] = client
+        elif client.credential != credential:
+            client.credential = credential
+        return client
+
+    async def discard(self, endpoint: str) -> None:
+        """Close and forget the client of `endpoint` (the node left the cluster or moved)."""
+        client = self._clients.pop(endpoint, None)
+        if client is not None:
+            await client.close()
+
+    async def close(self) -> None:
+        """Close every client; `client_for` raises `ShuttingDown` afterwards."""
+        self._closed = True
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()

@@ -1,0 +1,406 @@
+"""THE one place that knows Corestore's isolated-restore control routes (see docs/corestore-api.md).
+
+Pure: no I/O, no asyncio. `build_*` functions turn typed arguments into a `RouteRequest` (method,
+encoded path, query, body, the grant to carry); `parse_answer` turns a 2xx body into a small frozen
+model; `classify_answer` decides what any status means. The client (`client.py`) sends what this
+module builds, and the reference server (`agent/devstack/corestore/`) registers `ROUTES` and parses
+bodies with the same models, so the two cannot drift.
+
+Request bodies are exact (`extra="forbid"`); answers tolerate fields a newer Corestore adds.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol, TypeVar
+from urllib.parse import quote
+
+from pydantic import BaseModel, ValidationError
+
+from agent.corestore.models import (
+    ArchiveManifest,
+    ChunkAccepted,
+    CommitObjectBody,
+    Deleted,
+    ErrorAnswer,
+    Health,
+    ObjectCommitted,
+    ObjectProgress,
+    PreparedRestore,
+    PrepareRestoreBody,
+    ResourceMapping,
+    ResourceStatus,
+    ResourceVerification,
+)
+from agent.corestore.shapes import (
+    MAX_CHUNK_SIZE,
+    check_archive_path,
+    check_id,
+    check_sha256,
+    is_compact_jws,
+)
+from agent.errors import GrantInvalid, LocalProtocolError
+from agent.secret import Secret
+
+__all__ = [
+    "HEADER_AUTHORIZATION",
+    "HEADER_CHUNK_SHA256",
+    "HEADER_RESTORE_GRANT",
+    "MAX_ANSWER_BYTES",
+    "ROUTES",
+    "AnswerKind",
+    "RouteName",
+    "RouteRequest",
+    "RouteSpec",
+    "SupportsToWire",
+    "build_commit_object",
+    "build_delete_object",
+    "build_delete_resource",
+    "build_delete_staging_archive",
+    "build_health",
+    "build_object_progress",
+    "build_prepare_restore",
+    "build_put_chunk",
+    "build_resource_status",
+    "build_restore_resource",
+    "build_verify_resource",
+    "classify_answer",
+    "parse_answer",
+    "parse_error",
+    "request_headers",
+]
+
+HEADER_AUTHORIZATION: Final = "Authorization"
+HEADER_RESTORE_GRANT: Final = "X-Serve-Zone-Restore-Grant"
+HEADER_CHUNK_SHA256: Final = "X-Serve-Zone-Chunk-Sha256"
+# Answers are small JSON documents; anything bigger is not a Corestore answer.
+MAX_ANSWER_BYTES: Final = 1024 * 1024
+
+_RESTORE: Final = "/v1/isolated-restores/{restoreId}"
+_RESOURCE: Final = _RESTORE + "/resources/{mappingId}"
+_ARCHIVE: Final = "/v1/staging-archives/{stagingArchiveId}"
+_OBJECTS: Final = _ARCHIVE + "/objects"
+
+
+class RouteName(enum.StrEnum):
+    """Every route this agent relies on; also the keys of the reference server's faults."""
+
+    HEALTH = "health"
+    PREPARE_RESTORE = "prepare-restore"
+    PUT_CHUNK = "put-chunk"
+    OBJECT_PROGRESS = "object-progress"
+    COMMIT_OBJECT = "commit-object"
+    DELETE_OBJECT = "delete-object"
+    DELETE_STAGING_ARCHIVE = "delete-staging-archive"
+    RESTORE_RESOURCE = "restore-resource"
+    RESOURCE_STATUS = "resource-status"
+    VERIFY_RESOURCE = "verify-resource"
+    DELETE_RESOURCE = "delete-resource"
+
+
+class AnswerKind(enum.Enum):
+    """What an HTTP answer means to the agent."""
+
+    OK = "ok"  # the documented success; parse it
+    GONE = "gone"  # a delete found nothing to delete: counts as cleaned
+    INTEGRITY = "integrity"  # Corestore refused bytes that do not match their digest
+    REFUSED = "refused"  # any other 4xx: retrying the same request cannot help
+    UNAVAILABLE = "unavailable"  # 5xx, 408, 429: Corestore may answer later
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSpec:
+    """One route: how it is called and what its answers mean."""
+
+    name: RouteName
+    method: str
+    template: str  # aiohttp-style path template
+    answer: type[BaseModel]
+    success: frozenset[int]
+    idempotent: bool  # safe to resend after an unknown outcome: the client retries it
+    grant: bool = True  # carries the restore grant
+    authenticated: bool = True  # carries the bearer credential
+    transfer: bool = False  # moves or hashes bulk bytes: uses the transfer timeout
+    gone_codes: frozenset[str] = frozenset()  # 404 codes meaning "already deleted"
+
+
+def _spec(
+    name: RouteName, method: str, template: str, answer: type[BaseModel], **kw: Any
+) -> tuple[RouteName, RouteSpec]:
+    success = frozenset(kw.pop("success", (200,)))
+    return name, RouteSpec(name, method, template, answer, success, **kw)
+
+
+ROUTES: Final[Mapping[RouteName, RouteSpec]] = dict(
+    [
+        _spec(
+            RouteName.HEALTH, "GET", "/health", Health,
+            idempotent=True, grant=False, authenticated=False,
+        ),
+        _spec(
+            RouteName.PREPARE_RESTORE, "PUT", _RESTORE, PreparedRestore,
+            success=(200, 201), idempotent=True,
+        ),
+        _spec(RouteName.PUT_CHUNK, "PUT", _OBJECTS, ChunkAccepted, idempotent=True, transfer=True),
+        _spec(RouteName.OBJECT_PROGRESS, "GET", _OBJECTS, ObjectProgress, idempotent=True),
+        # Not retried: a mismatch removes the partial object and a re-hash of a large object
+        # may outlast the timeout; after an unknown outcome the caller asks object-progress.
+        _spec(
+            RouteName.COMMIT_OBJECT, "POST", _OBJECTS + "/commit", ObjectCommitted,
+            idempotent=False, transfer=True,
+        ),
+        _spec(
+            RouteName.DELETE_OBJECT, "DELETE", _OBJECTS, Deleted,
+            idempotent=True,
+            gone_codes=frozenset({"object-not-found", "staging-archive-not-found"}),
+        ),
+        _spec(
+            RouteName.DELETE_STAGING_ARCHIVE, "DELETE", _ARCHIVE, Deleted,
+            idempotent=True, gone_codes=frozenset({"staging-archive-not-found"}),
+        ),
+        _spec(
+            RouteName.RESTORE_RESOURCE, "POST", _RESOURCE + "/restore", ResourceStatus,
+            success=(200, 202), idempotent=True,
+        ),
+        _spec(RouteName.RESOURCE_STATUS, "GET", _RESOURCE, ResourceStatus, idempotent=True),
+        _spec(
+            RouteName.VERIFY_RESOURCE, "POST", _RESOURCE + "/verify", ResourceVerification,
+            idempotent=True, transfer=True,
+        ),
+        _spec(
+            RouteName.DELETE_RESOURCE, "DELETE", _RESOURCE, Deleted,
+            idempotent=True, gone_codes=frozenset({"resource-not-found", "restore-not-found"}),
+        ),
+    ]
+)  # fmt: skip
+
+# 422 codes for bytes that do not match their digest: the sender may resend them.
+_INTEGRITY_CODES: Final = frozenset({"chunk-digest-mismatch", "object-digest-mismatch"})
+
+
+class SupportsToWire(Protocol):
+    """A contract model (`agent.contracts`): its JSON-ready wire form."""
+
+    def to_wire(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """One call, ready to send: secrets stay `Secret` until `request_headers`."""
+
+    spec: RouteSpec
+    path: str  # percent-encoded
+    query: Mapping[str, str] = field(default_factory=dict)
+    body: bytes | None = field(default=None, repr=False)  # chunk bytes or JSON text
+    content_type: str | None = None
+    chunk_sha256: str | None = None
+    grant: Secret | None = None
+
+
+def request_headers(request: RouteRequest, bearer: Secret) -> dict[str, str]:
+    """The headers of `request`, secrets revealed. Call inline where the request is sent."""
+    headers: dict[str, str] = {}
+    if request.spec.authenticated:
+        headers[HEADER_AUTHORIZATION] = "Bearer " + bearer.reveal()
+    if request.grant is not None:
+        headers[HEADER_RESTORE_GRANT] = request.grant.reveal()
+    if request.content_type is not None:
+        headers["Content-Type"] = request.content_type
+    if request.chunk_sha256 is not None:
+        headers[HEADER_CHUNK_SHA256] = request.chunk_sha256
+    return headers
+
+
+# --- builders -----------------------------------------------------------------------------------
+
+
+def _path(template: str, **ids: str) -> str:
+    for key, value in ids.items():
+        check_id(value, key)
+        template = template.replace("{" + key + "}", quote(value, safe=""))
+    return template
+
+
+def _checked_grant(grant: Secret) -> Secret:
+    if not is_compact_jws(grant.reveal()):
+        raise GrantInvalid("the restore grant is not a compact JWS (three base64url parts)")
+    return grant
+
+
+def _json(model: BaseModel) -> bytes:
+    return model.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+
+def _request(name: RouteName, grant: Secret | None, path: str, **kw: Any) -> RouteRequest:
+    spec = ROUTES[name]
+    return RouteRequest(spec, path, grant=None if grant is None else _checked_grant(grant), **kw)
+
+
+def _wire(value: Mapping[str, Any] | SupportsToWire) -> Any:
+    return value.to_wire() if hasattr(value, "to_wire") else dict(value)
+
+
+def build_health() -> RouteRequest:
+    """`GET /health`: unauthenticated liveness."""
+    return RouteRequest(ROUTES[RouteName.HEALTH], "/health")
+
+
+def build_prepare_restore(
+    restore_id: str,
+    *,
+    scratch_namespace_id: str,
+    staging_archive_id: str,
+    resource_mappings: list[Mapping[str, Any] | SupportsToWire],
+    archive_manifest: Mapping[str, Any] | SupportsToWire,
+    grant: Secret,
+) -> RouteRequest:
+    """`PUT /v1/isolated-restores/{restoreId}`: create the scratch namespace and staging archive."""
+    try:
+        body = PrepareRestoreBody(
+            scratch_namespace_id=scratch_namespace_id,
+            staging_archive_id=staging_archive_id,
+            resource_mappings=[ResourceMapping.model_validate(_wire(m)) for m in resource_mappings],
+            archive_manifest=ArchiveManifest.model_validate(_wire(archive_manifest)),
+        )
+    except ValidationError as exc:
+        raise LocalProtocolError(f"prepare-restore body is invalid: {_first_error(exc)}") from exc
+    return _request(
+        RouteName.PREPARE_RESTORE,
+        grant,
+        _path(_RESTORE, restoreId=restore_id),
+        body=_json(body),
+        content_type="application/json",
+    )
+
+
+def _object_request(
+    name: RouteName, archive_id: str, path: str, grant: Secret, **kw: Any
+) -> RouteRequest:
+    check_archive_path(path)
+    template = ROUTES[name].template
+    query = {"path": path, **kw.pop("query", {})}
+    return _request(name, grant, _path(template, stagingArchiveId=archive_id), query=query, **kw)
+
+
+def build_put_chunk(
+    staging_archive_id: str, path: str, offset: int, data: bytes, sha256: str, grant: Secret
+) -> RouteRequest:
+    """`PUT .../objects?path=P&offset=N`: one chunk, its sha256 in `X-Serve-Zone-Chunk-Sha256`."""
+    if not 0 < len(data) <= MAX_CHUNK_SIZE:
+        raise LocalProtocolError(f"a chunk holds 1 to {MAX_CHUNK_SIZE} bytes, not {len(data)}")
+    if offset < 0:
+        raise LocalProtocolError(f"a chunk offset is >= 0, not {offset}")
+    check_sha256(sha256, "chunk sha256")
+    return _object_request(
+        RouteName.PUT_CHUNK,
+        staging_archive_id,
+        path,
+        grant,
+        query={"offset": str(offset)},
+        body=bytes(data),
+        content_type="application/octet-stream",
+        chunk_sha256=sha256,
+    )
+
+
+def build_object_progress(staging_archive_id: str, path: str, grant: Secret) -> RouteRequest:
+    """`GET .../objects?path=P`: which bytes of the object Corestore has verified."""
+    return _object_request(RouteName.OBJECT_PROGRESS, staging_archive_id, path, grant)
+
+
+def build_commit_object(
+    staging_archive_id: str, path: str, size: int, sha256: str, grant: Secret
+) -> RouteRequest:
+    """`POST .../objects/commit?path=P` with `{size, sha256}` of the whole object."""
+    try:
+        body = CommitObjectBody(size=size, sha256=sha256)
+    except ValidationError as exc:
+        raise LocalProtocolError(f"commit-object body is invalid: {_first_error(exc)}") from exc
+    return _object_request(
+        RouteName.COMMIT_OBJECT,
+        staging_archive_id,
+        path,
+        grant,
+        body=_json(body),
+        content_type="application/json",
+    )
+
+
+def build_delete_object(staging_archive_id: str, path: str, grant: Secret) -> RouteRequest:
+    """`DELETE .../objects?path=P`: remove a partial (or committed) object."""
+    return _object_request(RouteName.DELETE_OBJECT, staging_archive_id, path, grant)
+
+
+def build_delete_staging_archive(staging_archive_id: str, grant: Secret) -> RouteRequest:
+    """`DELETE /v1/staging-archives/{stagingArchiveId}`: the whole staging archive."""
+    path = _path(_ARCHIVE, stagingArchiveId=staging_archive_id)
+    return _request(RouteName.DELETE_STAGING_ARCHIVE, grant, path)
+
+
+def _resource_request(
+    name: RouteName, restore_id: str, mapping_id: str, grant: Secret
+) -> RouteRequest:
+    path = _path(ROUTES[name].template, restoreId=restore_id, mappingId=mapping_id)
+    return _request(name, grant, path)
+
+
+def build_restore_resource(restore_id: str, mapping_id: str, grant: Secret) -> RouteRequest:
+    """`POST .../resources/{mappingId}/restore`: start (or confirm) restoring one mapping."""
+    return _resource_request(RouteName.RESTORE_RESOURCE, restore_id, mapping_id, grant)
+
+
+def build_resource_status(restore_id: str, mapping_id: str, grant: Secret) -> RouteRequest:
+    """`GET .../resources/{mappingId}`: where the restore of one mapping stands."""
+    return _resource_request(RouteName.RESOURCE_STATUS, restore_id, mapping_id, grant)
+
+
+def build_verify_resource(restore_id: str, mapping_id: str, grant: Secret) -> RouteRequest:
+    """`POST .../resources/{mappingId}/verify`: run the checks on one restored resource."""
+    return _resource_request(RouteName.VERIFY_RESOURCE, restore_id, mapping_id, grant)
+
+
+def build_delete_resource(restore_id: str, mapping_id: str, grant: Secret) -> RouteRequest:
+    """`DELETE .../resources/{mappingId}`: remove one restored scratch resource."""
+    return _resource_request(RouteName.DELETE_RESOURCE, restore_id, mapping_id, grant)
+
+
+# --- answers ------------------------------------------------------------------------------------
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def parse_answer(model: type[_M], body: bytes) -> _M:
+    """A 2xx body as its model; raises `ValueError` (pydantic's) when it has another shape."""
+    return model.model_validate_json(body)
+
+
+def parse_error(body: bytes) -> tuple[str, str] | None:
+    """`(code, message)` of a `{error: {code, message}}` body, or None for any other body."""
+    try:
+        answer = ErrorAnswer.model_validate_json(body)
+    except ValueError:
+        return None
+    return answer.error.code, answer.error.message
+
+
+def classify_answer(spec: RouteSpec, status: int, error_code: str | None) -> AnswerKind:
+    """What `status` (with Corestore's error code, if any) means for a call of `spec`."""
+    if status in spec.success:
+        return AnswerKind.OK
+    if status >= 500 or status in (408, 429):
+        return AnswerKind.UNAVAILABLE
+    # Only Corestore's own "not found" codes count as cleaned: a bare 404 may be a wrong base
+    # URL or an old Corestore without the route, and must not pass for a successful cleanup.
+    if status == 404 and error_code in spec.gone_codes:
+        return AnswerKind.GONE
+    if status == 422 and error_code in _INTEGRITY_CODES:
+        return AnswerKind.INTEGRITY
+    return AnswerKind.REFUSED
+
+
+def _first_error(exc: ValidationError) -> str:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "body"
+    return f"{where}: {first['msg']}"

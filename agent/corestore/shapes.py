@@ -1,0 +1,96 @@
+"""The scalar rules of the Corestore control API: ids, object paths, digests, grants, chunk size.
+
+Pure. Each rule has a `*_problem` form (returns the reason or None; the reference server turns it
+into a 400) and a `check_*` form (raises `LocalProtocolError`: the agent built a bad request).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from agent.errors import LocalProtocolError
+
+__all__ = [
+    "MAX_ARCHIVE_PATH_BYTES",
+    "MAX_CHUNK_SIZE",
+    "MAX_GRANT_LENGTH",
+    "MAX_ID_LENGTH",
+    "archive_path_problem",
+    "check_archive_path",
+    "check_id",
+    "check_sha256",
+    "id_problem",
+    "is_compact_jws",
+    "sha256_problem",
+]
+
+# One chunk PUT carries at most this many bytes.
+MAX_CHUNK_SIZE: Final = 16 * 1024 * 1024
+MAX_ID_LENGTH: Final = 256
+MAX_ARCHIVE_PATH_BYTES: Final = 1024
+# HTTP servers cap one header line near 8 KiB (aiohttp: 8190 bytes); an RS256 grant binding
+# digests of the mappings and the manifest is 1-2 KiB.
+MAX_GRANT_LENGTH: Final = 8000
+
+_SHA256: Final = re.compile(r"[0-9a-f]{64}")
+_JWS_PART: Final = r"[A-Za-z0-9_-]+"
+_COMPACT_JWS: Final = re.compile(rf"{_JWS_PART}\.{_JWS_PART}\.{_JWS_PART}")
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def id_problem(value: str) -> str | None:
+    """Why `value` cannot be a restore, namespace, archive or mapping id in a URL path, or None."""
+    if not 0 < len(value) <= MAX_ID_LENGTH:
+        return f"must be 1 to {MAX_ID_LENGTH} characters"
+    if value in (".", ".."):
+        return "must not be a dot segment"
+    if _CONTROL.search(value):
+        return "must not contain control characters"
+    return None
+
+
+def archive_path_problem(path: str) -> str | None:
+    """Why `path` is not a staging-archive object path (decisions.md), or None."""
+    if not path:
+        return "must not be empty"
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_ARCHIVE_PATH_BYTES:
+        return f"must be at most {MAX_ARCHIVE_PATH_BYTES} bytes"
+    if "\x00" in path:
+        return "must not contain NUL"
+    if path.startswith("/"):
+        return "must be relative"
+    if any(segment in ("", ".", "..") for segment in path.split("/")):
+        return "must not have an empty, '.' or '..' segment"
+    return None
+
+
+def sha256_problem(value: str) -> str | None:
+    """Why `value` is not 64 lower-case hex characters, or None."""
+    return None if _SHA256.fullmatch(value) else "must be 64 lower-case hex characters"
+
+
+def is_compact_jws(value: str) -> bool:
+    """Whether `value` has the shape of a compact JWS (three non-empty base64url parts)."""
+    return len(value) <= MAX_GRANT_LENGTH and _COMPACT_JWS.fullmatch(value) is not None
+
+
+def check_id(value: str, what: str) -> None:
+    """Raise `LocalProtocolError` unless `value` is a valid id (`what` names it, not its value)."""
+    problem = id_problem(value)
+    if problem:
+        raise LocalProtocolError(f"{what} {problem}")
+
+
+def check_archive_path(path: str) -> None:
+    """Raise `LocalProtocolError` unless `path` is a valid object path."""
+    problem = archive_path_problem(path)
+    if problem:
+        raise LocalProtocolError(f"object path {problem}")
+
+
+def check_sha256(value: str, what: str) -> None:
+    """Raise `LocalProtocolError` unless `value` is a sha256 hex digest."""
+    problem = sha256_problem(value)
+    if problem:
+        raise LocalProtocolError(f"{what} {problem}")

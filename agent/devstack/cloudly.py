@@ -1,0 +1,350 @@
+"""`StandInCloudly`: a Cloudly stand-in for tests, benchmarks and the demo.
+
+A `websockets` server on 127.0.0.1 (port 0 by default) that drives every connection with the
+same `Peer` the agent uses, in the server role. It serves what the agent calls:
+
+- `getIdentityByToken {token}`: the configured machine token gets an identity with a fresh
+  JWT-looking string and `expiresAt` (epoch ms, from the injected clock); anything else is
+  refused with an error.
+- `__typedsocket_setTag {name, payload}`: records the tag on the connection, answers
+  `{success: true}` (or `false` when `accept_tags` is off).
+- `getClusterConfig {identity: {jwt}}`: checks the JWT was issued here and has not expired,
+  answers `{configData: <cluster document>, services}`.
+
+and lets a test act as Cloudly: `call_agent()` fires a request at the connected agent,
+`open_send_stream()` opens a stream as the initiator (put the marker into a `call_agent`
+request while writing the sink concurrently), `push_cluster_config()` pushes a new document,
+`drop_connections()` / `restart()` break the session. Everything observable is recorded in
+`events` (connections with the close code they ended with, identities, tags, reads) and
+`wait_for()` waits on them without sleeping. Secrets (token, JWTs) are never recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+
+from agent.errors import AuthenticationFailed, SessionClosed
+from agent.session.peer import ByteSink, Peer, PeerSettings, RequestContext, Router
+from agent.session.transport import WebsocketTransport, quiet_websocket_logger
+
+__all__ = ["ABSENT", "AgentConnection", "CloudlyEvent", "StandInCloudly", "cluster_document"]
+
+_DEFAULT_MAX_FRAME = 64 * 2**20
+
+ABSENT: Any = object()
+"""Marks a node without a `data.corestore` field in `cluster_document()`."""
+
+
+def cluster_document(cluster_id: str, nodes: Mapping[str, Any]) -> dict[str, Any]:
+    """An `ICluster` document: `nodes` maps node id -> its `data.corestore` value.
+
+    A str becomes `{"endpoint": str}`, `ABSENT` leaves the field out, anything else is used as
+    the raw `corestore` value (to build invalid documents).
+    """
+    node_documents: list[dict[str, Any]] = []
+    for node_id, corestore in nodes.items():
+        data: dict[str, Any] = {"name": node_id, "requiredDebianPackages": []}
+        if isinstance(corestore, str):
+            data["corestore"] = {"endpoint": corestore}
+        elif corestore is not ABSENT:
+            data["corestore"] = corestore
+        node_documents.append({"id": node_id, "data": data})
+    return {
+        "id": cluster_id,
+        "data": {
+            "name": f"cluster {cluster_id}",
+            "userId": "machine-user-1",
+            "nodes": node_documents,
+            "acmeInfo": {"serverAddress": "acme.invalid", "serverSecret": "not-a-real-secret"},
+            "sshKeys": [],
+        },
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class CloudlyEvent:
+    """Something the stand-in saw. `connection` is the 1-based connection number."""
+
+    kind: str
+    connection: int
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class AgentConnection:
+    """One connected agent."""
+
+    number: int
+    peer: Peer
+    transport: WebsocketTransport
+    websocket: ServerConnection
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+class StandInCloudly:
+    """A Cloudly that speaks TypedRequest over websockets, for one cluster."""
+
+    def __init__(
+        self,
+        *,
+        token: str,
+        cluster: Mapping[str, Any],
+        services: Sequence[Mapping[str, Any]] = (),
+        identity_lifetime_s: float = 3600.0,
+        clock: Callable[[], float] = time.time,
+        peer_settings: PeerSettings | None = None,
+        max_frame_bytes: int = _DEFAULT_MAX_FRAME,
+        accept_tags: bool = True,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self._token = token
+        self.cluster: dict[str, Any] = dict(cluster)
+        self.services: list[Mapping[str, Any]] = list(services)
+        self.identity_lifetime_s = identity_lifetime_s
+        self.accept_tags = accept_tags
+        self._clock = clock
+        self._peer_settings = peer_settings or PeerSettings()
+        self._max_frame = max_frame_bytes
+        self._host = host
+        self._port = port
+        self._server: Server | None = None
+        self._numbers = itertools.count(1)
+        self._connections: dict[int, AgentConnection] = {}
+        self._jwts: dict[str, int] = {}  # valid JWT -> expiresAt (ms)
+        self._issued: list[str] = []
+        self.events: list[CloudlyEvent] = []
+        self._changed = asyncio.Event()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen (on the same port again after a restart)."""
+        self._server = await serve(
+            self._serve,
+            self._host,
+            self._port,
+            max_size=self._max_frame,
+            compression=None,
+            # The agent pings; SmartServe sends no pings of its own either.
+            ping_interval=None,
+            logger=quiet_websocket_logger("websockets.server"),
+        )
+        self._port = int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop listening and close every connection with 1001 (going away)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+
+    async def restart(self) -> None:
+        """Stop, then listen again on the same port (a Cloudly restart)."""
+        await self.stop()
+        await self.start()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def port(self) -> int:
+        """The port listened on (known after `start()`)."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """The http:// URL an agent is configured with (it maps it to ws://)."""
+        return f"http://{self._host}:{self._port}"
+
+    # --- what a test does as Cloudly ------------------------------------------------------
+
+    def set_token(self, token: str) -> None:
+        """Rotate the machine token: only `token` authenticates from now on."""
+        self._token = token
+
+    @property
+    def issued_jwts(self) -> tuple[str, ...]:
+        """Every JWT issued so far (for asserting that none leaked into a log)."""
+        return tuple(self._issued)
+
+    def expire_identities(self) -> None:
+        """Forget every issued JWT (getClusterConfig with one of them is refused)."""
+        self._jwts.clear()
+
+    @property
+    def connection(self) -> AgentConnection:
+        """The most recent open connection; raises `SessionClosed` if none is open."""
+        if not self._connections:
+            raise SessionClosed(None, "no agent is connected to the stand-in Cloudly")
+        return self._connections[max(self._connections)]
+
+    @property
+    def agent_peer(self) -> Peer:
+        """The `Peer` of the most recent open connection."""
+        return self.connection.peer
+
+    async def call_agent(
+        self,
+        method: str,
+        request: Mapping[str, Any],
+        timeout: float = 30.0,  # noqa: ASYNC109  # a per-call deadline, passed on to the peer
+    ) -> dict[str, Any]:
+        """Fire `method` at the connected agent and return its response."""
+        return await self.agent_peer.call(method, request, timeout=timeout)
+
+    def open_send_stream(self) -> tuple[dict[str, Any], ByteSink]:
+        """A stream Cloudly initiates towards the agent: (marker for a request, sink)."""
+        return self.agent_peer.open_send_stream()
+
+    async def push_cluster_config(
+        self,
+        cluster: Mapping[str, Any] | None = None,
+        timeout: float = 30.0,  # noqa: ASYNC109  # a per-call deadline
+    ) -> dict[str, Any]:
+        """Replace the cluster document (if given) and push it to the agent."""
+        if cluster is not None:
+            self.cluster = dict(cluster)
+        reply = await self.call_agent(
+            "pushClusterConfig",
+            {"configData": self.cluster, "services": list(self.services)},
+            timeout,
+        )
+        self._record("cluster-config-pushed", self.connection.number)
+        return reply
+
+    async def drop_connections(
+        self, code: int = 1012, reason: str = "dropped", *, abort: bool = False
+    ) -> None:
+        """Close every open connection with `code` (or cut the TCP connection: `abort`)."""
+        for connection in list(self._connections.values()):
+            if abort:
+                connection.websocket.transport.abort()
+            else:
+                await connection.transport.close(code, reason)
+
+    # --- events ---------------------------------------------------------------------------
+
+    def kinds(self) -> list[str]:
+        """The kinds of all events so far, in order."""
+        return [event.kind for event in self.events]
+
+    def count(self, kind: str) -> int:
+        """How many events of `kind` were recorded."""
+        return sum(1 for event in self.events if event.kind == kind)
+
+    async def wait_for(self, kind: str, count: int = 1) -> CloudlyEvent:
+        """Wait until `count` events of `kind` happened; return the `count`-th."""
+        while True:
+            matching = [event for event in self.events if event.kind == kind]
+            if len(matching) >= count:
+                return matching[count - 1]
+            changed = self._changed
+            await changed.wait()
+
+    def _record(self, kind: str, connection: int, **detail: Any) -> None:
+        self.events.append(CloudlyEvent(kind, connection, detail))
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # --- one connection -------------------------------------------------------------------
+
+    async def _serve(self, websocket: ServerConnection) -> None:
+        number = next(self._numbers)
+        transport = WebsocketTransport(websocket)
+        router = Router()
+        peer = Peer(transport, router, settings=self._peer_settings)
+        connection = AgentConnection(number, peer, transport, websocket)
+        self._route(router, connection)
+        self._connections[number] = connection
+        self._record("connected", number)
+        code: int | None = None
+        reason = ""
+        try:
+            await peer.run()
+        except SessionClosed as exc:
+            code, reason = exc.close_code, exc.reason
+        finally:
+            del self._connections[number]
+            if code is None:
+                code, reason = websocket.close_code, websocket.close_reason or ""
+            self._record("disconnected", number, code=code, reason=reason)
+
+    def _route(self, router: Router, connection: AgentConnection) -> None:
+        async def get_identity_by_token(
+            request: Mapping[str, Any], ctx: RequestContext
+        ) -> Mapping[str, Any]:
+            if request.get("token") != self._token or not isinstance(request.get("token"), str):
+                self._record("identity-refused", connection.number)
+                raise AuthenticationFailed("the machine token is not valid")
+            expires_at = int((self._clock() + self.identity_lifetime_s) * 1000)
+            jwt = self._issue_jwt(expires_at)
+            self._record("identity-issued", connection.number, expires_at=expires_at)
+            return {
+                "identity": {
+                    "name": "cluster-machine",
+                    "userId": "machine-user-1",
+                    "type": "machine",
+                    "role": "cluster",
+                    "expiresAt": expires_at,
+                    "jwt": jwt,
+                }
+            }
+
+        async def set_tag(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+            name = request.get("name")
+            if not isinstance(name, str) or not self.accept_tags:
+                self._record("tag-refused", connection.number)
+                return {"success": False}
+            connection.tags[name] = request.get("payload")
+            self._record("tag-set", connection.number, name=name, payload=request.get("payload"))
+            return {"success": True}
+
+        async def get_cluster_config(
+            request: Mapping[str, Any], ctx: RequestContext
+        ) -> Mapping[str, Any]:
+            identity = request.get("identity")
+            jwt = identity.get("jwt") if isinstance(identity, Mapping) else None
+            expires_at = self._jwts.get(jwt) if isinstance(jwt, str) else None
+            if expires_at is None or expires_at <= self._clock() * 1000:
+                self._record("cluster-config-refused", connection.number)
+                raise AuthenticationFailed("the identity is not valid or has expired")
+            self._record("cluster-config-read", connection.number)
+            return {"configData": self.cluster, "services": list(self.services)}
+
+        router.register("getIdentityByToken", get_identity_by_token)
+        router.register("__typedsocket_setTag", set_tag)
+        router.register("getClusterConfig", get_cluster_config)
+
+    def _issue_jwt(self, expires_at_ms: int) -> str:
+        header = _b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+        claims = {"sub": "machine-user-1", "exp": expires_at_ms // 1000}
+        payload = _b64url(json.dumps(claims).encode())
+        jwt = f"{header}.{payload}.{_b64url(secrets.token_bytes(32))}"
+        self._jwts[jwt] = expires_at_ms
+        self._issued.append(jwt)
+        return jwt

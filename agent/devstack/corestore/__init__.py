@@ -1,0 +1,87 @@
+"""A reference Corestore control API: exactly the routes the agent relies on, bytes on disk.
+
+    handle = await start(data_dir=tmp_path, bearer="token")   # 127.0.0.1, a free port
+    client = CorestoreClient(handle.url, Secret("token"))
+    handle.faults.fail_next(RouteName.PUT_CHUNK, status=503, times=2)
+    ...
+    await handle.stop()
+
+Standalone (for the demo and crash tests; the bearer is read from a file, never argv):
+
+    python -m agent.devstack.corestore --data-dir D --port P --bearer-file F
+
+prints one JSON line `{"url": "http://127.0.0.1:P"}` once it listens, and stops on SIGTERM or
+SIGINT. What it checks and what it does not (it does not verify the grant's signature) is in
+docs/corestore-api.md. Modules: `storage` (prepared restores, staging objects), `scratch`
+(restored resources), `server` (HTTP, auth, faults), `faults` (switchable faults).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from agent.devstack.corestore.faults import FaultRule, Faults
+from agent.devstack.corestore.scratch import Scratch
+from agent.devstack.corestore.server import Jobs, create_app
+from agent.devstack.corestore.storage import Storage
+from agent.secret import Secret
+
+__all__ = ["CorestoreHandle", "FaultRule", "Faults", "start"]
+
+
+@dataclass(slots=True)
+class CorestoreHandle:
+    """A running reference Corestore."""
+
+    url: str  # the canonical origin, e.g. http://127.0.0.1:41234
+    data_dir: Path
+    faults: Faults
+    _runner: web.AppRunner
+
+    async def stop(self) -> None:
+        """Stop listening, cancel running restores, close open connections."""
+        await self._runner.cleanup()
+
+    async def __aenter__(self) -> CorestoreHandle:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+
+async def start(
+    *,
+    data_dir: Path | str,
+    bearer: str | Secret,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    faults: Faults | None = None,
+) -> CorestoreHandle:
+    """Start a reference Corestore on `host:port` (0: a free port) storing under `data_dir`."""
+    root = Path(data_dir)
+    await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
+    faults = faults if faults is not None else Faults()
+    storage = Storage(root)
+    scratch = Scratch(storage)
+    app = create_app(
+        storage,
+        scratch,
+        Jobs(scratch, faults),
+        faults,
+        bearer if isinstance(bearer, Secret) else Secret(bearer),
+    )
+    # No access log: it is the one aiohttp logger that could be configured to print headers.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=5.0)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound_port = runner.addresses[0][1]
+    shown_host = f"[{host}]" if ":" in host else host
+    return CorestoreHandle(f"http://{shown_host}:{bound_port}", root, faults, runner)

@@ -1,0 +1,92 @@
+"""Switchable faults of the reference Corestore: plain data a test sets at runtime.
+
+Each rule applies to the next `times` requests of one route (a `RouteName`), in the order the
+rules were added. `hits` counts every request that reached a route, faulted or not, so a test can
+tell how often the client tried. `hold_restores()` keeps resource restores `running` until
+`release_restores()`, so a test observes the asynchronous restore without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agent.corestore.routes import RouteName
+
+__all__ = ["FaultKind", "FaultRule", "Faults"]
+
+FaultKind = Literal["status", "reset", "delay", "truncate", "wrong-digest"]
+
+
+@dataclass(slots=True)
+class FaultRule:
+    """One fault and how many more requests it applies to."""
+
+    kind: FaultKind
+    times: int
+    status: int = 503  # "status": the error answer to give instead of handling
+    after: bool = False  # "reset": handle the request, then drop the answer
+    seconds: float = 0.0  # "delay": wait this long (or until the server stops) first
+    drop_bytes: int = 0  # "truncate": lose the last bytes of the body read
+
+
+@dataclass(slots=True)
+class Faults:
+    """The faults of one reference Corestore; every method takes effect on the next request."""
+
+    rules: dict[RouteName, list[FaultRule]] = field(default_factory=dict)
+    hits: Counter[RouteName] = field(default_factory=Counter)
+    restore_gate: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.restore_gate.set()
+
+    def fail_next(self, route: RouteName | str, status: int = 503, times: int = 1) -> None:
+        """Answer `status` with an error body instead of handling the request."""
+        self._add(route, FaultRule("status", times, status=status))
+
+    def reset_next(self, route: RouteName | str, times: int = 1, *, after: bool = False) -> None:
+        """Drop the connection without an answer; `after=True` handles the request first."""
+        self._add(route, FaultRule("reset", times, after=after))
+
+    def delay_next(self, route: RouteName | str, seconds: float, times: int = 1) -> None:
+        """Wait `seconds` (cut short when the server stops) before handling."""
+        self._add(route, FaultRule("delay", times, seconds=seconds))
+
+    def truncate_next(self, route: RouteName | str, drop_bytes: int = 1, times: int = 1) -> None:
+        """Lose the last `drop_bytes` of the request body, as a broken proxy would."""
+        self._add(route, FaultRule("truncate", times, drop_bytes=drop_bytes))
+
+    def wrong_digest_next(self, route: RouteName | str, times: int = 1) -> None:
+        """Handle the request, then acknowledge another sha256 than the one it verified."""
+        self._add(route, FaultRule("wrong-digest", times))
+
+    def hold_restores(self) -> None:
+        """Keep every resource restore started from now on `running`."""
+        self.restore_gate.clear()
+
+    def release_restores(self) -> None:
+        """Let held resource restores run."""
+        self.restore_gate.set()
+
+    def clear(self) -> None:
+        """Remove every rule (hits are kept)."""
+        self.rules.clear()
+
+    def take(self, route: RouteName) -> FaultRule | None:
+        """The rule for this request of `route`, consuming one of its uses, or None."""
+        pending = self.rules.get(route)
+        if not pending:
+            return None
+        rule = pending[0]
+        rule.times -= 1
+        if rule.times <= 0:
+            pending.pop(0)
+        return rule
+
+    def _add(self, route: RouteName | str, rule: FaultRule) -> None:
+        if rule.times < 1:
+            raise ValueError("a fault applies to at least one request")
+        self.rules.setdefault(RouteName(route), []).append(rule)

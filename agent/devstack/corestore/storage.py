@@ -1,0 +1,281 @@
+"""The reference Corestore's disk: prepared restores and their staging objects.
+
+Synchronous and thread-safe (the server calls it through `asyncio.to_thread`). Layout under
+`data_dir` (ids are percent-encoded into one path segment):
+
+    restores/<restoreId>.json                 the prepare body, as accepted
+    staging/<archive>/<object path>           object bytes, written at their offsets
+    staging-meta/<archive>/archive.json       which restore owns the archive
+    staging-meta/<archive>/objects/<h>.json   the object's chunk ledger (h = sha256 of its path)
+
+(`scratch.py` keeps the restored resources.) Refusals are `CorestoreRefused` carrying
+`httpStatus` and `corestoreCode`, which the server turns into the error answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from agent.corestore.ledger import Chunk, ChunkVerdict, judge_chunk, verified_bytes
+from agent.corestore.models import ArchiveObject, PrepareRestoreBody, ResourceMapping
+from agent.errors import CorestoreRefused
+
+__all__ = ["Storage", "read_json", "refuse", "segment", "sha256_file", "write_json"]
+
+
+def refuse(status: int, code: str, message: str) -> CorestoreRefused:
+    """The error answer `status` `{error: {code, message}}`, as an exception to raise."""
+    return CorestoreRefused(message, httpStatus=status, corestoreCode=code)
+
+
+def segment(value: str) -> str:
+    name = quote(value, safe="")
+    return name if len(name) <= 200 else "h-" + hashlib.sha256(value.encode()).hexdigest()
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with tmp.open("w") as handle:
+        json.dump(value, handle, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def sha256_file(path: Path) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    with path.open("rb") as handle:
+        while block := handle.read(1024 * 1024):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
+class Storage:
+    """All state of one reference Corestore, on disk."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.root = data_dir
+        self._lock = threading.RLock()  # metadata, restores, resources
+        self._object_locks: dict[tuple[str, str], threading.Lock] = {}
+
+    # --- restores -------------------------------------------------------------------------------
+
+    def prepare(self, restore_id: str, body: PrepareRestoreBody) -> tuple[dict[str, Any], bool]:
+        """Record a restore and create its staging archive; `(answer, created)`."""
+        wire = body.to_wire()
+        path = self.root / "restores" / f"{segment(restore_id)}.json"
+        with self._lock:
+            known = read_json(path)
+            if known is not None and known != wire:
+                raise refuse(409, "restore-conflict", "the restore was prepared with another body")
+            owner = self._archive_owner(body.staging_archive_id)
+            if owner is not None and owner != restore_id:
+                raise refuse(409, "staging-archive-conflict", "another restore owns the archive")
+            if known is None:
+                write_json(path, wire)
+            meta = self._meta_dir(body.staging_archive_id) / "archive.json"
+            if owner is None:  # also after a cleanup: an idempotent prepare re-creates it
+                write_json(meta, {"restoreId": restore_id})
+        answer = {
+            "restoreId": restore_id,
+            "scratchNamespaceId": body.scratch_namespace_id,
+            "stagingArchiveId": body.staging_archive_id,
+            "created": known is None,
+        }
+        return answer, known is None
+
+    def restore(self, restore_id: str) -> PrepareRestoreBody:
+        """The prepared restore, or a 404 refusal."""
+        known = read_json(self.root / "restores" / f"{segment(restore_id)}.json")
+        if known is None:
+            raise refuse(404, "restore-not-found", "no restore was prepared under this id")
+        return PrepareRestoreBody.model_validate(known)
+
+    def mapping(
+        self, restore_id: str, mapping_id: str
+    ) -> tuple[PrepareRestoreBody, ResourceMapping]:
+        """The restore and one of its mappings, or a 404 refusal."""
+        body = self.restore(restore_id)
+        for mapping in body.resource_mappings:
+            if mapping.id == mapping_id:
+                return body, mapping
+        raise refuse(404, "mapping-not-found", "the restore has no such resource mapping")
+
+    # --- staging objects ------------------------------------------------------------------------
+
+    def put_chunk(
+        self, archive: str, path: str, offset: int, data: bytes, sha256: str
+    ) -> dict[str, Any]:
+        """Verify, judge and write one chunk; the `ChunkAccepted` answer."""
+        entry = self._entry(archive, path)
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise refuse(422, "chunk-digest-mismatch", "the chunk bytes do not match its sha256")
+        chunk = Chunk(offset, len(data), sha256)
+        with self._object_lock(archive, path):
+            ledger = self._ledger(archive, path)
+            counted = [Chunk(**c) for c in ledger["chunks"]]
+            verdict = judge_chunk(counted, entry.size, ledger["committed"], chunk)
+            if verdict is ChunkVerdict.APPEND:
+                target = self._object_path(archive, path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("r+b" if target.exists() else "wb") as handle:
+                    handle.truncate(offset)  # bytes past the verified prefix were never counted
+                    handle.seek(offset)
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                counted.append(chunk)
+                ledger["chunks"].append({"offset": offset, "length": len(data), "sha256": sha256})
+                write_json(self._ledger_path(archive, path), ledger)
+            elif verdict is not ChunkVerdict.REPLAY:
+                raise refuse(409, verdict.value, f"the chunk at offset {offset} is refused")
+        return {
+            "path": path,
+            "offset": offset,
+            "length": len(data),
+            "sha256": sha256,
+            "verifiedBytes": verified_bytes(counted),
+        }
+
+    def progress(self, archive: str, path: str) -> dict[str, Any]:
+        """The `ObjectProgress` answer."""
+        entry = self._entry(archive, path)
+        with self._object_lock(archive, path):
+            ledger = read_json(self._ledger_path(archive, path))
+        if ledger is None:
+            return {"path": path, "state": "absent", "size": entry.size, "verifiedBytes": 0}
+        counted = [Chunk(**c) for c in ledger["chunks"]]
+        answer = {
+            "path": path,
+            "state": "committed" if ledger["committed"] else "partial",
+            "size": entry.size,
+            "verifiedBytes": verified_bytes(counted),
+            "chunks": ledger["chunks"],
+        }
+        if ledger["committed"]:
+            answer["sha256"] = entry.sha256
+        return answer
+
+    def commit(self, archive: str, path: str, size: int, sha256: str) -> dict[str, Any]:
+        """Re-hash the object; count it, or remove it (and refuse) on a mismatch."""
+        entry = self._entry(archive, path)
+        if (entry.size, entry.sha256) != (size, sha256):
+            raise refuse(409, "object-not-in-manifest", "size and sha256 differ from the manifest")
+        answer = {"path": path, "size": size, "sha256": sha256}
+        with self._object_lock(archive, path):
+            ledger = self._ledger(archive, path)
+            if ledger["committed"]:
+                return answer
+            verified = verified_bytes([Chunk(**c) for c in ledger["chunks"]])
+            if verified < size:
+                raise refuse(409, "object-incomplete", f"{verified} of {size} bytes are verified")
+            target = self._object_path(archive, path)
+            if size == 0:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.touch()
+            actual = sha256_file(target)
+            if actual != (size, sha256):
+                self._remove_object(archive, path)
+                raise refuse(422, "object-digest-mismatch", "the object does not match its sha256")
+            ledger["committed"] = True
+            write_json(self._ledger_path(archive, path), ledger)
+        return answer
+
+    def delete_object(self, archive: str, path: str) -> None:
+        """Remove one object, or a 404 refusal when there is nothing to remove."""
+        self._archive_restore(archive)
+        with self._object_lock(archive, path):
+            if not self._remove_object(archive, path):
+                raise refuse(404, "object-not-found", "the archive holds no such object")
+
+    def delete_archive(self, archive: str) -> None:
+        """Remove the whole staging archive, or a 404 refusal when it does not exist."""
+        with self._lock:
+            found = False
+            for directory in (self.root / "staging" / segment(archive), self._meta_dir(archive)):
+                if directory.exists():
+                    shutil.rmtree(directory)
+                    found = True
+        if not found:
+            raise refuse(404, "staging-archive-not-found", "no such staging archive")
+
+    def snapshot_objects(
+        self, body: PrepareRestoreBody, mapping: ResourceMapping
+    ) -> list[ArchiveObject]:
+        """The manifest objects of the mapping's snapshot."""
+        prefix = mapping.source.snapshot_id + "/"
+        return [o for o in body.archive_manifest.objects if o.path.startswith(prefix)]
+
+    def committed(self, archive: str, path: str) -> bool:
+        """Whether the object is committed."""
+        ledger = read_json(self._ledger_path(archive, path))
+        return bool(ledger and ledger["committed"])
+
+    def object_path(self, archive: str, path: str) -> Path:
+        """Where the object's bytes are."""
+        return self._object_path(archive, path)
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _meta_dir(self, archive: str) -> Path:
+        return self.root / "staging-meta" / segment(archive)
+
+    def _archive_owner(self, archive: str) -> str | None:
+        meta = read_json(self._meta_dir(archive) / "archive.json")
+        return None if meta is None else str(meta["restoreId"])
+
+    def _archive_restore(self, archive: str) -> PrepareRestoreBody:
+        owner = self._archive_owner(archive)
+        if owner is None:
+            raise refuse(404, "staging-archive-not-found", "no such staging archive")
+        return self.restore(owner)
+
+    def _entry(self, archive: str, path: str) -> ArchiveObject:
+        for entry in self._archive_restore(archive).archive_manifest.objects:
+            if entry.path == path:
+                return entry
+        raise refuse(409, "object-not-in-manifest", "the manifest lists no such object")
+
+    def _object_path(self, archive: str, path: str) -> Path:
+        base = self.root / "staging" / segment(archive)
+        target = base.joinpath(*path.split("/"))
+        if not target.resolve().is_relative_to(base.resolve()):
+            raise refuse(400, "invalid-request", "the object path leaves the archive")
+        return target
+
+    def _ledger_path(self, archive: str, path: str) -> Path:
+        name = hashlib.sha256(path.encode()).hexdigest()
+        return self._meta_dir(archive) / "objects" / f"{name}.json"
+
+    def _ledger(self, archive: str, path: str) -> dict[str, Any]:
+        known = read_json(self._ledger_path(archive, path))
+        return known if known is not None else {"path": path, "chunks": [], "committed": False}
+
+    def _remove_object(self, archive: str, path: str) -> bool:
+        removed = False
+        for file in (self._ledger_path(archive, path), self._object_path(archive, path)):
+            if file.exists():
+                file.unlink()
+                removed = True
+        return removed
+
+    def _object_lock(self, archive: str, path: str) -> threading.Lock:
+        with self._lock:
+            return self._object_locks.setdefault((archive, path), threading.Lock())

@@ -1,0 +1,152 @@
+"""Outgoing calls: fresh correlation ids, absolute deadlines, `retry` bookkeeping (wire.md §1.4).
+
+Pure: the driver passes `now` from its injected clock and acts on the returned outcomes. A call
+is sent, then either answered (`Completed`/`Failed`), asked to wait and resend the IDENTICAL
+frame, same correlation id (`Resend`, at most `max_attempts` sends in all), or expires
+(`expire(now)`). Replies for ids we do not know are reported as `Unmatched` and dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.errors import CallFailed, CallTimeout, InvalidState
+from agent.protocol.envelope import Correlation, Envelope
+
+__all__ = ["CallTable", "Completed", "Failed", "Outcome", "PendingCall", "Resend", "Unmatched"]
+
+
+@dataclass(slots=True)
+class PendingCall:
+    """One call awaiting its reply."""
+
+    call_id: str
+    method: str
+    frame: Envelope
+    timeout: float
+    deadline: float
+    sends: int = 1
+    resend_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """The peer answered with a response object."""
+
+    call_id: str
+    response: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The call is over without a response: `error` reply, retry limit, or deadline."""
+
+    call_id: str
+    error: CallFailed | CallTimeout
+
+
+@dataclass(frozen=True, slots=True)
+class Resend:
+    """Send `frame` again (byte-identical payload) at `at`."""
+
+    call_id: str
+    frame: Envelope
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Unmatched:
+    """A response for no pending call (late, duplicate or foreign): drop it."""
+
+    call_id: str
+
+
+Outcome = Completed | Failed | Resend | Unmatched
+
+
+@dataclass(slots=True)
+class CallTable:
+    """Pending outgoing calls by correlation id."""
+
+    new_id: Callable[[], str]
+    max_attempts: int = 5
+    _calls: dict[str, PendingCall] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def start(
+        self, method: str, request: Mapping[str, Any], *, now: float, timeout: float
+    ) -> PendingCall:
+        """Register a call; the returned `frame` is what to send."""
+        if timeout <= 0:
+            raise InvalidState(f"call timeout must be positive, got {timeout!r}")
+        call_id = self.new_id()
+        if call_id in self._calls:
+            raise InvalidState("the id factory returned an id already in use")
+        frame = Envelope(
+            method=method,
+            request=dict(request),
+            response=None,
+            correlation=Correlation(call_id, "request"),
+        )
+        call = PendingCall(call_id, method, frame, timeout, now + timeout)
+        self._calls[call_id] = call
+        return call
+
+    def on_response(self, env: Envelope, *, now: float) -> Outcome:
+        """Account a `phase: "response"` frame."""
+        assert env.correlation is not None
+        call = self._calls.get(env.correlation.id)
+        if call is None or env.method != call.method:
+            return Unmatched(env.correlation.id)
+        if env.error is not None:  # error wins over retry: TS callers fail there too
+            del self._calls[call.call_id]
+            error = CallFailed(call.method, env.error.text, _as_dict(env.error.data))
+            return Failed(call.call_id, error)
+        if env.retry is not None:
+            if call.sends >= self.max_attempts:
+                del self._calls[call.call_id]
+                text = f"gave up after {call.sends} attempts, last retry reason: {env.retry.reason}"
+                data = {"code": "retry-exhausted", "retryable": True}
+                return Failed(call.call_id, CallFailed(call.method, text, data))
+            call.sends += 1
+            call.resend_at = now + env.retry.wait_for_ms / 1000.0
+            return Resend(call.call_id, call.frame, call.resend_at)
+        del self._calls[call.call_id]
+        response = env.response
+        if not isinstance(response, dict):
+            # TS handlers that crash answer `response: null` without `error` (wire.md §1.3).
+            text = "the peer answered without a response object"
+            data = {"code": "no-response", "retryable": True}
+            return Failed(call.call_id, CallFailed(call.method, text, data))
+        return Completed(call.call_id, response)
+
+    def expire(self, now: float) -> list[Failed]:
+        """Calls whose deadline has passed, removed."""
+        expired = [call for call in self._calls.values() if now >= call.deadline]
+        for call in expired:
+            del self._calls[call.call_id]
+        return [Failed(call.call_id, CallTimeout(call.method, call.timeout)) for call in expired]
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline, if any call is pending."""
+        return min((call.deadline for call in self._calls.values()), default=None)
+
+    def cancel(self, call_id: str) -> None:
+        """Forget a call (its caller gave up); a later reply is `Unmatched`."""
+        self._calls.pop(call_id, None)
+
+    def clear(self) -> list[str]:
+        """Forget every call (the session closed); returns their ids."""
+        ids = list(self._calls)
+        self._calls.clear()
+        return ids
+
+
+def _as_dict(data: Any) -> dict[str, Any]:
+    if isinstance(data, dict):
+        return data
+    return {} if data is None else {"value": data}

@@ -1,0 +1,227 @@
+"""The TypedRequest envelope: its dataclass, the JSON codec and the router's dispatch rule.
+
+Wire shape (typedrequest 3.3.0, see wire.md §1):
+`{method, request, response, correlation: {id, phase}, error: {text, data}, retry: {waitForMs,
+reason}, localData}`. Unknown envelope keys (`localData`, `serverData`, `authInfo`, ...) are
+tolerated on input and dropped: nothing we send ever echoes them (`authInfo` carries a JWT).
+Replies carry `localData: null` exactly as the TS router writes it; requests carry none (the
+SmartServe adapter writes into `localData` and would fail on `null`).
+
+Decoding is two steps so the driver can answer a frame whose envelope is malformed but still
+names a method and a correlation id: `parse_frame` (bytes -> JSON object) and
+`envelope_from_json` (object -> `Envelope`); `decode_envelope` does both.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from agent.errors import RemoteProtocolError
+from agent.protocol.markers import omit_markers
+
+__all__ = [
+    "STREAM_METHOD",
+    "Correlation",
+    "Envelope",
+    "ErrorInfo",
+    "FrameKind",
+    "RetryAdvice",
+    "answerable",
+    "classify",
+    "decode_envelope",
+    "encode_envelope",
+    "envelope_from_json",
+    "error_reply",
+    "parse_frame",
+    "reply",
+]
+
+STREAM_METHOD = "##VirtualStream##"
+
+
+@dataclass(frozen=True, slots=True)
+class Correlation:
+    """`correlation`: the call id and its phase (`"request"`, `"response"`, or kept as sent)."""
+
+    id: str
+    phase: str
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """`error`: a one-sentence text and machine-readable data (`data.code` on our errors)."""
+
+    text: str
+    data: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryAdvice:
+    """`retry`: the responder asks the caller to resend the identical frame after a pause."""
+
+    wait_for_ms: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One TypedRequest frame. `is_reply` makes the encoder write `localData: null`."""
+
+    method: str
+    request: Any = None
+    response: Any = None
+    correlation: Correlation | None = None
+    error: ErrorInfo | None = None
+    retry: RetryAdvice | None = None
+    is_reply: bool = False
+
+
+class FrameKind(enum.Enum):
+    """What the router does with a decoded frame (wire.md §1.2, in this order)."""
+
+    STREAM = "stream"  # method "##VirtualStream##", whatever the correlation
+    REQUEST = "request"  # phase "request": run a handler and reply
+    RESPONSE = "response"  # phase "response": fulfil a pending call, send nothing
+    WEIRD = "weird"  # anything else: log and drop
+
+
+def classify(env: Envelope) -> FrameKind:
+    """The dispatch rule of the TS router."""
+    if env.method == STREAM_METHOD:
+        return FrameKind.STREAM
+    phase = env.correlation.phase if env.correlation is not None else None
+    if phase == "request":
+        return FrameKind.REQUEST
+    if phase == "response":
+        return FrameKind.RESPONSE
+    return FrameKind.WEIRD
+
+
+def parse_frame(frame: bytes | str) -> dict[str, Any]:
+    """The JSON object of one text frame; raises `RemoteProtocolError` if it is none."""
+    try:
+        obj = orjson.loads(frame)
+    except orjson.JSONDecodeError as exc:
+        raise RemoteProtocolError("frame is not valid UTF-8 JSON") from exc
+    if not isinstance(obj, dict):
+        raise RemoteProtocolError("frame is not a JSON object")
+    return obj
+
+
+def envelope_from_json(obj: Mapping[str, Any]) -> Envelope:
+    """Validate the envelope fields of a parsed frame; raises `RemoteProtocolError`."""
+    method = obj.get("method")
+    if not isinstance(method, str) or not method:
+        raise RemoteProtocolError("envelope.method is not a non-empty string")
+    return Envelope(
+        method=method,
+        request=obj.get("request"),
+        response=obj.get("response"),
+        correlation=_correlation(obj.get("correlation")),
+        error=_error(obj.get("error")),
+        retry=_retry(obj.get("retry")),
+    )
+
+
+def decode_envelope(frame: bytes | str) -> Envelope:
+    """Parse and validate one frame; raises `RemoteProtocolError`."""
+    return envelope_from_json(parse_frame(frame))
+
+
+def answerable(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """`(method, correlation id)` of a malformed request frame that can still get an error reply."""
+    method = obj.get("method")
+    corr = obj.get("correlation")
+    if not isinstance(method, str) or not method or method == STREAM_METHOD:
+        return None
+    if not isinstance(corr, dict) or corr.get("phase") != "request":
+        return None
+    corr_id = corr.get("id")
+    if not isinstance(corr_id, str) or not corr_id:
+        return None
+    return method, corr_id
+
+
+def encode_envelope(env: Envelope) -> bytes:
+    """UTF-8 JSON text of `env`, keys in the order the TS router writes them.
+
+    Raises `TypeError` when a payload holds something JSON cannot carry (a `Secret` included:
+    orjson refuses unknown types instead of calling `str()` on them).
+    """
+    obj: dict[str, Any] = {"method": env.method, "request": env.request, "response": env.response}
+    if env.correlation is not None:
+        obj["correlation"] = {"id": env.correlation.id, "phase": env.correlation.phase}
+    if env.error is not None:
+        obj["error"] = {"text": env.error.text, "data": env.error.data}
+    if env.retry is not None:
+        obj["retry"] = {"waitForMs": env.retry.wait_for_ms, "reason": env.retry.reason}
+    if env.is_reply:
+        obj["localData"] = None
+    try:
+        return orjson.dumps(obj)
+    except orjson.JSONEncodeError as exc:
+        raise TypeError(f"a {env.method} frame is not JSON-serialisable: {exc}") from exc
+
+
+def reply(env: Envelope, response: Any) -> Envelope:
+    """The reply to request `env`: same envelope, `response` set, phase `"response"`.
+
+    The echoed request has its stream markers replaced by `OMITTED_MARKER`.
+    """
+    assert env.correlation is not None
+    return replace(
+        env,
+        request=omit_markers(env.request),
+        response=response,
+        correlation=Correlation(env.correlation.id, "response"),
+        error=None,
+        retry=None,
+        is_reply=True,
+    )
+
+
+def error_reply(env: Envelope, text: str, data: Mapping[str, Any]) -> Envelope:
+    """The error reply to request `env`: `response` null, `error {text, data}`, never `retry`."""
+    return replace(reply(env, None), error=ErrorInfo(text, dict(data)))
+
+
+def _correlation(value: Any) -> Correlation | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RemoteProtocolError("envelope.correlation is not an object")
+    corr_id, phase = value.get("id"), value.get("phase")
+    if not isinstance(corr_id, str) or not corr_id:
+        raise RemoteProtocolError("envelope.correlation.id is not a non-empty string")
+    if not isinstance(phase, str):
+        raise RemoteProtocolError("envelope.correlation.phase is not a string")
+    return Correlation(corr_id, phase)
+
+
+def _error(value: Any) -> ErrorInfo | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("text"), str):
+        raise RemoteProtocolError("envelope.error is not an object with a string text")
+    return ErrorInfo(value["text"], value.get("data"))
+
+
+def _retry(value: Any) -> RetryAdvice | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RemoteProtocolError("envelope.retry is not an object")
+    wait, reason = value.get("waitForMs"), value.get("reason", "")
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not math.isfinite(wait):
+        raise RemoteProtocolError("envelope.retry.waitForMs is not a number")
+    if wait < 0:
+        raise RemoteProtocolError("envelope.retry.waitForMs is negative")
+    if not isinstance(reason, str):
+        raise RemoteProtocolError("envelope.retry.reason is not a string")
+    return RetryAdvice(float(wait), reason)

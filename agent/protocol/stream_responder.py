@@ -1,0 +1,284 @@
+"""The responder side of one VirtualStream (wire.md §4.2-4.4): we only answer the peer's frames.
+
+The peer that fired the outer request is the initiator and drives all stream traffic; we are
+the responder for every marker in a request we handle (role RECEIVE: the initiator sends
+`chunk`s) and for every marker we put into a response (role SEND: the initiator sends `read`).
+
+Answers follow typedrequest 3.3.0 (`handleStreamTr`): `keepAlive` -> our keep-alive flag,
+`next` (we have data to send) and `backpressure` (our receive queue is full); `feedback` -> the
+same without the flag; `chunk` -> a `feedback` package with `request: null`. Beyond 3.3.0 we
+answer `read` with the next chunk and `next`. A `read` that finds the queue empty while the
+stream is still open is parked (long poll) until data arrives or `park_timeout` passes, so an
+initiator that reads while `next` is true neither spins nor stalls.
+
+Bounds: the receive queue holds at most `window` chunks before we report backpressure; a peer
+that keeps sending past `2 * window` breaks the stream. The send queue holds `window` chunks;
+the producer waits for `has_space()`. Memory is window x chunk size, never stream length.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+
+from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
+from agent.protocol.chunks import CLOSING, ChunkForm, Closing, decode_chunk, encode_chunk
+from agent.protocol.envelope import Envelope
+from agent.protocol.streampkg import Purpose, StreamPackage, stream_reply
+
+__all__ = ["TRANSITIONS", "ResponderStream", "Role", "StreamState"]
+
+
+class Role(enum.Enum):
+    """Which way the bytes go, seen from us."""
+
+    RECEIVE = "receive"
+    SEND = "send"
+
+
+class StreamState(enum.Enum):
+    """Life of a stream; ENDED and BROKEN are final."""
+
+    OPEN = "open"
+    ENDED = "ended"  # the closing bit went through
+    BROKEN = "broken"
+
+
+# One transition table for both roles; an illegal move raises and changes nothing.
+TRANSITIONS: dict[StreamState, frozenset[StreamState]] = {
+    StreamState.OPEN: frozenset({StreamState.ENDED, StreamState.BROKEN}),
+    StreamState.ENDED: frozenset(),
+    StreamState.BROKEN: frozenset(),
+}
+
+
+@dataclass(slots=True)
+class _Parked:
+    env: Envelope
+    package: StreamPackage
+    deadline: float
+
+
+class ResponderStream:
+    """One stream we answer for."""
+
+    def __init__(
+        self,
+        stream_id: str,
+        role: Role,
+        *,
+        now: float,
+        window: int,
+        idle_timeout: float,
+        park_timeout: float,
+        chunk_form: ChunkForm = "buffer",
+    ) -> None:
+        if window < 1:
+            raise InvalidState("stream window must be at least 1")
+        self.stream_id = stream_id
+        self.role = role
+        self.state = StreamState.OPEN
+        self.broken_reason = ""
+        self.last_seen = now
+        self.closed_at: float | None = None  # when ENDED/BROKEN was reached
+        self._window = window
+        self._idle_timeout = idle_timeout
+        self._park_timeout = park_timeout
+        self._form: ChunkForm = chunk_form
+        self._queue: deque[bytes | Closing] = deque()
+        self._queued_close = False  # SEND: the producer called close()
+        self._abandoned = False  # RECEIVE: nobody will read; accept and discard
+        self._parked: _Parked | None = None
+
+    # --- frames from the initiator -------------------------------------------------------
+
+    def handle(self, env: Envelope, package: StreamPackage, now: float) -> Envelope | None:
+        """The answer to one stream frame, or None when a `read` is parked."""
+        self.last_seen = now
+        if package.keep_alive is False and self.state is StreamState.OPEN:
+            # The initiator stopped the stream; without a closing bit it is broken.
+            self._break("the initiator stopped the stream before its end", now)
+        purpose = package.main_purpose
+        if purpose == "chunk":
+            self._accept_chunk(package, now)
+            return stream_reply(env, self._package(package, "feedback"), echo_request=False)
+        if purpose == "read":
+            return self._answer_read(env, package, now)
+        if purpose == "keepAlive":
+            answer = self._package(package, "keepAlive", keep_alive=self.keep_alive)
+            return stream_reply(env, answer, echo_request=True)
+        # feedback, and the unused start/end, get a feedback package
+        return stream_reply(env, self._package(package, "feedback"), echo_request=True)
+
+    @property
+    def keep_alive(self) -> bool:
+        """The flag we answer: false once nothing more will move."""
+        return self.state is StreamState.OPEN and not self._abandoned
+
+    def _package(
+        self, request: StreamPackage, purpose: Purpose, *, keep_alive: bool | None = None
+    ) -> StreamPackage:
+        return StreamPackage(
+            stream_id=self.stream_id,
+            cycle_id=request.cycle_id,
+            cycle="response",
+            main_purpose=purpose,
+            keep_alive=keep_alive,
+            next=self._has_next(),
+            backpressure=self._backpressured(),
+        )
+
+    def _has_next(self) -> bool:
+        if self.role is not Role.SEND:
+            return False
+        return bool(self._queue) or self.state is StreamState.OPEN
+
+    def _backpressured(self) -> bool:
+        return self.role is Role.RECEIVE and len(self._queue) >= self._window
+
+    def _accept_chunk(self, package: StreamPackage, now: float) -> None:
+        if self.role is not Role.RECEIVE or self.state is not StreamState.OPEN or self._abandoned:
+            return  # nobody reads it (late chunk, or data on a stream we send on): drop it
+        try:
+            item = decode_chunk(package.chunk_data)
+        except RemoteProtocolError as exc:
+            self._break(f"undecodable chunk: {exc}", now)
+            return
+        if len(self._queue) >= 2 * self._window:
+            self._break("the initiator ignored backpressure", now)
+            return
+        self._queue.append(item)
+        if item is CLOSING:
+            self._end(now)
+
+    def _answer_read(self, env: Envelope, package: StreamPackage, now: float) -> Envelope | None:
+        if self.role is Role.SEND and not self._queue and self.state is StreamState.OPEN:
+            if self._parked is not None:
+                released = self._release_parked()
+                self._parked = _Parked(env, package, now + self._park_timeout)
+                return released
+            self._parked = _Parked(env, package, now + self._park_timeout)
+            return None
+        return self._read_answer(env, package, now)
+
+    def _read_answer(self, env: Envelope, package: StreamPackage, now: float) -> Envelope:
+        if self.role is Role.SEND and self._queue and self.state is not StreamState.BROKEN:
+            item = self._queue.popleft()
+            if item is CLOSING:
+                self._end(now)
+            answer = StreamPackage(
+                stream_id=self.stream_id,
+                cycle_id=package.cycle_id,
+                cycle="response",
+                main_purpose="chunk",
+                next=self._has_next(),
+                backpressure=False,
+                chunk_data=encode_chunk(item, self._form),
+            )
+            return stream_reply(env, answer, echo_request=True)
+        return stream_reply(env, self._package(package, "feedback"), echo_request=True)
+
+    def _release_parked(self) -> Envelope | None:
+        parked, self._parked = self._parked, None
+        if parked is None:
+            return None
+        return self._read_answer(parked.env, parked.package, parked.deadline)
+
+    # --- the local consumer (RECEIVE) ------------------------------------------------------
+
+    def take(self) -> bytes | Closing | None:
+        """The next received item, None if none yet; raises `StreamBroken` once broken."""
+        if self.role is not Role.RECEIVE:
+            raise InvalidState("take() on a stream we send on")
+        if self._queue:
+            return self._queue.popleft()
+        if self.state is StreamState.BROKEN:
+            raise StreamBroken(f"stream {self.stream_id} broke: {self.broken_reason}")
+        if self._abandoned:
+            raise InvalidState("take() on an abandoned stream")
+        return None
+
+    def abandon(self, now: float) -> None:
+        """Nobody will read: drop what is queued, discard what comes, answer keepAlive false."""
+        self._abandoned = True
+        self._queue.clear()
+        if self.closed_at is None:
+            self.closed_at = now
+
+    # --- the local producer (SEND) ---------------------------------------------------------
+
+    def has_space(self) -> bool:
+        """Whether `offer` may queue one more chunk now."""
+        return len(self._queue) < self._window
+
+    def offer(self, data: bytes) -> Envelope | None:
+        """Queue `data`; returns a parked `read` answer to send now, if any."""
+        self._check_producer()
+        if not self.has_space():
+            raise InvalidState("offer() on a full send queue; wait for has_space()")
+        if data:
+            self._queue.append(bytes(data))
+        return self._release_parked() if self._queue else None
+
+    def close(self) -> Envelope | None:
+        """Queue the closing bit after the data; returns a parked `read` answer, if any."""
+        self._check_producer()
+        self._queued_close = True
+        self._queue.append(CLOSING)
+        return self._release_parked()
+
+    def _check_producer(self) -> None:
+        if self.role is not Role.SEND:
+            raise InvalidState("producer call on a stream we receive on")
+        if self.state is StreamState.BROKEN:
+            raise StreamBroken(f"stream {self.stream_id} broke: {self.broken_reason}")
+        if self._queued_close:
+            raise InvalidState("the stream is already closed")
+
+    # --- both --------------------------------------------------------------------------------
+
+    def abort(self, reason: str, now: float) -> Envelope | None:
+        """Break the stream locally; returns a parked `read` answer (now empty), if any."""
+        if self.state is StreamState.OPEN:
+            self._break(reason, now)
+        return self._release_parked()
+
+    def expire(self, now: float) -> Envelope | None:
+        """Apply the clock: idle timeout, parked-read timeout. Returns an answer to send."""
+        if self.state is StreamState.OPEN and now - self.last_seen > self._idle_timeout:
+            self._break(f"no frame from the initiator within {self._idle_timeout:g} s", now)
+        if self._parked is not None and (
+            now >= self._parked.deadline or self.state is not StreamState.OPEN
+        ):
+            return self._release_parked()
+        return None
+
+    def next_wakeup(self) -> float | None:
+        """When `expire` may next have something to do."""
+        if self.state is not StreamState.OPEN:
+            return None if self._parked is None else self._parked.deadline
+        idle = self.last_seen + self._idle_timeout
+        return idle if self._parked is None else min(idle, self._parked.deadline)
+
+    def finished(self, now: float, linger: float) -> bool:
+        """Whether the registration may go: over, drained, and quiet for `linger` seconds."""
+        if self.closed_at is None or self._parked is not None:
+            return False
+        drained = not self._queue or self._abandoned or self.role is Role.SEND
+        return drained and now - max(self.closed_at, self.last_seen) >= linger
+
+    def _move(self, to: StreamState, now: float) -> None:
+        if to not in TRANSITIONS[self.state]:
+            raise InvalidState(f"stream {self.stream_id}: {self.state.value} -> {to.value}")
+        self.state = to
+        self.closed_at = now
+
+    def _end(self, now: float) -> None:
+        self._move(StreamState.ENDED, now)
+
+    def _break(self, reason: str, now: float) -> None:
+        self._move(StreamState.BROKEN, now)
+        self.broken_reason = reason
+        if self.role is Role.SEND:
+            self._queue.clear()

@@ -1,0 +1,164 @@
+"""`StreamRegistry`: every VirtualStream of one connection, and the routing of stream frames.
+
+Stream frames carry no correlation (wire.md §4.3). An incoming `##VirtualStream##` frame is:
+- an ANSWER to one of our cycles when its `response` is a package: matched by `cycleId`;
+- one of OUR frames coming back when its `request.cycleId` is a cycle we sent: the peer did not
+  serve it (TS echoes frames for unknown streams, and a 3.3.0 responder answers `read` with
+  `response: null`), so that stream breaks;
+- otherwise a REQUEST for a stream we answer for; unknown stream ids are echoed back unchanged
+  with `localData: null`, as the TS router does.
+Anything else is malformed and dropped (stream frames cannot carry an `error`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from agent.errors import InvalidState, RemoteProtocolError
+from agent.protocol.chunks import ChunkForm
+from agent.protocol.envelope import Envelope
+from agent.protocol.stream_initiator import InitiatorStream
+from agent.protocol.stream_responder import ResponderStream, Role
+from agent.protocol.streampkg import package_from_json, stream_frame
+
+__all__ = ["FrameResult", "StreamRegistry", "StreamSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    """Tunables shared by every stream of a connection."""
+
+    window: int = 16
+    keepalive_interval: float = 1.0
+    keepalive_timeout: float = 10.0
+    probe_interval: float = 0.05
+    chunk_form: ChunkForm = "buffer"
+
+
+@dataclass(frozen=True, slots=True)
+class FrameResult:
+    """What an incoming stream frame did: a reply to send, and the stream it touched."""
+
+    reply: Envelope | None = None
+    stream_id: str | None = None
+    dropped: str = ""  # why the frame was dropped (for the log), empty if it was not
+
+
+@dataclass(slots=True)
+class StreamRegistry:
+    """The streams of one connection, by id, and our outstanding cycles."""
+
+    settings: StreamSettings
+    new_id: Callable[[], str]
+    responders: dict[str, ResponderStream] = field(default_factory=dict)
+    initiators: dict[str, InitiatorStream] = field(default_factory=dict)
+    _cycles: dict[str, str] = field(default_factory=dict)  # cycle id -> initiator stream id
+
+    def open_responder(self, stream_id: str, role: Role, now: float) -> ResponderStream:
+        """Register a stream we answer for; raises `RemoteProtocolError` on a duplicate id."""
+        if stream_id in self.responders or stream_id in self.initiators:
+            raise RemoteProtocolError(f"stream id {stream_id} is already in use")
+        s = self.settings
+        stream = ResponderStream(
+            stream_id,
+            role,
+            now=now,
+            window=s.window,
+            idle_timeout=s.keepalive_timeout,
+            park_timeout=s.keepalive_interval,
+            chunk_form=s.chunk_form,
+        )
+        self.responders[stream_id] = stream
+        return stream
+
+    def open_initiator(self, role: Role, stream_id: str | None = None) -> InitiatorStream:
+        """Register a stream we drive (it starts PENDING): SEND streams get a fresh id, RECEIVE
+        streams take the id of the marker the responder sent."""
+        if stream_id is None:
+            stream_id = self.new_id()
+        if stream_id in self.responders or stream_id in self.initiators:
+            raise InvalidState(f"stream id {stream_id} is already in use")
+        s = self.settings
+        stream = InitiatorStream(
+            stream_id,
+            role,
+            window=s.window,
+            keepalive_interval=s.keepalive_interval,
+            keepalive_timeout=s.keepalive_timeout,
+            probe_interval=s.probe_interval,
+            new_id=self.new_id,
+            chunk_form=s.chunk_form,
+        )
+        self.initiators[stream_id] = stream
+        return stream
+
+    def on_frame(self, env: Envelope, now: float) -> FrameResult:
+        """Route one incoming `##VirtualStream##` frame."""
+        if isinstance(env.response, dict):
+            return self._on_answer(env, now)
+        try:
+            package = package_from_json(env.request)
+        except RemoteProtocolError as exc:
+            return FrameResult(dropped=str(exc))
+        stream_id = self._cycles.pop(package.cycle_id, None)
+        if stream_id is not None:
+            initiator = self.initiators.get(stream_id)
+            if initiator is not None:
+                initiator.on_unserved(package.cycle_id)
+            return FrameResult(stream_id=stream_id, dropped="our own frame came back unanswered")
+        if package.cycle != "request":
+            return FrameResult(dropped="stream request with cycle response")
+        responder = self.responders.get(package.stream_id)
+        if responder is None:
+            echo = Envelope(env.method, env.request, env.response, is_reply=True)
+            return FrameResult(reply=echo, stream_id=package.stream_id, dropped="unknown stream")
+        return FrameResult(reply=responder.handle(env, package, now), stream_id=responder.stream_id)
+
+    def _on_answer(self, env: Envelope, now: float) -> FrameResult:
+        try:
+            package = package_from_json(env.response)
+        except RemoteProtocolError as exc:
+            return FrameResult(dropped=str(exc))
+        stream_id = self._cycles.pop(package.cycle_id, None)
+        stream = self.initiators.get(stream_id) if stream_id is not None else None
+        if stream is None:
+            return FrameResult(dropped="answer for no outstanding cycle")
+        stream.on_reply(package.cycle_id, package, now)
+        return FrameResult(stream_id=stream.stream_id)
+
+    def poll(self, stream: InitiatorStream, now: float) -> list[Envelope]:
+        """Frames `stream` wants sent now; their cycles become outstanding."""
+        frames = stream.poll(now)
+        for package in frames:
+            self._cycles[package.cycle_id] = stream.stream_id
+        return [stream_frame(package) for package in frames]
+
+    def expire(self, now: float) -> list[tuple[str, Envelope | None]]:
+        """Apply the clock to responder streams: `(stream id, answer to send or None)` per
+        stream that changed. Finished registrations are removed after a linger period."""
+        changed: list[tuple[str, Envelope | None]] = []
+        for stream in list(self.responders.values()):
+            before = stream.state
+            answer = stream.expire(now)
+            if answer is not None or stream.state is not before:
+                changed.append((stream.stream_id, answer))
+            if stream.finished(now, self.settings.keepalive_timeout):
+                del self.responders[stream.stream_id]
+        return changed
+
+    def next_wakeup(self) -> float | None:
+        """The earliest responder timer."""
+        times = [t for s in self.responders.values() if (t := s.next_wakeup()) is not None]
+        return min(times, default=None)
+
+    def forget_initiator(self, stream_id: str) -> None:
+        """Drop a finished stream we drove, and its outstanding cycles."""
+        self.initiators.pop(stream_id, None)
+        for cycle_id in [c for c, s in self._cycles.items() if s == stream_id]:
+            del self._cycles[cycle_id]
+
+    def all_streams(self) -> Iterator[ResponderStream | InitiatorStream]:
+        """Every registered stream."""
+        yield from self.responders.values()
+        yield from self.initiators.values()

@@ -1,0 +1,139 @@
+"""`WebsocketTransport`: the `FrameTransport` over one `websockets` (17, asyncio API) connection.
+
+Thin adapter, both roles (the agent's client socket and the stand-in Cloudly's server socket):
+
+- `recv()` reads with `decode=False`, so a text frame arrives as the raw UTF-8 bytes: chunk
+  frames are several MB of JSON and decoding them to `str` first would copy them for nothing.
+- `send(frame)` sends the UTF-8 JSON bytes as ONE text frame (`text=True`), as TypedSocket does.
+- The library's `ConnectionClosed` becomes `SessionClosed(code, reason)`, chained.
+
+`connect_transport()` opens the agent's client connection and translates every way opening can
+fail (refused, DNS, TLS, handshake, timeout) into `SessionError`. `quiet_websocket_logger()`
+is the logger handed to the library: websockets logs whole frames at DEBUG, and frames carry
+the machine token and the JWT, so that logger never goes below INFO.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Literal
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.connection import Connection
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from agent.errors import SessionClosed, SessionError
+
+__all__ = [
+    "GOING_AWAY",
+    "WebsocketTransport",
+    "close_details",
+    "connect_transport",
+    "quiet_websocket_logger",
+]
+
+GOING_AWAY = 1001
+_ABNORMAL_CLOSURE = 1006
+
+
+def quiet_websocket_logger(name: str = "websockets.client") -> logging.Logger:
+    """A stdlib logger for `websockets` that never logs frame contents (level >= INFO)."""
+    logger = logging.getLogger(name)
+    if logger.level < logging.INFO:  # NOTSET (0) would inherit a DEBUG root
+        logger.setLevel(logging.INFO)
+    return logger
+
+
+def close_details(exc: ConnectionClosed) -> tuple[int, str]:
+    """The close code and reason the peer sent, else ours, else 1006 (no close frame)."""
+    frame = exc.rcvd if exc.rcvd is not None else exc.sent
+    if frame is None:
+        return _ABNORMAL_CLOSURE, ""
+    return int(frame.code), frame.reason
+
+
+class WebsocketTransport:
+    """One websocket connection as a `FrameTransport`."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+
+    async def send(self, frame: bytes) -> None:
+        """Send `frame` (UTF-8 JSON) as one text frame."""
+        try:
+            await self._connection.send(frame, text=True)
+        except ConnectionClosed as exc:
+            raise SessionClosed(*close_details(exc)) from exc
+
+    async def recv(self) -> bytes:
+        """The next frame as bytes; raises `SessionClosed` once the connection is closed."""
+        try:
+            data = await self._connection.recv(decode=False)
+        except ConnectionClosed as exc:
+            raise SessionClosed(*close_details(exc)) from exc
+        assert isinstance(data, bytes)  # decode=False always yields bytes
+        return data
+
+    async def close(self, code: int = GOING_AWAY, reason: str = "") -> None:
+        """Close the connection with `code` (bounded by the connection's close timeout)."""
+        await self._connection.close(code, reason)
+
+    @property
+    def close_code(self) -> int | None:
+        """The close code received from the other side (1006 if none), None while open."""
+        return self._connection.close_code
+
+    @property
+    def close_reason(self) -> str | None:
+        """The close reason received from the other side, None while open."""
+        return self._connection.close_reason
+
+
+def _host_of(url: str) -> str:
+    # Only the authority goes into error texts: a URL path or query could one day carry
+    # something that is not ours to log.
+    rest = url.split("://", 1)[-1]
+    return rest.split("/", 1)[0].rsplit("@", 1)[-1]
+
+
+async def connect_transport(
+    url: str,
+    *,
+    ssl_context: ssl.SSLContext | None,
+    max_size: int,
+    compression: Literal["deflate"] | None,
+    ping_interval: float | None,
+    ping_timeout: float | None,
+    open_timeout: float,
+    close_timeout: float,
+    logger: logging.Logger | None = None,
+) -> WebsocketTransport:
+    """Open a client websocket to `url` (ws:// or wss://); raises `SessionError` on failure."""
+    try:
+        connection: ClientConnection = await connect(
+            url,
+            ssl=ssl_context,
+            max_size=max_size,
+            compression=compression,
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
+            open_timeout=open_timeout,
+            close_timeout=close_timeout,
+            # No proxy from the environment: where the agent connects is configuration only.
+            proxy=None,
+            logger=logger or quiet_websocket_logger(),
+        )
+    except InvalidURI as exc:
+        raise SessionError(f"the Cloudly URL is not a websocket URL: {exc}") from exc
+    except InvalidHandshake as exc:
+        raise SessionError(f"Cloudly at {_host_of(url)} refused the websocket: {exc}") from exc
+    except ssl.SSLError as exc:
+        raise SessionError(f"TLS with Cloudly at {_host_of(url)} failed: {exc}") from exc
+    except TimeoutError as exc:
+        raise SessionError(
+            f"Cloudly at {_host_of(url)} did not open a websocket within {open_timeout:g} s"
+        ) from exc
+    except OSError as exc:
+        raise SessionError(f"could not reach Cloudly at {_host_of(url)}: {exc}") from exc
+    return WebsocketTransport(connection)

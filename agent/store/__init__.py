@@ -1,0 +1,21 @@
+"""Durable isolated-restore state: the revision store (aiosqlite, compare-and-swap in SQL).
+
+- `store`: `RevisionStore` — open/check/migrate the database, `get`, `mutate`, `list_unfinished`,
+  and the resumable-staging progress (`record_chunk`, `verified_chunks`, `mark_object_written`,
+  `written_objects`, `forget_object`).
+- `records`: the typed values it takes and returns (`RestoreKey`, `StoredState`, ...).
+- `schema`: the ordered migrations.
+- `files`: directory/file modes and moving a damaged database aside.
+"""
+
+from agent.store.records import ChunkRecord, ObjectRecord, RestoreKey, StoredState
+from agent.store.store import DB_NAME, RevisionStore
+
+__all__ = [
+    "DB_NAME",
+    "ChunkRecord",
+    "ObjectRecord",
+    "RestoreKey",
+    "RevisionStore",
+    "StoredState",
+]

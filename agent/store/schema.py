@@ -1,0 +1,105 @@
+"""The state database schema as an ordered tuple of migrations.
+
+`MIGRATIONS[i]` takes the schema from version `i` to version `i + 1`. A released migration is
+never edited, only followed by a new one: the `schema_version` table records which ones ran
+(one row per version), and `RevisionStore.open()` runs the missing ones, all in one
+transaction, and refuses a database whose version is newer than this agent knows.
+
+Tables (version 1):
+
+- `restore_state`: one row per (cluster_id, node_name, restore_id). `revision` >= 1 (an absent
+  row is revision 0), `status` one of `TIsolatedRestoreNodeStatus`, `state_json` the wire state
+  *without* the fields the store owns (routing key, revision, status, updatedAt), `private_json`
+  the engine's private fields, `mutation_digest` the request digest of the last request that
+  mutated the row, `updated_at` in epoch milliseconds.
+- `staged_chunk`: resumable staging progress, one row per chunk written to Corestore.
+- `staged_object`: objects proven complete (size and sha256 checked).
+
+SQL only, no Python values: the status list is written out, not generated, so that changing
+the state machine can never silently rewrite a released migration.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+from agent.errors import InvalidState
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "VERSION_TABLE", "split_statements"]
+
+VERSION_TABLE: Final = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version    INTEGER PRIMARY KEY CHECK (version >= 1),
+    applied_at INTEGER NOT NULL
+)
+"""
+
+_V1: Final = """
+CREATE TABLE restore_state (
+    cluster_id      TEXT    NOT NULL CHECK (length(cluster_id) > 0),
+    node_name       TEXT    NOT NULL CHECK (length(node_name) > 0),
+    restore_id      TEXT    NOT NULL CHECK (length(restore_id) > 0),
+    revision        INTEGER NOT NULL CHECK (typeof(revision) = 'integer' AND revision >= 1),
+    status          TEXT    NOT NULL CHECK (status IN (
+                        'preparing', 'prepared', 'staging', 'restoring', 'verifying',
+                        'ready', 'failed', 'cleaning', 'cleaned', 'cleanup-failed')),
+    state_json      TEXT    NOT NULL,
+    private_json    TEXT    NOT NULL,
+    mutation_digest TEXT    CHECK (mutation_digest IS NULL OR length(mutation_digest) = 64),
+    updated_at      INTEGER NOT NULL,
+    PRIMARY KEY (cluster_id, node_name, restore_id)
+) WITHOUT ROWID;
+
+CREATE INDEX restore_state_by_status ON restore_state (status);
+
+CREATE TABLE staged_chunk (
+    cluster_id   TEXT    NOT NULL,
+    node_name    TEXT    NOT NULL,
+    restore_id   TEXT    NOT NULL,
+    object_path  TEXT    NOT NULL CHECK (length(object_path) > 0),
+    chunk_offset INTEGER NOT NULL CHECK (typeof(chunk_offset) = 'integer' AND chunk_offset >= 0),
+    length       INTEGER NOT NULL CHECK (typeof(length) = 'integer' AND length > 0),
+    sha256       TEXT    NOT NULL CHECK (length(sha256) = 64),
+    PRIMARY KEY (cluster_id, node_name, restore_id, object_path, chunk_offset),
+    FOREIGN KEY (cluster_id, node_name, restore_id)
+        REFERENCES restore_state (cluster_id, node_name, restore_id) ON DELETE CASCADE
+) WITHOUT ROWID;
+
+CREATE TABLE staged_object (
+    cluster_id  TEXT    NOT NULL,
+    node_name   TEXT    NOT NULL,
+    restore_id  TEXT    NOT NULL,
+    object_path TEXT    NOT NULL CHECK (length(object_path) > 0),
+    size        INTEGER NOT NULL CHECK (typeof(size) = 'integer' AND size >= 0),
+    sha256      TEXT    NOT NULL CHECK (length(sha256) = 64),
+    written_at  INTEGER NOT NULL,
+    PRIMARY KEY (cluster_id, node_name, restore_id, object_path),
+    FOREIGN KEY (cluster_id, node_name, restore_id)
+        REFERENCES restore_state (cluster_id, node_name, restore_id) ON DELETE CASCADE
+) WITHOUT ROWID;
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1,)
+"""Ordered; index `i` upgrades version `i` to `i + 1`."""
+
+SCHEMA_VERSION: Final = len(MIGRATIONS)
+
+
+def split_statements(script: str) -> list[str]:
+    """The complete SQL statements of `script`, in order (semicolons in literals are safe).
+
+    `executescript` would commit any open transaction first, so migrations run statement by
+    statement inside the store's own transaction.
+    """
+    statements: list[str] = []
+    buffer = ""
+    for piece in script.split(";"):
+        buffer += piece + ";"
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip(" \t\r\n;"):
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip(" \t\r\n;"):
+        raise InvalidState("migration ends with an incomplete SQL statement")
+    return statements

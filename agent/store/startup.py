@@ -1,0 +1,142 @@
+"""Opening the state database: private files, integrity check, pragmas, migrations.
+
+`open_database()` is the only way a connection is made. It runs `PRAGMA integrity_check`
+*before* anything else touches the file; a damaged database (integrity problems, or SQLite
+calling it corrupt / not a database) is closed, moved aside to `<name>.corrupt-<UTC timestamp>`
+with its `-wal`/`-shm`, logged, and reported by raising `StoreCorrupt` (with `movedTo`). Lock or
+I/O errors are not corruption: they raise `StoreError` and the file stays where it is.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final, NoReturn
+
+import aiosqlite
+import structlog
+
+from agent.errors import StoreCorrupt, StoreError
+from agent.store.files import ensure_private_directory, ensure_private_file, move_aside
+from agent.store.schema import MIGRATIONS, VERSION_TABLE, split_statements
+
+__all__ = ["open_database"]
+
+_log = structlog.get_logger(__name__)
+
+_MIN_SQLITE: Final = (3, 35, 0)  # RETURNING
+_CORRUPT_CODES: Final = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes)
+
+
+async def open_database(
+    path: Path,
+    *,
+    busy_timeout: float,
+    wall_clock: Callable[[], float],
+    migrations: Sequence[str] = MIGRATIONS,
+) -> aiosqlite.Connection:
+    """A checked, configured, migrated autocommit connection to `path` (created if missing).
+
+    `migrations` is injectable so tests can prove the upgrade path; production uses
+    `schema.MIGRATIONS`.
+    """
+    directory = path.parent
+    if sqlite3.sqlite_version_info < _MIN_SQLITE:
+        raise StoreError(f"SQLite {sqlite3.sqlite_version} is older than 3.35 (RETURNING)")
+    try:
+        ensure_private_directory(directory)
+        ensure_private_file(path)
+    except OSError as exc:
+        raise StoreError(f"cannot prepare the state database {path}: {exc.strerror}") from exc
+    try:
+        db = await aiosqlite.connect(path, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open the state database {path}: {exc}") from exc
+    try:
+        await db.execute_fetchall(f"PRAGMA busy_timeout = {round(busy_timeout * 1000)}")
+        problem = await _integrity_problem(db)
+        if problem is not None:
+            await db.close()
+            _move_aside_and_raise(path, problem, wall_clock())
+        await _configure(db, path)
+        await _migrate(db, migrations, round(wall_clock() * 1000))
+    except sqlite3.Error as exc:
+        await db.close()
+        raise StoreError(f"cannot open the state database {path}: {exc}") from exc
+    except BaseException:
+        await db.close()
+        raise
+    return db
+
+
+async def _integrity_problem(db: aiosqlite.Connection) -> str | None:
+    """None when `PRAGMA integrity_check` says ok, else what it (or SQLite) reported."""
+    try:
+        rows = [str(row[0]) for row in await db.execute_fetchall("PRAGMA integrity_check")]
+    except sqlite3.DatabaseError as exc:
+        if exc.sqlite_errorcode & 0xFF in _CORRUPT_CODES:
+            return exc.sqlite_errorname
+        raise
+    return None if rows == ["ok"] else "; ".join(rows[:3])
+
+
+def _move_aside_and_raise(path: Path, problem: str, now: float) -> NoReturn:
+    """Move the damaged `path` aside and raise the `StoreCorrupt` that reports it."""
+    try:
+        moved = move_aside(path, now)
+    except OSError as exc:
+        raise StoreError(
+            f"the state database {path} is damaged ({problem}) and cannot be moved aside: "
+            f"{exc.strerror}"
+        ) from exc
+    _log.error(
+        "state database failed its integrity check and was moved aside",
+        path=str(path),
+        moved_to=str(moved),
+        problem=problem,
+    )
+    raise StoreCorrupt(
+        f"the state database {path} failed its integrity check ({problem}); "
+        f"moved aside to {moved.name}",
+        movedTo=str(moved),
+    )
+
+
+async def _configure(db: aiosqlite.Connection, path: Path) -> None:
+    """WAL (persistent in the file), FULL sync and foreign keys (per connection)."""
+    rows = list(await db.execute_fetchall("PRAGMA journal_mode = WAL"))
+    if rows[0][0] != "wal":
+        raise StoreError(f"the state database {path} cannot use WAL mode ({rows[0][0]})")
+    await db.execute_fetchall("PRAGMA synchronous = FULL")
+    await db.execute_fetchall("PRAGMA foreign_keys = ON")
+
+
+def _check_schema_version(current: int, known: int) -> None:
+    if current > known:
+        raise StoreError(
+            f"the state database has schema version {current}; this agent knows up to {known}"
+        )
+
+
+async def _migrate(db: aiosqlite.Connection, migrations: Sequence[str], now_ms: int) -> None:
+    """Run the missing migrations in one transaction; refuse a newer schema."""
+    await db.execute_fetchall("BEGIN IMMEDIATE")
+    try:
+        await db.execute_fetchall(VERSION_TABLE)
+        rows = list(
+            await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM schema_version")
+        )
+        current = int(rows[0][0])
+        _check_schema_version(current, len(migrations))
+        for version in range(current + 1, len(migrations) + 1):
+            for statement in split_statements(migrations[version - 1]):
+                await db.execute_fetchall(statement)
+            await db.execute_fetchall(
+                "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
+                (version, now_ms),
+            )
+        await db.execute_fetchall("COMMIT")
+    except BaseException:
+        await db.rollback()
+        raise

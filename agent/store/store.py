@@ -1,0 +1,373 @@
+"""`RevisionStore`: durable isolated-restore node states with compare-and-swap revisions.
+
+One SQLite file (WAL, `synchronous=FULL`, foreign keys on) holds one row per
+(cluster_id, node_name, restore_id). A missing row is revision 0. `mutate()` is one SQL statement,
+hence one transaction: `INSERT ... ON CONFLICT DO NOTHING` from revision 0, otherwise
+`UPDATE ... SET revision = revision + 1, status = CASE status ... END WHERE <key> AND
+revision = :expected AND status IN (<statuses the operation may leave>)`, both built from the
+state machine's table. The compare-and-swap therefore lives in SQL: two agents (or two stores)
+on one file cannot both win, and an illegal move cannot be persisted even by a buggy caller.
+When the statement changes no row, the store reads the row once to say why: the revision moved
+(`RevisionConflict`, with the current revision and status) or, the revision being the expected
+one, the operation is illegal in that status (`IllegalTransition`). Revisions only grow, so the
+revision being equal means nothing changed in between.
+
+Start-up (`startup.open_database`): the directory is made 0700, the file 0600, `PRAGMA integrity_check` runs *before*
+anything else touches the file. A damaged database is moved aside to
+`<name>.corrupt-<UTC timestamp>` (with its `-wal`/`-shm`), logged, and reported by raising
+`StoreCorrupt` (carrying `movedTo`); it is never reused. The caller decides what follows: calling
+`open()` again starts from an empty database, which forgets every restore in flight — an
+operator must know, hence the raise rather than a flag that is easy to ignore.
+
+Never persisted: a grant. The store takes no `Secret`, refuses any value that is one, and
+refuses any mapping carrying a `restoreGrant` key. Every sqlite3 failure becomes `StoreError`
+(chained). One connection per store; an asyncio lock gives each call the connection alone, so
+a multi-statement transaction never interleaves with another call's statements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+
+import aiosqlite
+
+from agent.errors import (
+    IllegalTransition,
+    InvalidState,
+    RestoreNotFound,
+    RevisionConflict,
+    StoreError,
+)
+from agent.restore.machine import IN_FLIGHT, Op, sources
+from agent.store.codec import (
+    check_count,
+    check_path,
+    check_sha256,
+    encode,
+    encode_state,
+    is_sha256,
+    to_stored,
+)
+from agent.store.records import ChunkRecord, ObjectRecord, RestoreKey, StoredState
+from agent.store.startup import open_database
+
+__all__ = ["DB_NAME", "RevisionStore"]
+
+DB_NAME: Final = "state.sqlite3"
+
+_FOREIGN_KEY: Final = 787  # SQLITE_CONSTRAINT_FOREIGNKEY
+
+_KEY_WHERE: Final = (
+    "cluster_id = :cluster_id AND node_name = :node_name AND restore_id = :restore_id"
+)
+_COLUMNS: Final = (
+    "cluster_id, node_name, restore_id, revision, status, state_json, private_json, "
+    "mutation_digest, updated_at"
+)
+_INSERT: Final = f"""
+INSERT INTO restore_state ({_COLUMNS})
+VALUES (:cluster_id, :node_name, :restore_id, 1, :to_status, :state_json,
+        COALESCE(:private_json, '{{}}'), :digest, :now)
+ON CONFLICT (cluster_id, node_name, restore_id) DO NOTHING
+RETURNING {_COLUMNS}
+"""  # noqa: S608  # placeholders only; column names are constants
+
+
+def _update_statement(op: Op) -> tuple[str, dict[str, str]] | None:
+    """The CAS `UPDATE` for `op`, its status CASE and IN list built from the table."""
+    moves = [(source, to) for source, to in sources(op).items() if source is not None]
+    if not moves:
+        return None
+    params: dict[str, str] = {}
+    whens: list[str] = []
+    for index, (source, to) in enumerate(moves):
+        params[f"from_{index}"], params[f"to_{index}"] = source, to
+        whens.append(f"WHEN :from_{index} THEN :to_{index}")
+    allowed = ", ".join(f":from_{index}" for index in range(len(moves)))
+    sql = f"""
+UPDATE restore_state
+SET revision = revision + 1,
+    status = CASE status {" ".join(whens)} END,
+    state_json = :state_json,
+    private_json = COALESCE(:private_json, private_json),
+    mutation_digest = COALESCE(:digest, mutation_digest),
+    updated_at = :now
+WHERE {_KEY_WHERE} AND revision = :expected AND status IN ({allowed})
+RETURNING {_COLUMNS}
+"""  # noqa: S608  # placeholders only; the shape comes from the transition table
+    return sql, params
+
+
+_UPDATES: Final = {op: statement for op in Op if (statement := _update_statement(op)) is not None}
+
+
+class RevisionStore:
+    """The durable node states, their revisions and resumable staging progress."""
+
+    def __init__(
+        self, db: aiosqlite.Connection, path: Path, wall_clock: Callable[[], float]
+    ) -> None:
+        """Use `await RevisionStore.open(directory)`."""
+        self._db: aiosqlite.Connection | None = db
+        self._path = path
+        self._wall_clock = wall_clock
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(
+        cls,
+        directory: Path,
+        *,
+        name: str = DB_NAME,
+        busy_timeout: float = 5.0,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> RevisionStore:
+        """Open (creating, checking and migrating) `directory/name`.
+
+        Raises `StoreCorrupt` after moving a damaged file aside, `StoreError` for anything else
+        (unwritable directory, a schema newer than this agent, SQLite older than 3.35).
+        `busy_timeout` is how long a call waits for another connection's write lock.
+        """
+        path = directory / name
+        db = await open_database(path, busy_timeout=busy_timeout, wall_clock=wall_clock)
+        return cls(db, path, wall_clock)
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._path
+
+    async def aclose(self) -> None:
+        """Close the connection (idempotent); later calls raise `StoreError`."""
+        async with self._lock:
+            db, self._db = self._db, None
+            if db is not None:
+                try:
+                    await db.close()
+                except sqlite3.Error as exc:
+                    raise StoreError(f"closing the state database failed: {exc}") from exc
+
+    async def __aenter__(self) -> RevisionStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # --- node states ------------------------------------------------------------------------
+
+    async def get(self, key: RestoreKey) -> StoredState | None:
+        """The state stored under `key`, or None (revision 0)."""
+        async with self._connection() as db:
+            rows = await db.execute_fetchall(
+                f"SELECT {_COLUMNS} FROM restore_state WHERE {_KEY_WHERE}",  # noqa: S608
+                key.as_params(),
+            )
+        return next((to_stored(row) for row in rows), None)
+
+    async def mutate(
+        self,
+        key: RestoreKey,
+        *,
+        expected_revision: int,
+        op: Op,
+        state: Mapping[str, Any],
+        private: Mapping[str, Any] | None = None,
+        request_digest: str | None = None,
+    ) -> StoredState:
+        """Apply `op` at `expected_revision`: one transaction, revision + 1, or nothing at all.
+
+        `state` is the full wire state; the store owns `restoreId`, `clusterId`,
+        `targetNodeName` (must match `key` when given), `revision`, `status` (the table decides
+        it from `op`) and `updatedAt`. `private` replaces the engine's private fields (None
+        keeps them). `request_digest` is given for a Cloudly request and None for the engine's
+        own progress, which keeps the digest of the request it follows.
+
+        Raises `RevisionConflict` (revision not current), `IllegalTransition` (revision current,
+        `op` illegal in its status), `StoreError` (SQLite failed).
+        """
+        if isinstance(expected_revision, bool) or not isinstance(expected_revision, int):
+            raise InvalidState("expected_revision must be an int")
+        if request_digest is not None and not is_sha256(request_digest):
+            raise InvalidState("request_digest must be 64 lower-case hex characters")
+        params: dict[str, Any] = {
+            **key.as_params(),
+            "expected": expected_revision,
+            "state_json": encode_state(key, state),
+            "private_json": None if private is None else encode("private", private),
+            "digest": request_digest,
+            "now": self._now_ms(),
+        }
+        update = _UPDATES.get(op)
+        async with self._connection() as db:
+            rows: Iterable[sqlite3.Row] = ()
+            if expected_revision == 0 and (insert_to := sources(op).get(None)) is not None:
+                rows = await db.execute_fetchall(_INSERT, {**params, "to_status": insert_to})
+            elif expected_revision > 0 and update is not None:
+                sql, status_params = update
+                rows = await db.execute_fetchall(sql, {**params, **status_params})
+            for row in rows:
+                return to_stored(row)
+            current = await db.execute_fetchall(
+                f"SELECT revision, status FROM restore_state WHERE {_KEY_WHERE}",  # noqa: S608
+                key.as_params(),
+            )
+        revision, status = next(iter(current), (0, None))
+        if revision != expected_revision:
+            raise RevisionConflict(expected=expected_revision, current=revision, status=status)
+        raise IllegalTransition(operation=op.value, status=status, current=revision)
+
+    async def list_unfinished(self) -> list[StoredState]:
+        """States in an in-flight status (`machine.IN_FLIGHT`), oldest change first."""
+        marks = ", ".join("?" for _ in IN_FLIGHT)
+        async with self._connection() as db:
+            rows = await db.execute_fetchall(
+                f"SELECT {_COLUMNS} FROM restore_state WHERE status IN ({marks}) "  # noqa: S608
+                "ORDER BY updated_at, cluster_id, node_name, restore_id",
+                sorted(IN_FLIGHT),
+            )
+        return [to_stored(row) for row in rows]
+
+    # --- resumable staging (private progress: no revision change) ----------------------------
+
+    async def record_chunk(
+        self, key: RestoreKey, object_path: str, offset: int, length: int, sha256: str
+    ) -> None:
+        """Remember that Corestore accepted `length` bytes of `object_path` at `offset`.
+
+        Recording the same offset again replaces the record (the later write is what Corestore
+        holds). `RestoreNotFound` when no state exists under `key`.
+        """
+        check_path(object_path)
+        check_count("offset", offset, minimum=0)
+        check_count("length", length, minimum=1)
+        check_sha256(sha256)
+        async with self._connection() as db, _missing_state_is_not_found(key):
+            await db.execute_fetchall(
+                "INSERT INTO staged_chunk (cluster_id, node_name, restore_id, object_path, "
+                "chunk_offset, length, sha256) VALUES (:cluster_id, :node_name, :restore_id, "
+                ":path, :offset, :length, :sha256) "
+                "ON CONFLICT (cluster_id, node_name, restore_id, object_path, chunk_offset) "
+                "DO UPDATE SET length = excluded.length, sha256 = excluded.sha256",
+                {
+                    **key.as_params(),
+                    "path": object_path,
+                    "offset": offset,
+                    "length": length,
+                    "sha256": sha256,
+                },
+            )
+
+    async def verified_chunks(self, key: RestoreKey, object_path: str) -> list[ChunkRecord]:
+        """The recorded chunks of `object_path`, by offset."""
+        async with self._connection() as db:
+            rows = await db.execute_fetchall(
+                "SELECT object_path, chunk_offset, length, sha256 FROM staged_chunk "  # noqa: S608
+                f"WHERE {_KEY_WHERE} AND object_path = :path ORDER BY chunk_offset",
+                {**key.as_params(), "path": object_path},
+            )
+        return [ChunkRecord(*row) for row in rows]
+
+    async def mark_object_written(
+        self, key: RestoreKey, object_path: str, size: int, sha256: str
+    ) -> None:
+        """Remember that `object_path` is complete with `size` bytes hashing to `sha256`."""
+        check_path(object_path)
+        check_count("size", size, minimum=0)
+        check_sha256(sha256)
+        async with self._connection() as db, _missing_state_is_not_found(key):
+            await db.execute_fetchall(
+                "INSERT INTO staged_object (cluster_id, node_name, restore_id, object_path, "
+                "size, sha256, written_at) VALUES (:cluster_id, :node_name, :restore_id, :path, "
+                ":size, :sha256, :now) "
+                "ON CONFLICT (cluster_id, node_name, restore_id, object_path) DO UPDATE SET "
+                "size = excluded.size, sha256 = excluded.sha256, written_at = excluded.written_at",
+                {
+                    **key.as_params(),
+                    "path": object_path,
+                    "size": size,
+                    "sha256": sha256,
+                    "now": self._now_ms(),
+                },
+            )
+
+    async def written_objects(self, key: RestoreKey) -> list[ObjectRecord]:
+        """The objects marked written under `key`, by path."""
+        async with self._connection() as db:
+            rows = await db.execute_fetchall(
+                "SELECT object_path, size, sha256, written_at FROM staged_object "  # noqa: S608
+                f"WHERE {_KEY_WHERE} ORDER BY object_path",
+                key.as_params(),
+            )
+        return [ObjectRecord(*row) for row in rows]
+
+    async def forget_object(self, key: RestoreKey, object_path: str) -> None:
+        """Drop the chunks and the written mark of `object_path` (one transaction)."""
+        params = {**key.as_params(), "path": object_path}
+        async with self._transaction() as db:
+            await db.execute_fetchall(
+                f"DELETE FROM staged_object WHERE {_KEY_WHERE} AND object_path = :path",  # noqa: S608
+                params,
+            )
+            await db.execute_fetchall(
+                f"DELETE FROM staged_chunk WHERE {_KEY_WHERE} AND object_path = :path",  # noqa: S608
+                params,
+            )
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return round(self._wall_clock() * 1000)
+
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[aiosqlite.Connection]:
+        """The connection, exclusively; sqlite3 failures become `StoreError`."""
+        async with self._lock:
+            db = self._db
+            if db is None:
+                raise StoreError("the revision store is closed")
+            try:
+                # A call cancelled inside a transaction may have left it open: close it before
+                # anything else runs on this connection.
+                if db.in_transaction:
+                    await db.rollback()
+                yield db
+            except sqlite3.Error as exc:
+                raise StoreError(f"state database operation failed: {exc}") from exc
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """`_connection()` inside `BEGIN IMMEDIATE ... COMMIT`, rolled back on any exception."""
+        async with self._connection() as db:
+            await db.execute_fetchall("BEGIN IMMEDIATE")
+            try:
+                yield db
+                await db.execute_fetchall("COMMIT")
+            except BaseException:
+                await db.rollback()
+                raise
+
+
+@asynccontextmanager
+async def _missing_state_is_not_found(key: RestoreKey) -> AsyncIterator[None]:
+    """Turn the foreign-key failure of a progress row without a state into `RestoreNotFound`."""
+    try:
+        yield
+    except sqlite3.IntegrityError as exc:
+        if exc.sqlite_errorcode == _FOREIGN_KEY:
+            raise RestoreNotFound(
+                f"no isolated-restore state for restore {key.restore_id} on node "
+                f"{key.node_name} of cluster {key.cluster_id}"
+            ) from exc
+        raise

@@ -1,0 +1,91 @@
+"""Reconnect backoff: full jitter inside a doubling window, capped, reset after a stable session."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, strategies as st
+
+from agent.session.backoff import Backoff, BackoffPolicy
+
+
+def _always(value: float) -> Backoff:
+    return Backoff(BackoffPolicy(base=1.0, cap=60.0, stable_after=60.0), rng=lambda: value)
+
+
+def test_window_doubles_from_base_up_to_cap() -> None:
+    """The upper bound doubles per consecutive failure and stops at the cap."""
+    backoff = _always(1.0)
+    delays = [backoff.next_delay() for _ in range(9)]
+    assert delays == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
+
+
+def test_delay_is_the_random_fraction_of_the_window() -> None:
+    """Full jitter: the delay is the random fraction times the current window."""
+    backoff = _always(0.25)
+    assert [backoff.next_delay() for _ in range(4)] == [0.25, 0.5, 1.0, 2.0]
+
+
+def test_zero_random_draw_reconnects_at_once() -> None:
+    """A draw of 0 yields no wait at all (full jitter starts at zero)."""
+    assert _always(0.0).next_delay() == 0.0
+
+
+def test_stable_session_resets_the_window() -> None:
+    """A session that lasted `stable_after` seconds starts the next backoff from the base."""
+    backoff = _always(1.0)
+    for _ in range(5):
+        backoff.next_delay()
+    assert backoff.next_delay(session_lasted=60.0) == 1.0
+    assert backoff.attempt == 1
+
+
+def test_short_session_does_not_reset_the_window() -> None:
+    """A session shorter than `stable_after` keeps growing the window."""
+    backoff = _always(1.0)
+    for _ in range(3):
+        backoff.next_delay()
+    assert backoff.next_delay(session_lasted=59.9) == 8.0
+
+
+def test_reset_forgets_failures() -> None:
+    """`reset()` brings the window back to the base."""
+    backoff = _always(1.0)
+    backoff.next_delay()
+    backoff.next_delay()
+    backoff.reset()
+    assert backoff.next_delay() == 1.0
+
+
+def test_out_of_range_random_source_is_refused() -> None:
+    """A random source outside [0, 1] is a bug, not a long sleep."""
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        _always(1.5).next_delay()
+
+
+@pytest.mark.parametrize(
+    ("base", "cap", "stable_after"), [(0.0, 1.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.0, -1.0)]
+)
+def test_inconsistent_policy_is_refused(base: float, cap: float, stable_after: float) -> None:
+    """A policy with a non-positive base, a cap below the base or negative stability is refused."""
+    with pytest.raises(ValueError, match="backoff needs"):
+        BackoffPolicy(base=base, cap=cap, stable_after=stable_after)
+
+
+@given(seed=st.integers(min_value=0, max_value=2**32), failures=st.integers(1, 200))
+def test_delays_always_lie_inside_zero_and_the_cap(seed: int, failures: int) -> None:
+    """Whatever the draws, every delay is within [0, min(cap, base * 2**attempt)]."""
+    rng = random.Random(seed)
+    policy = BackoffPolicy()
+    backoff = Backoff(policy, rng=rng.random)
+    for attempt in range(failures):
+        delay = backoff.next_delay()
+        assert 0.0 <= delay <= min(policy.cap, policy.base * 2**attempt)
+
+
+def test_seeded_rng_gives_reproducible_delays() -> None:
+    """The same seed yields the same delay sequence (no hidden randomness)."""
+    first = Backoff(rng=random.Random(7).random)
+    second = Backoff(rng=random.Random(7).random)
+    assert [first.next_delay() for _ in range(10)] == [second.next_delay() for _ in range(10)]

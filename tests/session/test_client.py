@@ -1,0 +1,302 @@
+"""CloudlySession against the stand-in Cloudly: authenticate, tag, read and serve the cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+import structlog
+
+from agent.contracts.base import StreamMarker
+from agent.devstack.cloudly import ABSENT, StandInCloudly, cluster_document
+from agent.errors import CallFailed, SessionClosed
+from agent.secret import Secret
+from agent.session.client import CloudlySession, SessionSettings
+from agent.session.peer import RequestContext
+from agent.status import AgentStatus, SessionState, StatusSnapshot
+
+TOKEN = "machine-token-7f3a9c2e51d04b6a"
+NODES: Mapping[str, Any] = {
+    "node-1": "http://10.20.0.15:3000",
+    "node-2": ABSENT,
+    "node-3": "http://10.20.0.17:3000/",
+}
+
+
+def _settings(cloudly: StandInCloudly, **overrides: Any) -> SessionSettings:
+    values: dict[str, Any] = {
+        "url": cloudly.url,
+        "tag_name": "restore-agent",
+        "tag_payload": {"role": "relay"},
+        "max_frame_bytes": 16 * 2**20,
+        "close_timeout": 2.0,
+        "call_timeout": 10.0,
+    }
+    values.update(overrides)
+    return SessionSettings(**values)
+
+
+def _session(cloudly: StandInCloudly, status: AgentStatus, token: str = TOKEN) -> CloudlySession:
+    # rng 0: every backoff delay is 0, reconnects happen at once.
+    return CloudlySession(_settings(cloudly), Secret(token), status, rng=lambda: 0.0)
+
+
+@contextlib.asynccontextmanager
+async def _running(session: CloudlySession) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(session.run())
+    try:
+        yield task
+    finally:
+        async with asyncio.timeout(10):
+            await session.close(drain_timeout=2.0)
+            await task
+
+
+def _connected(snapshot: StatusSnapshot) -> bool:
+    return snapshot.state is SessionState.CONNECTED
+
+
+@pytest.fixture
+async def cloudly() -> AsyncIterator[StandInCloudly]:
+    async with StandInCloudly(token=TOKEN, cluster=cluster_document("cluster-1", NODES)) as server:
+        yield server
+
+
+async def test_session_authenticates_tags_and_reads_the_cluster(cloudly: StandInCloudly) -> None:
+    """One connection: identity by token, then the configured tag, then the cluster document."""
+    status = AgentStatus()
+    async with _running(_session(cloudly, status)):
+        await status.wait_until(_connected)
+    first = [event for event in cloudly.events if event.connection == 1]
+    assert [event.kind for event in first][:4] == [
+        "connected",
+        "identity-issued",
+        "tag-set",
+        "cluster-config-read",
+    ]
+    assert first[2].detail == {"name": "restore-agent", "payload": {"role": "relay"}}
+
+
+async def test_connected_status_holds_cluster_and_identity_expiry(cloudly: StandInCloudly) -> None:
+    """Once connected the status names the cluster, its nodes and the identity's expiry."""
+    status = AgentStatus()
+    async with _running(_session(cloudly, status)):
+        snapshot = await status.wait_until(_connected)
+        issued = await cloudly.wait_for("identity-issued")
+    assert snapshot.cluster is not None
+    assert snapshot.cluster_id == "cluster-1"
+    assert [node.node_id for node in snapshot.cluster.nodes] == ["node-1", "node-2", "node-3"]
+    assert snapshot.identity_expires_at_ms == issued.detail["expires_at"]
+    assert snapshot.connected_since is not None
+
+
+async def test_nodes_without_valid_corestore_are_reported(cloudly: StandInCloudly) -> None:
+    """Absent and non-canonical endpoints are in the status and logged with the reasons."""
+    status = AgentStatus()
+    with structlog.testing.capture_logs() as logs:
+        async with _running(_session(cloudly, status)):
+            snapshot = await status.wait_until(_connected)
+    assert snapshot.cluster is not None
+    assert snapshot.cluster.nodes_with_corestore == ("node-1",)
+    problems = {node.node_id: node.corestore_problems for node in snapshot.cluster.nodes}
+    assert problems["node-2"] == ("cluster node node-2 corestore is absent",)
+    assert "canonical origin http://10.20.0.17:3000" in problems["node-3"][0]
+    warned = {
+        entry["node_id"]: entry["problems"]
+        for entry in logs
+        if entry["event"] == "cluster_node_without_corestore"
+    }
+    assert warned == {"node-2": list(problems["node-2"]), "node-3": list(problems["node-3"])}
+    assert all(
+        entry["log_level"] == "warning"
+        for entry in logs
+        if entry["event"].startswith("cluster_node")
+    )
+
+
+async def test_push_cluster_config_republishes_the_view(cloudly: StandInCloudly) -> None:
+    """A pushed document is answered `{}` and replaces the published view."""
+    status = AgentStatus()
+    session = _session(cloudly, status)
+    async with _running(session):
+        await status.wait_until(_connected)
+        fixed = dict(NODES, **{"node-2": "http://10.20.0.16:3000"})
+        reply = await cloudly.push_cluster_config(cluster_document("cluster-1", fixed))
+        snapshot = status.snapshot()
+    assert reply == {}
+    assert snapshot.cluster is not None
+    assert snapshot.cluster.nodes_with_corestore == ("node-1", "node-2")
+    assert session.cluster_view is not None
+    assert session.cluster_view.corestore_endpoint("node-2") == "http://10.20.0.16:3000"
+
+
+async def test_push_for_another_cluster_is_refused(cloudly: StandInCloudly) -> None:
+    """A push naming another cluster is refused `misrouted-cluster` and changes nothing."""
+    status = AgentStatus()
+    async with _running(_session(cloudly, status)):
+        before = (await status.wait_until(_connected)).cluster
+        with pytest.raises(CallFailed) as caught:
+            await cloudly.push_cluster_config(cluster_document("cluster-2", {"n": "http://a:1"}))
+        after = status.snapshot().cluster
+    assert caught.value.error_data["code"] == "misrouted-cluster"
+    assert after == before
+
+
+async def test_malformed_push_is_refused_as_invalid_request(cloudly: StandInCloudly) -> None:
+    """A push whose document lacks its nodes is refused `invalid-request` naming the field."""
+    status = AgentStatus()
+    async with _running(_session(cloudly, status)):
+        await status.wait_until(_connected)
+        with pytest.raises(CallFailed) as caught:
+            await cloudly.call_agent(
+                "pushClusterConfig", {"configData": {"id": "c"}, "services": []}
+            )
+    assert caught.value.error_data["code"] == "invalid-request"
+    assert "configData.data" in caught.value.text
+
+
+async def test_wrong_token_is_logged_loudly_and_retried(cloudly: StandInCloudly) -> None:
+    """A refused token is an error in log and status, retried with backoff until it is valid."""
+    status = AgentStatus()
+    rotated = "machine-token-rotated-0c1d2e3f"
+    with structlog.testing.capture_logs() as logs:
+        async with _running(_session(cloudly, status, token=rotated)):
+            await cloudly.wait_for("identity-refused", count=2)
+            refused = status.snapshot()
+            cloudly.set_token(rotated)
+            await status.wait_until(_connected)
+    assert refused.last_error is not None
+    assert refused.last_error.startswith("Cloudly refused the machine token")
+    loud = [entry for entry in logs if entry["event"] == "cloudly_authentication_failed"]
+    assert len(loud) >= 2
+    assert {entry["log_level"] for entry in loud} == {"error"}
+
+
+async def test_refused_tag_is_not_ignored(cloudly: StandInCloudly) -> None:
+    """Cloudly answering `success: false` to the tag fails the session attempt and is retried."""
+    cloudly.accept_tags = False
+    status = AgentStatus()
+    async with _running(_session(cloudly, status)):
+        await cloudly.wait_for("tag-refused", count=2)
+        snapshot = status.snapshot()
+    assert snapshot.last_error == "Cloudly did not accept the connection tag restore-agent"
+    assert cloudly.count("cluster-config-read") == 0
+
+
+async def test_secrets_never_reach_the_logs(
+    cloudly: StandInCloudly, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Neither the machine token nor any issued JWT appears in any log line or the status."""
+    caplog.set_level(logging.DEBUG)
+    status = AgentStatus()
+    with structlog.testing.capture_logs() as logs:
+        async with _running(_session(cloudly, status)):
+            await status.wait_until(_connected)
+            await cloudly.push_cluster_config()
+            await cloudly.drop_connections()
+            await cloudly.wait_for("cluster-config-read", count=2)
+            snapshot = status.snapshot()
+    assert cloudly.count("identity-issued") >= 2
+    text = repr(logs) + caplog.text + repr(snapshot.to_dict())
+    assert logs
+    for secret in (TOKEN, *cloudly.issued_jwts):
+        assert secret not in text
+
+
+async def test_registered_handlers_answer_cloudly(cloudly: StandInCloudly) -> None:
+    """A handler registered on the router before `run()` answers Cloudly's calls."""
+    status = AgentStatus()
+    session = _session(cloudly, status)
+
+    async def echo(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+        return {"echoed": request["value"], "method": ctx.method}
+
+    session.router.register("echo", echo)
+    async with _running(session):
+        await status.wait_until(_connected)
+        reply = await cloudly.call_agent("echo", {"value": "hi"})
+    assert reply == {"echoed": "hi", "method": "echo"}
+
+
+async def test_cloudly_streams_bytes_into_a_handler(cloudly: StandInCloudly) -> None:
+    """Cloudly as initiator writes a stream while its call is pending; the handler reads it."""
+    status = AgentStatus()
+    session = _session(cloudly, status)
+
+    async def ingest(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+        digest, size = hashlib.sha256(), 0
+        async for chunk in ctx.receive_stream(StreamMarker.model_validate(request["data"])):
+            digest.update(chunk)
+            size += len(chunk)
+        return {"size": size, "sha256": digest.hexdigest()}
+
+    session.router.register("ingest", ingest)
+    chunks = [bytes([n]) * (64 * 1024 + n) for n in range(5)]
+    async with _running(session):
+        await status.wait_until(_connected)
+        marker, sink = cloudly.open_send_stream()
+
+        async def write() -> None:
+            for chunk in chunks:
+                await sink.write(chunk)
+            await sink.close()
+
+        async with asyncio.TaskGroup() as group:
+            call = group.create_task(cloudly.call_agent("ingest", {"data": marker}))
+            group.create_task(write())
+    everything = b"".join(chunks)
+    assert call.result() == {
+        "size": len(everything),
+        "sha256": hashlib.sha256(everything).hexdigest(),
+    }
+
+
+async def test_session_call_goes_to_cloudly_and_fails_when_disconnected(
+    cloudly: StandInCloudly,
+) -> None:
+    """`call()` uses the live connection; without one it raises SessionClosed at once."""
+    status = AgentStatus()
+    session = _session(cloudly, status)
+    with pytest.raises(SessionClosed):
+        await session.call("getClusterConfig", {}, timeout=1.0)
+    async with _running(session):
+        await status.wait_until(_connected)
+        with pytest.raises(CallFailed) as caught:
+            await session.call("noSuchMethod", {}, timeout=5.0)
+    assert caught.value.error_data["code"] == "unknown-method"
+
+
+async def test_close_drains_in_flight_work_and_says_going_away(cloudly: StandInCloudly) -> None:
+    """close(): new requests get `shutting-down`, the running one finishes, then close 1001."""
+    status = AgentStatus()
+    session = _session(cloudly, status)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+        started.set()
+        await release.wait()
+        return {"done": True}
+
+    session.router.register("slow", slow)
+    task = asyncio.create_task(session.run())
+    await status.wait_until(_connected)
+    async with asyncio.TaskGroup() as group:
+        pending = group.create_task(cloudly.call_agent("slow", {}))
+        await started.wait()
+        closing = group.create_task(session.close(drain_timeout=10.0))
+        await status.wait_until(lambda s: s.state is SessionState.DRAINING)
+        with pytest.raises(CallFailed) as refused:
+            await cloudly.call_agent("slow", {})
+        release.set()
+    await task
+    assert pending.result() == {"done": True}
+    assert closing.done()
+    assert refused.value.error_data["code"] == "shutting-down"
+    closed = await cloudly.wait_for("disconnected")
+    assert closed.detail["code"] == 1001
+    assert status.snapshot().state is SessionState.STOPPED

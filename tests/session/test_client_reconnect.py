@@ -1,0 +1,218 @@
+"""CloudlySession over time: reconnect with backoff, re-authenticate, re-read, renew identity."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from agent.devstack.cloudly import StandInCloudly, cluster_document
+from agent.secret import Secret
+from agent.session.backoff import BackoffPolicy
+from agent.session.client import CloudlySession, SessionSettings
+from agent.status import AgentStatus, SessionState, StatusSnapshot
+
+TOKEN = "machine-token-5b8e0d1f2a3c4e6f"
+START = 1_800_000_000.0
+
+
+class ManualClock:
+    """Wall time that moves only when the test says so; sleepers wake when it passes them."""
+
+    def __init__(self, start: float = START) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
+        self._sleeping = asyncio.Event()
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (self._now + seconds, wake)
+        self._sleepers.append(entry)
+        self._sleeping.set()
+        try:
+            await wake
+        finally:
+            if entry in self._sleepers:
+                self._sleepers.remove(entry)
+
+    async def next_wakeup(self) -> float:
+        """The earliest deadline anyone sleeps until (waits until someone sleeps)."""
+        while not self._sleepers:
+            self._sleeping.clear()
+            await self._sleeping.wait()
+        return min(deadline for deadline, _ in self._sleepers)
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+        due = [entry for entry in self._sleepers if entry[0] <= self._now]
+        for entry in due:
+            self._sleepers.remove(entry)
+            if not entry[1].done():
+                entry[1].set_result(None)
+
+
+def _session(
+    cloudly: StandInCloudly,
+    status: AgentStatus,
+    *,
+    clock: ManualClock | None = None,
+    rng_value: float = 0.0,
+    margin: float = 60.0,
+) -> CloudlySession:
+    settings = SessionSettings(
+        url=cloudly.url,
+        tag_name="restore-agent",
+        tag_payload={},
+        max_frame_bytes=16 * 2**20,
+        close_timeout=2.0,
+        call_timeout=10.0,
+        identity_renew_margin_s=margin,
+        backoff=BackoffPolicy(base=1.0, cap=60.0, stable_after=60.0),
+    )
+    return CloudlySession(settings, Secret(TOKEN), status, clock=clock, rng=lambda: rng_value)
+
+
+@contextlib.asynccontextmanager
+async def _running(session: CloudlySession) -> AsyncIterator[None]:
+    task = asyncio.create_task(session.run())
+    try:
+        yield
+    finally:
+        async with asyncio.timeout(10):
+            await session.close(drain_timeout=1.0)
+            await task
+
+
+def _connected(snapshot: StatusSnapshot) -> bool:
+    return snapshot.state is SessionState.CONNECTED
+
+
+def _reconnected(times: int) -> Any:
+    return lambda s: s.state is SessionState.CONNECTED and s.reconnect_count >= times
+
+
+@pytest.fixture
+async def cloudly() -> AsyncIterator[StandInCloudly]:
+    document = cluster_document("cluster-1", {"node-1": "http://10.0.0.1:3000"})
+    async with StandInCloudly(token=TOKEN, cluster=document) as server:
+        yield server
+
+
+@pytest.mark.parametrize(("code", "abort"), [(1012, False), (1011, False), (None, True)])
+async def test_dropped_connection_is_reestablished_and_reauthenticated(
+    cloudly: StandInCloudly, code: int | None, abort: bool
+) -> None:
+    """After Cloudly drops the socket (close frame or cut TCP) the agent connects again,
+    re-authenticates, re-tags and re-reads the cluster document."""
+    status = AgentStatus()
+    async with _running(_session(cloudly, status)):
+        await status.wait_until(_connected)
+        await cloudly.drop_connections(code or 1000, abort=abort)
+        snapshot = await status.wait_until(_reconnected(1))
+    second = [event.kind for event in cloudly.events if event.connection == 2]
+    assert second[:4] == ["connected", "identity-issued", "tag-set", "cluster-config-read"]
+    assert snapshot.reconnect_count == 1
+    assert snapshot.last_error is not None
+    assert snapshot.last_error.startswith("session closed with code")
+
+
+async def test_cloudly_restart_is_survived(cloudly: StandInCloudly) -> None:
+    """Cloudly restarting on the same port: the agent comes back on the new server."""
+    status = AgentStatus()
+    async with _running(_session(cloudly, status)):
+        await status.wait_until(_connected)
+        await cloudly.restart()
+        await status.wait_until(_reconnected(1))
+    assert cloudly.count("identity-issued") == 2
+    assert cloudly.count("cluster-config-read") == 2
+
+
+async def test_reconnect_reads_the_cluster_document_again(cloudly: StandInCloudly) -> None:
+    """A document changed while the agent was away is what it publishes after reconnecting."""
+    status = AgentStatus()
+    async with _running(_session(cloudly, status)):
+        await status.wait_until(_connected)
+        cloudly.cluster = cluster_document("cluster-1", {"node-1": "http://10.0.0.9:3000"})
+        await cloudly.drop_connections()
+        snapshot = await status.wait_until(_reconnected(1))
+    assert snapshot.cluster is not None
+    assert snapshot.cluster.nodes[0].corestore_endpoint == "http://10.0.0.9:3000"
+
+
+async def test_unreachable_cloudly_is_retried_after_the_backoff_delay(
+    cloudly: StandInCloudly,
+) -> None:
+    """With Cloudly down the session waits the jittered delay on its clock, then tries again."""
+    clock = ManualClock()
+    status = AgentStatus()
+    await cloudly.stop()
+    async with _running(_session(cloudly, status, clock=clock, rng_value=0.5)):
+        first = await clock.next_wakeup()
+        backing_off = status.snapshot()
+        await cloudly.start()
+        clock.advance(first - clock.now())
+        await status.wait_until(_connected)
+    assert first == START + 0.5  # half of the first 1 s window
+    assert backing_off.state is SessionState.BACKING_OFF
+    assert backing_off.last_error is not None
+    assert "could not reach Cloudly" in backing_off.last_error
+
+
+async def test_backoff_window_grows_while_attempts_keep_failing(cloudly: StandInCloudly) -> None:
+    """Consecutive failures double the window: full draws give 1 s, then 2 s, then 4 s."""
+    clock = ManualClock()
+    status = AgentStatus()
+    await cloudly.stop()
+    waits: list[float] = []
+    async with _running(_session(cloudly, status, clock=clock, rng_value=1.0)):
+        for _ in range(3):
+            deadline = await clock.next_wakeup()
+            waits.append(deadline - clock.now())
+            clock.advance(deadline - clock.now())
+        await clock.next_wakeup()
+    assert waits == [1.0, 2.0, 4.0]
+
+
+async def test_identity_is_renewed_the_margin_before_it_expires() -> None:
+    """With a 600 s identity and a 60 s margin the session renews at 540 s on the same socket."""
+    clock = ManualClock()
+    document = cluster_document("cluster-1", {"node-1": "http://10.0.0.1:3000"})
+    status = AgentStatus()
+    async with (
+        StandInCloudly(
+            token=TOKEN, cluster=document, identity_lifetime_s=600.0, clock=clock.now
+        ) as cloudly,
+        _running(_session(cloudly, status, clock=clock, margin=60.0)),
+    ):
+        first = await status.wait_until(_connected)
+        wakeup = await clock.next_wakeup()
+        clock.advance(wakeup - clock.now())
+        second = await cloudly.wait_for("identity-issued", count=2)
+        renewed = await status.wait_until(
+            lambda s: s.identity_expires_at_ms == second.detail["expires_at"]
+        )
+    assert wakeup == START + 540.0
+    assert first.identity_expires_at_ms == int((START + 600.0) * 1000)
+    assert second.detail["expires_at"] == int((START + 1140.0) * 1000)
+    assert second.connection == 1  # renewed in place, no reconnect
+    assert renewed.state is SessionState.CONNECTED
+    assert renewed.reconnect_count == 0
+
+
+async def test_identity_expired_on_arrival_is_retried(cloudly: StandInCloudly) -> None:
+    """An identity that is already expired (clock skew) fails the attempt loudly and is retried."""
+    cloudly.identity_lifetime_s = -5.0
+    status = AgentStatus()
+    async with _running(_session(cloudly, status)):
+        await cloudly.wait_for("identity-issued", count=2)
+        snapshot = await status.wait_until(lambda s: s.last_error is not None)
+    assert snapshot.last_error is not None
+    assert "already expired" in snapshot.last_error

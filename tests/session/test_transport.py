@@ -1,0 +1,185 @@
+"""WebsocketTransport: text frames as bytes both ways, closes as SessionClosed, opening errors."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from agent.errors import SessionClosed, SessionError
+from agent.session.transport import WebsocketTransport, connect_transport, quiet_websocket_logger
+
+ServerHandler = Callable[[ServerConnection], Awaitable[None]]
+
+
+async def _open(port: int, *, max_size: int = 2**20) -> WebsocketTransport:
+    return await connect_transport(
+        f"ws://127.0.0.1:{port}/",
+        ssl_context=None,
+        max_size=max_size,
+        compression=None,
+        ping_interval=None,
+        ping_timeout=None,
+        open_timeout=5.0,
+        close_timeout=2.0,
+    )
+
+
+@pytest.fixture
+async def server_factory() -> AsyncIterator[Callable[[ServerHandler], Awaitable[int]]]:
+    servers: list[Server] = []
+
+    async def start(handler: ServerHandler) -> int:
+        server = await serve(
+            handler,
+            "127.0.0.1",
+            0,
+            compression=None,
+            logger=quiet_websocket_logger("tests.websocket.server"),
+        )
+        servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
+
+    yield start
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_text_frame_arrives_as_bytes(server_factory: Callable[..., Awaitable[int]]) -> None:
+    """A text frame from the peer is returned undecoded, as its UTF-8 bytes."""
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send('{"method":"ä"}')
+        await ws.wait_closed()
+
+    transport = await _open(await server_factory(handler))
+    assert await transport.recv() == '{"method":"ä"}'.encode()
+    await transport.close()
+
+
+async def test_send_emits_one_text_frame(server_factory: Callable[..., Awaitable[int]]) -> None:
+    """`send(bytes)` arrives at the peer as a text frame (str), not a binary one."""
+    received: asyncio.Queue[str | bytes] = asyncio.Queue()
+
+    async def handler(ws: ServerConnection) -> None:
+        await received.put(await ws.recv())
+        await ws.wait_closed()
+
+    transport = await _open(await server_factory(handler))
+    await transport.send('{"x":"ü"}'.encode())
+    assert await received.get() == '{"x":"ü"}'
+    await transport.close()
+
+
+async def test_peer_close_becomes_session_closed_with_code_and_reason(
+    server_factory: Callable[..., Awaitable[int]],
+) -> None:
+    """The peer's close code and reason surface as SessionClosed, chained to the library error."""
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.close(4000, "bye")
+
+    transport = await _open(await server_factory(handler))
+    with pytest.raises(SessionClosed) as caught:
+        await transport.recv()
+    assert (caught.value.close_code, caught.value.reason) == (4000, "bye")
+    assert isinstance(caught.value.__cause__, ConnectionClosed)
+    assert transport.close_code == 4000
+
+
+async def test_send_after_close_raises_session_closed(
+    server_factory: Callable[..., Awaitable[int]],
+) -> None:
+    """Sending on a closed connection raises SessionClosed, not a library exception."""
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.wait_closed()
+
+    transport = await _open(await server_factory(handler))
+    await transport.close(1001, "going away")
+    with pytest.raises(SessionClosed) as caught:
+        await transport.send(b"{}")
+    assert caught.value.close_code == 1001
+
+
+async def test_our_close_code_reaches_the_peer(
+    server_factory: Callable[..., Awaitable[int]],
+) -> None:
+    """`close(1001)` is what the server sees as the close code."""
+    seen: asyncio.Queue[int | None] = asyncio.Queue()
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.wait_closed()
+        await seen.put(ws.close_code)
+
+    transport = await _open(await server_factory(handler))
+    await transport.close(1001, "going away")
+    assert await seen.get() == 1001
+
+
+async def test_frame_above_max_size_closes_with_1009(
+    server_factory: Callable[..., Awaitable[int]],
+) -> None:
+    """A frame larger than `max_size` ends the session with close code 1009 (message too big)."""
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send("x" * 2048)
+        await ws.wait_closed()
+
+    transport = await _open(await server_factory(handler), max_size=1024)
+    with pytest.raises(SessionClosed) as caught:
+        await transport.recv()
+    assert caught.value.close_code == 1009
+
+
+async def test_refused_connection_is_a_session_error() -> None:
+    """Nobody listening: SessionError naming the host, chained to the OSError."""
+    listener = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    listener.close()
+    await listener.wait_closed()
+    with pytest.raises(SessionError, match=f"127.0.0.1:{port}") as caught:
+        await _open(port)
+    assert isinstance(caught.value.__cause__, OSError)
+
+
+async def test_non_websocket_server_is_a_session_error() -> None:
+    """An HTTP server that refuses the upgrade yields SessionError, not a library exception."""
+
+    async def answer_404(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(answer_404, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(SessionError, match="refused the websocket"):
+            await _open(port)
+    finally:
+        listener.close()
+        await listener.wait_closed()
+
+
+async def test_frames_are_never_logged_even_at_debug(
+    server_factory: Callable[..., Awaitable[int]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the root logger at DEBUG, frame contents (tokens) still never reach a log record."""
+    caplog.set_level(logging.DEBUG)
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send(await ws.recv())
+        await ws.wait_closed()
+
+    transport = await _open(await server_factory(handler))
+    await transport.send(b'{"token":"tok-SECRET-123"}')
+    assert await transport.recv() == b'{"token":"tok-SECRET-123"}'
+    await transport.close()
+    assert caplog.records  # the capture works: the library did log (at INFO)
+    assert all("tok-SECRET-123" not in record.getMessage() for record in caplog.records)

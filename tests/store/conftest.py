@@ -1,0 +1,53 @@
+"""Fixtures for the revision store tests: real SQLite files in tmp_path, a stepping wall clock.
+
+Test modules cannot import this file (importlib mode), so the shared values travel as fixtures:
+`state_dir`, `clock`, `store` (open on a fresh file) and `prepared_store` (`KEY` at revision 2,
+status prepared, written by one `prepare` request with digest "a" * 64).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from agent.restore.machine import Op
+from agent.store import RestoreKey, RevisionStore
+
+KEY = RestoreKey("cluster-1", "node-1", "restore-1")
+NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    """Where the store keeps its database (created by the store itself)."""
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def clock() -> Callable[[], float]:
+    """A wall clock starting at NOW that advances one millisecond per reading."""
+    readings = iter(range(10**9))
+    return lambda: NOW + next(readings) / 1000
+
+
+@pytest.fixture
+async def store(state_dir: Path, clock: Callable[[], float]) -> AsyncIterator[RevisionStore]:
+    """An open store on a fresh file, closed after the test."""
+    opened = await RevisionStore.open(state_dir, wall_clock=clock)
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+@pytest.fixture
+async def prepared_store(store: RevisionStore) -> RevisionStore:
+    """`store` holding KEY at revision 2 in status prepared."""
+    state = {"sourceBackupId": "backup-1", "completedResourceMappingIds": []}
+    await store.mutate(
+        KEY, expected_revision=0, op=Op.PREPARE, state=state, request_digest="a" * 64
+    )
+    await store.mutate(KEY, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state=state)
+    return store

@@ -1,0 +1,181 @@
+"""The composition root: run until stopped, then drain, close with 1001 and close resources."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import app
+from agent.config import Config, Secrets
+from agent.devstack.cloudly import StandInCloudly, cluster_document
+from agent.errors import CallFailed, ConfigError, SessionClosed
+from agent.session.client import CloudlySession
+from agent.session.peer import RequestContext
+from agent.status import AgentStatus, SessionState, StatusSnapshot
+
+TOKEN = "machine-token-a1b2c3d4e5f60718"
+
+
+def _secret_file(path: Path, value: str) -> Path:
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def _config(tmp_path: Path, cloudly: StandInCloudly, *, drain_s: float = 10.0) -> Config:
+    return Config.model_validate(
+        {
+            "cloudly": {
+                "url": cloudly.url,
+                "token_file": str(_secret_file(tmp_path / "token", TOKEN)),
+            },
+            "corestore": {
+                "credential_file": str(_secret_file(tmp_path / "corestore", "corestore-cred-1")),
+            },
+            "shutdown": {"drain_timeout_s": drain_s, "close_timeout_s": 2.0},
+        }
+    )
+
+
+def _connected(snapshot: StatusSnapshot) -> bool:
+    return snapshot.state is SessionState.CONNECTED
+
+
+class _SlowWork:
+    """A handler hook: registers `slow`, which waits for `release`, and records cleanup."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.cancelled = False
+        self.closed_resources: list[str] = []
+
+    async def __call__(
+        self,
+        *,
+        config: Config,
+        secrets: Secrets,
+        session: CloudlySession,
+        status: AgentStatus,
+        resources: AsyncExitStack,
+    ) -> None:
+        async def close_store() -> None:
+            # Resources close after the socket: by then the session has stopped.
+            self.closed_resources.append(status.snapshot().state.value)
+
+        resources.push_async_callback(close_store)
+
+        async def slow(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+            self.started.set()
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+            return {"done": True}
+
+        session.router.register("slow", slow)
+
+
+@pytest.fixture
+async def cloudly() -> AsyncIterator[StandInCloudly]:
+    document = cluster_document("cluster-1", {"node-1": "http://10.0.0.1:3000"})
+    async with StandInCloudly(token=TOKEN, cluster=document) as server:
+        yield server
+
+
+async def test_stop_drains_in_flight_work_then_closes_with_going_away(
+    tmp_path: Path, cloudly: StandInCloudly
+) -> None:
+    """On stop: new requests are refused `shutting-down`, running ones finish, then 1001."""
+    stop, status, hook = asyncio.Event(), AgentStatus(), _SlowWork()
+    async with asyncio.TaskGroup() as group:
+        agent = group.create_task(
+            app.run(_config(tmp_path, cloudly), stop=stop, status=status, install=hook)
+        )
+        await status.wait_until(_connected)
+        pending = group.create_task(cloudly.call_agent("slow", {}))
+        await hook.started.wait()
+        stop.set()
+        await status.wait_until(lambda s: s.state is SessionState.DRAINING)
+        with pytest.raises(CallFailed) as refused:
+            await cloudly.call_agent("slow", {})
+        hook.release.set()
+    assert agent.result() is None
+    assert pending.result() == {"done": True}
+    assert refused.value.error_data == {"code": "shutting-down", "retryable": True}
+    closed = await cloudly.wait_for("disconnected")
+    assert closed.detail["code"] == 1001
+    assert hook.closed_resources == ["stopped"]
+    assert status.snapshot().state is SessionState.STOPPED
+
+
+async def test_work_outliving_the_drain_deadline_is_cancelled(
+    tmp_path: Path, cloudly: StandInCloudly
+) -> None:
+    """A handler still running at `drain_timeout_s` is cancelled; the socket still closes 1001."""
+    stop, status, hook = asyncio.Event(), AgentStatus(), _SlowWork()
+    config = _config(tmp_path, cloudly, drain_s=0.2)
+    async with asyncio.TaskGroup() as group:
+        agent = group.create_task(app.run(config, stop=stop, status=status, install=hook))
+        await status.wait_until(_connected)
+        pending = group.create_task(cloudly.call_agent("slow", {}))
+        await hook.started.wait()
+        stop.set()
+        await agent
+        with pytest.raises((CallFailed, SessionClosed)):
+            await pending
+    assert hook.cancelled
+    closed = await cloudly.wait_for("disconnected")
+    assert closed.detail["code"] == 1001
+
+
+async def test_sigterm_stops_the_agent_in_order(tmp_path: Path, cloudly: StandInCloudly) -> None:
+    """SIGTERM sets the stop event: the agent closes with 1001 and `run()` returns."""
+    status = AgentStatus()
+    async with asyncio.TaskGroup() as group:
+        agent = group.create_task(app.run(_config(tmp_path, cloudly), status=status))
+        await status.wait_until(_connected)
+        signal.raise_signal(signal.SIGTERM)
+        await agent
+    closed = await cloudly.wait_for("disconnected")
+    assert closed.detail["code"] == 1001
+    assert status.snapshot().state is SessionState.STOPPED
+
+
+async def test_missing_token_file_stops_start_up(tmp_path: Path, cloudly: StandInCloudly) -> None:
+    """An unreadable machine token is a ConfigError before any connection is made."""
+    config = _config(tmp_path, cloudly)
+    (tmp_path / "token").unlink()
+    with pytest.raises(ConfigError, match=r"cloudly\.token_file"):
+        await app.run(config, stop=asyncio.Event())
+    assert cloudly.count("connected") == 0
+
+
+def test_session_settings_follow_the_configuration(tmp_path: Path) -> None:
+    """The session gets the Cloudly section's values, with the URL mapped to ws(s)."""
+    config = Config.model_validate(
+        {
+            "cloudly": {
+                "url": "https://cloudly.example",
+                "token_file": str(tmp_path / "t"),
+                "max_frame_bytes": 32 * 2**20,
+                "ping_interval_s": 7.0,
+                "tag_payload": {"cluster": "c1"},
+            },
+            "corestore": {"credential_file": str(tmp_path / "c")},
+            "streams": {"window": 8},
+            "shutdown": {"close_timeout_s": 3.0},
+        }
+    )
+    settings = app.session_settings(config)
+    assert settings.url == "wss://cloudly.example"
+    assert (settings.max_frame_bytes, settings.ping_interval) == (32 * 2**20, 7.0)
+    assert settings.tag_payload == {"cluster": "c1"}
+    assert (settings.close_timeout, settings.peer.stream_window) == (3.0, 8)

@@ -1,0 +1,356 @@
+"""Specification of the `restore-agent` command line: commands, output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import types
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from agent import __version__
+from agent.cli import main
+from agent.config import Config
+from agent.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "machine-token-7f3a9c2e51d04b88"
+CREDENTIAL = "corestore-credential-c41d9e77a02b"
+
+CONFIG = """\
+[cloudly]
+url = "https://cloudly.example.com"
+token_file = "machine-token"
+
+[corestore]
+credential_file = "corestore-credential"
+
+[log]
+format = "json"
+level = "info"
+"""
+
+AppRun = Callable[[Config], Coroutine[Any, Any, None]]
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> Iterator[None]:
+    """Leave structlog and the root logger as the test found them."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.reset_defaults()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.fixture(name="config_path")
+def _config_path(tmp_path: Path) -> Path:
+    """A valid config file beside owner-only token and credential files."""
+    for name, value in (("machine-token", TOKEN), ("corestore-credential", CREDENTIAL)):
+        (tmp_path / name).write_text(value + "\n", encoding="utf-8")
+        (tmp_path / name).chmod(0o600)
+    path = tmp_path / "config.toml"
+    path.write_text(CONFIG, encoding="utf-8")
+    return path
+
+
+def install_app(monkeypatch: pytest.MonkeyPatch, run: AppRun) -> None:
+    """Stand in for agent.app (owned by the composition root) with a module exposing `run`."""
+    module = types.ModuleType("agent.app")
+    module.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "agent.app", module)
+
+
+def one_error_line(stderr: str) -> str:
+    """The single line a configuration error prints; fails if there is more."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# --- check-config -------------------------------------------------------------------------------
+
+
+def test_check_config_accepts_a_good_file(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A valid file with valid secret files prints "config OK" and a summary, exit 0."""
+    assert main(["check-config", str(config_path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"config OK: {config_path}\n")
+    assert "wss://cloudly.example.com" in out
+    assert str(config_path.parent / "machine-token") in out
+    assert err == ""
+
+
+def test_check_config_prints_no_secret(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary names the secret files but never their content."""
+    main(["check-config", str(config_path)])
+    out, err = capsys.readouterr()
+    assert TOKEN not in out + err
+    assert CREDENTIAL not in out + err
+
+
+def test_check_config_refuses_an_unknown_key(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unknown key is one line on stderr naming it, exit 2."""
+    config_path.write_text(CONFIG.replace("[log]", "[log]\ncolour = true"), encoding="utf-8")
+    assert main(["check-config", str(config_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert one_error_line(err) == "restore-agent: config log.colour: unknown key"
+
+
+def test_check_config_refuses_a_wrong_type(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A value of the wrong type is one line naming key and types, exit 2."""
+    config_path.write_text(CONFIG.replace('level = "info"', "level = 3"), encoding="utf-8")
+    assert main(["check-config", str(config_path)]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        "restore-agent: config log.level: "
+        "must be 'debug', 'info', 'warning', 'error' or 'critical', got an integer"
+    )
+
+
+def test_check_config_refuses_a_missing_token_file(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token file that does not exist is reported under cloudly.token_file, exit 2."""
+    token_file = config_path.parent / "machine-token"
+    token_file.unlink()
+    assert main(["check-config", str(config_path)]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"restore-agent: config cloudly.token_file: {token_file}: no such file"
+    )
+
+
+def test_check_config_refuses_a_world_readable_token_file(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token file others can read is refused with its mode, exit 2, content not shown."""
+    token_file = config_path.parent / "machine-token"
+    token_file.chmod(0o644)
+    assert main(["check-config", str(config_path)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line == (
+        f"restore-agent: config cloudly.token_file: {token_file}: group or others have access "
+        "(mode 0644); use 0600 or 0400"
+    )
+    assert TOKEN not in line
+
+
+def test_check_config_refuses_a_missing_config_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config path that does not exist is one line, exit 2."""
+    assert main(["check-config", str(tmp_path / "absent.toml")]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        f"restore-agent: config: {tmp_path / 'absent.toml'}: no such file"
+    )
+
+
+def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m agent ARGS` in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_python_m_agent_accepts_a_good_file(config_path: Path) -> None:
+    """`python -m agent check-config` on a good file prints "config OK", exit 0."""
+    done = run_module("check-config", str(config_path), cwd=config_path.parent)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith(f"config OK: {config_path}\n")
+
+
+def test_python_m_agent_refuses_a_bad_file(config_path: Path) -> None:
+    """`python -m agent check-config` on a bad file prints one line on stderr, exit 2."""
+    config_path.write_text(CONFIG.replace("[corestore]", "[corestore]\nchunk_size = 1"))
+    done = run_module("check-config", str(config_path), cwd=config_path.parent)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert one_error_line(done.stderr) == (
+        "restore-agent: config corestore.chunk_size: must be >= 65536, got 1"
+    )
+
+
+# --- general ------------------------------------------------------------------------------------
+
+
+def test_version_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    """--version prints the package version, exit 0."""
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"restore-agent {__version__}\n"
+
+
+def test_missing_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """No command prints usage to stderr, exit 2."""
+    assert main([]) == 2
+    assert "usage: restore-agent" in capsys.readouterr().err
+
+
+def test_run_requires_a_config_option(capsys: pytest.CaptureFixture[str]) -> None:
+    """`run` without --config is a usage error, exit 2."""
+    assert main(["run"]) == 2
+    assert "--config" in capsys.readouterr().err
+
+
+# --- run ----------------------------------------------------------------------------------------
+
+
+def test_run_starts_the_app_with_the_loaded_config(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run --config PATH` awaits agent.app.run with the validated Config, exit 0."""
+    started: list[Config] = []
+
+    async def run(config: Config) -> None:
+        started.append(config)
+
+    install_app(monkeypatch, run)
+    assert main(["run", "--config", str(config_path)]) == 0
+    [config] = started
+    assert config.websocket_url == "wss://cloudly.example.com"
+
+
+def test_run_configures_logging_from_the_config(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The app logs as [log] says: JSON lines at the configured level, on stderr."""
+    config_path.write_text(CONFIG.replace('"info"', '"warning"'), encoding="utf-8")
+
+    async def run(config: Config) -> None:
+        log = structlog.get_logger("agent.app")
+        log.info("not_shown")
+        log.warning("shown", token=TOKEN)
+
+    install_app(monkeypatch, run)
+    assert main(["run", "--config", str(config_path)]) == 0
+    out, err = capsys.readouterr()
+    assert out == ""
+    [line] = [json.loads(text) for text in err.splitlines()]
+    assert (line["event"], line["level"], line["logger"]) == ("shown", "warning", "agent.app")
+    assert TOKEN not in err
+
+
+def test_run_with_a_bad_config_never_starts_the_app(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A configuration error stops `run` before agent.app is called, exit 2."""
+    called: list[Config] = []
+
+    async def run(config: Config) -> None:
+        called.append(config)
+
+    install_app(monkeypatch, run)
+    config_path.write_text(CONFIG + "[streams]\nwindow = 0\n", encoding="utf-8")
+    assert main(["run", "--config", str(config_path)]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        "restore-agent: config streams.window: must be >= 1, got 0"
+    )
+    assert called == []
+
+
+def test_run_with_a_bad_secret_file_never_starts_the_app(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unusable Corestore credential file stops `run` with exit 2."""
+    called: list[Config] = []
+
+    async def run(config: Config) -> None:
+        called.append(config)
+
+    install_app(monkeypatch, run)
+    (config_path.parent / "corestore-credential").write_text("", encoding="utf-8")
+    assert main(["run", "--config", str(config_path)]) == 2
+    assert "config corestore.credential_file:" in one_error_line(capsys.readouterr().err)
+    assert called == []
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        ConfigError("state.directory", "is not writable"),
+        ExceptionGroup("app", [ConfigError("state.directory", "is not writable")]),
+    ],
+    ids=["plain", "in-group"],
+)
+def test_config_error_from_the_app_exits_2(
+    config_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    raised: Exception,
+) -> None:
+    """A ConfigError the app raises at start-up (alone or from a TaskGroup) is exit 2."""
+
+    async def run(config: Config) -> None:
+        raise raised
+
+    install_app(monkeypatch, run)
+    assert main(["run", "--config", str(config_path)]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        "restore-agent: config state.directory: is not writable"
+    )
+
+
+def test_crash_is_logged_once_without_secrets_and_exits_1(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unexpected exception is one redacted log event with its traceback, exit 1."""
+
+    async def run(config: Config) -> None:
+        raise RuntimeError(f"unexpected while sending {TOKEN}")
+
+    install_app(monkeypatch, run)
+    assert main(["run", "--config", str(config_path)]) == 1
+    err = capsys.readouterr().err
+    events = [json.loads(text) for text in err.splitlines()]
+    assert [event["event"] for event in events] == ["agent_crashed"]
+    assert "RuntimeError: unexpected while sending" in events[0]["exception"]
+    assert TOKEN not in err
+
+
+def test_keyboard_interrupt_exits_130(config_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the foreground ends with the shell's SIGINT status and no traceback."""
+
+    async def run(config: Config) -> None:
+        raise KeyboardInterrupt
+
+    install_app(monkeypatch, run)
+    assert main(["run", "--config", str(config_path)]) == 130
+
+
+# --- demo ---------------------------------------------------------------------------------------
+
+
+def test_demo_gets_its_arguments_verbatim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`demo ...` hands every following argument, options included, to the demo's main."""
+    received: list[list[str]] = []
+
+    def demo_main(argv: list[str]) -> int:
+        received.append(argv)
+        return 7
+
+    module = types.ModuleType("agent.devstack.demo")
+    module.main = demo_main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "agent.devstack.demo", module)
+    assert main(["demo", "--restores", "2", "-v", "extra"]) == 7
+    assert received == [["--restores", "2", "-v", "extra"]]

@@ -1,0 +1,496 @@
+"""Specification of `agent.config`: loading, validation messages, secret files."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tomllib
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from agent.config import (
+    CloudlyConfig,
+    Config,
+    CorestoreConfig,
+    LogConfig,
+    ShutdownConfig,
+    StateConfig,
+    StreamsConfig,
+    load_config,
+    load_secrets,
+    read_secret_file,
+)
+from agent.errors import ConfigError
+from agent.log import scrub_text
+from agent.secret import MASK, Secret
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "config.example.toml"
+
+MINIMAL = """\
+[cloudly]
+url = "https://cloudly.example.com"
+token_file = "machine-token"
+
+[corestore]
+credential_file = "corestore-credential"
+"""
+
+
+def write_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_secret(path: Path, content: str | bytes, mode: int = 0o600) -> Path:
+    data = content.encode() if isinstance(content, str) else content
+    path.write_bytes(data)
+    path.chmod(mode)
+    return path
+
+
+def config_error(tmp_path: Path, text: str) -> ConfigError:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write_config(tmp_path, text))
+    return caught.value
+
+
+# --- loading a good file ------------------------------------------------------------------------
+
+
+def test_minimal_file_gets_every_default(tmp_path: Path) -> None:
+    """A file with only the required keys gets the documented defaults."""
+    config = load_config(write_config(tmp_path, MINIMAL))
+    assert config.cloudly.max_frame_bytes == 16 * 1024 * 1024
+    assert config.cloudly.compression is False
+    assert (config.cloudly.call_timeout_s, config.cloudly.ping_interval_s) == (30.0, 10.0)
+    assert config.cloudly.ping_timeout_s == 30.0
+    assert (config.cloudly.backoff_base_s, config.cloudly.backoff_cap_s) == (1.0, 60.0)
+    assert config.cloudly.stable_after_s == 60.0
+    assert config.cloudly.identity_renew_margin_s == 300.0
+    assert config.cloudly.tag_name == "restore-agent"
+    assert config.cloudly.tag_payload == {}
+    assert config.cloudly.ca_file is None
+    assert config.corestore.chunk_size == 4 * 1024 * 1024
+    assert (config.corestore.max_in_flight, config.corestore.retries) == (4, 3)
+    assert (config.corestore.connect_timeout_s, config.corestore.request_timeout_s) == (5.0, 60.0)
+    assert config.state.directory == Path("/var/lib/restore-agent")
+    assert (config.streams.window, config.streams.keepalive_timeout_s) == (16, 10.0)
+    assert config.streams.chunk_form == "buffer"
+    assert (config.shutdown.drain_timeout_s, config.shutdown.close_timeout_s) == (20.0, 5.0)
+    assert (config.log.format, config.log.level) == ("auto", "info")
+
+
+def test_relative_paths_resolve_against_the_config_directory(tmp_path: Path) -> None:
+    """`token_file = "machine-token"` means the file beside the config file."""
+    config = load_config(write_config(tmp_path, MINIMAL + '[state]\ndirectory = "state"\n'))
+    assert config.cloudly.token_file == tmp_path / "machine-token"
+    assert config.corestore.credential_file == tmp_path / "corestore-credential"
+    assert config.state.directory == tmp_path / "state"
+
+
+def test_absolute_paths_are_kept(tmp_path: Path) -> None:
+    """An absolute path is used as written."""
+    text = MINIMAL.replace('"machine-token"', '"/run/credentials/x/token"')
+    config = load_config(write_config(tmp_path, text))
+    assert config.cloudly.token_file == Path("/run/credentials/x/token")
+
+
+@pytest.mark.parametrize(
+    ("url", "websocket_url"),
+    [
+        ("http://127.0.0.1:8080/", "ws://127.0.0.1:8080/"),
+        ("https://cloudly.example.com/typedrequest", "wss://cloudly.example.com/typedrequest"),
+        ("ws://cloudly.example.com", "ws://cloudly.example.com"),
+        ("wss://cloudly.example.com:443/x?y=1", "wss://cloudly.example.com:443/x?y=1"),
+    ],
+)
+def test_websocket_url_maps_http_to_ws(tmp_path: Path, url: str, websocket_url: str) -> None:
+    """http(s) becomes ws(s); ws(s) and the rest of the URL are kept."""
+    config = load_config(
+        write_config(tmp_path, MINIMAL.replace("https://cloudly.example.com", url))
+    )
+    assert config.websocket_url == websocket_url
+    assert config.cloudly.url == url
+
+
+def test_tag_payload_is_passed_on_verbatim(tmp_path: Path) -> None:
+    """The tag payload table arrives as the nested JSON-ready value it was written as."""
+    text = MINIMAL.replace(
+        "[corestore]",
+        '[cloudly.tag_payload]\nrole = "restore"\nlimits = [1, 2.5, true, { deep = "x" }]\n\n'
+        "[corestore]",
+    )
+    config = load_config(write_config(tmp_path, text))
+    assert config.cloudly.tag_payload == {
+        "role": "restore",
+        "limits": [1, 2.5, True, {"deep": "x"}],
+    }
+
+
+def test_integers_are_accepted_for_seconds(tmp_path: Path) -> None:
+    """`call_timeout_s = 12` is 12.0 seconds."""
+    text = MINIMAL.replace('token_file = "machine-token"', 'token_file = "t"\ncall_timeout_s = 12')
+    assert load_config(write_config(tmp_path, text)).cloudly.call_timeout_s == 12.0
+
+
+def test_config_is_frozen(tmp_path: Path) -> None:
+    """A loaded configuration cannot be changed."""
+    config = load_config(write_config(tmp_path, MINIMAL))
+    with pytest.raises(ValidationError):
+        config.cloudly.call_timeout_s = 1.0  # type: ignore[misc]
+
+
+# --- the example file ---------------------------------------------------------------------------
+
+SECTIONS: dict[str, type[BaseModel]] = {
+    "cloudly": CloudlyConfig,
+    "corestore": CorestoreConfig,
+    "state": StateConfig,
+    "streams": StreamsConfig,
+    "shutdown": ShutdownConfig,
+    "log": LogConfig,
+}
+
+
+def test_example_file_is_valid() -> None:
+    """config.example.toml loads without error."""
+    assert isinstance(load_config(EXAMPLE), Config)
+
+
+def test_example_file_documents_every_key() -> None:
+    """Every key of every section appears in the example, set or commented out."""
+    text = EXAMPLE.read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    assert set(data) == set(SECTIONS)
+    for section, model in SECTIONS.items():
+        for key in model.model_fields:
+            written = key in data[section]
+            commented = f"# {key} = " in text
+            assert written or commented, f"{section}.{key} is not in config.example.toml"
+
+
+def test_example_file_shows_the_defaults() -> None:
+    """Every optional key in the example is set to its default value."""
+    example = load_config(EXAMPLE)
+    for section, model in SECTIONS.items():
+        loaded = getattr(example, section)
+        for key, field in model.model_fields.items():
+            if not field.is_required():
+                assert getattr(loaded, key) == field.get_default(call_default_factory=True), (
+                    f"{section}.{key} in config.example.toml is not its default"
+                )
+
+
+# --- refusing a bad file ------------------------------------------------------------------------
+
+
+def test_missing_file_is_refused(tmp_path: Path) -> None:
+    """A missing config file is a ConfigError that names the path."""
+    with pytest.raises(ConfigError, match="no such file") as caught:
+        load_config(tmp_path / "absent.toml")
+    assert str(tmp_path / "absent.toml") in str(caught.value)
+
+
+def test_directory_is_refused(tmp_path: Path) -> None:
+    """A directory given as the config file is refused."""
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
+
+
+def test_unreadable_file_is_refused(tmp_path: Path) -> None:
+    """A config path the OS cannot open is refused with the OS's reason."""
+    path = write_config(tmp_path, MINIMAL) / "config.toml"
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == f"config: {path}: cannot be read (Not a directory)"
+
+
+def test_invalid_toml_is_refused(tmp_path: Path) -> None:
+    """A file that is not TOML is refused with the parser's position."""
+    error = config_error(tmp_path, "[cloudly\nurl = 1\n")
+    assert "is not valid TOML" in str(error)
+    assert "line 1" in str(error)
+
+
+def test_non_utf8_file_is_refused(tmp_path: Path) -> None:
+    """A file that is not UTF-8 is refused."""
+    path = tmp_path / "config.toml"
+    path.write_bytes(b'[cloudly]\nurl = "\xff"\n')
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_config(path)
+
+
+REFUSALS = [
+    # (what to replace in MINIMAL or append, the one message expected)
+    (("url =", "urll ="), "config cloudly.urll: unknown key"),
+    (("", "[extra]\nx = 1\n"), "config extra: unknown section"),
+    (('url = "https://cloudly.example.com"\n', ""), "config cloudly.url: required key is missing"),
+    (("[corestore]\ncredential_file", "[other]\ncredential_file"), "config other: unknown section"),
+    (
+        ('token_file = "machine-token"', 'token_file = "t"\ncall_timeout_s = "30"'),
+        "config cloudly.call_timeout_s: expected a number, got a string",
+    ),
+    (
+        ('token_file = "machine-token"', 'token_file = "t"\ncompression = "yes"'),
+        "config cloudly.compression: expected true or false, got a string",
+    ),
+    (
+        ('credential_file = "corestore-credential"', 'credential_file = "c"\nretries = true'),
+        "config corestore.retries: expected an integer, got a boolean",
+    ),
+    (
+        ('token_file = "machine-token"', 'token_file = "t"\nmax_frame_bytes = 2097152.0'),
+        "config cloudly.max_frame_bytes: expected an integer, got a float",
+    ),
+    (
+        ('token_file = "machine-token"', "token_file = 7"),
+        "config cloudly.token_file: expected a path (string), got an integer",
+    ),
+    (
+        ('token_file = "machine-token"', 'token_file = "t"\nmax_frame_bytes = 1024'),
+        "config cloudly.max_frame_bytes: must be >= 1048576, got 1024",
+    ),
+    (
+        ('token_file = "machine-token"', 'token_file = "t"\nmax_frame_bytes = 268435457'),
+        "config cloudly.max_frame_bytes: must be <= 268435456, got 268435457",
+    ),
+    (
+        ('credential_file = "corestore-credential"', 'credential_file = "c"\nchunk_size = 65535'),
+        "config corestore.chunk_size: must be >= 65536, got 65535",
+    ),
+    (
+        ('credential_file = "corestore-credential"', 'credential_file = "c"\nmax_in_flight = 33'),
+        "config corestore.max_in_flight: must be <= 32, got 33",
+    ),
+    (
+        ('credential_file = "corestore-credential"', 'credential_file = "c"\nretries = 11'),
+        "config corestore.retries: must be <= 10, got 11",
+    ),
+    (("", "[streams]\nwindow = 0\n"), "config streams.window: must be >= 1, got 0"),
+    (
+        ("", '[streams]\nchunk_form = "hex"\n'),
+        "config streams.chunk_form: must be 'buffer', 'base64' or 'object'",
+    ),
+    (("", '[log]\nformat = "xml"\n'), "config log.format: must be 'auto', 'json' or 'console'"),
+    (
+        ("", "[shutdown]\ndrain_timeout_s = 0\n"),
+        "config shutdown.drain_timeout_s: must be > 0, got 0",
+    ),
+    (
+        ("", "[shutdown]\nclose_timeout_s = nan\n"),
+        "config shutdown.close_timeout_s: must be a finite number, got nan",
+    ),
+    (
+        ("", "[shutdown]\nclose_timeout_s = 86401\n"),
+        "config shutdown.close_timeout_s: must be <= 86400, got 86401",
+    ),
+    (
+        ("https://", "ftp://"),
+        "config cloudly.url: must start with http://, https://, ws:// or wss://",
+    ),
+    (("https://cloudly.example.com", "https://"), "config cloudly.url: names no host"),
+    (
+        ("https://cloudly.example.com", "https://h:99999"),
+        "config cloudly.url: is not a valid URL (Port out of range 0-65535)",
+    ),
+    (
+        ("https://cloudly.example.com", "https://user:hunter22@cloudly.example.com"),
+        "config cloudly.url: must not carry credentials; the machine token goes in token_file",
+    ),
+    (
+        (
+            'token_file = "machine-token"',
+            'token_file = "t"\nbackoff_base_s = 10\nbackoff_cap_s = 5',
+        ),
+        "config cloudly.backoff_cap_s: must be >= backoff_base_s (10), got 5",
+    ),
+    (
+        ("https://cloudly.example.com", "https://cloudly.example.com/#x"),
+        "config cloudly.url: must not have a #fragment",
+    ),
+    (
+        ("[corestore]", "[cloudly.tag_payload]\nlimits = [1, inf]\n[corestore]"),
+        "config cloudly.tag_payload: holds inf at limits[1], which JSON cannot carry",
+    ),
+    (
+        ('token_file = "machine-token"', 'token_file = ""'),
+        "config cloudly.token_file: must not be empty",
+    ),
+    (
+        ('token_file = "machine-token"', 'token_file = "t"\ntag_name = ""'),
+        "config cloudly.tag_name: must not be empty",
+    ),
+    (
+        ("[corestore]", "[cloudly.tag_payload]\nwhen = { at = 2024-01-01T00:00:00Z }\n[corestore]"),
+        "config cloudly.tag_payload: holds a TOML date/time at when.at, which JSON cannot carry",
+    ),
+]
+
+
+@pytest.mark.parametrize(("edit", "message"), REFUSALS)
+def test_bad_value_is_refused_with_one_message_naming_the_key(
+    tmp_path: Path, edit: tuple[str, str], message: str
+) -> None:
+    """Each way a key can be wrong is one ConfigError naming the dotted key and the reason."""
+    old, new = edit
+    text = MINIMAL.replace(old, new, 1) if old else MINIMAL + new
+    assert text != MINIMAL
+    assert str(config_error(tmp_path, text)) == message
+
+
+def test_missing_section_is_named(tmp_path: Path) -> None:
+    """A config without [corestore] names the section."""
+    text = MINIMAL.split("[corestore]")[0]
+    assert str(config_error(tmp_path, text)) == "config corestore: required section is missing"
+
+
+def test_section_that_is_not_a_table_is_refused(tmp_path: Path) -> None:
+    """`log = 3` is refused as not a table."""
+    error = config_error(tmp_path, "log = 3\n" + MINIMAL)
+    assert str(error) == "config log: expected a table, got an integer"
+
+
+def test_key_error_carries_key_and_reason_separately(tmp_path: Path) -> None:
+    """ConfigError exposes the dotted key and the reason for callers."""
+    error = config_error(tmp_path, MINIMAL + "[streams]\nwindow = 300\n")
+    assert (error.key, error.reason) == ("streams.window", "must be <= 256, got 300")
+
+
+def test_refusal_never_echoes_a_string_value(tmp_path: Path) -> None:
+    """A string in the wrong place (maybe a pasted secret) is not quoted in the message."""
+    pasted = "s3cr3t-" + secrets.token_hex(8)
+    text = MINIMAL.replace(
+        'token_file = "machine-token"', f'token_file = "t"\nping_timeout_s = "{pasted}"'
+    )
+    error = config_error(tmp_path, text)
+    assert pasted not in str(error)
+    text = MINIMAL.replace("https://cloudly.example.com", f"https://u:{pasted}@cloudly.example.com")
+    assert pasted not in str(config_error(tmp_path, text))
+
+
+# --- secret files -------------------------------------------------------------------------------
+
+
+def test_secret_file_strips_one_trailing_newline(tmp_path: Path) -> None:
+    """`token\\n` reads as `token`."""
+    secret = read_secret_file(write_secret(tmp_path / "t", "tok-123456789\n"), "cloudly.token_file")
+    assert isinstance(secret, Secret)
+    assert secret.reveal() == "tok-123456789"
+
+
+def test_secret_file_strips_a_trailing_crlf(tmp_path: Path) -> None:
+    """A file saved with a CRLF line ending reads without it."""
+    secret = read_secret_file(write_secret(tmp_path / "t", "tok-123456789\r\n"), "k")
+    assert secret.reveal() == "tok-123456789"
+
+
+def test_secret_file_without_newline_is_read_as_is(tmp_path: Path) -> None:
+    """A file without a trailing newline is read whole."""
+    assert read_secret_file(write_secret(tmp_path / "t", "abc"), "k").reveal() == "abc"
+
+
+def test_owner_read_only_secret_file_is_accepted(tmp_path: Path) -> None:
+    """Mode 0400 (how systemd provides credentials) is accepted."""
+    assert read_secret_file(write_secret(tmp_path / "t", "abc\n", 0o400), "k").reveal() == "abc"
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("", "is empty"),
+        ("\n", "is empty"),
+        ("abc\n\n", "must hold a single line"),
+        ("abc\ndef\n", "must hold a single line"),
+        (" abc\n", "has leading or trailing whitespace"),
+        ("abc \n", "has leading or trailing whitespace"),
+        (b"\xff\xfe\n", "is not UTF-8 text"),
+        ("x" * (64 * 1024 + 1), "is larger than 64 KiB"),
+    ],
+)
+def test_bad_secret_content_is_refused(tmp_path: Path, content: str | bytes, reason: str) -> None:
+    """Empty, multi-line, padded, binary or huge secret files are refused, naming the key."""
+    path = write_secret(tmp_path / "t", content)
+    with pytest.raises(ConfigError) as caught:
+        read_secret_file(path, "corestore.credential_file")
+    assert caught.value.key == "corestore.credential_file"
+    assert str(caught.value) == f"config corestore.credential_file: {path}: {reason}"
+
+
+def test_secret_content_is_not_quoted_in_the_refusal(tmp_path: Path) -> None:
+    """A refused secret file's content never appears in the error."""
+    value = secrets.token_hex(16)
+    path = write_secret(tmp_path / "t", f"{value}\nsecond line\n")
+    with pytest.raises(ConfigError) as caught:
+        read_secret_file(path, "cloudly.token_file")
+    assert value not in str(caught.value)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644, 0o660, 0o610, 0o601])
+def test_secret_file_others_may_access_is_refused(tmp_path: Path, mode: int) -> None:
+    """Any group or other permission bit on a secret file is refused, naming key and mode."""
+    path = write_secret(tmp_path / "t", "abc\n", mode)
+    with pytest.raises(ConfigError) as caught:
+        read_secret_file(path, "cloudly.token_file")
+    assert str(caught.value) == (
+        f"config cloudly.token_file: {path}: group or others have access (mode {mode:04o}); "
+        "use 0600 or 0400"
+    )
+
+
+def test_missing_secret_file_is_refused(tmp_path: Path) -> None:
+    """A missing secret file is refused, naming the key and the path."""
+    with pytest.raises(ConfigError) as caught:
+        read_secret_file(tmp_path / "absent", "cloudly.token_file")
+    assert str(caught.value) == f"config cloudly.token_file: {tmp_path / 'absent'}: no such file"
+
+
+def test_unopenable_secret_file_is_refused(tmp_path: Path) -> None:
+    """A secret path the OS cannot open is refused with the OS's reason."""
+    path = write_secret(tmp_path / "t", "abc") / "below-a-file"
+    with pytest.raises(ConfigError) as caught:
+        read_secret_file(path, "k")
+    assert str(caught.value) == f"config k: {path}: cannot be read (Not a directory)"
+
+
+def test_directory_as_secret_file_is_refused(tmp_path: Path) -> None:
+    """A directory is not a secret file."""
+    directory = tmp_path / "d"
+    directory.mkdir(mode=0o700)
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        read_secret_file(directory, "k")
+
+
+def test_fifo_as_secret_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A named pipe is refused at once instead of waiting for a writer."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        read_secret_file(fifo, "k")
+
+
+def test_secret_read_from_file_is_masked_in_log_text(tmp_path: Path) -> None:
+    """A secret read from its file is registered with the log redactor."""
+    value = "opaque-" + secrets.token_hex(12)
+    read_secret_file(write_secret(tmp_path / "t", value), "cloudly.token_file")
+    assert scrub_text(f"sending {value} now") == f"sending {MASK} now"
+
+
+def test_load_secrets_reads_both_files(tmp_path: Path) -> None:
+    """load_secrets returns the machine token and the Corestore credential."""
+    write_secret(tmp_path / "machine-token", "token-value\n")
+    write_secret(tmp_path / "corestore-credential", "credential-value\n")
+    loaded = load_secrets(load_config(write_config(tmp_path, MINIMAL)))
+    assert loaded.machine_token.reveal() == "token-value"
+    assert loaded.corestore_credential.reveal() == "credential-value"
+
+
+def test_load_secrets_names_the_failing_key(tmp_path: Path) -> None:
+    """A bad Corestore credential file is reported under corestore.credential_file."""
+    write_secret(tmp_path / "machine-token", "token-value\n")
+    write_secret(tmp_path / "corestore-credential", "credential-value\n", 0o644)
+    with pytest.raises(ConfigError) as caught:
+        load_secrets(load_config(write_config(tmp_path, MINIMAL)))
+    assert caught.value.key == "corestore.credential_file"

@@ -1,0 +1,202 @@
+"""AgentStatus: a transition table for the session state and immutable snapshots for readers."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pytest
+
+from agent.errors import InvalidState
+from agent.status import TRANSITIONS, AgentStatus, SessionState
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class _Node:
+    corestore_endpoint: str | None
+    corestore_problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _View:
+    cluster_id: str
+    nodes: Mapping[str, _Node] = field(default_factory=dict)
+
+
+def _connected(status: AgentStatus) -> None:
+    for state in (SessionState.CONNECTING, SessionState.AUTHENTICATING, SessionState.CONNECTED):
+        status.move_to(state)
+
+
+def test_a_new_status_is_starting_with_nothing_known() -> None:
+    """Before the session runs the snapshot says `starting` and knows no cluster."""
+    snap = AgentStatus().snapshot()
+    assert snap.state is SessionState.STARTING
+    assert (snap.cluster, snap.connected_since, snap.last_error) == (None, None, None)
+    assert (snap.reconnect_count, snap.in_flight) == (0, 0)
+
+
+def test_every_state_has_a_row_in_the_transition_table() -> None:
+    """The table is total: every state lists where it may go (stopped goes nowhere)."""
+    assert set(TRANSITIONS) == set(SessionState)
+    assert TRANSITIONS[SessionState.STOPPED] == frozenset()
+
+
+def test_illegal_move_raises_and_changes_nothing() -> None:
+    """Skipping authentication is refused and leaves the state as it was."""
+    status = AgentStatus()
+    status.move_to(SessionState.CONNECTING)
+    before = status.snapshot()
+    with pytest.raises(InvalidState, match="connecting to connected"):
+        status.move_to(SessionState.CONNECTED)
+    assert status.snapshot() == before
+
+
+def test_stopped_is_final() -> None:
+    """Nothing leaves `stopped`."""
+    status = AgentStatus()
+    status.move_to(SessionState.STOPPED)
+    for state in SessionState:
+        with pytest.raises(InvalidState):
+            status.move_to(state)
+
+
+def test_connected_since_is_set_on_connect_and_cleared_on_loss() -> None:
+    """`connected_since` is the time the session reached `connected`, None once it is lost."""
+    clock = _Clock()
+    status = AgentStatus(clock=clock)
+    status.move_to(SessionState.CONNECTING)
+    clock.now = 1005.0
+    status.move_to(SessionState.AUTHENTICATING)
+    status.move_to(SessionState.CONNECTED)
+    assert status.snapshot().connected_since == 1005.0
+    status.move_to(SessionState.BACKING_OFF)
+    assert status.snapshot().connected_since is None
+
+
+def test_reconnect_count_counts_attempts_after_backing_off() -> None:
+    """Each return from `backing-off` to `connecting` is one reconnect; the first is not."""
+    status = AgentStatus()
+    _connected(status)
+    for _ in range(3):
+        status.move_to(SessionState.BACKING_OFF)
+        status.move_to(SessionState.CONNECTING)
+    assert status.snapshot().reconnect_count == 3
+
+
+def test_last_error_keeps_text_and_time() -> None:
+    """The last error is kept as text with the time it was recorded."""
+    clock = _Clock()
+    status = AgentStatus(clock=clock)
+    status.record_error("session closed with code 1006")
+    clock.now = 2000.0
+    status.record_error("getIdentityByToken failed: no")
+    snap = status.snapshot()
+    assert (snap.last_error, snap.last_error_at) == ("getIdentityByToken failed: no", 2000.0)
+
+
+def test_cluster_summary_splits_nodes_by_corestore_validity() -> None:
+    """The published view lists every node, with or without a valid Corestore endpoint."""
+    status = AgentStatus()
+    status.publish_cluster(
+        _View(
+            "c1",
+            {
+                "n2": _Node(None, ("cluster node corestore endpoint must be a parsable URL",)),
+                "n1": _Node("http://10.0.0.1:3000"),
+            },
+        )
+    )
+    cluster = status.snapshot().cluster
+    assert cluster is not None
+    assert status.snapshot().cluster_id == "c1"
+    assert [node.node_id for node in cluster.nodes] == ["n1", "n2"]
+    assert cluster.nodes_with_corestore == ("n1",)
+    assert cluster.nodes_without_corestore == ("n2",)
+    assert cluster.nodes[1].corestore_problems == (
+        "cluster node corestore endpoint must be a parsable URL",
+    )
+
+
+def test_in_flight_is_read_from_the_bound_source() -> None:
+    """The in-flight count comes from the live peer at snapshot time; unbound means 0."""
+    status = AgentStatus()
+    count = [4]
+    status.bind_in_flight(lambda: count[0])
+    assert status.snapshot().in_flight == 4
+    count[0] = 1
+    assert status.snapshot().in_flight == 1
+    status.bind_in_flight(None)
+    assert status.snapshot().in_flight == 0
+
+
+def test_identity_expiry_survives_draining_but_not_a_lost_session() -> None:
+    """The identity's expiry is kept while draining and forgotten when the session is lost."""
+    status = AgentStatus()
+    _connected(status)
+    status.set_identity_expiry(1_700_000_000_000)
+    status.move_to(SessionState.DRAINING)
+    assert status.snapshot().identity_expires_at_ms == 1_700_000_000_000
+    other = AgentStatus()
+    _connected(other)
+    other.set_identity_expiry(1_700_000_000_000)
+    other.move_to(SessionState.BACKING_OFF)
+    assert other.snapshot().identity_expires_at_ms is None
+
+
+def test_snapshot_is_immutable_and_detached() -> None:
+    """A snapshot cannot be changed and does not follow later writes."""
+    status = AgentStatus()
+    snap = status.snapshot()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.reconnect_count = 9  # type: ignore[misc]
+    status.move_to(SessionState.CONNECTING)
+    assert snap.state is SessionState.STARTING
+
+
+def test_to_dict_is_plain_camel_case_data() -> None:
+    """The health form uses the state's wire value and camelCase keys."""
+    status = AgentStatus(clock=_Clock())
+    status.move_to(SessionState.CONNECTING)
+    status.move_to(SessionState.BACKING_OFF)
+    status.publish_cluster(_View("c1", {"n1": _Node("http://10.0.0.1:3000")}))
+    data = status.snapshot().to_dict()
+    assert data["state"] == "backing-off"
+    assert data["cluster"] == {
+        "clusterId": "c1",
+        "publishedAt": 1000.0,
+        "nodes": [
+            {"nodeId": "n1", "corestoreEndpoint": "http://10.0.0.1:3000", "corestoreProblems": []}
+        ],
+    }
+
+
+async def test_wait_until_returns_at_once_when_already_true() -> None:
+    """A predicate that holds now is answered without waiting."""
+    status = AgentStatus()
+    snap = await status.wait_until(lambda s: s.state is SessionState.STARTING)
+    assert snap.state is SessionState.STARTING
+
+
+async def test_wait_until_wakes_on_the_write_that_makes_it_true() -> None:
+    """A waiter sleeps through unrelated writes and wakes on the matching one."""
+    status = AgentStatus()
+    waiter = asyncio.create_task(status.wait_until(lambda s: s.state is SessionState.CONNECTED))
+    status.move_to(SessionState.CONNECTING)
+    status.record_error("first attempt failed")
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    status.move_to(SessionState.AUTHENTICATING)
+    status.move_to(SessionState.CONNECTED)
+    snap = await asyncio.wait_for(waiter, timeout=5)
+    assert snap.state is SessionState.CONNECTED
