@@ -68,7 +68,11 @@ async def build_handlers(
     outgoing streams with `session.open_send_stream()`. Runs once, before the session
     connects.
     """
-    del config, secrets, session, status, resources
+    # The isolated-restore engine: store, Corestore clients, engine.run()/close(), handlers.
+    from agent.restore.handlers import install
+
+    del status  # the engine reports through its own log events
+    await install(config=config, secrets=secrets, session=session, resources=resources)
 
 
 def session_settings(config: Config) -> SessionSettings:

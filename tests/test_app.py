@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ import pytest
 from agent import app
 from agent.config import Config, Secrets
 from agent.devstack.cloudly import StandInCloudly, cluster_document
-from agent.errors import CallFailed, ConfigError, SessionClosed
+from agent.errors import AgentError, CallFailed, ConfigError, SessionClosed
 from agent.session.client import CloudlySession
 from agent.session.peer import RequestContext
 from agent.status import AgentStatus, SessionState, StatusSnapshot
@@ -38,9 +38,17 @@ def _config(tmp_path: Path, cloudly: StandInCloudly, *, drain_s: float = 10.0) -
             "corestore": {
                 "credential_file": str(_secret_file(tmp_path / "corestore", "corestore-cred-1")),
             },
+            "state": {"directory": str(tmp_path / "state")},
             "shutdown": {"drain_timeout_s": drain_s, "close_timeout_s": 2.0},
         }
     )
+
+
+async def _outcome(call: Awaitable[dict[str, Any]]) -> dict[str, Any] | AgentError:
+    try:
+        return await call
+    except AgentError as exc:
+        return exc
 
 
 def _connected(snapshot: StatusSnapshot) -> bool:
@@ -125,12 +133,11 @@ async def test_work_outliving_the_drain_deadline_is_cancelled(
     async with asyncio.TaskGroup() as group:
         agent = group.create_task(app.run(config, stop=stop, status=status, install=hook))
         await status.wait_until(_connected)
-        pending = group.create_task(cloudly.call_agent("slow", {}))
+        pending = group.create_task(_outcome(cloudly.call_agent("slow", {})))
         await hook.started.wait()
         stop.set()
-        await agent
-        with pytest.raises((CallFailed, SessionClosed)):
-            await pending
+    assert agent.result() is None
+    assert isinstance(pending.result(), CallFailed | SessionClosed)
     assert hook.cancelled
     closed = await cloudly.wait_for("disconnected")
     assert closed.detail["code"] == 1001
@@ -143,6 +150,19 @@ async def test_sigterm_stops_the_agent_in_order(tmp_path: Path, cloudly: StandIn
         agent = group.create_task(app.run(_config(tmp_path, cloudly), status=status))
         await status.wait_until(_connected)
         signal.raise_signal(signal.SIGTERM)
+        await agent
+    closed = await cloudly.wait_for("disconnected")
+    assert closed.detail["code"] == 1001
+    assert status.snapshot().state is SessionState.STOPPED
+
+
+async def test_cancelled_run_still_says_going_away(tmp_path: Path, cloudly: StandInCloudly) -> None:
+    """Cancelling `run()` propagates the cancellation and still closes the socket with 1001."""
+    status = AgentStatus()
+    agent = asyncio.create_task(app.run(_config(tmp_path, cloudly), status=status))
+    await status.wait_until(_connected)
+    agent.cancel()
+    with pytest.raises(asyncio.CancelledError):
         await agent
     closed = await cloudly.wait_for("disconnected")
     assert closed.detail["code"] == 1001

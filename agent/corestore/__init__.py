@@ -5,8 +5,9 @@
 - `routes`   THE place that knows paths, headers and what each status means (pure)
 - `ledger`   which chunk PUT counts, replays or is refused (pure)
 - `sanitize` Corestore's error text made safe for an exception message (pure)
-- `client`   `CorestoreClient` (aiohttp, timeouts, safe retries, error mapping) and
-             `CorestoreClients` (one client per node endpoint)
+- `transport` the HTTP edge: one aiohttp session, timeouts, retries of idempotent routes only
+- `client`   `CorestoreClient` (typed calls, answers mapped to errors) and `CorestoreClients`
+             (one client per node endpoint)
 
 Typical use by the engine:
 

@@ -11,23 +11,19 @@ timeout, retried with backoff only when its route is idempotent, and mapped at t
     404 with Corestore's not-found code on a
         delete                                  -> DeleteOutcome.ALREADY_ABSENT (cleaned)
 
-The bearer credential and the restore grant are revealed only inside the expression that hands
-the headers to aiohttp: no local variable, log line or exception text of this module holds them,
-and the tracebacks of aiohttp's exceptions (whose frames do) are dropped before chaining.
+The HTTP edge (session, timeouts, retries, transport errors) is `transport.py`; this module
+decides what the answers mean. The bearer credential and the restore grant never reach a log
+line or an exception text, and no frame that raises holds them or Corestore's raw answer text
+as a local variable (see `transport.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import aiohttp
-import structlog
 from pydantic import BaseModel
-from yarl import URL
 
 from agent.corestore import routes
 from agent.corestore.models import (
@@ -42,84 +38,13 @@ from agent.corestore.models import (
 )
 from agent.corestore.routes import AnswerKind, RouteRequest, SupportsToWire
 from agent.corestore.sanitize import sanitize_code, sanitize_text
-from agent.errors import (
-    CorestoreRefused,
-    CorestoreUnavailable,
-    IntegrityError,
-    LocalProtocolError,
-    NodeWithoutCorestore,
-    ShuttingDown,
-)
+from agent.corestore.transport import CorestoreTimeouts, HttpTransport, Reply, RetryPolicy, Sleep
+from agent.errors import CorestoreRefused, CorestoreUnavailable, IntegrityError, ShuttingDown
 from agent.secret import Secret
 
 __all__ = ["CorestoreClient", "CorestoreClients", "CorestoreTimeouts", "RetryPolicy", "Sleep"]
 
-Sleep = Callable[[float], Awaitable[None]]
 _M = TypeVar("_M", bound=BaseModel)
-_log = structlog.get_logger("agent.corestore.client")
-
-
-@dataclass(frozen=True, slots=True)
-class CorestoreTimeouts:
-    """Seconds. `control` bounds one attempt of a small call; `transfer` one that moves or hashes
-    bulk bytes (chunk PUT, commit, verification)."""
-
-    connect: float = 5.0
-    control: float = 30.0
-    transfer: float = 300.0
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Exponential backoff for idempotent calls: `attempts` in total, jittered by `jitter`."""
-
-    attempts: int = 4
-    first_delay: float = 0.2
-    max_delay: float = 5.0
-    multiplier: float = 2.0
-    jitter: float = 0.1
-
-    def delay(self, retry: int, rng: random.Random) -> float:
-        """Seconds to wait before retry number `retry` (1-based)."""
-        base = min(self.max_delay, self.first_delay * self.multiplier ** (retry - 1))
-        return max(0.0, base * (1 + rng.uniform(-self.jitter, self.jitter)))
-
-
-def _canonical_origin(endpoint: str) -> URL:
-    try:
-        url = URL(endpoint)
-    except ValueError as exc:
-        raise NodeWithoutCorestore("the corestore endpoint is not a parsable URL") from exc
-    if (
-        url.scheme not in ("http", "https")
-        or not url.host
-        or url.user is not None
-        or url.password is not None
-        or url.raw_path not in ("", "/")
-        or url.query_string
-        or url.fragment
-    ):
-        raise NodeWithoutCorestore("the corestore endpoint is not a canonical http(s) origin")
-    return url.with_path("/")
-
-
-def _check_credential(credential: Secret) -> Secret:
-    value = credential.reveal()
-    if not value or not value.isascii() or not value.isprintable() or " " in value:
-        raise LocalProtocolError("the corestore control credential is not a header-safe token")
-    return credential
-
-
-def _scrub(exc: BaseException) -> BaseException:
-    """`exc` with its tracebacks (and those of its causes) dropped: aiohttp's frames hold the
-    request headers as local variables, which a traceback renderer showing locals would print."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        current.__traceback__ = None
-        current = current.__cause__ or current.__context__
-    return exc
 
 
 class CorestoreClient:
@@ -135,15 +60,16 @@ class CorestoreClient:
         sleep: Sleep = asyncio.sleep,
         rng: random.Random | None = None,
     ) -> None:
-        self._origin = _canonical_origin(endpoint)
         self._endpoint = endpoint
-        self._credential = _check_credential(credential)
-        self._timeouts = timeouts or CorestoreTimeouts()
-        self._retry = retry or RetryPolicy()
         self._sleep = sleep
-        self._rng = rng or random.Random()
-        self._session: aiohttp.ClientSession | None = None
-        self._closed = False
+        self._transport = HttpTransport(
+            endpoint,
+            credential,
+            timeouts=timeouts or CorestoreTimeouts(),
+            retry=retry or RetryPolicy(),
+            sleep=sleep,
+            rng=rng or random.Random(),
+        )
 
     def __repr__(self) -> str:
         return f"CorestoreClient({self._endpoint!r})"
@@ -156,19 +82,16 @@ class CorestoreClient:
     @property
     def credential(self) -> Secret:
         """The bearer control credential sent on every authenticated call."""
-        return self._credential
+        return self._transport.credential
 
     @credential.setter
     def credential(self, value: Secret) -> None:
-        # A rotated credential takes effect on the next request; none is cached elsewhere.
-        self._credential = _check_credential(value)
+        # A rotated credential takes effect on the next request.
+        self._transport.credential = value
 
     async def close(self) -> None:
         """Close the HTTP session; later calls raise `ShuttingDown`."""
-        self._closed = True
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._transport.close()
 
     async def __aenter__(self) -> CorestoreClient:
         return self
@@ -316,133 +239,58 @@ class CorestoreClient:
         return await self._delete(routes.build_delete_resource(restore_id, mapping_id, grant))
 
     # --- the edge -------------------------------------------------------------------------------
+    # Frames that raise hold no revealed secret and no raw answer text as a local variable:
+    # traceback renderers that show locals (structlog's default) would print them.
 
     async def _ok(self, request: RouteRequest, model: type[_M]) -> _M:
-        status, body = await self._call(request)
-        kind = self._judge(request, status, body)
-        if kind is not AnswerKind.OK:
-            raise self._refused(request, status, body)
+        reply = await self._transport.send(request)
+        if self._judge(request, reply) is not AnswerKind.OK:
+            raise self._refused(request, reply)
         try:
-            return routes.parse_answer(model, body)
+            return routes.parse_answer(model, reply.body)
         except ValueError as exc:
+            # Not chained: pydantic's text quotes the answer, which is foreign text.
+            where = _first_error_location(exc)
             raise CorestoreRefused(
-                f"Corestore answered {request.spec.name} with a body of another shape",
-                httpStatus=status,
-            ) from exc
+                f"Corestore answered {request.spec.name} with a body of another shape ({where})",
+                httpStatus=reply.status,
+            ) from None
 
     async def _delete(self, request: RouteRequest) -> DeleteOutcome:
-        status, body = await self._call(request)
-        kind = self._judge(request, status, body)
+        reply = await self._transport.send(request)
+        kind = self._judge(request, reply)
         if kind is AnswerKind.GONE:
             return DeleteOutcome.ALREADY_ABSENT
         if kind is not AnswerKind.OK:
-            raise self._refused(request, status, body)
+            raise self._refused(request, reply)
         return DeleteOutcome.DELETED
 
-    def _judge(self, request: RouteRequest, status: int, body: bytes) -> AnswerKind:
-        error = routes.parse_error(body) if status >= 300 else None
-        kind = routes.classify_answer(request.spec, status, error[0] if error else None)
+    def _judge(self, request: RouteRequest, reply: Reply) -> AnswerKind:
+        code = reply.error_code() if reply.status >= 300 else None
+        kind = routes.classify_answer(request.spec, reply.status, code)
         if kind is AnswerKind.INTEGRITY:
-            refused = self._refused(request, status, body)
+            refused = self._refused(request, reply)
             raise IntegrityError(str(refused), **refused.data) from refused
         return kind
 
-    def _refused(self, request: RouteRequest, status: int, body: bytes) -> CorestoreRefused:
-        error = routes.parse_error(body)
+    def _refused(self, request: RouteRequest, reply: Reply) -> CorestoreRefused:
+        error = routes.parse_error(reply.body)
         code = sanitize_code(error[0] if error else None)
-        secrets = [self._credential] + ([request.grant] if request.grant else [])
+        secrets = [self.credential] + ([request.grant] if request.grant else [])
         text = sanitize_text(error[1], secrets) if error else "no error body"
         return CorestoreRefused(
-            f"Corestore refused {request.spec.name} with {status} {code}: {text}",
-            httpStatus=status,
+            f"Corestore refused {request.spec.name} with {reply.status} {code}: {text}",
+            httpStatus=reply.status,
             corestoreCode=code,
         )
 
-    async def _call(self, request: RouteRequest) -> tuple[int, bytes]:
-        """Send `request`, retrying idempotent routes while Corestore is unavailable."""
-        attempts = self._retry.attempts if request.spec.idempotent else 1
-        for attempt in range(1, attempts + 1):
-            try:
-                return await self._attempt(request)
-            except CorestoreUnavailable as exc:
-                if attempt >= attempts:
-                    raise CorestoreUnavailable(
-                        f"{exc} (attempt {attempt} of {attempts})", **exc.data
-                    ) from exc
-                delay = self._retry.delay(attempt, self._rng)
-                _log.warning(
-                    "corestore.retry",
-                    endpoint=self._endpoint,
-                    route=str(request.spec.name),
-                    attempt=attempt,
-                    delay=round(delay, 3),
-                    reason=exc.message,
-                )
-                await self._sleep(delay)
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _attempt(self, request: RouteRequest) -> tuple[int, bytes]:
-        spec = request.spec
-        total = self._timeouts.transfer if spec.transfer else self._timeouts.control
-        try:
-            async with (
-                asyncio.timeout(total),
-                self._http().request(
-                    spec.method,
-                    self._origin.with_path(request.path, encoded=True),
-                    params=dict(request.query) or None,
-                    data=request.body,
-                    headers=routes.request_headers(request, self._credential),
-                    allow_redirects=False,
-                ) as response,
-            ):
-                status = response.status
-                body = await self._read(response, request)
-        except TimeoutError as exc:
-            raise CorestoreUnavailable(
-                f"Corestore at {self._endpoint} did not answer {spec.name} within {total:g} s"
-            ) from _scrub(exc)
-        except (aiohttp.ClientError, OSError) as exc:
-            text = sanitize_text(str(exc), [self._credential])
-            raise CorestoreUnavailable(
-                f"Corestore at {self._endpoint} did not answer {spec.name}: "
-                f"{type(exc).__name__}" + (f": {text}" if text else "")
-            ) from _scrub(exc)
-        kind = routes.classify_answer(spec, status, None)
-        if kind is AnswerKind.UNAVAILABLE:
-            error = routes.parse_error(body)
-            raise CorestoreUnavailable(
-                f"Corestore at {self._endpoint} answered {spec.name} with {status} "
-                f"{sanitize_code(error[0] if error else None)}",
-                httpStatus=status,
-            )
-        return status, body
-
-    async def _read(self, response: aiohttp.ClientResponse, request: RouteRequest) -> bytes:
-        body = bytearray()
-        async for piece in response.content.iter_chunked(64 * 1024):
-            body += piece
-            if len(body) > routes.MAX_ANSWER_BYTES:
-                raise CorestoreRefused(
-                    f"Corestore answered {request.spec.name} with more than "
-                    f"{routes.MAX_ANSWER_BYTES} bytes"
-                )
-        return bytes(body)
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._closed:
-            raise ShuttingDown(f"the Corestore client of {self._endpoint} is closed")
-        if self._session is None:
-            # Created on first use: a ClientSession belongs to the running loop.
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(
-                    total=None, connect=self._timeouts.connect, sock_connect=self._timeouts.connect
-                ),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                trust_env=False,  # no proxy or .netrc from the environment
-                raise_for_status=False,
-            )
-        return self._session
+def _first_error_location(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return "unreadable JSON"
+    first = errors(include_url=False, include_input=False)[0]
+    return ".".join(str(part) for part in first["loc"]) or "body"
 
 
 class CorestoreClients:

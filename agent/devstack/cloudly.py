@@ -14,9 +14,10 @@ same `Peer` the agent uses, in the server role. It serves what the agent calls:
 and lets a test act as Cloudly: `call_agent()` fires a request at the connected agent,
 `open_send_stream()` opens a stream as the initiator (put the marker into a `call_agent`
 request while writing the sink concurrently), `push_cluster_config()` pushes a new document,
-`drop_connections()` / `restart()` break the session. Everything observable is recorded in
-`events` (connections with the close code they ended with, identities, tags, reads) and
-`wait_for()` waits on them without sleeping. Secrets (token, JWTs) are never recorded.
+`drop_connections()` / `restart()` / `stall_connections()` break the session. Everything
+observable is recorded in `events` (connections with the extensions offered and the close code
+they ended with, identities, tags, reads) and `wait_for()` waits on them without sleeping.
+Secrets (token, JWTs) are never recorded. Pass `ssl_context` to serve wss:// (https:// URL).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import base64
 import itertools
 import json
 import secrets
+import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,6 +112,7 @@ class StandInCloudly:
         peer_settings: PeerSettings | None = None,
         max_frame_bytes: int = _DEFAULT_MAX_FRAME,
         accept_tags: bool = True,
+        ssl_context: ssl.SSLContext | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -121,6 +124,8 @@ class StandInCloudly:
         self._clock = clock
         self._peer_settings = peer_settings or PeerSettings()
         self._max_frame = max_frame_bytes
+        self._ssl = ssl_context
+        self._stalled: set[int] = set()  # connections that no longer read: stop() cuts them
         self._host = host
         self._port = port
         self._server: Server | None = None
@@ -141,6 +146,7 @@ class StandInCloudly:
             self._port,
             max_size=self._max_frame,
             compression=None,
+            ssl=self._ssl,
             # The agent pings; SmartServe sends no pings of its own either.
             ping_interval=None,
             logger=quiet_websocket_logger("websockets.server"),
@@ -150,6 +156,9 @@ class StandInCloudly:
     async def stop(self) -> None:
         """Stop listening and close every connection with 1001 (going away)."""
         server, self._server = self._server, None
+        for number in self._stalled & set(self._connections):
+            # A stalled connection would never read the close handshake's answer.
+            self._connections[number].websocket.transport.abort()
         if server is not None:
             server.close()
             await server.wait_closed()
@@ -178,8 +187,9 @@ class StandInCloudly:
 
     @property
     def url(self) -> str:
-        """The http:// URL an agent is configured with (it maps it to ws://)."""
-        return f"http://{self._host}:{self._port}"
+        """The http(s):// URL an agent is configured with (it maps it to ws(s)://)."""
+        scheme = "https" if self._ssl is not None else "http"
+        return f"{scheme}://{self._host}:{self._port}"
 
     # --- what a test does as Cloudly ------------------------------------------------------
 
@@ -247,6 +257,12 @@ class StandInCloudly:
             else:
                 await connection.transport.close(code, reason)
 
+    def stall_connections(self) -> None:
+        """Stop reading from every open connection: pings go unanswered, frames pile up."""
+        for connection in self._connections.values():
+            connection.websocket.transport.pause_reading()
+            self._stalled.add(connection.number)
+
     # --- events ---------------------------------------------------------------------------
 
     def kinds(self) -> list[str]:
@@ -281,7 +297,10 @@ class StandInCloudly:
         connection = AgentConnection(number, peer, transport, websocket)
         self._route(router, connection)
         self._connections[number] = connection
-        self._record("connected", number)
+        offered = (
+            websocket.request.headers.get("Sec-WebSocket-Extensions") if websocket.request else None
+        )
+        self._record("connected", number, extensions_offered=offered)
         code: int | None = None
         reason = ""
         try:

@@ -272,7 +272,8 @@ class ResponderStream:
         if to not in TRANSITIONS[self.state]:
             raise InvalidState(f"stream {self.stream_id}: {self.state.value} -> {to.value}")
         self.state = to
-        self.closed_at = now
+        if self.closed_at is None:  # abandon() may have started the clock already
+            self.closed_at = now
 
     def _end(self, now: float) -> None:
         self._move(StreamState.ENDED, now)

@@ -1,7 +1,10 @@
-"""Reconnect delays: exponential backoff with full jitter, reset after a stable session.
+"""When the Cloudly session waits: reconnect backoff, identity renewal, and the clock it uses.
 
-Pure: no clock and no sleeping here. The caller reports how long the lost session lasted and
-gets the delay to wait before the next attempt. The random source is injected so tests pin it.
+`Backoff` is exponential backoff with full jitter, reset after a stable session. Pure: the caller
+reports how long the lost session lasted and gets the delay to wait before the next attempt; the
+random source is injected so tests pin it. `renew_delay()` says when to renew an identity
+(pure). `Clock` is the injectable wall clock the session waits on (`SystemClock` in production,
+a manual one in tests), so neither wait needs a real sleep in a test.
 
 Full jitter (delay = U(0, min(cap, base * 2**attempt))) spreads a fleet of agents that lost
 Cloudly at the same moment over the whole window instead of letting them reconnect in lockstep.
@@ -11,11 +14,16 @@ starts from the base window instead of the grown one.
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["Backoff", "BackoffPolicy"]
+from agent.errors import AuthenticationFailed
+
+__all__ = ["Backoff", "BackoffPolicy", "Clock", "SystemClock", "renew_delay"]
 
 # 2**_MAX_EXPONENT * base is far above any sane cap; clamping keeps the float finite forever.
 _MAX_EXPONENT = 62
@@ -79,3 +87,41 @@ class Backoff:
     def reset(self) -> None:
         """Forget past failures (the next delay uses the base window)."""
         self._attempt = 0
+
+
+def renew_delay(expires_at_ms: int, now: float, margin_s: float) -> float:
+    """Seconds to wait before renewing an identity that expires at `expires_at_ms`.
+
+    `margin_s` before expiry; an identity living shorter than the margin is renewed at half of
+    its remaining life instead, so a short-lived identity cannot make the session spin.
+    """
+    remaining = expires_at_ms / 1000.0 - now
+    if remaining <= 0:
+        raise AuthenticationFailed(
+            "Cloudly issued an identity that has already expired (are the clocks in sync?)"
+        )
+    return max(remaining - margin_s, remaining / 2.0)
+
+
+class Clock(Protocol):
+    """Wall time and waiting, injectable (identity expiry is wall time: epoch milliseconds)."""
+
+    def now(self) -> float:
+        """Seconds since the epoch."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait `seconds` (<= 0 returns at once)."""
+        ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def now(self) -> float:
+        """`time.time()`."""
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        """`asyncio.sleep`, never negative."""
+        await asyncio.sleep(max(0.0, seconds))

@@ -22,11 +22,10 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 from pydantic import ValidationError
@@ -48,7 +47,6 @@ from agent.errors import (
     AgentError,
     AuthenticationFailed,
     CallFailed,
-    ConfigError,
     InvalidState,
     MisroutedCluster,
     RemoteProtocolError,
@@ -56,49 +54,28 @@ from agent.errors import (
     SessionError,
 )
 from agent.secret import MASK, Secret
-from agent.session.backoff import Backoff, BackoffPolicy
+from agent.session.backoff import Backoff, BackoffPolicy, Clock, SystemClock, renew_delay
 from agent.session.peer import ByteSink, Peer, PeerSettings, RequestContext, Router
-from agent.session.transport import GOING_AWAY, WebsocketTransport, connect_transport
+from agent.session.transport import (
+    GOING_AWAY,
+    WebsocketTransport,
+    connect_transport,
+    tls_context,
+    websocket_url,
+)
 from agent.status import AgentStatus, SessionState
 
-__all__ = [
-    "METHOD_SET_TAG",
-    "Clock",
-    "CloudlySession",
-    "SessionSettings",
-    "SystemClock",
-    "renew_delay",
-    "websocket_url",
-]
+__all__ = ["METHOD_SET_TAG", "CloudlySession", "SessionSettings"]
 
 METHOD_SET_TAG = "__typedsocket_setTag"
 NORMAL_CLOSURE = 1000
+INTERNAL_ERROR = 1011
+
+# What ends one connection and is retried with backoff: the network, Cloudly's answers, a
+# malformed reply. Any other exception is a bug and ends `run()`.
+_SESSION_LOSSES = (SessionError, RemoteProtocolError)
 
 log = structlog.get_logger("agent.session")
-
-
-class Clock(Protocol):
-    """Wall time and waiting, injectable (identity expiry is wall time: epoch milliseconds)."""
-
-    def now(self) -> float:
-        """Seconds since the epoch."""
-        ...
-
-    async def sleep(self, seconds: float) -> None:
-        """Wait `seconds` (<= 0 returns at once)."""
-        ...
-
-
-class SystemClock:
-    """The real clock."""
-
-    def now(self) -> float:
-        """`time.time()`."""
-        return time.time()
-
-    async def sleep(self, seconds: float) -> None:
-        """`asyncio.sleep`, never negative."""
-        await asyncio.sleep(max(0.0, seconds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,39 +100,6 @@ class SessionSettings:
     identity_renew_margin_s: float = 300.0
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     peer: PeerSettings = field(default_factory=PeerSettings)
-
-
-def websocket_url(url: str) -> str:
-    """`url` with http(s) mapped to ws(s); ws(s) unchanged. Anything else is a `ConfigError`."""
-    scheme, separator, rest = url.partition("://")
-    mapped = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(scheme.lower())
-    if not separator or mapped is None or not rest:
-        raise ConfigError("cloudly.websocket_url", "must be an http, https, ws or wss URL")
-    return f"{mapped}://{rest}"
-
-
-def tls_context(url: str, ca_file: Path | None) -> ssl.SSLContext | None:
-    """A verifying TLS context for wss:// (system trust, or `ca_file` when given), else None."""
-    if not url.startswith("wss://"):
-        return None
-    try:
-        return ssl.create_default_context(cafile=str(ca_file) if ca_file is not None else None)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError("cloudly.ca_file", f"cannot load the CA file: {exc}") from exc
-
-
-def renew_delay(expires_at_ms: int, now: float, margin_s: float) -> float:
-    """Seconds to wait before renewing an identity that expires at `expires_at_ms`.
-
-    `margin_s` before expiry; an identity living shorter than the margin is renewed at half of
-    its remaining life instead, so a short-lived identity cannot make the session spin.
-    """
-    remaining = expires_at_ms / 1000.0 - now
-    if remaining <= 0:
-        raise AuthenticationFailed(
-            "Cloudly issued an identity that has already expired (are the clocks in sync?)"
-        )
-    return max(remaining - margin_s, remaining / 2.0)
 
 
 def _first_field(exc: ValidationError) -> str:
@@ -291,12 +235,12 @@ class CloudlySession:
                 await self._one_session()
                 error: AgentError = SessionClosed(None, "session ended")
             except BaseExceptionGroup as group:
-                agent_errors, others = group.split(AgentError)
+                losses, others = group.split(_SESSION_LOSSES)
                 if others is not None:
                     raise  # a bug, not a session problem: let the daemon crash loudly
-                assert agent_errors is not None
-                error = _first_leaf(agent_errors)
-            except AgentError as exc:
+                assert losses is not None
+                error = _first_leaf(losses)
+            except _SESSION_LOSSES as exc:
                 error = exc
             if self._should_stop():
                 return
@@ -343,7 +287,7 @@ class CloudlySession:
             open_timeout=settings.open_timeout,
             close_timeout=settings.close_timeout,
         )
-        close_code, reason = NORMAL_CLOSURE, "reconnecting"
+        close_code, reason = INTERNAL_ERROR, "internal error"  # unless a known loss below
         try:
             peer = Peer(transport, self.router, settings=settings.peer)
             async with asyncio.TaskGroup() as group:
@@ -357,6 +301,10 @@ class CloudlySession:
                 await self._keep_identity_fresh(peer, identity)
         except asyncio.CancelledError:
             close_code, reason = GOING_AWAY, "going away"
+            raise
+        except BaseException as exc:
+            if _is_session_loss(exc):
+                close_code, reason = NORMAL_CLOSURE, "reconnecting"
             raise
         finally:
             self._go_dead()
@@ -499,6 +447,12 @@ class CloudlySession:
             )
         self._publish(view, source=METHOD_PUSH_CLUSTER_CONFIG)
         return {}
+
+
+def _is_session_loss(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(_SESSION_LOSSES)[1] is None
+    return isinstance(exc, _SESSION_LOSSES)
 
 
 def _first_leaf(group: BaseExceptionGroup[AgentError]) -> AgentError:

@@ -21,11 +21,20 @@ Usage notes for the other parts (the seam fixed in /tmp/team/peer_api.md):
 - Receiving a stream that sits in a request: `async for chunk in ctx.receive_stream(marker)`,
   where `marker` is the `StreamMarker` field of the validated request model. Iteration ends at
   the closing bit and raises `StreamBroken` if the stream dies.
-- Sending bytes: `marker, sink = ctx.open_send_stream()` (in a handler, the marker goes into the
-  response) or `peer.open_send_stream()` (we are the caller, the marker goes into the request);
-  then `await sink.write(chunk)` (waits while the window is full) and `await sink.close()`.
-  A handler may return before the sink is drained; the bytes keep flowing in a task `run()` owns.
-- A stream marker in the RESPONSE of our own call: `peer.receive_stream(StreamMarker(...))`.
+- Sending bytes as the CALLER: `marker, sink = peer.open_send_stream()`, put the marker into
+  the request, run `peer.call(...)` in a task you own and meanwhile `await sink.write(chunk)`
+  (waits while the window is full; stream frames start once the request is sent) and
+  `await sink.close()` (returns when the responder took the closing bit).
+- Sending bytes as a HANDLER: the marker travels in the response, so the caller reads only
+  after the handler returned. `marker, sink = ctx.open_send_stream(producer)` and return the
+  marker in the response; once the response is sent, the Peer runs `await producer(sink)` in a
+  task it owns, then closes the sink (aborts it if the producer raises). Without a producer a
+  handler can queue at most `stream_window` chunks (then `await sink.close()`) before returning.
+  A send stream whose marker is not in the sent response is aborted.
+- A stream marker in the RESPONSE of our own call: `peer.receive_stream(StreamMarker(...))`;
+  stop early with `await source.aclose()`. Needs a peer that answers `read` (ours does; a
+  typedrequest 3.3.0 responder does not, and the source raises `StreamBroken` at once).
+- Writes above 1 MiB are split into 1 MiB chunks. docs/wire-notes.md has the wire details.
 - Shutdown: `peer.stop_intake()` (new requests get `shutting-down`), `await peer.drain(t)`
   (waits for in-flight handlers up to `t` seconds, then cancels them), then close the transport.
 - Nothing here logs a payload, a request body or a secret; event names are snake_case.
@@ -35,12 +44,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 import structlog
-from pydantic import ValidationError
 
 from agent.contracts.base import StreamMarker
 from agent.errors import (
@@ -48,7 +55,6 @@ from agent.errors import (
     CallTimeout,
     InvalidRequest,
     InvalidState,
-    LocalProtocolError,
     RemoteProtocolError,
     SessionClosed,
     ShuttingDown,
@@ -66,14 +72,31 @@ from agent.protocol.envelope import (
     envelope_from_json,
     error_reply,
     parse_frame,
-    reply,
 )
 from agent.protocol.ids import new_uni_id
 from agent.protocol.markers import find_stream_ids, marker
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 from agent.protocol.stream_responder import ResponderStream, Role
 from agent.protocol.streams import StreamRegistry, StreamSettings
-from agent.session.peer_streams import PeerSink, PeerSource, Signal, StreamHandle
+from agent.session.peer_requests import RequestContext, answer
+from agent.session.peer_streams import (
+    PeerSink,
+    PeerSource,
+    Signal,
+    StreamHandle,
+    drive_initiator,
+    keep_house,
+)
+from agent.session.peer_types import (
+    UNKNOWN_METHOD_TEXT,
+    ByteSink,
+    ByteSource,
+    FrameTransport,
+    Handler,
+    PeerSettings,
+    Producer,
+    Router,
+)
 
 __all__ = [
     "UNKNOWN_METHOD_TEXT",
@@ -89,115 +112,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
-
-UNKNOWN_METHOD_TEXT = "There is no available method for this call on the server side"
-
-
-class FrameTransport(Protocol):
-    """An adapter over one websocket connection carrying one JSON text frame per message."""
-
-    async def send(self, frame: bytes) -> None:
-        """Send ONE text frame (`frame` is UTF-8 JSON)."""
-        ...
-
-    async def recv(self) -> bytes:
-        """The next text frame; raises `SessionClosed` when the connection is closed."""
-        ...
-
-
-class ByteSource(Protocol):
-    """Bytes arriving from the peer, in order."""
-
-    stream_id: str
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        """Chunks until the closing bit; raises `StreamBroken` if the stream dies first."""
-        ...
-
-
-class ByteSink(Protocol):
-    """Bytes we send to the peer."""
-
-    stream_id: str
-
-    async def write(self, data: bytes) -> None:
-        """Queue `data`; waits while the window is full (backpressure)."""
-        ...
-
-    async def close(self) -> None:
-        """Send the closing bit after the queued data."""
-        ...
-
-    async def abort(self) -> None:
-        """Stop the stream without a closing bit (the peer sees it break)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class PeerSettings:
-    """Tunables of one `Peer` (`chunk_form`: "buffer" or "base64", see agent/protocol/chunks)."""
-
-    stream_window: int = 16
-    keepalive_interval: float = 1.0
-    keepalive_timeout: float = 10.0
-    backpressure_probe: float = 0.05
-    default_call_timeout: float = 30.0
-    max_retry_attempts: int = 5
-    chunk_form: str = "buffer"
-
-
-Handler = Callable[[Mapping[str, Any], "RequestContext"], Awaitable[Mapping[str, Any]]]
-Producer = Callable[[ByteSink], Awaitable[None]]
-
-
-class Router:
-    """Handlers by method name."""
-
-    def __init__(self) -> None:
-        self._handlers: dict[str, Handler] = {}
-
-    def register(self, method: str, handler: Handler) -> None:
-        """Route `method` to `handler`; a method is registered once."""
-        if method in self._handlers:
-            raise InvalidState(f"a handler for {method} is already registered")
-        self._handlers[method] = handler
-
-    def get(self, method: str) -> Handler | None:
-        """The handler for `method`, if any."""
-        return self._handlers.get(method)
-
-
-class RequestContext:
-    """What a handler may do beyond reading its request."""
-
-    def __init__(self, peer: Peer, method: str, stream_ids: list[str]) -> None:
-        self.method = method
-        self._peer = peer
-        self.request_streams = stream_ids
-        self._opened: set[str] = set()
-        self.send_streams: list[tuple[StreamHandle, Producer | None]] = []
-
-    def receive_stream(self, marker: StreamMarker) -> ByteSource:
-        """Open the stream `marker` (a field of this request) for reading; once per stream."""
-        stream_id = marker.stream_id
-        if stream_id not in self.request_streams or stream_id in self._opened:
-            raise LocalProtocolError(
-                f"stream {stream_id} is not an unopened stream of this request"
-            )
-        self._opened.add(stream_id)
-        return self._peer._source(stream_id)
-
-    def open_send_stream(self, producer: Producer | None = None) -> tuple[dict[str, Any], ByteSink]:
-        """A new stream for the response: put the marker dict into it.
-
-        The peer reads only after it got the response, so a handler can queue at most
-        `stream_window` chunks before returning. Pass `producer` to write more: the Peer runs
-        `await producer(sink)` in a task it owns once the response is sent (and closes the
-        sink after it, aborts it if it raises).
-        """
-        handle = self._peer._open_responder_send()
-        self.send_streams.append((handle, producer))
-        return marker(handle.stream_id), self._peer._sink(handle)
 
 
 class Peer:
@@ -422,46 +336,20 @@ class Peer:
                 self._handles[stream_id].signal.fire()
 
     async def _drive(self, handle: StreamHandle, stream: InitiatorStream) -> None:
-        """The task that sends a stream's frames; ends after the farewell frame."""
         try:
-            while True:
-                for env in self._streams.poll(stream, self._clock()):
-                    await self._send(encode_envelope(env))
-                handle.signal.fire()
-                if stream.done and not stream.poll(self._clock()):
-                    break
-                wake = stream.next_wakeup()
-                await handle.signal.wait(None if wake is None else wake - self._clock())
-        except SessionClosed:
-            stream.abort("the session closed")
-            handle.signal.fire()
+            await drive_initiator(handle, stream, self._streams, self._send, self._clock)
         finally:
             if stream.done:
-                if stream.broken_reason:
-                    log.warning(
-                        "stream_broken", stream_id=stream.stream_id, reason=stream.broken_reason
-                    )
-                self._streams.forget_initiator(stream.stream_id)
                 self._handles.pop(stream.stream_id, None)
 
     async def _keep_house(self) -> None:
-        """Responder timers: parked `read`s, idle streams, finished registrations."""
-        interval = self._settings.keepalive_interval
-        while True:
-            for stream_id, answer in self._streams.expire(self._clock()):
-                if (handle := self._handles.get(stream_id)) is not None:
-                    handle.signal.fire()
-                if answer is not None:
-                    await self._try_send(answer)
-            for stream_id in [s for s in self._handles if self._is_gone(s)]:
-                del self._handles[stream_id]
-            wake = self._streams.next_wakeup()
-            delay = interval if wake is None else min(interval, wake - self._clock())
-            await self._housekeeping.wait(delay)
-
-    def _is_gone(self, stream_id: str) -> bool:
-        return (
-            stream_id not in self._streams.responders and stream_id not in self._streams.initiators
+        await keep_house(
+            self._streams,
+            self._handles,
+            self._try_send,
+            self._clock,
+            self._housekeeping,
+            self._settings.keepalive_interval,
         )
 
     # --- incoming frames -----------------------------------------------------------------------
@@ -549,7 +437,9 @@ class Peer:
             refusal = InvalidRequest(f"request: {exc}")
             await self._try_send(error_reply(env, str(refusal), wire_error_data(refusal)))
             return
-        ctx = RequestContext(self, env.method, stream_ids)
+        ctx = RequestContext(
+            env.method, stream_ids, self._source, self._open_responder_send, self._sink
+        )
         task = self._spawn(self._handle(env, handler, ctx))
         if task is not None:
             self._handlers[task] = env
@@ -557,24 +447,11 @@ class Peer:
 
     async def _handle(self, env: Envelope, handler: Handler, ctx: RequestContext) -> None:
         """Run one handler and send its reply; every failure becomes an `error` reply."""
-        response: dict[str, Any] | None = None
         try:
-            response = _response_dict(env.method, await handler(env.request, ctx))
-            frame = encode_envelope(reply(env, response))
-        except AgentError as exc:
-            response = None
-            log.info("request_refused", method=env.method, code=exc.code)
-            frame = encode_envelope(error_reply(env, str(exc), wire_error_data(exc)))
-        except ValidationError as exc:
-            response = None
-            refusal = _invalid_request(exc)
-            log.info("request_refused", method=env.method, code=refusal.code)
-            frame = encode_envelope(error_reply(env, str(refusal), wire_error_data(refusal)))
-        except Exception:
-            response = None
-            log.exception("handler_failed", method=env.method)
-            text = f"the agent failed to handle {env.method}"
-            frame = encode_envelope(error_reply(env, text, {"code": "internal", "retryable": True}))
+            frame, response = await answer(env, handler, ctx)
+        except asyncio.CancelledError:
+            self._start_send_streams(ctx, None)  # nobody will announce them now
+            raise
         finally:
             self._release_request_streams(ctx)
         sent = await self._try_send(frame)
@@ -634,17 +511,3 @@ class Peer:
     def _check_open(self) -> None:
         if self._closed is not None:
             raise SessionClosed(self._closed.close_code, self._closed.reason)
-
-
-def _response_dict(method: str, result: object) -> dict[str, Any]:
-    if not isinstance(result, Mapping):
-        raise TypeError(f"the {method} handler returned {type(result).__name__}, not a mapping")
-    return dict(result)
-
-
-def _invalid_request(exc: ValidationError) -> InvalidRequest:
-    """`invalid-request` naming the first offending field path (camelCase, dotted)."""
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    first = errors[0] if errors else {"loc": (), "msg": "invalid"}
-    path = ".".join(str(part) for part in first["loc"]) or "request"
-    return InvalidRequest(f"{path}: {first['msg']}", field=path)

@@ -12,13 +12,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from agent.errors import StreamBroken
+import structlog
+
+from agent.errors import SessionClosed, StreamBroken
 from agent.protocol.chunks import CLOSING
-from agent.protocol.envelope import Envelope
+from agent.protocol.envelope import Envelope, encode_envelope
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 from agent.protocol.stream_responder import ResponderStream, StreamState
+from agent.protocol.streams import StreamRegistry
 
-__all__ = ["MAX_CHUNK", "PeerSink", "PeerSource", "Signal", "StreamHandle"]
+__all__ = [
+    "MAX_CHUNK",
+    "PeerSink",
+    "PeerSource",
+    "Signal",
+    "StreamHandle",
+    "drive_initiator",
+    "keep_house",
+]
+
+log = structlog.get_logger("agent.session.peer")
 
 # A write larger than this goes out as several chunks: one 1 MiB chunk is a ~4 MB frame in the
 # Buffer form already, and the window bounds memory as window x chunk size.
@@ -171,3 +184,58 @@ class PeerSink:
             if stream.state in (StreamState.BROKEN, InitiatorState.BROKEN):
                 break  # the write below raises StreamBroken
             await self._handle.signal.wait()
+
+
+async def drive_initiator(
+    handle: StreamHandle,
+    stream: InitiatorStream,
+    registry: StreamRegistry,
+    send: Callable[[bytes], Awaitable[None]],
+    clock: Callable[[], float],
+) -> None:
+    """The task that sends one initiator stream's frames; ends after its farewell frame."""
+    try:
+        while True:
+            for env in registry.poll(stream, clock()):
+                await send(encode_envelope(env))
+            handle.signal.fire()
+            if stream.done and not stream.poll(clock()):
+                break
+            wake = stream.next_wakeup()
+            await handle.signal.wait(None if wake is None else wake - clock())
+    except SessionClosed:
+        stream.abort("the session closed")
+        handle.signal.fire()
+    finally:
+        if stream.done:
+            if stream.broken_reason:
+                log.warning(
+                    "stream_broken", stream_id=stream.stream_id, reason=stream.broken_reason
+                )
+            registry.forget_initiator(stream.stream_id)
+
+
+async def keep_house(
+    registry: StreamRegistry,
+    handles: dict[str, StreamHandle],
+    send_answer: SendAnswer,
+    clock: Callable[[], float],
+    wake_up: Signal,
+    interval: float,
+) -> None:
+    """Responder timers: parked `read`s, idle streams, finished registrations. Runs forever."""
+    while True:
+        for stream_id, answer in registry.expire(clock()):
+            if (handle := handles.get(stream_id)) is not None:
+                handle.signal.fire()
+                if handle.stream.broken_reason:
+                    log.warning(
+                        "stream_broken", stream_id=stream_id, reason=handle.stream.broken_reason
+                    )
+            if answer is not None:
+                await send_answer(answer)
+        for stream_id in [s for s in handles if s not in registry.responders]:
+            if stream_id not in registry.initiators:
+                del handles[stream_id]
+        wake = registry.next_wakeup()
+        await wake_up.wait(interval if wake is None else min(interval, wake - clock()))

@@ -8,22 +8,24 @@ Thin adapter, both roles (the agent's client socket and the stand-in Cloudly's s
 - The library's `ConnectionClosed` becomes `SessionClosed(code, reason)`, chained.
 
 `connect_transport()` opens the agent's client connection and translates every way opening can
-fail (refused, DNS, TLS, handshake, timeout) into `SessionError`. `quiet_websocket_logger()`
-is the logger handed to the library: websockets logs whole frames at DEBUG, and frames carry
-the machine token and the JWT, so that logger never goes below INFO.
+fail (refused, DNS, TLS, handshake, timeout) into `SessionError`; `websocket_url()` and
+`tls_context()` turn the configured Cloudly URL and CA file into what it needs.
+`quiet_websocket_logger()` is the logger handed to the library: websockets logs whole frames at
+DEBUG, and frames carry the machine token and the JWT, so that logger never goes below INFO.
 """
 
 from __future__ import annotations
 
 import logging
 import ssl
+from pathlib import Path
 from typing import Literal
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.connection import Connection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from agent.errors import SessionClosed, SessionError
+from agent.errors import ConfigError, SessionClosed, SessionError
 
 __all__ = [
     "GOING_AWAY",
@@ -31,6 +33,8 @@ __all__ = [
     "close_details",
     "connect_transport",
     "quiet_websocket_logger",
+    "tls_context",
+    "websocket_url",
 ]
 
 GOING_AWAY = 1001
@@ -88,6 +92,25 @@ class WebsocketTransport:
     def close_reason(self) -> str | None:
         """The close reason received from the other side, None while open."""
         return self._connection.close_reason
+
+
+def websocket_url(url: str) -> str:
+    """`url` with http(s) mapped to ws(s); ws(s) unchanged. Anything else is a `ConfigError`."""
+    scheme, separator, rest = url.partition("://")
+    mapped = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(scheme.lower())
+    if not separator or mapped is None or not rest:
+        raise ConfigError("cloudly.url", "must be an http, https, ws or wss URL")
+    return f"{mapped}://{rest}"
+
+
+def tls_context(url: str, ca_file: Path | None) -> ssl.SSLContext | None:
+    """A verifying TLS context for wss:// (system trust, or `ca_file` when given), else None."""
+    if not url.startswith("wss://"):
+        return None
+    try:
+        return ssl.create_default_context(cafile=str(ca_file) if ca_file is not None else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError("cloudly.ca_file", f"cannot load the CA file: {exc}") from exc
 
 
 def _host_of(url: str) -> str:

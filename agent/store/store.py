@@ -12,12 +12,12 @@ When the statement changes no row, the store reads the row once to say why: the 
 one, the operation is illegal in that status (`IllegalTransition`). Revisions only grow, so the
 revision being equal means nothing changed in between.
 
-Start-up (`startup.open_database`): the directory is made 0700, the file 0600, `PRAGMA integrity_check` runs *before*
-anything else touches the file. A damaged database is moved aside to
-`<name>.corrupt-<UTC timestamp>` (with its `-wal`/`-shm`), logged, and reported by raising
-`StoreCorrupt` (carrying `movedTo`); it is never reused. The caller decides what follows: calling
-`open()` again starts from an empty database, which forgets every restore in flight — an
-operator must know, hence the raise rather than a flag that is easy to ignore.
+Start-up (`startup.open_database`): the directory is made 0700, the file 0600, and
+`PRAGMA integrity_check` runs *before* anything else touches the file. A damaged database is
+moved aside to `<name>.corrupt-<UTC timestamp>` (with its `-wal`/`-shm`), logged, and reported
+by raising `StoreCorrupt` (carrying `movedTo`); it is never reused. The caller decides what
+follows: calling `open()` again starts from an empty database, which forgets every restore in
+flight — an operator must know, hence the raise rather than a flag that is easy to ignore.
 
 Never persisted: a grant. The store takes no `Secret`, refuses any value that is one, and
 refuses any mapping carrying a `restoreGrant` key. Every sqlite3 failure becomes `StoreError`

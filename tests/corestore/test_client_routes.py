@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agent.corestore import DeleteOutcome
+from agent.corestore import MAX_CHUNK_SIZE, DeleteOutcome
 from agent.errors import CorestoreRefused
 
 DUMP = "snap-db-1/dump.bson"
@@ -60,7 +60,9 @@ async def test_chunks_are_written_at_their_offsets_and_counted(world: Any) -> No
     """Each PUT extends the verified bytes; the file holds exactly the bytes sent."""
     await world.prepare()
     data = world.objects[DUMP]
-    first = await world.client.put_chunk(world.archive, DUMP, 0, data[:6000], _sha(data[:6000]), world.grant)
+    first = await world.client.put_chunk(
+        world.archive, DUMP, 0, data[:6000], _sha(data[:6000]), world.grant
+    )
     second = await world.client.put_chunk(
         world.archive, DUMP, 6000, data[6000:], _sha(data[6000:]), world.grant
     )
@@ -230,7 +232,9 @@ async def test_verification_of_a_faithful_restore_passes_every_check(world: Any)
     await world.client.wait_resource_restored(
         world.restore_id, world.mapping_id, world.grant, poll_interval=0.01
     )
-    verification = await world.client.verify_resource(world.restore_id, world.mapping_id, world.grant)
+    verification = await world.client.verify_resource(
+        world.restore_id, world.mapping_id, world.grant
+    )
     assert verification.status == "passed"
     assert [(c.code, c.status) for c in verification.checks] == [
         ("resource-restored", "passed"),
@@ -247,7 +251,9 @@ async def test_verification_detects_restored_bytes_that_differ(world: Any) -> No
         world.restore_id, world.mapping_id, world.grant, poll_interval=0.01
     )
     (world.restored_dir() / "dump.bson").write_bytes(b"tampered")
-    verification = await world.client.verify_resource(world.restore_id, world.mapping_id, world.grant)
+    verification = await world.client.verify_resource(
+        world.restore_id, world.mapping_id, world.grant
+    )
     failed = {c.code: c.message for c in verification.checks if c.status == "failed"}
     assert verification.status == "failed"
     assert failed == {"content-sha256": "1 object(s) differ"}
@@ -313,3 +319,11 @@ async def test_odd_object_paths_and_ids_round_trip(world: Any) -> None:
     await world.stage(path)
     progress = await world.client.object_progress(world.archive, path, world.grant)
     assert (progress.path, progress.state) == (path, "committed")
+
+
+async def test_a_chunk_of_exactly_16_mib_is_accepted(world: Any) -> None:
+    """The largest chunk the API allows goes through in one PUT."""
+    data = bytes(range(256)) * (MAX_CHUNK_SIZE // 256)
+    await world.prepare({DUMP: data})
+    accepted = await world.client.put_chunk(world.archive, DUMP, 0, data, _sha(data), world.grant)
+    assert accepted.verified_bytes == MAX_CHUNK_SIZE

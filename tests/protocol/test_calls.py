@@ -55,7 +55,8 @@ def test_error_reply_fails_the_call_with_its_text_and_data() -> None:
     table = ids()
     call = table.start("get", {}, now=0, timeout=5)
     outcome = table.on_response(answer(call.frame, error=ErrorInfo("gone", {"code": "x"})), now=1)
-    assert isinstance(outcome, Failed) and isinstance(outcome.error, CallFailed)
+    assert isinstance(outcome, Failed)
+    assert isinstance(outcome.error, CallFailed)
     assert (outcome.error.text, outcome.error.error_data) == ("gone", {"code": "x"})
 
 
@@ -83,7 +84,8 @@ def test_retries_are_bounded_then_the_call_fails() -> None:
     assert isinstance(table.on_response(retry, now=0), Resend)
     assert isinstance(table.on_response(retry, now=0), Resend)
     outcome = table.on_response(retry, now=0)
-    assert isinstance(outcome, Failed) and isinstance(outcome.error, CallFailed)
+    assert isinstance(outcome, Failed)
+    assert isinstance(outcome.error, CallFailed)
     assert outcome.error.error_data["code"] == "retry-exhausted"
     assert len(table) == 0
 
@@ -107,7 +109,8 @@ def test_null_response_without_error_fails_the_call() -> None:
     table = ids()
     call = table.start("a", {}, now=0, timeout=5)
     outcome = table.on_response(answer(call.frame, response=None), now=0)
-    assert isinstance(outcome, Failed) and isinstance(outcome.error, CallFailed)
+    assert isinstance(outcome, Failed)
+    assert isinstance(outcome.error, CallFailed)
 
 
 def test_expire_times_out_calls_past_their_deadline() -> None:

@@ -134,7 +134,9 @@ def test_malformed_frames_raise_remote_protocol_error(frame: bytes) -> None:
 
 def test_malformed_request_with_method_and_id_is_answerable() -> None:
     """A request frame with a bad field still names whom to answer."""
-    obj = parse_frame(b'{"method": "m", "retry": 5, "correlation": {"id": "c", "phase": "request"}}')
+    obj = parse_frame(
+        b'{"method": "m", "retry": 5, "correlation": {"id": "c", "phase": "request"}}'
+    )
     assert answerable(obj) == ("m", "c")
 
 

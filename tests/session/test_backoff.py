@@ -1,4 +1,4 @@
-"""Reconnect backoff: full jitter inside a doubling window, capped, reset after a stable session."""
+"""Session timing: full-jitter reconnect backoff (capped, reset when stable), identity renewal."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import random
 import pytest
 from hypothesis import given, strategies as st
 
-from agent.session.backoff import Backoff, BackoffPolicy
+from agent.errors import AuthenticationFailed
+from agent.session.backoff import Backoff, BackoffPolicy, renew_delay
 
 
 def _always(value: float) -> Backoff:
@@ -89,3 +90,19 @@ def test_seeded_rng_gives_reproducible_delays() -> None:
     first = Backoff(rng=random.Random(7).random)
     second = Backoff(rng=random.Random(7).random)
     assert [first.next_delay() for _ in range(10)] == [second.next_delay() for _ in range(10)]
+
+
+def test_renewal_happens_the_margin_before_expiry() -> None:
+    """An identity valid for an hour is renewed `margin` seconds before it expires."""
+    assert renew_delay(expires_at_ms=1_000_000 + 3_600_000, now=1_000.0, margin_s=300.0) == 3300.0
+
+
+def test_short_lived_identity_is_renewed_at_half_life() -> None:
+    """An identity living shorter than the margin is renewed half-way, not at once."""
+    assert renew_delay(expires_at_ms=1_060_000, now=1_000.0, margin_s=300.0) == 30.0
+
+
+def test_identity_issued_already_expired_is_an_authentication_failure() -> None:
+    """An identity whose expiry lies in the past cannot be used: AuthenticationFailed."""
+    with pytest.raises(AuthenticationFailed, match="already expired"):
+        renew_delay(expires_at_ms=999_000, now=1_000.0, margin_s=300.0)

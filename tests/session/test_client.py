@@ -288,12 +288,14 @@ async def test_close_drains_in_flight_work_and_says_going_away(cloudly: StandInC
     async with asyncio.TaskGroup() as group:
         pending = group.create_task(cloudly.call_agent("slow", {}))
         await started.wait()
+        busy = status.snapshot()
         closing = group.create_task(session.close(drain_timeout=10.0))
         await status.wait_until(lambda s: s.state is SessionState.DRAINING)
         with pytest.raises(CallFailed) as refused:
             await cloudly.call_agent("slow", {})
         release.set()
     await task
+    assert busy.in_flight == 1
     assert pending.result() == {"done": True}
     assert closing.done()
     assert refused.value.error_data["code"] == "shutting-down"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,14 +17,16 @@ from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 
 TOKEN = "machine-token-5b8e0d1f2a3c4e6f"
-START = 1_800_000_000.0
 
 
 class ManualClock:
     """Wall time that moves only when the test says so; sleepers wake when it passes them."""
 
-    def __init__(self, start: float = START) -> None:
-        self._now = start
+    def __init__(self) -> None:
+        # Starts at the real time, so identities the stand-in issues on its own clock are valid;
+        # a whole second, so epoch milliseconds convert back without rounding.
+        self.start = float(int(time.time()))
+        self._now = self.start
         self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
         self._sleeping = asyncio.Event()
 
@@ -160,7 +163,7 @@ async def test_unreachable_cloudly_is_retried_after_the_backoff_delay(
         await cloudly.start()
         clock.advance(first - clock.now())
         await status.wait_until(_connected)
-    assert first == START + 0.5  # half of the first 1 s window
+    assert first == clock.start + 0.5  # half of the first 1 s window
     assert backing_off.state is SessionState.BACKING_OFF
     assert backing_off.last_error is not None
     assert "could not reach Cloudly" in backing_off.last_error
@@ -199,9 +202,9 @@ async def test_identity_is_renewed_the_margin_before_it_expires() -> None:
         renewed = await status.wait_until(
             lambda s: s.identity_expires_at_ms == second.detail["expires_at"]
         )
-    assert wakeup == START + 540.0
-    assert first.identity_expires_at_ms == int((START + 600.0) * 1000)
-    assert second.detail["expires_at"] == int((START + 1140.0) * 1000)
+    assert wakeup == clock.start + 540.0
+    assert first.identity_expires_at_ms == int((clock.start + 600.0) * 1000)
+    assert second.detail["expires_at"] == int((clock.start + 1140.0) * 1000)
     assert second.connection == 1  # renewed in place, no reconnect
     assert renewed.state is SessionState.CONNECTED
     assert renewed.reconnect_count == 0
@@ -216,3 +219,23 @@ async def test_identity_expired_on_arrival_is_retried(cloudly: StandInCloudly) -
         snapshot = await status.wait_until(lambda s: s.last_error is not None)
     assert snapshot.last_error is not None
     assert "already expired" in snapshot.last_error
+
+
+class _BrokenClock(ManualClock):
+    """A clock whose waits fail: stands in for a bug inside the session."""
+
+    async def sleep(self, seconds: float) -> None:
+        raise ValueError("clock broke")
+
+
+async def test_a_bug_ends_run_instead_of_being_retried(cloudly: StandInCloudly) -> None:
+    """An exception that is no session loss propagates out of `run()`; nothing reconnects."""
+    status = AgentStatus()
+    session = _session(cloudly, status, clock=_BrokenClock())
+    with pytest.raises(ExceptionGroup) as caught:
+        await session.run()
+    assert caught.group_contains(ValueError, match="clock broke")
+    assert status.snapshot().state is SessionState.STOPPED
+    assert cloudly.count("connected") == 1
+    closed = await cloudly.wait_for("disconnected")
+    assert closed.detail["code"] == 1011

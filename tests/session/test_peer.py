@@ -9,10 +9,9 @@ from typing import Any
 
 import orjson
 import pytest
-from pydantic import ValidationError
 
 from agent.contracts.base import WireModel
-from agent.errors import CallFailed, CallTimeout, RestoreNotFound, SessionClosed
+from agent.errors import CallFailed, CallTimeout, InvalidState, RestoreNotFound, SessionClosed
 from agent.session.peer import Peer, PeerSettings, RequestContext, Router
 from agent.session.peer_memory import MemoryTransport, transport_pair
 
@@ -25,7 +24,10 @@ async def peers(
 ) -> AsyncIterator[tuple[Peer, Peer, MemoryTransport, MemoryTransport]]:
     """Two running peers; the connection closes on exit."""
     ta, tb = transport_pair()
-    left, right = Peer(ta, left_router, settings=settings), Peer(tb, right_router, settings=settings)
+    left, right = (
+        Peer(ta, left_router, settings=settings),
+        Peer(tb, right_router, settings=settings),
+    )
     runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
     try:
         yield left, right, ta, tb
@@ -143,21 +145,20 @@ async def test_retry_resends_the_identical_frame_then_succeeds() -> None:
     ta.record = True
     run = asyncio.create_task(left.run())
     call = asyncio.create_task(left.call("slow", {"n": 1}, timeout=2))
-    if True:
-        first = await tb.recv()
-        sent = orjson.loads(first)
-        for _ in range(2):
-            answer = {**sent, "correlation": {**sent["correlation"], "phase": "response"}}
-            await tb.send(orjson.dumps({**answer, "retry": {"waitForMs": 1, "reason": "busy"}}))
-            assert await tb.recv() == first
-        done = {**sent, "response": {"ok": True}, "correlation": {**sent["correlation"], "phase": "response"}}
-        await tb.send(orjson.dumps(done))
-        assert await call == {"ok": True}
-        tb.close()
-        with pytest.raises(SessionClosed):
-            await run
+    first = await tb.recv()
+    sent = orjson.loads(first)
+    answer = {**sent, "correlation": {**sent["correlation"], "phase": "response"}}
+    for _ in range(2):
+        await tb.send(orjson.dumps({**answer, "retry": {"waitForMs": 1, "reason": "busy"}}))
+        assert await tb.recv() == first
+    await tb.send(orjson.dumps({**answer, "response": {"ok": True}}))
+    assert await call == {"ok": True}
+    tb.close()
+    with pytest.raises(SessionClosed):
+        await run
     assert ta.sent == [first, first, first]
-    assert sent["correlation"]["id"].startswith("uni_") and len(sent["correlation"]["id"]) == 28
+    assert sent["correlation"]["id"].startswith("uni_")
+    assert len(sent["correlation"]["id"]) == 28
 
 
 async def test_transport_close_fails_pending_calls_with_session_closed() -> None:
@@ -166,10 +167,146 @@ async def test_transport_close_fails_pending_calls_with_session_closed() -> None
     left = Peer(ta, Router(), settings=FAST)
     run = asyncio.create_task(left.run())
     call = asyncio.create_task(left.call("x", {}, timeout=5))
-    if True:
-        await tb.recv()
-        tb.close()
-        with pytest.raises(SessionClosed):
-            await call
-        with pytest.raises(SessionClosed):
-            await run
+    await tb.recv()
+    tb.close()
+    with pytest.raises(SessionClosed):
+        await call
+    with pytest.raises(SessionClosed):
+        await run
+
+
+async def test_retry_limit_fails_the_call() -> None:
+    """A peer that keeps answering retry makes the call fail after max_retry_attempts sends."""
+    ta, tb = transport_pair()
+    left = Peer(ta, Router(), settings=PeerSettings(max_retry_attempts=2))
+    run = asyncio.create_task(left.run())
+    call = asyncio.create_task(left.call("slow", {}, timeout=2))
+    for _ in range(2):
+        sent = orjson.loads(await tb.recv())
+        answer = {**sent, "correlation": {**sent["correlation"], "phase": "response"}}
+        await tb.send(orjson.dumps({**answer, "retry": {"waitForMs": 0, "reason": "busy"}}))
+    with pytest.raises(CallFailed) as caught:
+        await call
+    assert caught.value.error_data["code"] == "retry-exhausted"
+    tb.close()
+    with pytest.raises(SessionClosed):
+        await run
+
+
+async def serve_raw(router: Router) -> tuple[Peer, MemoryTransport, asyncio.Task[None]]:
+    """A running peer and the raw other end of its transport."""
+    ta, tb = transport_pair()
+    peer = Peer(ta, router, settings=FAST)
+    return peer, tb, asyncio.create_task(peer.run())
+
+
+async def stop(end: MemoryTransport, run: asyncio.Task[None]) -> None:
+    end.close()
+    with pytest.raises(SessionClosed):
+        await run
+
+
+async def test_malformed_request_with_method_and_id_is_answered() -> None:
+    """A request frame with a bad envelope field gets an invalid-request error reply."""
+    _, raw, run = await serve_raw(router_with(echo=echo))
+    raw_request = {"method": "echo", "request": {}, "retry": 5}
+    await raw.send(orjson.dumps(raw_request | {"correlation": {"id": "c1", "phase": "request"}}))
+    out = orjson.loads(await raw.recv())
+    assert out["correlation"] == {"id": "c1", "phase": "response"}
+    assert out["error"]["data"]["code"] == "invalid-request"
+    await stop(raw, run)
+
+
+async def test_garbage_and_weird_frames_are_dropped_and_the_session_goes_on() -> None:
+    """Non-JSON and phase-less frames get no answer and do not end the session."""
+    _, raw, run = await serve_raw(router_with(echo=echo))
+    await raw.send(b"\x00 not json")
+    await raw.send(b'{"method": "echo", "request": {}}')
+    request = {"method": "echo", "request": {"value": 3}, "response": None}
+    await raw.send(orjson.dumps(request | {"correlation": {"id": "c2", "phase": "request"}}))
+    out = orjson.loads(await raw.recv())
+    assert (out["correlation"]["id"], out["response"]["echoed"]) == ("c2", 3)
+    await stop(raw, run)
+
+
+async def test_request_that_is_no_object_is_refused() -> None:
+    """request must be a JSON object: anything else answers invalid-request."""
+    _, raw, run = await serve_raw(router_with(echo=echo))
+    frame = {"method": "echo", "request": [1], "correlation": {"id": "c3", "phase": "request"}}
+    await raw.send(orjson.dumps(frame))
+    assert orjson.loads(await raw.recv())["error"]["data"]["code"] == "invalid-request"
+    await stop(raw, run)
+
+
+async def test_stopped_intake_answers_shutting_down() -> None:
+    """After stop_intake() every new request is refused with shutting-down, retryable."""
+    peer, raw, run = await serve_raw(router_with(echo=echo))
+    peer.stop_intake()
+    frame = {"method": "echo", "request": {}, "correlation": {"id": "c4", "phase": "request"}}
+    await raw.send(orjson.dumps(frame))
+    data = orjson.loads(await raw.recv())["error"]["data"]
+    assert data == {"code": "shutting-down", "retryable": True}
+    await stop(raw, run)
+
+
+async def test_drain_waits_for_handlers_then_cancels_and_answers_the_rest() -> None:
+    """drain() lets quick handlers finish, cancels slow ones and answers them shutting-down."""
+    started, never = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+        started.set()
+        await never.wait()
+        return {}
+
+    peer, raw, run = await serve_raw(router_with(slow=slow))
+    frame = {"method": "slow", "request": {}, "correlation": {"id": "c5", "phase": "request"}}
+    await raw.send(orjson.dumps(frame))
+    await started.wait()
+    assert peer.in_flight == 1
+    await peer.drain(0.01)
+    assert peer.in_flight == 0
+    out = orjson.loads(await raw.recv())
+    assert (out["correlation"]["id"], out["error"]["data"]["code"]) == ("c5", "shutting-down")
+    await stop(raw, run)
+
+
+async def test_closing_the_transport_cancels_running_handlers() -> None:
+    """Handler tasks belong to run(): they are cancelled when the session ends."""
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return {}
+
+    _, raw, run = await serve_raw(router_with(slow=slow))
+    frame = {"method": "slow", "request": {}, "correlation": {"id": "c6", "phase": "request"}}
+    await raw.send(orjson.dumps(frame))
+    await started.wait()
+    await stop(raw, run)
+    assert cancelled.is_set()
+
+
+async def test_cancelling_run_fails_pending_calls_with_session_closed() -> None:
+    """run() cancelled from outside still fails pending calls instead of leaving them hanging."""
+    ta, tb = transport_pair()
+    peer = Peer(ta, Router(), settings=FAST)
+    run = asyncio.create_task(peer.run())
+    call = asyncio.create_task(peer.call("x", {}, timeout=5))
+    await tb.recv()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    with pytest.raises(SessionClosed):
+        await call
+
+
+def test_a_method_is_registered_once() -> None:
+    """Registering a second handler for the same method is refused."""
+    router = router_with(echo=echo)
+    with pytest.raises(InvalidState):
+        router.register("echo", echo)

@@ -99,6 +99,12 @@ async def download(left: Peer) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+async def write_forever(sink: ByteSink) -> None:
+    """Write until the sink raises."""
+    while True:
+        await sink.write(b"y" * 1000)
+
+
 async def test_small_upload_arrives_intact() -> None:
     """Bytes the caller streams in its request arrive in order at the handler."""
     digests: list[str] = []
@@ -163,8 +169,7 @@ async def test_transport_closing_mid_upload_breaks_both_ends() -> None:
     with pytest.raises(SessionClosed):
         await call
     with pytest.raises((StreamBroken, SessionClosed)):
-        for _ in range(100):
-            await sink.write(b"y" * 1000)
+        await write_forever(sink)
     for run in runs:
         with pytest.raises(SessionClosed):
             await run
@@ -175,17 +180,24 @@ async def test_transport_closing_mid_download_breaks_the_reader() -> None:
     """The connection dying mid-download: the caller's ByteSource raises StreamBroken."""
     payload = os.urandom(64 * 1024)
     ta, tb = transport_pair()
-    left, right = Peer(ta, Router(), settings=FAST), Peer(tb, download_router(payload, 1024), settings=FAST)
+    left, right = (
+        Peer(ta, Router(), settings=FAST),
+        Peer(tb, download_router(payload, 1024), settings=FAST),
+    )
     runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
     reply = await left.call("download", {}, timeout=5)
     source = left.receive_stream(StreamMarker.model_validate(reply["data"]))
-    received = 0
-    with pytest.raises(StreamBroken):
+    received = bytearray()
+
+    async def read_then_close() -> None:
         async for piece in source:
-            received += len(piece)
-            if received >= 4096:
+            received.extend(piece)
+            if len(received) >= 4096:
                 ta.close()
-    assert received < len(payload)
+
+    with pytest.raises(StreamBroken):
+        await read_then_close()
+    assert 4096 <= len(received) < len(payload)
     for run in runs:
         with pytest.raises(SessionClosed):
             await run
@@ -205,6 +217,36 @@ async def test_upload_to_unknown_stream_breaks_the_writer() -> None:
         # the marker was never announced: arm it by hand through a second call carrying it
         await left.call("ignore", {"data": marker}, timeout=2)
         with pytest.raises(StreamBroken):
-            for _ in range(1000):
-                await sink.write(b"z" * 100)
-            await sink.close()
+            await write_forever(sink)
+
+
+async def test_responder_that_stops_answering_breaks_the_writer_after_the_timeout() -> None:
+    """No stream answer within keepalive_timeout: the initiator's sink raises StreamBroken."""
+    digests: list[str] = []
+    async with peers(upload_router(digests)) as (left, _, _, tb):
+        tb.on_send = lambda frame: None if b"##VirtualStream##" in frame else frame
+        marker, sink = left.open_send_stream()
+        call = asyncio.create_task(left.call("upload", {"data": marker}, timeout=5))
+        with pytest.raises(StreamBroken, match="no answer"):
+            await write_forever(sink)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    assert digests == []
+
+
+async def test_handler_send_stream_missing_from_the_response_is_aborted() -> None:
+    """A stream the handler opened but did not announce breaks its writer."""
+    sinks: list[ByteSink] = []
+
+    async def forgetful(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+        _, sink = ctx.open_send_stream()
+        sinks.append(sink)
+        return {}
+
+    router = Router()
+    router.register("forgetful", forgetful)
+    async with peers(router) as (left, _, _, _):
+        assert await left.call("forgetful", {}, timeout=2) == {}
+        with pytest.raises(StreamBroken):
+            await sinks[0].write(b"late")

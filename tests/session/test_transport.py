@@ -1,17 +1,25 @@
-"""WebsocketTransport: text frames as bytes both ways, closes as SessionClosed, opening errors."""
+"""WebsocketTransport: text frames as bytes, closes as SessionClosed, opening errors, URL/TLS."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from agent.errors import SessionClosed, SessionError
-from agent.session.transport import WebsocketTransport, connect_transport, quiet_websocket_logger
+from agent.errors import ConfigError, SessionClosed, SessionError
+from agent.session.transport import (
+    WebsocketTransport,
+    connect_transport,
+    quiet_websocket_logger,
+    tls_context,
+    websocket_url,
+)
 
 ServerHandler = Callable[[ServerConnection], Awaitable[None]]
 
@@ -183,3 +191,44 @@ async def test_frames_are_never_logged_even_at_debug(
     await transport.close()
     assert caplog.records  # the capture works: the library did log (at INFO)
     assert all("tok-SECRET-123" not in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("http://cloudly.example:8080", "ws://cloudly.example:8080"),
+        ("https://cloudly.example/", "wss://cloudly.example/"),
+        ("HTTPS://cloudly.example", "wss://cloudly.example"),
+        ("ws://127.0.0.1:1", "ws://127.0.0.1:1"),
+        ("wss://cloudly.example/socket", "wss://cloudly.example/socket"),
+    ],
+)
+def test_http_urls_map_to_websocket_urls(given: str, expected: str) -> None:
+    """http(s) becomes ws(s); ws(s) stays as it is."""
+    assert websocket_url(given) == expected
+
+
+@pytest.mark.parametrize("given", ["ftp://cloudly.example", "cloudly.example", "https://"])
+def test_other_urls_are_a_config_error(given: str) -> None:
+    """A URL that is no http(s)/ws(s) URL is refused naming the config key."""
+    with pytest.raises(ConfigError, match=r"cloudly\.url"):
+        websocket_url(given)
+
+
+def test_plain_websocket_needs_no_tls() -> None:
+    """ws:// gets no TLS context."""
+    assert tls_context("ws://127.0.0.1:1", None) is None
+
+
+def test_secure_websocket_verifies_certificates_and_hostnames() -> None:
+    """wss:// gets a context that verifies the chain and the host name."""
+    context = tls_context("wss://cloudly.example", None)
+    assert context is not None
+    assert context.verify_mode is ssl.CERT_REQUIRED
+    assert context.check_hostname is True
+
+
+def test_unreadable_ca_file_is_a_config_error(tmp_path: Path) -> None:
+    """A configured CA file that cannot be loaded stops start-up naming `cloudly.ca_file`."""
+    with pytest.raises(ConfigError, match=r"cloudly\.ca_file"):
+        tls_context("wss://cloudly.example", tmp_path / "missing.pem")

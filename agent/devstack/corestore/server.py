@@ -99,6 +99,9 @@ class Jobs:
     def _forget(self, key: tuple[str, str], done: asyncio.Task[None]) -> None:
         if self._tasks.get(key) is done:
             del self._tasks[key]
+        # Retrieve the outcome here: nobody awaits a finished job.
+        if not done.cancelled() and done.exception() is not None:
+            _log.error("corestore.restore-job-failed", error=type(done.exception()).__name__)
 
 
 def create_app(

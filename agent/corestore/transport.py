@@ -1,0 +1,253 @@
+"""The HTTP edge of the Corestore client: one aiohttp session, timeouts, safe retries.
+
+`HttpTransport.send(request)` sends one `RouteRequest` and returns its `Reply`, mapping every
+transport failure (connection refused or reset, timeout) and every 5xx/408/429 answer to
+`CorestoreUnavailable` (chained from the aiohttp or timeout error); it resends only requests whose
+route is idempotent, with exponential backoff and an injectable sleep. What a 2xx or 4xx answer
+means is the client's business (`client.py`).
+
+Frames that raise hold no revealed secret and no raw answer text as a local variable, because
+traceback renderers that show locals (structlog's default) would print them: the headers are
+built inside the call that hands them to aiohttp, answer bodies travel in `Reply` (whose repr
+leaves the body out), and aiohttp's exceptions lose their tracebacks (their frames hold the
+request headers) before they are chained. aiohttp itself logs no header (its access log is a
+server-side feature; the client logs none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import structlog
+from yarl import URL
+
+from agent.corestore import routes
+from agent.corestore.routes import AnswerKind, RouteRequest
+from agent.corestore.sanitize import sanitize_code, sanitize_text
+from agent.errors import (
+    CorestoreRefused,
+    CorestoreUnavailable,
+    LocalProtocolError,
+    NodeWithoutCorestore,
+    ShuttingDown,
+)
+from agent.secret import Secret
+
+__all__ = ["CorestoreTimeouts", "HttpTransport", "Reply", "RetryPolicy", "Sleep"]
+
+Sleep = Callable[[float], Awaitable[None]]
+_log = structlog.get_logger("agent.corestore.client")
+
+
+@dataclass(frozen=True, slots=True)
+class CorestoreTimeouts:
+    """Seconds. `control` bounds one attempt of a small call; `transfer` one that moves or hashes
+    bulk bytes (chunk PUT, commit, verification)."""
+
+    connect: float = 5.0
+    control: float = 30.0
+    transfer: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff for idempotent calls: `attempts` in total, jittered by `jitter`."""
+
+    attempts: int = 4
+    first_delay: float = 0.2
+    max_delay: float = 5.0
+    multiplier: float = 2.0
+    jitter: float = 0.1
+
+    def delay(self, retry: int, rng: random.Random) -> float:
+        """Seconds to wait before retry number `retry` (1-based)."""
+        base = min(self.max_delay, self.first_delay * self.multiplier ** (retry - 1))
+        return max(0.0, base * (1 + rng.uniform(-self.jitter, self.jitter)))
+
+
+def _canonical_origin(endpoint: str) -> URL:
+    try:
+        url = URL(endpoint)
+    except ValueError as exc:
+        raise NodeWithoutCorestore("the corestore endpoint is not a parsable URL") from exc
+    if (
+        url.scheme not in ("http", "https")
+        or not url.host
+        or url.user is not None
+        or url.password is not None
+        or url.raw_path not in ("", "/")
+        or url.query_string
+        or url.fragment
+    ):
+        raise NodeWithoutCorestore("the corestore endpoint is not a canonical http(s) origin")
+    return url.with_path("/")
+
+
+def _check_credential(credential: Secret) -> Secret:
+    value = credential.reveal()
+    if not value or not value.isascii() or not value.isprintable() or " " in value:
+        raise LocalProtocolError("the corestore control credential is not a header-safe token")
+    return credential
+
+
+def _scrub(exc: BaseException) -> BaseException:
+    """`exc` with its tracebacks (and those of its causes) dropped: aiohttp's frames hold the
+    request headers as local variables, which a traceback renderer showing locals would print."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.__traceback__ = None
+        pending += [current.__cause__, current.__context__]
+    return exc
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One HTTP answer. The body is foreign text (it may echo anything): kept out of `repr`."""
+
+    status: int
+    body: bytes = field(repr=False)
+
+    def error_code(self) -> str | None:
+        """Corestore's error code, unsanitised (compare it, never print it)."""
+        error = routes.parse_error(self.body)
+        return error[0] if error else None
+
+
+class HttpTransport:
+    """One node's Corestore over one aiohttp session (created on first use, in the loop)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        credential: Secret,
+        *,
+        timeouts: CorestoreTimeouts,
+        retry: RetryPolicy,
+        sleep: Sleep,
+        rng: random.Random,
+    ) -> None:
+        self._origin = _canonical_origin(endpoint)
+        self._endpoint = endpoint
+        self._credential = _check_credential(credential)
+        self._timeouts = timeouts
+        self._retry = retry
+        self._sleep = sleep
+        self._rng = rng
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+
+    @property
+    def credential(self) -> Secret:
+        """The bearer control credential sent on every authenticated call."""
+        return self._credential
+
+    @credential.setter
+    def credential(self, value: Secret) -> None:
+        # A rotated credential takes effect on the next request; none is cached elsewhere.
+        self._credential = _check_credential(value)
+
+    async def close(self) -> None:
+        """Close the session; later sends raise `ShuttingDown`."""
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(self, request: RouteRequest) -> Reply:
+        """Send `request`, retrying idempotent routes while Corestore is unavailable."""
+        attempts = self._retry.attempts if request.spec.idempotent else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self._attempt(request)
+            except CorestoreUnavailable as exc:
+                if attempt >= attempts:
+                    raise CorestoreUnavailable(
+                        f"{exc} (attempt {attempt} of {attempts})", **exc.data
+                    ) from exc
+                delay = self._retry.delay(attempt, self._rng)
+                _log.warning(
+                    "corestore.retry",
+                    endpoint=self._endpoint,
+                    route=str(request.spec.name),
+                    attempt=attempt,
+                    delay=round(delay, 3),
+                    reason=exc.message,
+                )
+                await self._sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _attempt(self, request: RouteRequest) -> Reply:
+        spec = request.spec
+        total = self._timeouts.transfer if spec.transfer else self._timeouts.control
+        try:
+            reply = await self._exchange(request, total)
+        except TimeoutError as exc:
+            raise CorestoreUnavailable(
+                f"Corestore at {self._endpoint} did not answer {spec.name} within {total:g} s"
+            ) from _scrub(exc)
+        except (aiohttp.ClientError, OSError) as exc:
+            text = sanitize_text(str(exc), [self._credential])
+            raise CorestoreUnavailable(
+                f"Corestore at {self._endpoint} did not answer {spec.name}: "
+                f"{type(exc).__name__}" + (f": {text}" if text else "")
+            ) from _scrub(exc)
+        if routes.classify_answer(spec, reply.status, None) is AnswerKind.UNAVAILABLE:
+            raise CorestoreUnavailable(
+                f"Corestore at {self._endpoint} answered {spec.name} with {reply.status} "
+                f"{sanitize_code(reply.error_code())}",
+                httpStatus=reply.status,
+            )
+        return reply
+
+    async def _exchange(self, request: RouteRequest, total: float) -> Reply:
+        async with (
+            asyncio.timeout(total),
+            self._http().request(
+                request.spec.method,
+                self._origin.with_path(request.path, encoded=True),
+                params=dict(request.query) or None,
+                # A stream, not bytes: aiohttp warns (and blocks the loop) on big bytes bodies.
+                data=None if request.body is None else io.BytesIO(request.body),
+                headers=routes.request_headers(request, self._credential),
+                allow_redirects=False,
+            ) as response,
+        ):
+            return Reply(response.status, await _read(response, request))
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ShuttingDown(f"the Corestore client of {self._endpoint} is closed")
+        if self._session is None:
+            # Created on first use: a ClientSession belongs to the running loop.
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=self._timeouts.connect, sock_connect=self._timeouts.connect
+                ),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                trust_env=False,  # no proxy or .netrc from the environment
+                raise_for_status=False,
+            )
+        return self._session
+
+
+async def _read(response: aiohttp.ClientResponse, request: RouteRequest) -> bytes:
+    body = bytearray()
+    async for piece in response.content.iter_chunked(64 * 1024):
+        body += piece
+        if len(body) > routes.MAX_ANSWER_BYTES:
+            body.clear()  # foreign text out of this frame before it appears in a traceback
+            raise CorestoreRefused(
+                f"Corestore answered {request.spec.name} with more than "
+                f"{routes.MAX_ANSWER_BYTES} bytes"
+            )
+    return bytes(body)

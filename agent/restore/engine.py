@@ -1,0 +1,341 @@
+"""`IsolatedRestoreEngine`: Cloudly's five isolated-restore requests, driven to Corestore.
+
+Every request goes through the same gate, in this order, and a refusal changes nothing:
+
+1. routing: `clusterId` is the session's cluster (`misrouted-cluster`), `targetNodeName` a node
+   of it (`unknown-node`) with a valid Corestore endpoint (`node-without-corestore`; also while
+   the cluster document is not loaded yet: retryable);
+2. the grant's shape (`grants.check_grant`, `grant-invalid`);
+3. the revision: `replay.check_expected_revision` — PROCEED, an exact REPLAY of the request
+   that produced the current state, or `revision-conflict` {currentRevision, status};
+4. the transition table (`machine.decide`, `illegal-transition`).
+
+Then (docs/isolated-restore.md has the state machine):
+
+- prepare: writes `preparing` (rev 1) before asking Corestore, then `prepared` (rev 2) or
+  `failed` (the error is also raised to Cloudly). Synchronous.
+- stage: moves the object's bytes (`staging.stage_object`), and only once the object is proven
+  and committed writes the `stage` mutation. A failed stage changes no revision, so Cloudly's
+  retry of the same request proceeds and resumes after the chunks Corestore already verified.
+- execute: writes `restoring` and returns at once; the work (`work.run_execute`) runs in a task
+  this engine owns, with the grant of the request that started it held in memory only.
+- cleanup: likewise returns at once with `cleaning`; `work.run_cleanup` finishes it
+  (`cleaned` or the retryable `cleanup-failed`). Background rather than synchronous because a
+  cleanup may delete large resources and Corestore may be slow; Cloudly polls the status.
+- status: read-only, never locks, served while a stage of the same restore streams.
+
+An exact replay never redoes finished work; it answers the current state. It RESUMES work that
+is unfinished and has no running task (after a restart: `preparing`, `restoring`/`verifying`,
+`cleaning`) with the replay's fresh grant. Nothing is settled at start-up: unfinished states are
+logged (`restore_unfinished`) and stay visible in status until Cloudly repeats the request.
+
+Mutating requests of one restore are serialised by a per-key lock (status takes none). The
+background tasks live in the TaskGroup of `run()`; `close()` cancels and awaits them, leaving
+their states in flight for a later replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
+
+from agent.contracts.cluster import ClusterView
+from agent.contracts.isolatedrestore import (
+    METHOD_CLEANUP,
+    METHOD_EXECUTE,
+    METHOD_PREPARE,
+    METHOD_STAGE,
+    CleanupIsolatedRestoreRequest,
+    ExecuteIsolatedRestoreRequest,
+    GetIsolatedRestoreStatusRequest,
+    IsolatedRestoreNodeState,
+    IsolatedRestoreRequest,
+    IsolatedRestoreStatusResponse,
+    PrepareIsolatedRestoreRequest,
+    StageIsolatedRestoreArchiveRequest,
+)
+from agent.corestore.client import CorestoreClient, CorestoreClients
+from agent.errors import CorestoreError, ObjectNotInManifest, RestoreNotFound, TransferError
+from agent.restore import progress as p
+from agent.restore.grants import check_grant
+from agent.restore.machine import Op, decide
+from agent.restore.policy import EngineSettings, Sleep, retrying
+from agent.restore.replay import Verdict, check_expected_revision, request_digest
+from agent.restore.routing import check_preparable, locate
+from agent.restore.staging import ByteSource, StagingJob, stage_object
+from agent.restore.tasks import Observer, WorkOwner
+from agent.restore.work import Job, run_cleanup, run_execute
+from agent.secret import Secret
+from agent.store import RestoreKey, RevisionStore, StoredState
+
+__all__ = ["IsolatedRestoreEngine", "Observer"]
+
+_log = structlog.get_logger("agent.restore.engine")
+
+
+def _wall_ms() -> int:
+    return round(time.time() * 1000)
+
+
+class IsolatedRestoreEngine(WorkOwner):
+    """The isolated-restore state of this agent's nodes, and the work that moves it."""
+
+    def __init__(
+        self,
+        *,
+        store: RevisionStore,
+        clients: CorestoreClients,
+        credential: Secret | Callable[[], Secret],
+        cluster_view: Callable[[], ClusterView | None],
+        settings: EngineSettings | None = None,
+        now_ms: Callable[[], int] = _wall_ms,
+        sleep: Sleep = asyncio.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(store)
+        self._clients = clients
+        self._credential = credential if callable(credential) else (lambda: credential)
+        self._cluster_view = cluster_view
+        self._settings = settings or EngineSettings()
+        self._now = now_ms
+        self._sleep = sleep
+        self._monotonic = monotonic
+
+    @property
+    def settings(self) -> EngineSettings:
+        """The engine's tunables."""
+        return self._settings
+
+    # --- the five requests --------------------------------------------------------------------
+
+    async def prepare(self, request: PrepareIsolatedRestoreRequest) -> IsolatedRestoreNodeState:
+        """`coreflowPrepareIsolatedRestore`: `preparing` -> Corestore -> `prepared` | `failed`."""
+        key, client = self._route(request)
+        grant = check_grant(request.restore_grant)
+        check_preparable(request)
+        digest = request_digest(METHOD_PREPARE, request.to_wire())
+        async with self._key_lock(key):
+            stored = await self._store.get(key)
+            if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
+                assert stored is not None
+                if stored.status != "preparing":
+                    return p.to_model(stored.state)
+            else:
+                current = (None, 0) if stored is None else (stored.status, stored.revision)
+                decide(current[0], Op.PREPARE, revision=current[1])
+                stored = await self._mutate(
+                    key,
+                    0,
+                    Op.PREPARE,
+                    p.initial_state(request, self._now()),
+                    private=p.private_fields(request),
+                    digest=digest,
+                )
+            return p.to_model((await self._finish_prepare(stored, client, grant)).state)
+
+    async def stage(
+        self,
+        request: StageIsolatedRestoreArchiveRequest,
+        open_source: Callable[[], ByteSource],
+    ) -> IsolatedRestoreNodeState:
+        """`stageIsolatedRestoreArchive`: one manifest object's bytes from `open_source()`.
+
+        The stream is opened only when bytes must move; a replay or an object Corestore already
+        holds leaves it unopened (the session discards it)."""
+        key, client = self._route(request)
+        grant = check_grant(request.restore_grant)
+        digest = request_digest(METHOD_STAGE, request.to_wire())
+        async with self._key_lock(key):
+            stored = await self._existing(key)
+            verdict = self._verdict(request.expected_revision, stored, digest)
+            if verdict is Verdict.PROCEED:
+                decide(stored.status, Op.STAGE, revision=stored.revision)
+            if not p.private_manifest(stored.private).contains(request.object):
+                raise ObjectNotInManifest(
+                    f"object {request.object.path} with this size and sha256 is not in the "
+                    f"archive manifest of restore {key.restore_id}"
+                )
+            if not await self._written(key, request.object.path):
+                outcome = await stage_object(
+                    StagingJob(
+                        client,
+                        self._store,
+                        key,
+                        stored.state["stagingArchiveId"],
+                        request.object,
+                        grant,
+                        self._settings,
+                        self._sleep,
+                        self._monotonic,
+                    ),
+                    open_source,
+                )
+                _log.info(
+                    "object_staged",
+                    restore_id=key.restore_id,
+                    node=key.node_name,
+                    path=request.object.path,
+                    sent_bytes=outcome.sent_bytes,
+                    skipped_bytes=outcome.skipped_bytes,
+                )
+            if verdict is Verdict.REPLAY:
+                return p.to_model(stored.state)
+            stored = await self._mutate(key, stored.revision, Op.STAGE, stored.state, digest=digest)
+            return p.to_model(stored.state)
+
+    async def status(
+        self, request: GetIsolatedRestoreStatusRequest
+    ) -> IsolatedRestoreStatusResponse:
+        """`coreflowGetIsolatedRestoreStatus`: read-only; `found: false` when there is no state."""
+        key, _ = locate(self._cluster_view(), request)
+        check_grant(request.restore_grant)
+        stored = await self._store.get(key)
+        if stored is None:
+            return IsolatedRestoreStatusResponse(found=False)
+        return IsolatedRestoreStatusResponse(found=True, state=p.to_model(stored.state))
+
+    async def execute(self, request: ExecuteIsolatedRestoreRequest) -> IsolatedRestoreNodeState:
+        """`coreflowExecuteIsolatedRestore`: `restoring` at once; the engine's task goes on."""
+        key, client = self._route(request)
+        grant = check_grant(request.restore_grant)
+        digest = request_digest(METHOD_EXECUTE, request.to_wire())
+        self._check_running()
+        async with self._key_lock(key):
+            stored = await self._existing(key)
+            if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
+                if stored.status in ("restoring", "verifying") and not self.working(key):
+                    self._start(run_execute, stored, client, grant)
+                return p.to_model(stored.state)
+            complete = await self._staging_complete(stored)
+            decide(stored.status, Op.EXECUTE, revision=stored.revision, staging_complete=complete)
+            stored = await self._mutate(
+                key, stored.revision, Op.EXECUTE, stored.state, digest=digest
+            )
+            self._start(run_execute, stored, client, grant)
+            return p.to_model(stored.state)
+
+    async def cleanup(self, request: CleanupIsolatedRestoreRequest) -> IsolatedRestoreNodeState:
+        """`coreflowCleanupIsolatedRestore`: `cleaning` at once; the engine's task goes on."""
+        key, client = self._route(request)
+        grant = check_grant(request.restore_grant)
+        digest = request_digest(METHOD_CLEANUP, request.to_wire())
+        self._check_running()
+        async with self._key_lock(key):
+            stored = await self._existing(key)
+            if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
+                if stored.status == "cleaning" and not self.working(key):
+                    self._start(run_cleanup, stored, client, grant)
+                return p.to_model(stored.state)
+            decide(stored.status, Op.CLEANUP, revision=stored.revision)
+            plan = p.with_cleanup_plan(stored.state, p.private_mappings(stored.private))
+            stored = await self._mutate(key, stored.revision, Op.CLEANUP, plan, digest=digest)
+            self._start(run_cleanup, stored, client, grant)
+            return p.to_model(stored.state)
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _route(self, request: IsolatedRestoreRequest) -> tuple[RestoreKey, CorestoreClient]:
+        """The routing key and the Corestore client of the request's node."""
+        key, endpoint = locate(self._cluster_view(), request)
+        return key, self._clients.client_for(endpoint, self._credential())
+
+    def _verdict(self, expected: int, stored: StoredState | None, digest: str) -> Verdict:
+        return check_expected_revision(
+            expected=expected,
+            current=0 if stored is None else stored.revision,
+            status=None if stored is None else stored.status,
+            last_digest=None if stored is None else stored.mutation_digest,
+            digest=digest,
+        )
+
+    async def _existing(self, key: RestoreKey) -> StoredState:
+        stored = await self._store.get(key)
+        if stored is None:
+            raise RestoreNotFound(
+                f"no isolated restore {key.restore_id} on node {key.node_name} "
+                f"of cluster {key.cluster_id}"
+            )
+        return stored
+
+    async def _mutate(
+        self,
+        key: RestoreKey,
+        expected: int,
+        op: Op,
+        state: dict[str, Any],
+        *,
+        private: dict[str, Any] | None = None,
+        digest: str | None = None,
+    ) -> StoredState:
+        stored = await self._store.mutate(
+            key,
+            expected_revision=expected,
+            op=op,
+            state=state,
+            private=private,
+            request_digest=digest,
+        )
+        self._notify(stored)
+        return stored
+
+    async def _finish_prepare(
+        self, stored: StoredState, client: CorestoreClient, grant: Secret
+    ) -> StoredState:
+        """Ask Corestore to prepare (idempotent), then settle `prepared` or `failed`."""
+        state = stored.state
+        try:
+            await retrying(
+                lambda: client.prepare_restore(
+                    stored.key.restore_id,
+                    scratch_namespace_id=state["scratchNamespaceId"],
+                    staging_archive_id=state["stagingArchiveId"],
+                    resource_mappings=list(p.private_mappings(stored.private)),
+                    archive_manifest=p.private_manifest(stored.private),
+                    grant=grant,
+                ),
+                settings=self._settings,
+                sleep=self._sleep,
+                what="prepare-restore",
+            )
+        except (CorestoreError, TransferError) as exc:
+            failed = p.with_error(state, exc.code, str(exc))
+            await self._mutate(stored.key, stored.revision, Op.PREPARE_FAILED, failed)
+            _log.warning("prepare_failed", restore_id=stored.key.restore_id, code=exc.code)
+            raise
+        prepared = p.with_prepared(state, self._now())
+        return await self._mutate(stored.key, stored.revision, Op.PREPARE_SUCCEEDED, prepared)
+
+    async def _written(self, key: RestoreKey, path: str) -> bool:
+        return any(o.object_path == path for o in await self._store.written_objects(key))
+
+    async def _staging_complete(self, stored: StoredState) -> bool:
+        written = {
+            (o.object_path, o.size, o.sha256) for o in await self._store.written_objects(stored.key)
+        }
+        manifest = p.private_manifest(stored.private)
+        return all((o.path, o.size, o.sha256) in written for o in manifest.objects)
+
+    def _start(
+        self,
+        runner: Callable[[Job], Coroutine[Any, Any, None]],
+        stored: StoredState,
+        client: CorestoreClient,
+        grant: Secret,
+    ) -> None:
+        """Start `runner` on `stored` as the key's background task, holding `grant` for it."""
+        job = Job(
+            self._store,
+            client,
+            stored.key,
+            grant,
+            self._settings,
+            self._sleep,
+            self._now,
+            self._notify,
+            stored,
+        )
+        self._spawn(stored.key, runner(job), job.log_fields())

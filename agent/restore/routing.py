@@ -1,0 +1,56 @@
+"""Routing an isolated-restore request to one node, and what Corestore's routes can carry (pure).
+
+`locate()` is the first check of every request: the session's cluster, a node of it, a usable
+Corestore endpoint on that node. `check_preparable()` refuses, before any state is written, a
+prepare request that the Corestore routes could not carry (ids they cannot put in a path, a
+restore without a resource mapping), so such a request never leaves a `preparing` row behind.
+"""
+
+from __future__ import annotations
+
+from agent.contracts.cluster import ClusterView
+from agent.contracts.isolatedrestore import IsolatedRestoreRequest, PrepareIsolatedRestoreRequest
+from agent.corestore.shapes import id_problem
+from agent.errors import InvalidRequest, MisroutedCluster, NodeWithoutCorestore
+from agent.store import RestoreKey
+
+__all__ = ["check_preparable", "locate"]
+
+
+def locate(view: ClusterView | None, request: IsolatedRestoreRequest) -> tuple[RestoreKey, str]:
+    """The request's routing key and its node's Corestore endpoint, or the routing refusal.
+
+    Raises `NodeWithoutCorestore` (also, retryable, while no cluster document is loaded),
+    `MisroutedCluster`, `UnknownNode`.
+    """
+    if view is None:
+        raise NodeWithoutCorestore(
+            "the cluster document is not loaded yet; retry once the session has read it"
+        )
+    if request.cluster_id != view.cluster_id:
+        raise MisroutedCluster(
+            f"clusterId {request.cluster_id} is not the cluster this session serves"
+        )
+    endpoint = view.corestore_endpoint(request.target_node_name)
+    return RestoreKey(request.cluster_id, request.target_node_name, request.restore_id), endpoint
+
+
+def check_preparable(request: PrepareIsolatedRestoreRequest) -> None:
+    """`InvalidRequest` naming the field Corestore's routes could not carry, else nothing."""
+    if not request.resource_mappings:
+        raise InvalidRequest(
+            "resourceMappings: an isolated restore needs at least one resource mapping",
+            field="resourceMappings",
+        )
+    named = [
+        ("restoreId", request.restore_id),
+        ("scratchNamespaceId", request.scratch_namespace_id),
+        ("stagingArchiveId", request.staging_archive_id),
+    ] + [
+        (f"resourceMappings.{index}.id", mapping.id)
+        for index, mapping in enumerate(request.resource_mappings)
+    ]
+    for field, value in named:
+        problem = id_problem(value)
+        if problem:
+            raise InvalidRequest(f"{field}: {problem}", field=field)

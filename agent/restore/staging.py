@@ -1,0 +1,303 @@
+"""Staging one archive object: an incoming byte stream -> bounded chunks -> Corestore, resumable.
+
+`stage_object()` is the whole of it. Corestore is the authority on what it holds: it is asked
+for the object's progress first, and
+
+- a committed object (same size and sha256) moves no bytes: it is marked written and done;
+- a partial object resumes: the incoming bytes of its verified prefix are re-chunked on the
+  chunk boundaries Corestore recorded, hashed and compared with Corestore's chunk digests, and
+  NOT sent again; the rest goes out from the verified offset on;
+- otherwise every chunk is sent.
+
+Chunks: the stream's pieces are re-cut into `chunk_size` buffers (the last one shorter). Each is
+hashed (in a worker thread: hashlib drops the GIL, the event loop keeps serving the websocket)
+together with the running whole-object digest, then queued for the uploader. PUTs of one object
+go one at a time in offset order, because Corestore counts only a contiguous verified prefix (a
+chunk past it is refused as `offset-gap`); `max_in_flight` bounds the queue between the stream
+and the uploader, so memory stays below `(max_in_flight + 2) * chunk_size` plus the stream
+window. A chunk Corestore finds corrupted in transit (`IntegrityError`) is sent again, at most
+`chunk_attempts` times; one it cannot take (unavailable after the client's retries) stops the
+stage with `CorestoreUnavailable`, and every chunk accepted so far stays (resume).
+
+Each accepted chunk is also recorded in the store (`record_chunk`), the agent's own record of the
+progress; resuming trusts Corestore's answer, and records it does not confirm are forgotten.
+
+The object counts as written only after the stream ended with exactly the manifest's size and
+sha256 AND Corestore's commit (which re-hashes it) succeeded; then `mark_object_written`. On any
+mismatch nothing counts: the partial object is deleted at Corestore, its records are forgotten
+and `IntegrityError` is raised. A stream that breaks mid-way raises `StreamBroken` after the
+chunks already queued were sent: they stay recorded, and the next stage resumes after them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from agent.contracts.backup import BackupArchiveObject
+from agent.corestore.client import CorestoreClient
+from agent.corestore.models import ChunkRecord
+from agent.errors import AgentError, CorestoreUnavailable, IntegrityError, StreamBroken
+from agent.restore.policy import EngineSettings, Sleep
+from agent.secret import Secret
+from agent.store import RestoreKey, RevisionStore
+
+__all__ = ["ByteSource", "StageOutcome", "StagingJob", "rechunk", "stage_object"]
+
+_log = structlog.get_logger("agent.restore.staging")
+# Below this a worker thread costs more than hashing on the event loop.
+_THREAD_HASH_MIN = 256 * 1024
+
+
+class ByteSource(Protocol):
+    """The incoming object bytes (`agent.session.peer.ByteSource`, or a test's fake)."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StagingJob:
+    """Everything one stage needs. `grant` is held only for this job."""
+
+    client: CorestoreClient
+    store: RevisionStore
+    key: RestoreKey
+    archive_id: str
+    entry: BackupArchiveObject
+    grant: Secret
+    settings: EngineSettings
+    sleep: Sleep
+    monotonic: Callable[[], float] = time.monotonic
+
+
+@dataclass(frozen=True, slots=True)
+class StageOutcome:
+    """What one stage did."""
+
+    sent_bytes: int  # bytes PUT to Corestore by this stage
+    skipped_bytes: int  # incoming bytes Corestore already held (verified, not re-sent)
+    chunks_sent: int
+    stream_opened: bool  # False when Corestore already held the committed object
+
+
+async def rechunk(
+    source: ByteSource, boundaries: Sequence[int], chunk_size: int
+) -> AsyncGenerator[bytes, None]:
+    """The bytes of `source` cut into chunks: first of the lengths in `boundaries`, then of
+    `chunk_size`; the last chunk may be shorter."""
+    plan = list(boundaries)
+    target = plan.pop(0) if plan else chunk_size
+    buffer = bytearray()
+    async for piece in source:
+        buffer += piece
+        while len(buffer) >= target:
+            yield bytes(buffer[:target])
+            del buffer[:target]
+            target = plan.pop(0) if plan else chunk_size
+    if buffer:
+        yield bytes(buffer)
+
+
+def _hash_chunk(whole: Any, chunk: bytes) -> str:
+    whole.update(chunk)
+    return hashlib.sha256(chunk).hexdigest()
+
+
+class _Transfer:
+    """One pass over the incoming stream (state shared by the reader and the uploader)."""
+
+    def __init__(self, job: StagingJob, verified: Sequence[ChunkRecord]) -> None:
+        self.job = job
+        self.verified = {chunk.offset: chunk for chunk in verified}
+        self.verified_end = max((c.offset + c.length for c in verified), default=0)
+        self.whole = hashlib.sha256()
+        self.received = 0
+        self.sent = 0
+        self.chunks_sent = 0
+        self.skipped = 0
+        self.broken: StreamBroken | None = None
+        self.queue: asyncio.Queue[tuple[int, bytes, str] | None] = asyncio.Queue(
+            maxsize=job.settings.max_in_flight
+        )
+        self._last_log = job.monotonic()
+        self._started = self._last_log
+
+    async def read(self, source: ByteSource) -> None:
+        job = self.job
+        boundaries = [self.verified[offset].length for offset in sorted(self.verified)]
+        chunks = rechunk(source, boundaries, job.settings.chunk_size)
+        try:
+            async for chunk in chunks:
+                offset = self.received
+                self.received += len(chunk)
+                if self.received > job.entry.size:
+                    raise IntegrityError(
+                        f"object {job.entry.path} arrived longer than its {job.entry.size} bytes"
+                    )
+                if len(chunk) >= _THREAD_HASH_MIN:
+                    digest = await asyncio.to_thread(_hash_chunk, self.whole, chunk)
+                else:
+                    digest = _hash_chunk(self.whole, chunk)
+                if offset < self.verified_end:
+                    self._check_verified(offset, len(chunk), digest)
+                    self.skipped += len(chunk)
+                    continue
+                await self.queue.put((offset, chunk, digest))
+        except StreamBroken as exc:
+            self.broken = exc  # what is queued still goes out: it stays resumable
+        finally:
+            await chunks.aclose()
+        await self.queue.put(None)
+
+    def _check_verified(self, offset: int, length: int, digest: str) -> None:
+        known = self.verified.get(offset)
+        if known is None or known.length != length or known.sha256 != digest:
+            raise IntegrityError(
+                f"object {self.job.entry.path} at offset {offset} differs from the bytes "
+                "Corestore already verified"
+            )
+
+    async def upload(self) -> None:
+        job = self.job
+        while (item := await self.queue.get()) is not None:
+            offset, chunk, digest = item
+            for attempt in range(1, job.settings.chunk_attempts + 1):
+                try:
+                    await job.client.put_chunk(
+                        job.archive_id, job.entry.path, offset, chunk, digest, job.grant
+                    )
+                    break
+                except IntegrityError:
+                    if attempt >= job.settings.chunk_attempts:
+                        raise
+                    _log.warning(
+                        "staging_chunk_resent",
+                        restore_id=job.key.restore_id,
+                        path=job.entry.path,
+                        offset=offset,
+                        attempt=attempt,
+                    )
+            await job.store.record_chunk(job.key, job.entry.path, offset, len(chunk), digest)
+            self.sent += len(chunk)
+            self.chunks_sent += 1
+            self.log_progress()
+
+    def log_progress(self, *, final: bool = False) -> None:
+        job = self.job
+        now = job.monotonic()
+        if not final and now - self._last_log < job.settings.progress_interval:
+            return
+        self._last_log = now
+        elapsed = max(now - self._started, 1e-9)
+        _log.info(
+            "staging_progress",
+            restore_id=job.key.restore_id,
+            node=job.key.node_name,
+            path=job.entry.path,
+            bytes=self.skipped + self.sent,
+            total=job.entry.size,
+            mb_per_s=round(self.sent / elapsed / 1e6, 2),
+        )
+
+
+async def stage_object(job: StagingJob, open_source: Callable[[], ByteSource]) -> StageOutcome:
+    """Stage `job.entry` from the stream `open_source()` opens (only if bytes are needed)."""
+    client, entry = job.client, job.entry
+    progress = await client.object_progress(job.archive_id, entry.path, job.grant)
+    if progress.state == "committed":
+        if (progress.size, progress.sha256) != (entry.size, entry.sha256):
+            raise IntegrityError(f"Corestore holds {entry.path} with another size or sha256")
+        await job.store.mark_object_written(job.key, entry.path, entry.size, entry.sha256)
+        return StageOutcome(0, 0, 0, stream_opened=False)
+    verified = list(progress.chunks) if progress.state == "partial" else []
+    await _align_records(job, verified)
+
+    transfer = _Transfer(job, verified)
+    error: AgentError | None = None
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(transfer.upload())
+            await transfer.read(open_source())
+    except* AgentError as caught:
+        error = _first(caught)
+    if isinstance(error, IntegrityError):
+        await _discard(job)
+    if error is not None:
+        raise error
+    if transfer.broken is not None:
+        raise transfer.broken
+    transfer.log_progress(final=True)
+
+    actual = (transfer.received, transfer.whole.hexdigest())
+    if actual != (entry.size, entry.sha256):
+        await _discard(job)
+        raise IntegrityError(
+            f"object {entry.path} arrived as {actual[0]} bytes with sha256 {actual[1]}, "
+            f"not the manifest's {entry.size} bytes with sha256 {entry.sha256}"
+        )
+    await _commit(job)
+    await job.store.mark_object_written(job.key, entry.path, entry.size, entry.sha256)
+    return StageOutcome(transfer.sent, transfer.skipped, transfer.chunks_sent, stream_opened=True)
+
+
+async def _align_records(job: StagingJob, verified: Sequence[ChunkRecord]) -> None:
+    """Forget the store's chunk records of this object when Corestore does not confirm them."""
+    recorded = await job.store.verified_chunks(job.key, job.entry.path)
+    confirmed = {(c.offset, c.length, c.sha256) for c in verified}
+    if any((r.offset, r.length, r.sha256) not in confirmed for r in recorded):
+        await job.store.forget_object(job.key, job.entry.path)
+
+
+async def _commit(job: StagingJob) -> None:
+    """Have Corestore re-hash and count the object; after an unknown outcome, ask its progress."""
+    client, entry = job.client, job.entry
+    for attempt in range(1, job.settings.commit_attempts + 1):
+        try:
+            await client.commit_object(
+                job.archive_id, entry.path, entry.size, entry.sha256, job.grant
+            )
+            return
+        except IntegrityError:
+            # Corestore removed the partial object: forget it here too.
+            await job.store.forget_object(job.key, entry.path)
+            raise
+        except CorestoreUnavailable:
+            if attempt >= job.settings.commit_attempts:
+                raise
+            progress = await client.object_progress(job.archive_id, entry.path, job.grant)
+            if progress.state == "committed":
+                return
+            if progress.state == "absent" or progress.verified_bytes < entry.size:
+                await job.store.forget_object(job.key, entry.path)
+                raise
+            await job.sleep(job.settings.delay(attempt))
+
+
+async def _discard(job: StagingJob) -> None:
+    """Delete the partial object at Corestore (best effort) and forget it here."""
+    try:
+        await job.client.delete_object(job.archive_id, job.entry.path, job.grant)
+    except AgentError as exc:
+        # The object is not counted either way; a later stage or cleanup removes it.
+        _log.warning(
+            "staging_discard_failed",
+            restore_id=job.key.restore_id,
+            path=job.entry.path,
+            code=exc.code,
+        )
+    await job.store.forget_object(job.key, job.entry.path)
+
+
+def _first(group: BaseExceptionGroup[AgentError]) -> AgentError:
+    """The first leaf of an exception group (a TaskGroup of two tasks fails with one error)."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, AgentError)
+    return first

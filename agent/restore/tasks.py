@@ -1,0 +1,202 @@
+"""`WorkOwner`: the engine's task ownership, per-restore locks and change notifications.
+
+The isolated-restore engine (`engine.py`) inherits this; it is split out so the request logic
+reads on its own. What lives here:
+
+- `run()` owns every background task in one `asyncio.TaskGroup`; `close(timeout)` stops taking
+  work, cancels the running tasks and waits for them. `async with engine:` runs `run()` in a
+  task of its own, for a composition root that has no TaskGroup to lend.
+- `_spawn(key, coroutine)`: one background task per restore key; a crash of one is logged with
+  its traceback and does not stop the others (its state stays in flight, resumable).
+- `_key_lock(key)`: mutating requests of one restore run one at a time.
+- `observe()`, `wait_for()`, `settled()`: who wants to know when a state changed (tests, the
+  crash-test harness, a status page) waits on these instead of polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine
+from types import TracebackType
+from typing import Any, Self
+
+import structlog
+
+from agent.errors import InvalidState, ShuttingDown
+from agent.store import RestoreKey, RevisionStore, StoredState
+
+__all__ = ["Observer", "WorkOwner"]
+
+_log = structlog.get_logger("agent.restore.engine")
+Observer = Callable[[StoredState], None]
+
+
+class WorkOwner:
+    """Owns the background work on restores and tells observers about every mutation."""
+
+    def __init__(self, store: RevisionStore) -> None:
+        self._store = store
+        self._locks: dict[RestoreKey, tuple[asyncio.Lock, int]] = {}
+        self._work: dict[RestoreKey, asyncio.Task[None]] = {}
+        self._observers: list[Observer] = []
+        self._group: asyncio.TaskGroup | None = None
+        self._run_task: asyncio.Task[None] | None = None
+        self._started = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._stopped = asyncio.Event()
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Own the background work until `close()`; then cancel and await it."""
+        if self._started.is_set():
+            raise InvalidState("the isolated-restore engine may run once")
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                self._started.set()
+                await self._report_unfinished()
+                await self._closing.wait()
+                for task in list(self._work.values()):
+                    task.cancel()
+        finally:
+            self._group = None
+            self._stopped.set()
+
+    async def close(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109  # a shutdown bound
+        """Stop taking work, cancel the running work, wait at most `timeout` s for `run()`."""
+        self._closing.set()
+        if not self._started.is_set():
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._stopped.wait()
+        except TimeoutError:
+            _log.error("restore_engine_close_overran", timeout_s=timeout)
+            if self._run_task is not None:
+                self._run_task.cancel()
+        if self._run_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._run_task
+
+    async def __aenter__(self) -> Self:
+        """Run `run()` in a task of its own; returns once the engine takes work."""
+        self._run_task = asyncio.create_task(self.run(), name="isolated-restore-engine")
+        started = asyncio.create_task(self._started.wait())
+        done, _ = await asyncio.wait({self._run_task, started}, return_when="FIRST_COMPLETED")
+        if started not in done:
+            started.cancel()
+            await asyncio.gather(started, return_exceptions=True)
+            self._run_task.result()  # run() ended before it started: raise its error
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # --- observation --------------------------------------------------------------------------
+
+    def observe(self, observer: Observer) -> Callable[[], None]:
+        """Call `observer(stored)` synchronously after every mutation; returns the remover."""
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer)
+
+    def working(self, key: RestoreKey) -> bool:
+        """Whether background work on `key` is running."""
+        return key in self._work
+
+    async def settled(self, key: RestoreKey) -> None:
+        """Wait until no background work runs on `key` (at once if none does)."""
+        while (task := self._work.get(key)) is not None:
+            await asyncio.wait({task})
+
+    async def wait_for(
+        self, key: RestoreKey, predicate: Callable[[StoredState], bool]
+    ) -> StoredState:
+        """The first state of `key`, the current one included, that satisfies `predicate`."""
+        found: asyncio.Future[StoredState] = asyncio.get_running_loop().create_future()
+
+        def check(stored: StoredState) -> None:
+            if stored.key == key and not found.done() and predicate(stored):
+                found.set_result(stored)
+
+        remove = self.observe(check)
+        try:
+            current = await self._store.get(key)
+            if current is not None:
+                check(current)
+            return await found
+        finally:
+            remove()
+
+    def _notify(self, stored: StoredState) -> None:
+        for observer in list(self._observers):
+            observer(stored)
+
+    # --- background work ----------------------------------------------------------------------
+
+    def _check_running(self) -> None:
+        """`ShuttingDown` unless background work can be started now."""
+        if self._group is None or self._closing.is_set():
+            raise ShuttingDown("the isolated-restore engine is not running")
+
+    def _spawn(
+        self, key: RestoreKey, work: Coroutine[Any, Any, None], fields: dict[str, str]
+    ) -> None:
+        """Run `work` as the background task of `key` (the caller checked none runs)."""
+        group = self._group
+        if group is None:
+            work.close()
+            raise ShuttingDown("the isolated-restore engine is not running")
+        task = group.create_task(self._guarded(work, fields), name=f"restore-{key.restore_id}")
+        self._work[key] = task
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if self._work.get(key) is done:
+                del self._work[key]
+
+        task.add_done_callback(forget)
+
+    async def _guarded(self, work: Coroutine[Any, Any, None], fields: dict[str, str]) -> None:
+        try:
+            await work
+        except Exception:  # noqa: BLE001  # logged with its traceback, see below
+            # A bug in one restore's work must not stop the others: its state stays in flight
+            # (visible in status, resumable by a replay) and the traceback is logged.
+            _log.exception("restore_work_crashed", **fields)
+
+    async def _report_unfinished(self) -> None:
+        """Log the states a previous run left in flight (they resume on Cloudly's replay)."""
+        try:
+            unfinished = await self._store.list_unfinished()
+        except Exception as exc:  # noqa: BLE001  # a report, not a precondition
+            _log.warning("restore_unfinished_unreadable", error=type(exc).__name__)
+            return
+        for stored in unfinished:
+            _log.info(
+                "restore_unfinished",
+                restore_id=stored.key.restore_id,
+                node=stored.key.node_name,
+                status=stored.status,
+                revision=stored.revision,
+            )
+
+    @contextlib.asynccontextmanager
+    async def _key_lock(self, key: RestoreKey) -> AsyncIterator[None]:
+        """One mutating request per restore at a time; the lock is dropped when unused."""
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)

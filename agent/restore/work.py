@@ -1,0 +1,234 @@
+"""The engine's background work: executing a restore and cleaning it up, step by durable step.
+
+`run_execute()` and `run_cleanup()` run in tasks the engine owns (`IsolatedRestoreEngine.run`).
+Each step is one Corestore call (retried by `policy.retrying` while Corestore is unavailable)
+followed by one mutation of the node state, so a restart finds exactly the steps that finished:
+
+    execute: restoring  -- restore mapping m (start, poll until done) --> progress (+ m completed)
+             restoring  -- every mapping completed -------------------> verifying (running)
+             verifying  -- verify mapping m ---------------------------> progress (+ m's result)
+             verifying  -- every result passed ------------------------> ready, else failed
+    cleanup: cleaning   -- per entry (each resource, then the staging archive):
+                           running (attempts + 1) -> succeeded | failed (errorCode, errorMessage)
+             cleaning   -- every entry succeeded -> cleaned, else cleanup-failed
+
+Steps already recorded are skipped when the work resumes (after a restart, on an exact replay of
+the request that started it). A Corestore or integrity failure ends the work in `failed` /
+`cleanup-failed` with `lastErrorCode` (its wire code) and `lastErrorMessage`. Any other error
+(the store failed, the agent is shutting down, the state moved under the work) leaves the state
+in flight as it is: it resumes on the next replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from agent.corestore.client import CorestoreClient
+from agent.corestore.models import ResourceStatus
+from agent.errors import AgentError, CorestoreError, CorestoreUnavailable, TransferError
+from agent.restore import progress as p
+from agent.restore.machine import Op
+from agent.restore.policy import EngineSettings, Sleep, retrying
+from agent.secret import Secret
+from agent.store import RestoreKey, RevisionStore, StoredState
+
+__all__ = ["Job", "run_cleanup", "run_execute"]
+
+_log = structlog.get_logger("agent.restore.work")
+_VERIFICATION_FAILED = "verification-failed"
+_RESTORE_FAILED = "restore-failed"
+
+
+@dataclass(slots=True)
+class Job:
+    """One piece of background work on one restore. `grant` lives only as long as the job."""
+
+    store: RevisionStore
+    client: CorestoreClient
+    key: RestoreKey
+    grant: Secret = field(repr=False)
+    settings: EngineSettings
+    sleep: Sleep
+    now: Callable[[], int]  # epoch milliseconds
+    notify: Callable[[StoredState], None]
+    stored: StoredState  # the latest state this job wrote or started from
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The latest wire state (a fresh copy is made by every transform)."""
+        return self.stored.state
+
+    async def mutate(self, op: Op, state: dict[str, Any]) -> StoredState:
+        """Persist `state` with `op` at the revision this job knows; the request digest stays."""
+        self.stored = await self.store.mutate(
+            self.key, expected_revision=self.stored.revision, op=op, state=state
+        )
+        self.notify(self.stored)
+        return self.stored
+
+    def log_fields(self) -> dict[str, str]:
+        """The identifying fields of every log line of this job (no secret among them)."""
+        return {"restore_id": self.key.restore_id, "node": self.key.node_name}
+
+
+def _settles_as_failure(exc: AgentError) -> bool:
+    """Failures of the work itself; anything else leaves the state in flight to resume."""
+    return isinstance(exc, CorestoreError | TransferError)
+
+
+# --- execute ------------------------------------------------------------------------------------
+
+
+async def run_execute(job: Job) -> None:
+    """Restore every mapping not yet completed, then verify; ends `ready` or `failed`."""
+    _log.info("restore_work_started", **job.log_fields(), status=job.stored.status)
+    try:
+        if job.stored.status == "restoring":
+            await _restore_all(job)
+        if job.stored.status == "verifying":
+            await _verify_all(job)
+    except AgentError as exc:
+        if not _settles_as_failure(exc):
+            _log.warning("restore_work_interrupted", **job.log_fields(), code=exc.code)
+            return
+        op = Op.RESTORE_FAILED if job.stored.status == "restoring" else Op.VERIFY_FAILED
+        state = job.state
+        if op is Op.VERIFY_FAILED:
+            state = p.with_verification_finished(state, passed=False, now=job.now())
+        await job.mutate(op, p.with_error(state, exc.code, str(exc)))
+        _log.warning("restore_failed", **job.log_fields(), code=exc.code)
+        return
+    _log.info("restore_work_finished", **job.log_fields(), status=job.stored.status)
+
+
+async def _restore_all(job: Job) -> None:
+    mappings = p.private_mappings(job.stored.private)
+    for mapping in mappings:
+        if mapping.id in job.state.get("completedResourceMappingIds", []):
+            continue
+        status = await retrying(
+            functools.partial(_restore_one, job, mapping.id),
+            settings=job.settings,
+            sleep=job.sleep,
+            what="restore-resource",
+        )
+        if status.state != "succeeded":
+            code = status.error.code if status.error is not None else status.state
+            message = f"Corestore could not restore resource mapping {mapping.id}: {code}"
+            await job.mutate(Op.RESTORE_FAILED, p.with_error(job.state, _RESTORE_FAILED, message))
+            _log.warning("restore_failed", **job.log_fields(), code=_RESTORE_FAILED)
+            return
+        await job.mutate(Op.PROGRESS, p.with_completed_mapping(job.state, mapping.id))
+    await job.mutate(Op.RESTORE_SUCCEEDED, p.with_verification_started(job.state, job.now()))
+
+
+async def _restore_one(job: Job, mapping_id: str) -> ResourceStatus:
+    """Start (or confirm) the restore of one mapping and poll until it is no longer running."""
+    restore_id, timeout = job.key.restore_id, job.settings.restore_timeout
+    try:
+        async with asyncio.timeout(timeout):
+            status = await job.client.restore_resource(restore_id, mapping_id, job.grant)
+            while status.state == "running":
+                await job.sleep(job.settings.poll_interval)
+                status = await job.client.resource_restore_status(restore_id, mapping_id, job.grant)
+    except TimeoutError as exc:
+        raise CorestoreUnavailable(
+            f"Corestore did not finish restoring resource mapping {mapping_id} within {timeout:g} s"
+        ) from exc
+    return status
+
+
+async def _verify_all(job: Job) -> None:
+    mappings = p.private_mappings(job.stored.private)
+    done = {r["resourceMappingId"] for r in job.state["verification"].get("results", [])}
+    for mapping in mappings:
+        if mapping.id in done:
+            continue
+        answer = await retrying(
+            functools.partial(
+                job.client.verify_resource, job.key.restore_id, mapping.id, job.grant
+            ),
+            settings=job.settings,
+            sleep=job.sleep,
+            what="verify-resource",
+        )
+        result = p.verification_result(mapping, answer, job.now())
+        await job.mutate(Op.PROGRESS, p.with_verification_result(job.state, result))
+    results = job.state["verification"]["results"]
+    failed = [r for r in results if r["status"] != "passed"]
+    now = job.now()
+    if not failed:
+        await job.mutate(Op.VERIFY_PASSED, p.with_ready(job.state, now))
+        return
+    checks = sorted({c["code"] for r in failed for c in r["checks"] if c["status"] != "passed"})
+    ids = ", ".join(r["resourceMappingId"] for r in failed)
+    message = f"verification failed for resource mapping(s) {ids}: " + (
+        ", ".join(checks) or "no passing result"
+    )
+    state = p.with_verification_finished(job.state, passed=False, now=now)
+    await job.mutate(Op.VERIFY_FAILED, p.with_error(state, _VERIFICATION_FAILED, message))
+    _log.warning("restore_failed", **job.log_fields(), code=_VERIFICATION_FAILED)
+
+
+# --- cleanup ------------------------------------------------------------------------------------
+
+
+async def run_cleanup(job: Job) -> None:
+    """Delete every entry not yet cleaned; ends `cleaned` or `cleanup-failed`."""
+    _log.info("cleanup_work_started", **job.log_fields())
+    try:
+        for entry_id in p.cleanup_pending(job.state):
+            await _clean_one(job, entry_id)
+        if p.cleanup_complete(job.state):
+            await job.mutate(Op.CLEANUP_SUCCEEDED, job.state)
+            _log.info("cleanup_work_finished", **job.log_fields(), status=job.stored.status)
+            return
+        failed = [p.cleanup_entry(job.state, entry_id) for entry_id in p.cleanup_pending(job.state)]
+        first = failed[0]
+        what = first.get("resourceMappingId", first.get("stagingArchiveId"))
+        state = p.with_error(
+            job.state,
+            first.get("errorCode", "internal"),
+            f"cleanup of {what} failed: {first.get('errorMessage', 'no answer')}",
+        )
+        await job.mutate(Op.CLEANUP_FAILED, state)
+        _log.warning("cleanup_failed", **job.log_fields(), code=first.get("errorCode"))
+    except AgentError as exc:
+        _log.warning("cleanup_work_interrupted", **job.log_fields(), code=exc.code)
+
+
+async def _clean_one(job: Job, entry_id: str | None) -> None:
+    """Delete one resource (or the staging archive), `attempts` times while unavailable."""
+    attempts = job.settings.attempts
+    for attempt in range(1, attempts + 1):
+        running = p.with_cleanup_entry(
+            job.state, entry_id, status="running", now=job.now(), attempt=True
+        )
+        await job.mutate(Op.PROGRESS, running)
+        try:
+            if entry_id is p.STAGING_ENTRY:
+                outcome = await job.client.delete_staging_archive(
+                    job.state["stagingArchiveId"], job.grant
+                )
+            else:
+                outcome = await job.client.delete_resource(job.key.restore_id, entry_id, job.grant)
+        except CorestoreError as exc:
+            error = (exc.code, str(exc))
+            failed = p.with_cleanup_entry(
+                job.state, entry_id, status="failed", now=job.now(), error=error
+            )
+            await job.mutate(Op.PROGRESS, failed)
+            if not isinstance(exc, CorestoreUnavailable) or attempt >= attempts:
+                return
+            await job.sleep(job.settings.delay(attempt))
+            continue
+        done = p.with_cleanup_entry(job.state, entry_id, status="succeeded", now=job.now())
+        await job.mutate(Op.PROGRESS, done)
+        _log.info("cleanup_entry_done", **job.log_fields(), outcome=outcome.value)
+        return

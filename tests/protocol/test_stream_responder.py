@@ -1,0 +1,221 @@
+"""The responder side of a VirtualStream: answers as typedrequest 3.3.0, plus `read`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.errors import InvalidState, StreamBroken
+from agent.protocol.chunks import CLOSING, CLOSING_BIT, encode_chunk
+from agent.protocol.envelope import Envelope
+from agent.protocol.stream_responder import ResponderStream, Role, StreamState
+from agent.protocol.streampkg import StreamPackage, package_from_json, stream_frame
+
+WINDOW = 2
+
+
+def responder(role: Role) -> ResponderStream:
+    return ResponderStream("s1", role, now=0.0, window=WINDOW, idle_timeout=10.0, park_timeout=1.0)
+
+
+def frame(purpose: str, cycle: str = "k1", **fields: Any) -> tuple[Envelope, StreamPackage]:
+    package = StreamPackage("s1", cycle, "request", purpose, **fields)  # type: ignore[arg-type]
+    return stream_frame(package), package
+
+
+def send(stream: ResponderStream, purpose: str, now: float = 1.0, **fields: Any) -> Envelope:
+    answer = stream.handle(*frame(purpose, **fields), now)
+    assert answer is not None
+    return answer
+
+
+def chunk(data: bytes | None) -> dict[str, Any]:
+    return {"chunk_data": CLOSING_BIT if data is None else encode_chunk(data)}
+
+
+def test_keepalive_answer_has_the_ts_shape() -> None:
+    """keepAlive is answered with our flag, next and backpressure; the request is echoed."""
+    env, _ = frame("keepAlive", keep_alive=True)
+    answer = responder(Role.RECEIVE).handle(env, package_from_json(env.request), 1.0)
+    assert answer == Envelope(
+        "##VirtualStream##",
+        env.request,
+        {
+            "streamId": "s1",
+            "cycleId": "k1",
+            "cycle": "response",
+            "mainPurpose": "keepAlive",
+            "keepAlive": True,
+            "next": False,
+            "backpressure": False,
+        },
+        is_reply=True,
+    )
+
+
+def test_feedback_answer_reports_next_and_backpressure() -> None:
+    """feedback is answered with a feedback package."""
+    answer = send(responder(Role.RECEIVE), "feedback", next=True, backpressure=False)
+    assert answer.response["mainPurpose"] == "feedback"
+    assert (answer.response["next"], answer.response["backpressure"]) == (False, False)
+
+
+def test_chunk_answer_has_null_request_and_queues_the_bytes() -> None:
+    """A chunk is answered with request null and a feedback package; its bytes are queued."""
+    stream = responder(Role.RECEIVE)
+    answer = send(stream, "chunk", **chunk(b"abc"))
+    assert answer.request is None
+    assert answer.response["mainPurpose"] == "feedback"
+    assert stream.take() == b"abc"
+
+
+def test_full_receive_queue_reports_backpressure() -> None:
+    """Once `window` chunks wait, answers say backpressure true."""
+    stream = responder(Role.RECEIVE)
+    assert send(stream, "chunk", **chunk(b"a")).response["backpressure"] is False
+    assert send(stream, "chunk", **chunk(b"b")).response["backpressure"] is True
+    stream.take()
+    assert send(stream, "feedback").response["backpressure"] is False
+
+
+def test_sender_ignoring_backpressure_breaks_the_stream() -> None:
+    """More than 2 x window queued chunks break the stream; memory stays bounded."""
+    stream = responder(Role.RECEIVE)
+    for _ in range(2 * WINDOW + 1):
+        send(stream, "chunk", **chunk(b"x" * 10))
+    assert stream.state is StreamState.BROKEN
+    taken = [stream.take() for _ in range(2 * WINDOW)]
+    assert taken == [b"x" * 10] * (2 * WINDOW)
+    with pytest.raises(StreamBroken):
+        stream.take()
+
+
+def test_closing_bit_ends_the_stream() -> None:
+    """The closing bit is queued after the data and ends the stream."""
+    stream = responder(Role.RECEIVE)
+    send(stream, "chunk", **chunk(b"a"))
+    send(stream, "chunk", **chunk(None))
+    assert stream.state is StreamState.ENDED
+    assert [stream.take(), stream.take()] == [b"a", CLOSING]
+
+
+def test_keepalive_answer_turns_false_after_the_end() -> None:
+    """After the closing bit we answer keepAlive false so the initiator stops."""
+    stream = responder(Role.RECEIVE)
+    send(stream, "chunk", **chunk(None))
+    assert send(stream, "keepAlive", keep_alive=True).response["keepAlive"] is False
+
+
+def test_undecodable_chunk_breaks_the_stream() -> None:
+    """A chunk that is no binary form breaks the stream."""
+    stream = responder(Role.RECEIVE)
+    send(stream, "chunk", chunk_data={"type": "Buffer", "data": [999]})
+    with pytest.raises(StreamBroken, match="undecodable"):
+        stream.take()
+
+
+def test_initiator_stopping_before_the_end_breaks_the_stream() -> None:
+    """keepAlive false before the closing bit means the initiator gave up."""
+    stream = responder(Role.RECEIVE)
+    send(stream, "keepAlive", keep_alive=False)
+    with pytest.raises(StreamBroken, match="stopped"):
+        stream.take()
+
+
+def test_silence_longer_than_the_idle_timeout_breaks_the_stream() -> None:
+    """No frame for idle_timeout seconds breaks an open stream (injected clock)."""
+    stream = responder(Role.RECEIVE)
+    send(stream, "keepAlive", now=5.0, keep_alive=True)
+    stream.expire(15.0)
+    before = stream.state
+    stream.expire(15.1)
+    assert (before, stream.state) == (StreamState.OPEN, StreamState.BROKEN)
+
+
+def test_ended_stream_does_not_break_on_silence() -> None:
+    """Final states do not move: an ended stream stays ended after the idle timeout."""
+    stream = responder(Role.RECEIVE)
+    send(stream, "chunk", **chunk(None))
+    stream.expire(100.0)
+    assert stream.state is StreamState.ENDED
+
+
+def test_abandoned_stream_discards_chunks_and_answers_keepalive_false() -> None:
+    """Nobody reads: chunks are dropped without backpressure and keepAlive is false."""
+    stream = responder(Role.RECEIVE)
+    stream.abandon(1.0)
+    for _ in range(3 * WINDOW):
+        assert send(stream, "chunk", **chunk(b"x")).response["backpressure"] is False
+    assert send(stream, "keepAlive", keep_alive=True).response["keepAlive"] is False
+
+
+def test_read_is_answered_with_the_next_chunk_and_next() -> None:
+    """SEND role: read gets a chunk package with chunkData and next."""
+    stream = responder(Role.SEND)
+    stream.offer(b"one")
+    answer = send(stream, "read")
+    assert answer.response["mainPurpose"] == "chunk"
+    assert answer.response["chunkData"] == {"type": "Buffer", "data": list(b"one")}
+    assert answer.response["next"] is True  # open: more may come
+
+
+def test_read_on_an_empty_open_stream_is_parked_until_data() -> None:
+    """A read that finds nothing waits; the next offer returns its answer."""
+    stream = responder(Role.SEND)
+    assert stream.handle(*frame("read", cycle="r1"), 1.0) is None
+    released = stream.offer(b"late")
+    assert released is not None
+    assert released.response["cycleId"] == "r1"
+    assert released.response["chunkData"]["data"] == list(b"late")
+
+
+def test_parked_read_is_answered_empty_after_the_park_timeout() -> None:
+    """Past park_timeout a parked read gets a feedback answer with next true."""
+    stream = responder(Role.SEND)
+    stream.handle(*frame("read", cycle="r1"), 1.0)
+    assert stream.expire(1.5) is None
+    released = stream.expire(2.0)
+    assert released is not None
+    assert released.response["mainPurpose"] == "feedback"
+    assert released.response["next"] is True
+
+
+def test_closing_bit_is_delivered_last_then_the_stream_ends() -> None:
+    """close() queues the closing bit after the data; delivering it ends the stream."""
+    stream = responder(Role.SEND)
+    stream.offer(b"a")
+    stream.close()
+    assert send(stream, "read").response["next"] is True
+    last = send(stream, "read").response
+    assert (last["chunkData"], last["next"]) == (CLOSING_BIT, False)
+    assert stream.state is StreamState.ENDED
+    assert send(stream, "keepAlive", keep_alive=True).response["keepAlive"] is False
+
+
+def test_offer_on_a_full_send_queue_raises_and_changes_nothing() -> None:
+    """The producer must wait for has_space(); offering anyway is refused."""
+    stream = responder(Role.SEND)
+    stream.offer(b"1")
+    stream.offer(b"2")
+    assert not stream.has_space()
+    with pytest.raises(InvalidState):
+        stream.offer(b"3")
+    assert send(stream, "read").response["chunkData"]["data"] == list(b"1")
+
+
+def test_offer_after_abort_raises_stream_broken() -> None:
+    """A broken send stream refuses more data."""
+    stream = responder(Role.SEND)
+    stream.abort("gone", 1.0)
+    with pytest.raises(StreamBroken):
+        stream.offer(b"x")
+
+
+def test_finished_registration_lingers_then_may_go() -> None:
+    """An ended stream is kept for `linger` seconds after its last frame."""
+    stream = responder(Role.RECEIVE)
+    send(stream, "chunk", now=1.0, **chunk(None))
+    stream.take()
+    assert not stream.finished(5.0, linger=10.0)
+    assert stream.finished(11.0, linger=10.0)

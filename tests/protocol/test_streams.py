@@ -1,0 +1,164 @@
+"""The stream registry: routing of `##VirtualStream##` frames, and a sans-I/O round trip."""
+
+from __future__ import annotations
+
+import hashlib
+from itertools import count
+
+import orjson
+import pytest
+
+from agent.errors import RemoteProtocolError
+from agent.protocol.chunks import CLOSING
+from agent.protocol.envelope import Envelope, decode_envelope, encode_envelope
+from agent.protocol.stream_initiator import InitiatorState
+from agent.protocol.stream_responder import ResponderStream, Role, StreamState
+from agent.protocol.streams import StreamRegistry, StreamSettings
+
+SETTINGS = StreamSettings(window=4, keepalive_interval=1.0, keepalive_timeout=10.0)
+
+
+def registry(prefix: str) -> StreamRegistry:
+    numbers = count(1)
+    return StreamRegistry(SETTINGS, lambda: f"{prefix}{next(numbers)}")
+
+
+def wire(env: Envelope) -> Envelope:
+    """Through the codec, as over a websocket."""
+    return decode_envelope(encode_envelope(env))
+
+
+def test_frame_for_an_unknown_stream_is_echoed_unchanged() -> None:
+    """As the TS router: the frame comes back with response unchanged and localData null."""
+    frame = (
+        b'{"method":"##VirtualStream##","request":{"streamId":"nope","cycleId":"c1",'
+        b'"cycle":"request","mainPurpose":"keepAlive","keepAlive":true},"response":null}'
+    )
+    result = registry("b").on_frame(decode_envelope(frame), 0.0)
+    assert result.reply is not None
+    assert orjson.loads(encode_envelope(result.reply)) == orjson.loads(frame) | {"localData": None}
+
+
+def test_malformed_stream_package_is_dropped() -> None:
+    """A stream frame whose package is invalid gets no answer."""
+    env = Envelope("##VirtualStream##", {"streamId": "s", "cycle": "request"}, None)
+    result = registry("b").on_frame(env, 0.0)
+    assert (result.reply, bool(result.dropped)) == (None, True)
+
+
+def test_answer_is_routed_to_its_stream_by_cycle_id() -> None:
+    """An answer package completes the initiator cycle with the same cycleId."""
+    a, b = registry("a"), registry("b")
+    stream = a.open_initiator(Role.SEND)
+    b.open_responder(stream.stream_id, Role.RECEIVE, 0.0)
+    stream.arm(0.0)
+    stream.close()
+    for env in a.poll(stream, 0.0):
+        result = b.on_frame(wire(env), 0.0)
+        assert result.reply is not None
+        a.on_frame(wire(result.reply), 0.0)
+    assert stream.state is InitiatorState.ENDED
+
+
+def test_our_frame_echoed_back_breaks_our_stream() -> None:
+    """A 3.3.0 responder answers read with response null: our read comes back, we break."""
+    a = registry("a")
+    stream = a.open_initiator(Role.RECEIVE, "theirs")
+    stream.arm(0.0)
+    for env in a.poll(stream, 0.0):
+        a.on_frame(wire(env), 0.0)  # the peer sent our frame back untouched
+    assert stream.state is InitiatorState.BROKEN
+
+
+def test_duplicate_stream_id_is_refused() -> None:
+    """Announcing a stream id already in use is a remote protocol error."""
+    b = registry("b")
+    b.open_responder("s", Role.RECEIVE, 0.0)
+    with pytest.raises(RemoteProtocolError):
+        b.open_responder("s", Role.RECEIVE, 0.0)
+
+
+def test_finished_responder_is_removed_after_lingering() -> None:
+    """expire() drops a drained, ended registration once it has been quiet long enough."""
+    b = registry("b")
+    stream = b.open_responder("s", Role.RECEIVE, 0.0)
+    stream.abandon(0.0)
+    b.expire(5.0)
+    assert "s" in b.responders
+    b.expire(10.5)
+    assert "s" not in b.responders
+
+
+def pump(a: StreamRegistry, b: StreamRegistry, now: float) -> int:
+    """Deliver every frame the initiators of `a` want to send, and their answers; count them."""
+    moved = 0
+    for stream in list(a.initiators.values()):
+        for env in a.poll(stream, now):
+            result = b.on_frame(wire(env), now)
+            if result.reply is not None:
+                a.on_frame(wire(result.reply), now)
+            moved += 1
+    return moved
+
+
+def test_slow_reader_bounds_the_receive_queue_to_the_window() -> None:
+    """A reader that never takes holds at most `window` chunks: the sender pauses, not memory."""
+    a, b = registry("a"), registry("b")
+    sender = a.open_initiator(Role.SEND)
+    reader = b.open_responder(sender.stream_id, Role.RECEIVE, 0.0)
+    sender.arm(0.0)
+    written = 0
+    now = 0.0
+    for _ in range(200):
+        while sender.has_space():
+            sender.write(b"x" * 1000)
+            written += 1
+        pump(a, b, now)
+        now += 0.01
+        assert reader._backpressured() or len(reader._queue) < SETTINGS.window
+        assert len(reader._queue) <= SETTINGS.window
+    assert written <= 2 * SETTINGS.window + 1  # the sender's window plus what the reader holds
+    assert sender.state is InitiatorState.OPEN
+
+
+def test_sans_io_round_trip_keeps_every_byte_in_both_directions() -> None:
+    """Bytes cross intact both ways (initiator SEND, responder SEND) through the codec."""
+    a, b = registry("a"), registry("b")
+    upstream = bytes(range(256)) * 300
+    up = a.open_initiator(Role.SEND)
+    up_reader = b.open_responder(up.stream_id, Role.RECEIVE, 0.0)
+    up.arm(0.0)
+    down_writer = b.open_responder("down", Role.SEND, 0.0)
+    down = a.open_initiator(Role.RECEIVE, "down")
+    down.arm(0.0)
+    chunks = [upstream[i : i + 5000] for i in range(0, len(upstream), 5000)]
+    to_send, to_offer = list(chunks), list(chunks)
+    got_up, got_down = bytearray(), bytearray()
+    now = 0.0
+    while up.state is not InitiatorState.ENDED or down.state is not InitiatorState.ENDED:
+        while to_send and up.has_space():
+            up.write(to_send.pop(0))
+        if not to_send and up.has_space() and not up._queued_close:
+            up.close()
+        while to_offer and down_writer.has_space():
+            released = down_writer.offer(to_offer.pop(0))
+            if released is not None:
+                a.on_frame(wire(released), now)
+        if not to_offer and down_writer.has_space() and not down_writer._queued_close:
+            released = down_writer.close()
+            if released is not None:
+                a.on_frame(wire(released), now)
+        pump(a, b, now)
+        while (item := up_reader.take()) not in (None, CLOSING):
+            assert isinstance(item, bytes)
+            got_up += item
+        while (item := down.take()) not in (None, CLOSING):
+            assert isinstance(item, bytes)
+            got_down += item
+        now += 0.01
+        assert now < 60, "the round trip stalled"
+    assert hashlib.sha256(got_up).digest() == hashlib.sha256(upstream).digest()
+    assert hashlib.sha256(got_down).digest() == hashlib.sha256(upstream).digest()
+    assert up_reader.state is StreamState.ENDED
+    assert down_writer.state is StreamState.ENDED
+    assert isinstance(down_writer, ResponderStream)

@@ -1,0 +1,376 @@
+"""Fixtures for the engine tests: the real reference Corestore, a real store, a running engine.
+
+Test modules cannot import this file (importlib mode), so everything travels as fixtures:
+
+- `world`: a `World` — the reference Corestore (127.0.0.1, port 0, tmp_path), the revision
+  store (SQLite in tmp_path), the Corestore clients, the cluster view, a running engine, its
+  handlers, and one restore's facts (two mappings, three objects) with request builders.
+  `world.restart()` closes the engine and opens a new one on the same store (an agent restart).
+- `source_factory`: fake `ByteSource`s (`ChunkSource`) fed from bytes, optionally breaking.
+
+Secrets are recognisable so leak tests can search for them: `BEARER`, and grants built by
+`World.grant()` (a fresh compact JWS per call, all sharing `GRANT_MARK` in their payload).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from agent.contracts.base import StreamMarker
+from agent.contracts.cluster import ClusterView, NodeView
+from agent.contracts.isolatedrestore import (
+    METHOD_CLEANUP,
+    METHOD_EXECUTE,
+    METHOD_GET_STATUS,
+    METHOD_PREPARE,
+    METHOD_STAGE,
+)
+from agent.corestore import CorestoreClients, CorestoreTimeouts, RetryPolicy
+from agent.devstack.corestore import CorestoreHandle, start
+from agent.errors import StreamBroken
+from agent.restore.engine import IsolatedRestoreEngine
+from agent.restore.handlers import build_handlers
+from agent.restore.policy import EngineSettings
+from agent.secret import Secret
+from agent.session.peer import Handler
+from agent.store import RestoreKey, RevisionStore, StoredState
+
+BEARER = "corestore-bearer-SENTINEL-5c1e9a77"
+GRANT_MARK = "R1JBTlRTRU5USU5FTA"  # base64url of "GRANTSENTINEL", in every grant's payload
+CLUSTER, NODE, RESTORE = "cluster-1", "node-1", "restore-1"
+KEY = RestoreKey(CLUSTER, NODE, RESTORE)
+CHUNK = 4096
+
+FAST = EngineSettings(
+    chunk_size=CHUNK,
+    max_in_flight=2,
+    attempts=2,
+    first_delay=0.01,
+    max_delay=0.05,
+    poll_interval=0.002,
+    progress_interval=0.0,
+)
+
+
+def _b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+_HEADER = _b64('{"alg":"RS256","typ":"JWT"}')
+
+
+def pattern(size: int, seed: str) -> bytes:
+    """Deterministic, seed-specific bytes."""
+    block = hashlib.sha256(seed.encode()).digest()
+    return (block * (size // len(block) + 1))[:size]
+
+
+class Clock:
+    """A wall clock that advances one millisecond per reading (store: seconds, engine: ms)."""
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count(1_700_000_000_000)
+
+    def ms(self) -> int:
+        return next(self._ticks)
+
+    def seconds(self) -> float:
+        return next(self._ticks) / 1000
+
+
+@dataclass
+class Sleeps:
+    """An injected sleep: records each delay and returns at once (after one loop turn)."""
+
+    delays: list[float] = field(default_factory=list)
+
+    async def __call__(self, seconds: float) -> None:
+        import asyncio
+
+        self.delays.append(seconds)
+        await asyncio.sleep(0)
+
+
+class ChunkSource:
+    """A fake `ByteSource`: `data` in `piece`-byte pieces; raises `StreamBroken` after
+    `break_after` bytes if given. Records whether it was opened and how much was read."""
+
+    def __init__(self, data: bytes, piece: int = 1500, break_after: int | None = None) -> None:
+        self.data, self.piece, self.break_after = data, piece, break_after
+        self.opened = False
+        self.consumed = 0
+        self.closed = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        self.opened = True
+        return self._pieces()
+
+    async def _pieces(self) -> AsyncIterator[bytes]:
+        limit = len(self.data) if self.break_after is None else self.break_after
+        while self.consumed < limit:
+            end = min(self.consumed + self.piece, limit)
+            piece = self.data[self.consumed : end]
+            self.consumed = end
+            yield piece
+        if self.break_after is not None:
+            raise StreamBroken("the test broke the stream")
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class FakeContext:
+    """The part of `RequestContext` a handler uses: `receive_stream(marker)`."""
+
+    def __init__(self, source: ChunkSource | None = None) -> None:
+        self.source = source
+        self.opened: list[str] = []
+
+    def receive_stream(self, marker: StreamMarker) -> ChunkSource:
+        assert self.source is not None, "this request carries no stream"
+        self.opened.append(marker.stream_id)
+        return self.source
+
+
+@dataclass
+class World:
+    """One reference Corestore, one store, one running engine, one restore's facts."""
+
+    KEY = KEY
+    BEARER = BEARER
+    GRANT_MARK = GRANT_MARK
+    CHUNK = CHUNK
+    pattern = staticmethod(pattern)
+
+    corestore: CorestoreHandle
+    store: RevisionStore
+    clients: CorestoreClients
+    clock: Clock
+    sleeps: Sleeps
+    state_dir: Path
+    settings: EngineSettings
+    engine: IsolatedRestoreEngine = field(init=False)
+    handlers: dict[str, Handler] = field(init=False)
+    objects: dict[str, bytes] = field(default_factory=dict)
+    _grants: itertools.count[int] = field(default_factory=itertools.count)
+    _streams: itertools.count[int] = field(default_factory=itertools.count)
+
+    def view(self) -> ClusterView:
+        nodes = {
+            NODE: NodeView(NODE, self.corestore.url),
+            "node-2": NodeView("node-2", None, ("cluster node node-2 corestore is absent",)),
+        }
+        return ClusterView(CLUSTER, MappingProxyType(nodes))
+
+    async def start_engine(self) -> IsolatedRestoreEngine:
+        self.engine = IsolatedRestoreEngine(
+            store=self.store,
+            clients=self.clients,
+            credential=Secret(BEARER),
+            cluster_view=self.view,
+            settings=self.settings,
+            now_ms=self.clock.ms,
+            sleep=self.sleeps,
+        )
+        await self.engine.__aenter__()
+        self.handlers = build_handlers(self.engine)
+        return self.engine
+
+    async def restart(self) -> IsolatedRestoreEngine:
+        """Close the engine (its work is cancelled, the store stays) and start a new one."""
+        await self.engine.close()
+        return await self.start_engine()
+
+    # --- the restore's facts ------------------------------------------------------------------
+
+    def grant(self) -> str:
+        """A fresh grant (Cloudly signs one per call)."""
+        n = next(self._grants)
+        return f"{_HEADER}.{GRANT_MARK}{_b64(f'-{n}')}.c2lnLU{n:04d}"
+
+    def entry(self, path: str) -> dict[str, Any]:
+        data = self.objects[path]
+        return {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    def mappings(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": "map-db",
+                "type": "database",
+                "source": {"snapshotId": "snap-db", "resourceName": "db", "databaseName": "app"},
+                "target": {"resourceName": "db-scratch", "databaseName": "app"},
+            },
+            {
+                "id": "map-os",
+                "type": "objectstorage",
+                "source": {"snapshotId": "snap-os", "resourceName": "s3", "bucketName": "media"},
+                "target": {"resourceName": "s3-scratch", "bucketName": "media"},
+            },
+        ]
+
+    def _base(self, override: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+        body = {
+            "restoreGrant": self.grant(),
+            "clusterId": CLUSTER,
+            "targetNodeName": NODE,
+            "restoreId": RESTORE,
+            **fields,
+        }
+        body.update(override)
+        return body
+
+    def prepare_body(self, expected: int = 0, **override: Any) -> dict[str, Any]:
+        return self._base(
+            override,
+            expectedRevision=expected,
+            sourceBackupId="backup-1",
+            sourceServiceId="service-1",
+            scratchNamespaceId="scratch-ns-1",
+            stagingArchiveId="staging-1",
+            resourceMappings=self.mappings(),
+            archiveManifest={"objects": [self.entry(path) for path in self.objects]},
+        )
+
+    def stage_body(self, path: str, expected: int, **override: Any) -> dict[str, Any]:
+        marker = {"_isVirtualStream": True, "streamId": f"stream-{next(self._streams)}"}
+        return self._base(
+            override, expectedRevision=expected, object=self.entry(path), archive=marker
+        )
+
+    def execute_body(self, expected: int, **override: Any) -> dict[str, Any]:
+        return self._base(override, expectedRevision=expected)
+
+    def cleanup_body(self, expected: int, **override: Any) -> dict[str, Any]:
+        return self._base(override, expectedRevision=expected)
+
+    def status_body(self, **override: Any) -> dict[str, Any]:
+        return self._base(override)
+
+    # --- driving the handlers ------------------------------------------------------------------
+
+    async def call(
+        self, method: str, body: Mapping[str, Any], source: ChunkSource | None = None
+    ) -> dict[str, Any]:
+        """Call one handler as the session would (a fake context carrying `source`)."""
+        return dict(await self.handlers[method](body, FakeContext(source)))  # type: ignore[arg-type]
+
+    async def prepare(self) -> dict[str, Any]:
+        return (await self.call(METHOD_PREPARE, self.prepare_body()))["state"]
+
+    async def stage(self, path: str, expected: int, **source: Any) -> dict[str, Any]:
+        chunks = ChunkSource(self.objects[path], **source)
+        body = self.stage_body(path, expected)
+        return (await self.call(METHOD_STAGE, body, chunks))["state"]
+
+    async def stage_all(self, revision: int) -> int:
+        """Stage every object in order from `revision`; returns the final revision."""
+        for path in self.objects:
+            revision = (await self.stage(path, revision))["revision"]
+        return revision
+
+    async def status(self) -> dict[str, Any]:
+        return await self.call(METHOD_GET_STATUS, self.status_body())
+
+    async def execute(self, expected: int) -> dict[str, Any]:
+        return (await self.call(METHOD_EXECUTE, self.execute_body(expected)))["state"]
+
+    async def cleanup(self, expected: int) -> dict[str, Any]:
+        return (await self.call(METHOD_CLEANUP, self.cleanup_body(expected)))["state"]
+
+    async def until(self, *statuses: str) -> StoredState:
+        """Wait (on the engine's change notifications) until the state reaches one of them."""
+        return await self.engine.wait_for(KEY, lambda stored: stored.status in statuses)
+
+    async def ready_to_execute(self) -> int:
+        """Prepare and stage everything; returns the revision to execute at."""
+        prepared = await self.prepare()
+        return await self.stage_all(prepared["revision"])
+
+    # --- what Corestore holds -----------------------------------------------------------------
+
+    def staged_file(self, path: str) -> Path:
+        return self.corestore.data_dir / "staging" / "staging-1" / path
+
+    def data_files(self, *areas: str) -> list[Path]:
+        """Every file left under the given areas of Corestore's data directory."""
+        found: list[Path] = []
+        for area in areas:
+            root = self.corestore.data_dir / area
+            if root.exists():
+                found += [path for path in root.rglob("*") if path.is_file()]
+        return found
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """The shared fake wall clock."""
+    return Clock()
+
+
+@pytest.fixture
+async def corestore(tmp_path: Path) -> AsyncIterator[CorestoreHandle]:
+    """The reference Corestore under tmp_path/corestore, stopped after the test."""
+    handle = await start(data_dir=tmp_path / "corestore", bearer=BEARER)
+    try:
+        yield handle
+    finally:
+        await handle.stop()
+
+
+@pytest.fixture
+def settings() -> EngineSettings:
+    """The engine's settings (a test may override this fixture)."""
+    return FAST
+
+
+@pytest.fixture
+def corestore_timeouts() -> CorestoreTimeouts:
+    """The Corestore client's timeouts (a test module may override this fixture)."""
+    return CorestoreTimeouts(connect=2.0, control=2.0, transfer=2.0)
+
+
+@pytest.fixture
+async def world(
+    tmp_path: Path,
+    corestore: CorestoreHandle,
+    clock: Clock,
+    settings: EngineSettings,
+    corestore_timeouts: CorestoreTimeouts,
+) -> AsyncIterator[World]:
+    """A running engine over the reference Corestore and a real store, with one restore's facts."""
+    sleeps = Sleeps()
+    state_dir = tmp_path / "state"
+    store = await RevisionStore.open(state_dir, wall_clock=clock.seconds)
+    clients = CorestoreClients(
+        timeouts=corestore_timeouts,
+        retry=RetryPolicy(attempts=2, first_delay=0.01, max_delay=0.02, jitter=0.0),
+        sleep=sleeps,
+    )
+    world = World(corestore, store, clients, clock, sleeps, state_dir, settings)
+    world.objects = {
+        "snap-db/dump.bson": pattern(3 * CHUNK + 123, "dump"),
+        "snap-db/meta/indexes.json": b'{"indexes": ["_id"]}',
+        "snap-os/media/logo.png": pattern(2 * CHUNK, "logo"),
+    }
+    await world.start_engine()
+    try:
+        yield world
+    finally:
+        await world.engine.close()
+        await clients.close()
+        await store.aclose()
+
+
+@pytest.fixture
+def source_factory() -> Callable[..., ChunkSource]:
+    """Build a `ChunkSource` (fake stream) from bytes."""
+    return ChunkSource

@@ -1,0 +1,131 @@
+"""Exact replays (same body, fresh grant, old expectedRevision) and stale requests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from agent.contracts.isolatedrestore import (
+    METHOD_CLEANUP,
+    METHOD_EXECUTE,
+    METHOD_PREPARE,
+    METHOD_STAGE,
+)
+from agent.corestore.routes import RouteName
+from agent.errors import RevisionConflict
+
+
+async def test_a_replayed_prepare_answers_the_same_state_without_asking_corestore(
+    world: Any,
+) -> None:
+    """The same prepare with a fresh grant gets the prepared state; Corestore sees one call."""
+    body = world.prepare_body()
+    first = (await world.call(METHOD_PREPARE, body))["state"]
+    replay = {**body, "restoreGrant": world.grant()}
+    assert replay["restoreGrant"] != body["restoreGrant"]
+    assert (await world.call(METHOD_PREPARE, replay))["state"] == first
+    assert world.corestore.faults.hits[RouteName.PREPARE_RESTORE] == 1
+
+
+async def test_a_replayed_stage_moves_no_bytes_and_leaves_its_stream_unopened(
+    world: Any, source_factory: Any
+) -> None:
+    """A stage replayed with a fresh grant and a fresh stream answers the same state."""
+    prepared = await world.prepare()
+    path = "snap-db/dump.bson"
+    body = world.stage_body(path, prepared["revision"])
+    first = (await world.call(METHOD_STAGE, body, source_factory(world.objects[path])))["state"]
+    puts, commits = (world.corestore.faults.hits[r] for r in (RouteName.PUT_CHUNK, "commit-object"))
+    replay_source = source_factory(world.objects[path])
+    replay = {
+        **body,
+        "restoreGrant": world.grant(),
+        "archive": {**body["archive"], "streamId": "s-9"},
+    }
+    assert (await world.call(METHOD_STAGE, replay, replay_source))["state"] == first
+    assert replay_source.opened is False
+    assert world.corestore.faults.hits[RouteName.PUT_CHUNK] == puts
+    assert world.corestore.faults.hits[RouteName.COMMIT_OBJECT] == commits
+
+
+async def test_a_replayed_execute_after_ready_answers_ready_and_restores_nothing(
+    world: Any,
+) -> None:
+    """Finished work is never redone: the replay gets the ready state."""
+    revision = await world.ready_to_execute()
+    body = world.execute_body(revision)
+    await world.call(METHOD_EXECUTE, body)
+    ready = await world.until("ready")
+    restores = world.corestore.faults.hits[RouteName.RESTORE_RESOURCE]
+    answer = await world.call(METHOD_EXECUTE, {**body, "restoreGrant": world.grant()})
+    assert answer["state"] == (await world.status())["state"]
+    assert answer["state"]["revision"] == ready.revision
+    assert world.engine.working(world.KEY) is False
+    assert world.corestore.faults.hits[RouteName.RESTORE_RESOURCE] == restores
+
+
+async def test_a_replayed_cleanup_after_cleaned_answers_cleaned_and_deletes_nothing(
+    world: Any,
+) -> None:
+    """A retried cleanup whose answer was lost gets the cleaned state."""
+    revision = await world.ready_to_execute()
+    await world.execute(revision)
+    ready = await world.until("ready")
+    body = world.cleanup_body(ready.revision)
+    await world.call(METHOD_CLEANUP, body)
+    cleaned = await world.until("cleaned")
+    deletes = world.corestore.faults.hits[RouteName.DELETE_RESOURCE]
+    answer = await world.call(METHOD_CLEANUP, {**body, "restoreGrant": world.grant()})
+    assert (answer["state"]["status"], answer["state"]["revision"]) == ("cleaned", cleaned.revision)
+    assert world.corestore.faults.hits[RouteName.DELETE_RESOURCE] == deletes
+
+
+async def test_a_stale_request_that_is_no_replay_is_a_revision_conflict(
+    world: Any, source_factory: Any
+) -> None:
+    """A stage of another object at an old revision: conflict naming the current revision."""
+    prepared = await world.prepare()
+    staged = await world.stage("snap-db/dump.bson", prepared["revision"])
+    path = "snap-os/media/logo.png"
+    source = source_factory(world.objects[path])
+    with pytest.raises(RevisionConflict) as caught:
+        await world.call(METHOD_STAGE, world.stage_body(path, prepared["revision"]), source)
+    assert caught.value.code == "revision-conflict"
+    assert caught.value.data == {"currentRevision": staged["revision"], "status": "staging"}
+    assert source.opened is False
+    assert (await world.store.get(world.KEY)).revision == staged["revision"]
+
+
+async def test_an_older_request_than_the_latest_is_no_replay(world: Any) -> None:
+    """Only the request that produced the current state replays; an earlier one conflicts."""
+    prepare = world.prepare_body()
+    await world.call(METHOD_PREPARE, prepare)
+    await world.stage("snap-db/dump.bson", 2)
+    with pytest.raises(RevisionConflict) as caught:
+        await world.call(METHOD_PREPARE, {**prepare, "restoreGrant": world.grant()})
+    assert caught.value.data == {"currentRevision": 3, "status": "staging"}
+
+
+async def test_a_prepare_with_another_body_at_revision_zero_conflicts(world: Any) -> None:
+    """Same key, different request: not a replay, so revision-conflict (current 2)."""
+    await world.prepare()
+    with pytest.raises(RevisionConflict) as caught:
+        await world.call(METHOD_PREPARE, world.prepare_body(sourceBackupId="backup-2"))
+    assert caught.value.data == {"currentRevision": 2, "status": "prepared"}
+
+
+async def test_a_replayed_prepare_resumes_one_left_preparing(world: Any) -> None:
+    """A prepare cut off while Corestore worked stays preparing; its replay finishes it."""
+    world.corestore.faults.delay_next(RouteName.PREPARE_RESTORE, seconds=30)
+    body = world.prepare_body()
+    first = asyncio.create_task(world.call(METHOD_PREPARE, body))
+    await world.until("preparing")
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert (await world.status())["state"]["status"] == "preparing"
+    await world.restart()
+    state = (await world.call(METHOD_PREPARE, {**body, "restoreGrant": world.grant()}))["state"]
+    assert (state["status"], state["revision"]) == ("prepared", 2)
