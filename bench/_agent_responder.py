@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import os
 import signal
 import sys
 import time
@@ -39,10 +40,9 @@ __all__ = ["main"]
 
 
 class BenchUpload(WireModel):
-    """`benchUpload`'s request: one stream; `replyWhen` as in node_responder.mjs."""
+    """`benchUpload`'s request: one stream."""
 
     archive: StreamMarker
-    reply_when: str | None = None
 
 
 def emit(obj: Mapping[str, Any]) -> None:
@@ -106,7 +106,7 @@ async def serve_forever(port: int, settings: PeerSettings, max_frame: int) -> No
         logger=quiet_websocket_logger("websockets.server"),
     ) as server:
         bound = server.sockets[0].getsockname()[1]
-        emit({"event": "listening", "port": bound, "pid": __import__("os").getpid()})
+        emit({"event": "listening", "port": bound, "pid": os.getpid()})
         await stop.wait()
 
 

@@ -1,0 +1,64 @@
+"""Process and machine facts for the benchmarks, read from /proc (Linux only).
+
+- `cpu_seconds(pid)`: user + system CPU time of a process so far (/proc/<pid>/stat, 10 ms
+  ticks on most kernels), so a benchmark can charge a span of work to a child process.
+- `memory_kib(pid)`: its current and peak resident set size (VmRSS, VmHWM).
+- `machine_facts()`: nproc, CPU model, kernel, Python and Node versions, for the record.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["cpu_seconds", "machine_facts", "memory_kib"]
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds `pid` has used."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
+    return (utime + stime) / _TICKS
+
+
+def memory_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of `pid` in KiB: resident now, and the peak so far."""
+    values: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0])
+    return values["VmRSS"], values["VmHWM"]
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return platform.processor() or "unknown"
+
+
+def _node_version() -> str:
+    node = shutil.which("node")
+    if node is None:
+        return "absent"
+    return subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def machine_facts() -> dict[str, str]:
+    """What the figures were measured on."""
+    return {
+        "nproc": str(len(os.sched_getaffinity(0))),
+        "cpu": _cpu_model(),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "node": _node_version(),
+    }
