@@ -6,6 +6,7 @@ each driven by the agent's own `Peer` (the same code the daemon runs), serving `
 it, exactly like the JS responder's `drainStream`. Run from the repository root:
 
     .venv/bin/python -m bench._agent_responder [--port 0] [--window 16] [--log-level info]
+        [--profile stats.prof]
 
 stdout, one JSON object a line (the same shape as node_responder.mjs):
     {"event":"listening","port":N,"pid":P}                                   once, first
@@ -19,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import cProfile
 import hashlib
 import os
 import signal
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -88,10 +92,8 @@ async def serve_forever(port: int, settings: PeerSettings, max_frame: int) -> No
 
     async def one_connection(websocket: ServerConnection) -> None:
         peer = Peer(WebsocketTransport(websocket), router, settings=settings)
-        try:
+        with contextlib.suppress(SessionClosed):  # the initiator hung up: that is the end
             await peer.run()
-        except SessionClosed:
-            pass
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -114,13 +116,20 @@ def main() -> None:
     """Parse the flags and serve."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--window", type=int, default=PeerSettings.stream_window)
+    parser.add_argument("--window", type=int, default=PeerSettings().stream_window)
     parser.add_argument("--max-frame-mib", type=int, default=64)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--profile", type=Path, help="write cProfile stats here at exit")
     args = parser.parse_args()
     configure_logging("json", args.log_level, sys.stderr)
     settings = PeerSettings(stream_window=args.window)
-    asyncio.run(serve_forever(args.port, settings, args.max_frame_mib * 2**20))
+    work = serve_forever(args.port, settings, args.max_frame_mib * 2**20)
+    if args.profile is None:
+        asyncio.run(work)
+        return
+    with cProfile.Profile() as profile:
+        asyncio.run(work)
+    profile.dump_stats(args.profile)
 
 
 if __name__ == "__main__":

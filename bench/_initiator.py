@@ -86,6 +86,7 @@ class RunResult:
     bytes: int
     seconds: float  # first chunk sent -> outer reply received
     cpu_seconds: float  # the responder process's user+system time over the same span
+    initiator_cpu_seconds: float  # this process's CPU time over the same span
     response: dict[str, Any] | None  # the outer call's response (None: error or cut short)
     error: dict[str, Any] | None  # the outer call's `error`, if any
     chunks_sent: int
@@ -171,11 +172,11 @@ async def run_stream(
                 await asyncio.sleep(probe_interval)
 
         sent = 0
-        started = time.perf_counter()
+        started, own_started = time.perf_counter(), time.process_time()
         cpu_started = cpu_of_responder()
         try:
             await feedback_until_clear("probe-0")
-            started = time.perf_counter()
+            started, own_started = time.perf_counter(), time.process_time()
             cpu_started = cpu_of_responder()
             head_bytes = head.encode()
             for index in range(count):
@@ -199,12 +200,14 @@ async def run_stream(
         except _Ended:
             outer = await talk.outer_reply()
         seconds = time.perf_counter() - started
+        own_cpu = time.process_time() - own_started
         cpu = cpu_of_responder() - cpu_started
     response = outer.get("response")
     return RunResult(
         bytes=sent * chunk_size,
         seconds=seconds,
         cpu_seconds=cpu,
+        initiator_cpu_seconds=own_cpu,
         response=response if isinstance(response, dict) else None,
         error=outer.get("error"),
         chunks_sent=sent,

@@ -50,7 +50,9 @@ def _node_version() -> str:
     node = shutil.which("node")
     if node is None:
         return "absent"
-    return subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [node, "--version"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def machine_facts() -> dict[str, str]:

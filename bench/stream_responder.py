@@ -23,13 +23,16 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
+from agent.protocol.chunks import ChunkForm
 from bench._initiator import FORMS, ChunkSet, RunResult, run_stream
 from bench._procstat import cpu_seconds, machine_facts, memory_kib
 from bench.codec import decode, encode, frame_for, rate
@@ -116,6 +119,7 @@ class Row:
     seconds: float
     mb_per_s: float
     cpu_s_per_gib: float | None
+    initiator_cpu_s_per_gib: float | None
     sha256_ok: bool
     probes: int
     note: str
@@ -133,7 +137,9 @@ def row_of(form: str, name: str, run: RunResult, expected_sha: str) -> Row:
         note = "the library passed chunkData through without reviving it into bytes"
     elif status == "complete" and not sha_ok:
         note = "sha256 MISMATCH"
-    per_gib = run.cpu_seconds / (run.bytes / GiB) if run.bytes and status == "complete" else None
+    complete = bool(run.bytes) and status == "complete"
+    per_gib = run.cpu_seconds / (run.bytes / GiB) if complete else None
+    own_per_gib = run.initiator_cpu_seconds / (run.bytes / GiB) if complete else None
     return Row(
         form=form,
         responder=name,
@@ -142,6 +148,7 @@ def row_of(form: str, name: str, run: RunResult, expected_sha: str) -> Row:
         seconds=round(run.seconds, 3),
         mb_per_s=round(run.mb_per_s, 1) if status == "complete" else 0.0,
         cpu_s_per_gib=round(per_gib, 2) if per_gib is not None else None,
+        initiator_cpu_s_per_gib=round(own_per_gib, 2) if own_per_gib is not None else None,
         sha256_ok=sha_ok,
         probes=run.backpressure_probes,
         note=note,
@@ -172,15 +179,16 @@ def codec_figures(chunk_size: int) -> list[dict[str, Any]]:
     """In-process MB/s of bench/codec.py's encode/decode of one chunk frame per form."""
     data = ChunkSet.generate("codec", chunk_size, 1).chunks[0]
     figures: list[dict[str, Any]] = []
-    for form in ("buffer", "base64"):
-        frame = encode(data, form)  # type: ignore[arg-type]
+    sent_forms: tuple[ChunkForm, ...] = ("buffer", "base64")
+    for form in sent_forms:
+        frame = encode(data, form)
         assert decode(frame) == data
         figures.append(
             {
                 "form": form,
                 "frame_bytes": len(frame),
-                "encode_mb_s": round(rate(chunk_size, 10, lambda: encode(data, form)), 1),  # type: ignore[arg-type]  # noqa: B023
-                "decode_mb_s": round(rate(chunk_size, 10, lambda: decode(frame)), 1),  # noqa: B023
+                "encode_mb_s": round(rate(chunk_size, 10, partial(encode, data, form)), 1),
+                "decode_mb_s": round(rate(chunk_size, 10, partial(decode, frame)), 1),
             }
         )
     frame = frame_for({str(i): b for i, b in enumerate(data)})
@@ -189,8 +197,8 @@ def codec_figures(chunk_size: int) -> list[dict[str, Any]]:
         {
             "form": "object",
             "frame_bytes": len(frame),
-            "encode_mb_s": None,
-            "decode_mb_s": round(rate(chunk_size, 2, lambda: decode(frame)), 1),
+            "encode_mb_s": None,  # only ever received
+            "decode_mb_s": round(rate(chunk_size, 2, partial(decode, frame)), 1),
         }
     )
     return figures
@@ -246,44 +254,74 @@ async def peak_rss(args: argparse.Namespace, log: IO[bytes]) -> list[dict[str, A
     return results
 
 
-def report(facts: dict[str, str], codec: list[dict[str, Any]], rows: list[Row],
-           rss: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+def _ratios(rows: list[Row], forms: list[str]) -> dict[str, dict[str, float | None]]:
+    """Per form: agent/JS wall MB/s, and JS/agent CPU seconds per GiB (load-independent)."""
+    ratios: dict[str, dict[str, float | None]] = {}
+    for form in forms:
+        by = {r.responder: r for r in rows if r.form == form}
+        a, j = by.get("agent"), by.get("js")
+        both = a is not None and j is not None and a.sha256_ok and j.sha256_ok
+        wall = cpu = None
+        if both and a is not None and j is not None and j.mb_per_s > 0:
+            wall = round(a.mb_per_s / j.mb_per_s, 1)
+        if both and a is not None and j is not None and a.cpu_s_per_gib and j.cpu_s_per_gib:
+            cpu = round(j.cpu_s_per_gib / a.cpu_s_per_gib, 1)
+        ratios[form] = {"throughput": wall, "cpu": cpu}
+    return ratios
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def report(
+    facts: dict[str, str],
+    codec: list[dict[str, Any]],
+    rows: list[Row],
+    rss: list[dict[str, Any]],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     """Print the markdown tables and the verdicts; return everything as one dict."""
     print("\nmachine: " + ", ".join(f"{k} {v}" for k, v in facts.items()))
     print(f"chunk {args.chunk_kib} KiB, window {args.window}, probe {args.probe_ms} ms\n")
-    print("| form | responder | status | MiB | s | MB/s | CPU s/GiB | sha256 | note |")
-    print("|---|---|---|---:|---:|---:|---:|---|---|")
+    print(
+        "| form | responder | status | MiB | s | MB/s | responder CPU s/GiB "
+        "| initiator CPU s/GiB | sha256 | note |"
+    )
+    print("|---|---|---|---:|---:|---:|---:|---:|---|---|")
     for r in rows:
-        cpu = "" if r.cpu_s_per_gib is None else f"{r.cpu_s_per_gib:.2f}"
-        print(f"| {r.form} | {r.responder} | {r.status} | {r.bytes / MiB:.0f} | {r.seconds:.2f} "
-              f"| {r.mb_per_s:.1f} | {cpu} | {'ok' if r.sha256_ok else '-'} | {r.note} |")
-    ratios: dict[str, float | None] = {}
-    for form in args.forms:
-        by = {r.responder: r for r in rows if r.form == form}
-        a, j = by.get("agent"), by.get("js")
-        ok = a is not None and j is not None and a.sha256_ok and j.sha256_ok and j.mb_per_s > 0
-        ratios[form] = round(a.mb_per_s / j.mb_per_s, 1) if ok and a and j else None
-    print("\nagent/JS ratio: " + ", ".join(f"{f} {v if v is not None else 'n/a'}"
-                                           for f, v in ratios.items()))
+        print(
+            f"| {r.form} | {r.responder} | {r.status} | {r.bytes / MiB:.0f} | {r.seconds:.2f} "
+            f"| {r.mb_per_s:.1f} | {_fmt(r.cpu_s_per_gib)} | {_fmt(r.initiator_cpu_s_per_gib)} "
+            f"| {'ok' if r.sha256_ok else '-'} | {r.note} |"
+        )
+    ratios = _ratios(rows, args.forms)
+    print("\n| form | agent/JS throughput | JS/agent CPU per GiB |\n|---|---:|---:|")
+    for form, ratio in ratios.items():
+        print(f"| {form} | {_fmt(ratio['throughput'], '.1f')} | {_fmt(ratio['cpu'], '.1f')} |")
     print("\n| form | frame bytes | encode MB/s | decode MB/s |\n|---|---:|---:|---:|")
     for c in codec:
-        print(f"| {c['form']} | {c['frame_bytes']} | {c['encode_mb_s'] or 'n/a'} "
-              f"| {c['decode_mb_s']} |")
+        print(
+            f"| {c['form']} | {c['frame_bytes']} | {_fmt(c['encode_mb_s'], '.1f')} "
+            f"| {c['decode_mb_s']:.1f} |"
+        )
     if rss:
         print("\n| agent stream | form | idle peak RSS MiB | peak RSS MiB | MB/s | sha256 |")
         print("|---:|---|---:|---:|---:|---|")
         for m in rss:
-            print(f"| {m['stream_mib']} MiB | {m['form']} | {m['idle_peak_rss_mib']} "
-                  f"| {m['peak_rss_mib']} | {m['mb_per_s']} | {'ok' if m['sha256_ok'] else '-'} |")
+            print(
+                f"| {m['stream_mib']} MiB | {m['form']} | {m['idle_peak_rss_mib']} "
+                f"| {m['peak_rss_mib']} | {m['mb_per_s']} | {'ok' if m['sha256_ok'] else '-'} |"
+            )
     agent_b64 = next((r for r in rows if r.form == "base64" and r.responder == "agent"), None)
     verdicts = {
-        "buffer_ratio_ge_5x": (ratios.get("buffer") or 0) >= 5,
-        "agent_base64_ge_150_mb_s": agent_b64 is not None and agent_b64.mb_per_s >= 150,
+        "agent >= 5x JS, buffer form": (ratios.get("buffer", {}).get("throughput") or 0) >= 5,
+        "agent >= 150 MB/s, base64 form": agent_b64 is not None and agent_b64.mb_per_s >= 150,
     }
-    print("\ntargets: " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in verdicts.items()))
+    print("\ntargets: " + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in verdicts.items()))
     return {
         "machine": facts,
-        "settings": {k: v for k, v in vars(args).items() if k != "json"},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "rows": [asdict(r) for r in rows],
         "ratios": ratios,
         "codec": codec,
@@ -300,8 +338,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--base64-mib", type=int, default=256)
     parser.add_argument("--object-mib", type=int, default=4)
     parser.add_argument("--forms", type=lambda s: s.split(","), default=list(FORMS))
-    parser.add_argument("--rss-mib", type=lambda s: [int(x) for x in s.split(",") if x],
-                        default=[256, 1024], help="stream lengths for the RSS check ('' skips)")
+    parser.add_argument(
+        "--rss-mib",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[256, 1024],
+        help="stream lengths for the RSS check ('' skips)",
+    )
     parser.add_argument("--rss-form", default="buffer", choices=FORMS)
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--probe-ms", type=float, default=50.0, help="backpressure re-probe")
@@ -320,6 +362,7 @@ def parse_args() -> argparse.Namespace:
 async def amain(args: argparse.Namespace) -> dict[str, Any]:
     """Run everything; the children's stderr goes to `args.log`."""
     facts = machine_facts()
+    facts["loadavg_at_start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print("codec (in-process) ...")
     codec = codec_figures(args.chunk_kib * 1024)
     with args.log.open("ab") as log:
@@ -327,6 +370,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         rows = await throughput(args, log)
         print("agent peak RSS by stream length ...")
         rss = await peak_rss(args, log) if args.rss_mib else []
+    facts["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return report(facts, codec, rows, rss, args)
 
 

@@ -161,10 +161,15 @@ class World:
     engine: IsolatedRestoreEngine = field(init=False)
     handlers: dict[str, Handler] = field(init=False)
     objects: dict[str, bytes] = field(default_factory=dict)
+    cluster_loaded: bool = True
+    issued: list[str] = field(default_factory=list)  # every grant handed out
     _grants: itertools.count[int] = field(default_factory=itertools.count)
     _streams: itertools.count[int] = field(default_factory=itertools.count)
 
-    def view(self) -> ClusterView:
+    def view(self) -> ClusterView | None:
+        """The session's cluster view (None while `cluster_loaded` is false)."""
+        if not self.cluster_loaded:
+            return None
         nodes = {
             NODE: NodeView(NODE, self.corestore.url),
             "node-2": NodeView("node-2", None, ("cluster node node-2 corestore is absent",)),
@@ -195,7 +200,9 @@ class World:
     def grant(self) -> str:
         """A fresh grant (Cloudly signs one per call)."""
         n = next(self._grants)
-        return f"{_HEADER}.{GRANT_MARK}{_b64(f'-{n}')}.c2lnLU{n:04d}"
+        grant = f"{_HEADER}.{GRANT_MARK}{_b64(f'-{n}')}.c2lnLU{n:04d}"
+        self.issued.append(grant)
+        return grant
 
     def entry(self, path: str) -> dict[str, Any]:
         data = self.objects[path]
@@ -263,28 +270,35 @@ class World:
         """Call one handler as the session would (a fake context carrying `source`)."""
         return dict(await self.handlers[method](body, FakeContext(source)))  # type: ignore[arg-type]
 
+    async def state_of(
+        self, method: str, body: Mapping[str, Any], source: ChunkSource | None = None
+    ) -> dict[str, Any]:
+        """The `state` of a handler's `{state}` answer."""
+        state: dict[str, Any] = (await self.call(method, body, source))["state"]
+        return state
+
     async def prepare(self) -> dict[str, Any]:
-        return (await self.call(METHOD_PREPARE, self.prepare_body()))["state"]
+        return await self.state_of(METHOD_PREPARE, self.prepare_body())
 
     async def stage(self, path: str, expected: int, **source: Any) -> dict[str, Any]:
         chunks = ChunkSource(self.objects[path], **source)
         body = self.stage_body(path, expected)
-        return (await self.call(METHOD_STAGE, body, chunks))["state"]
+        return await self.state_of(METHOD_STAGE, body, chunks)
 
     async def stage_all(self, revision: int) -> int:
         """Stage every object in order from `revision`; returns the final revision."""
         for path in self.objects:
-            revision = (await self.stage(path, revision))["revision"]
+            revision = int((await self.stage(path, revision))["revision"])
         return revision
 
     async def status(self) -> dict[str, Any]:
         return await self.call(METHOD_GET_STATUS, self.status_body())
 
     async def execute(self, expected: int) -> dict[str, Any]:
-        return (await self.call(METHOD_EXECUTE, self.execute_body(expected)))["state"]
+        return await self.state_of(METHOD_EXECUTE, self.execute_body(expected))
 
     async def cleanup(self, expected: int) -> dict[str, Any]:
-        return (await self.call(METHOD_CLEANUP, self.cleanup_body(expected)))["state"]
+        return await self.state_of(METHOD_CLEANUP, self.cleanup_body(expected))
 
     async def until(self, *statuses: str) -> StoredState:
         """Wait (on the engine's change notifications) until the state reaches one of them."""

@@ -13,7 +13,8 @@ from agent.store import StoredState
 async def _execute_until_settled(world: Any) -> StoredState:
     revision = await world.ready_to_execute()
     assert (await world.execute(revision))["status"] == "restoring"
-    return await world.until("ready", "failed")
+    settled: StoredState = await world.until("ready", "failed")
+    return settled
 
 
 async def test_a_failed_verification_ends_failed_with_verification_failed(world: Any) -> None:
@@ -81,11 +82,13 @@ async def test_a_restart_mid_execute_keeps_the_state_and_a_replay_resumes_it(
     revision = await world.ready_to_execute()
     faults = world.corestore.faults
 
-    def hold_after_the_first_mapping(stored: StoredState) -> None:
+    def stall_after_the_first_mapping(stored: StoredState) -> None:
+        # Runs inside the work task, before its next call: the restore of map-os then hangs
+        # at Corestore's door (before Corestore starts anything) until the engine is closed.
         if stored.state["completedResourceMappingIds"] == ["map-db"]:
-            faults.hold_restores()  # runs inside the work task, before its next call
+            faults.delay_next(RouteName.RESTORE_RESOURCE, seconds=60)
 
-    world.engine.observe(hold_after_the_first_mapping)
+    world.engine.observe(stall_after_the_first_mapping)
     body = world.execute_body(revision)
     await world.call(METHOD_EXECUTE, body)
     await world.engine.wait_for(
@@ -98,7 +101,6 @@ async def test_a_restart_mid_execute_keeps_the_state_and_a_replay_resumes_it(
     assert unfinished["completedResourceMappingIds"] == ["map-db"]
     assert world.engine.working(world.KEY) is False
 
-    faults.release_restores()
     restores = faults.hits[RouteName.RESTORE_RESOURCE]
     answer = await world.call(METHOD_EXECUTE, {**body, "restoreGrant": world.grant()})
     assert answer["state"] == unfinished

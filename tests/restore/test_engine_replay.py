@@ -126,6 +126,7 @@ async def test_a_replayed_prepare_resumes_one_left_preparing(world: Any) -> None
     with pytest.raises(asyncio.CancelledError):
         await first
     assert (await world.status())["state"]["status"] == "preparing"
+    world.corestore.faults.clear()  # the cut-off call may never have reached Corestore
     await world.restart()
     state = (await world.call(METHOD_PREPARE, {**body, "restoreGrant": world.grant()}))["state"]
     assert (state["status"], state["revision"]) == ("prepared", 2)

@@ -7,11 +7,13 @@ import hashlib
 from typing import Any
 
 import pytest
+import structlog
 
 from agent.contracts.isolatedrestore import METHOD_STAGE
 from agent.corestore import CorestoreTimeouts
 from agent.corestore.routes import RouteName
 from agent.errors import CorestoreUnavailable, IntegrityError, StreamBroken
+from agent.restore.policy import EngineSettings
 from agent.restore.staging import rechunk
 
 DUMP = "snap-db/dump.bson"  # 3 full chunks and 123 bytes: 4 chunk PUTs
@@ -33,7 +35,10 @@ def _staged_ok(world: Any, path: str) -> bool:
 
 
 async def _stage_raw(world: Any, revision: int, source: Any, path: str = DUMP) -> dict[str, Any]:
-    return (await world.call(METHOD_STAGE, world.stage_body(path, revision), source))["state"]
+    state: dict[str, Any] = await world.state_of(
+        METHOD_STAGE, world.stage_body(path, revision), source
+    )
+    return state
 
 
 async def test_rechunk_follows_recorded_boundaries_then_the_chunk_size() -> None:
@@ -213,3 +218,61 @@ async def test_an_object_corestore_already_committed_moves_no_bytes(
     assert source.opened is False
     assert world.corestore.faults.hits[RouteName.PUT_CHUNK] == puts
     assert await _written(world) == [DUMP]
+
+
+class _Watching:
+    """A source that notes, before each piece, how far reading ran ahead of Corestore."""
+
+    def __init__(self, world: Any, path: str, piece: int) -> None:
+        self.world, self.path, self.piece = world, path, piece
+        self.ahead: list[int] = []
+
+    def __aiter__(self) -> Any:
+        return self._pieces()
+
+    async def _pieces(self) -> Any:
+        data = self.world.objects[self.path]
+        for start in range(0, len(data), self.piece):
+            records = await self.world.store.verified_chunks(self.world.KEY, self.path)
+            self.ahead.append(start - sum(record.length for record in records))
+            yield data[start : start + self.piece]
+
+
+async def test_reading_runs_at_most_max_in_flight_chunks_ahead_of_corestore(
+    world: Any,
+) -> None:
+    """With Corestore stalled, the stream is read no further than the bounded queue allows."""
+    path = "snap-db/big.bin"
+    world.objects = {path: world.pattern(12 * world.CHUNK, "big")}
+    prepared = await world.prepare()
+    world.corestore.faults.delay_next(RouteName.PUT_CHUNK, seconds=5)  # > transfer timeout
+    piece = 1000
+    source = _Watching(world, path, piece)
+    await _stage_raw(world, prepared["revision"], source, path)
+    bound = (world.engine.settings.max_in_flight + 2) * world.CHUNK + piece
+    assert max(source.ahead) <= bound
+    assert max(source.ahead) >= world.engine.settings.max_in_flight * world.CHUNK
+    assert _staged_ok(world, path)
+
+
+@pytest.mark.parametrize(
+    ("settings", "lines"),
+    [
+        (EngineSettings(chunk_size=4096, progress_interval=3600.0), 1),
+        (EngineSettings(chunk_size=4096, progress_interval=0.0), 5),
+    ],
+)
+async def test_staging_progress_is_logged_at_most_once_per_interval(world: Any, lines: int) -> None:
+    """A long interval leaves only the final line (bytes = total); zero logs every chunk."""
+    prepared = await world.prepare()
+    with structlog.testing.capture_logs() as events:
+        await world.stage(DUMP, prepared["revision"])
+    progress = [e for e in events if e["event"] == "staging_progress"]
+    assert len(progress) == lines
+    size = len(world.objects[DUMP])
+    assert (progress[-1]["bytes"], progress[-1]["total"], progress[-1]["path"]) == (
+        size,
+        size,
+        DUMP,
+    )
+    assert progress[-1]["mb_per_s"] >= 0
