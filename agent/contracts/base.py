@@ -24,6 +24,7 @@ from pydantic import (
     SerializationInfo,
     SerializerFunctionWrapHandler,
     Strict,
+    ValidationError,
     model_serializer,
 )
 from pydantic.alias_generators import to_camel
@@ -35,6 +36,7 @@ __all__ = [
     "SafeInt",
     "StreamMarker",
     "WireModel",
+    "first_problem",
 ]
 
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -87,3 +89,21 @@ class StreamMarker(WireModel):
 
     is_virtual_stream: Literal[True] = Field(alias="_isVirtualStream")
     stream_id: str = Field(alias="streamId", min_length=1, max_length=256)
+
+
+def first_problem(exc: ValidationError, *, root: str = "request") -> tuple[str, str]:
+    """The first offending field path (dotted, as on the wire) and pydantic's reason for it.
+
+    Schema-internal steps (`function-after[...]`, `is-instance[Secret]`) are dropped from the
+    path: they name validators, not fields. The reason never quotes the input, which may hold a
+    secret.
+    """
+    errors = exc.errors(include_url=False, include_input=False, include_context=False)
+    if not errors:
+        return root, "invalid"
+    parts = [str(part) for part in errors[0]["loc"] if not _is_schema_step(part)]
+    return ".".join(parts) or root, errors[0]["msg"]
+
+
+def _is_schema_step(part: int | str) -> bool:
+    return isinstance(part, str) and "[" in part and part.endswith("]")

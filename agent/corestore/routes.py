@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 
+from agent.contracts.base import first_problem
 from agent.corestore.models import (
     ArchiveManifest,
     ChunkAccepted,
@@ -265,7 +266,8 @@ def build_prepare_restore(
             archive_manifest=ArchiveManifest.model_validate(_wire(archive_manifest)),
         )
     except ValidationError as exc:
-        raise LocalProtocolError(f"prepare-restore body is invalid: {_first_error(exc)}") from exc
+        field, reason = first_problem(exc, root="body")
+        raise LocalProtocolError(f"prepare-restore body is invalid: {field}: {reason}") from exc
     return _request(
         RouteName.PREPARE_RESTORE,
         grant,
@@ -317,7 +319,8 @@ def build_commit_object(
     try:
         body = CommitObjectBody(size=size, sha256=sha256)
     except ValidationError as exc:
-        raise LocalProtocolError(f"commit-object body is invalid: {_first_error(exc)}") from exc
+        field, reason = first_problem(exc, root="body")
+        raise LocalProtocolError(f"commit-object body is invalid: {field}: {reason}") from exc
     return _object_request(
         RouteName.COMMIT_OBJECT,
         staging_archive_id,
@@ -398,9 +401,3 @@ def classify_answer(spec: RouteSpec, status: int, error_code: str | None) -> Ans
     if status == 422 and error_code in _INTEGRITY_CODES:
         return AnswerKind.INTEGRITY
     return AnswerKind.REFUSED
-
-
-def _first_error(exc: ValidationError) -> str:
-    first = exc.errors(include_url=False, include_input=False)[0]
-    where = ".".join(str(part) for part in first["loc"]) or "body"
-    return f"{where}: {first['msg']}"

@@ -54,8 +54,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Final, Literal, get_args
+from typing import Final
 
+from agent.contracts.isolatedrestore import NODE_STATUSES, NodeStatus
 from agent.errors import IllegalTransition
 
 __all__ = [
@@ -71,22 +72,6 @@ __all__ = [
     "sources",
     "target",
 ]
-
-NodeStatus = Literal[
-    "preparing",
-    "prepared",
-    "staging",
-    "restoring",
-    "verifying",
-    "ready",
-    "failed",
-    "cleaning",
-    "cleaned",
-    "cleanup-failed",
-]
-"""`TIsolatedRestoreNodeStatus` from the seeds."""
-
-NODE_STATUSES: Final[tuple[NodeStatus, ...]] = get_args(NodeStatus)
 
 
 class Op(enum.StrEnum):

@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
+from agent.contracts.base import first_problem
 from agent.contracts.cluster import (
     METHOD_GET_CLUSTER_CONFIG,
     METHOD_GET_IDENTITY_BY_TOKEN,
@@ -100,12 +101,6 @@ class SessionSettings:
     identity_renew_margin_s: float = 300.0
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     peer: PeerSettings = field(default_factory=PeerSettings)
-
-
-def _first_field(exc: ValidationError) -> str:
-    # Only the location: a pydantic message quotes the input, which may hold the JWT.
-    errors = exc.errors()
-    return ".".join(str(part) for part in errors[0]["loc"]) if errors else "?"
 
 
 class CloudlySession:
@@ -358,7 +353,7 @@ class CloudlySession:
         except ValidationError as exc:
             # from None: the validation error quotes its input, which holds the JWT.
             raise RemoteProtocolError(
-                f"getIdentityByToken returned no usable identity (field {_first_field(exc)})"
+                f"getIdentityByToken returned no usable identity (field {first_problem(exc)[0]})"
             ) from None
         # Refuse an identity that is expired on arrival (raises) before anything relies on it.
         renew_delay(identity.expires_at, self._clock.now(), self._settings.identity_renew_margin_s)
@@ -388,7 +383,7 @@ class CloudlySession:
             # from None: the validation error quotes the document, which may hold secrets.
             raise RemoteProtocolError(
                 f"getClusterConfig returned an unusable cluster document (field "
-                f"{_first_field(exc)})"
+                f"{first_problem(exc)[0]})"
             ) from None
         self._publish(read_cluster_view(document), source=METHOD_GET_CLUSTER_CONFIG)
 
@@ -430,7 +425,7 @@ class CloudlySession:
         try:
             document = PushClusterConfigRequest.model_validate(request).config_data
         except ValidationError as exc:
-            log.warning("push_cluster_config_refused", field=_first_field(exc))
+            log.warning("push_cluster_config_refused", field=first_problem(exc)[0])
             raise  # the peer answers invalid-request naming the field
         view = read_cluster_view(document)
         current = self._view

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
+from agent.contracts.base import first_problem
 from agent.errors import InvalidRequest, InvalidState
 
 if TYPE_CHECKING:
@@ -115,7 +116,5 @@ def response_dict(method: str, result: object) -> dict[str, Any]:
 
 def invalid_request(exc: ValidationError) -> InvalidRequest:
     """`invalid-request` naming the first offending field path (camelCase, dotted)."""
-    errors = exc.errors(include_url=False, include_input=False, include_context=False)
-    first = errors[0] if errors else {"loc": (), "msg": "invalid"}
-    path = ".".join(str(part) for part in first["loc"]) or "request"
-    return InvalidRequest(f"{path}: {first['msg']}", field=path)
+    path, reason = first_problem(exc)
+    return InvalidRequest(f"{path}: {reason}", field=path)

@@ -15,6 +15,7 @@ import contextlib
 import hmac
 import json
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -286,10 +287,16 @@ class _Handlers:
 
     async def restore_resource(self, request: web.Request) -> web.Response:
         restore_id, mapping_id = _id(request, "restoreId"), _id(request, "mappingId")
+        # Marking the resource `running` and starting its job are one step: a client that
+        # disconnects in between must not leave a `running` resource that no job owns.
+        answer = await asyncio.shield(self._start_restore(restore_id, mapping_id))
+        return web.json_response(answer, status=202 if answer["state"] == "running" else 200)
+
+    async def _start_restore(self, restore_id: str, mapping_id: str) -> dict[str, Any]:
         answer, generation = await asyncio.to_thread(self._scratch.start, restore_id, mapping_id)
         if generation is not None:
             self._jobs.start(restore_id, mapping_id, generation)
-        return web.json_response(answer, status=202 if answer["state"] == "running" else 200)
+        return answer
 
     async def resource_status(self, request: web.Request) -> web.Response:
         restore_id, mapping_id = _id(request, "restoreId"), _id(request, "mappingId")
