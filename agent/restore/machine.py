@@ -10,7 +10,7 @@ table) inside the compare-and-swap that persists the move.
     ---------------  ------------------  --------------  ------------------------------------
     (absent)         prepare             preparing       written before Corestore is asked
     preparing        prepare-succeeded   prepared
-    preparing        prepare-failed      failed          Corestore refused, or a restart
+    preparing        prepare-failed      failed          Corestore refused
     prepared         stage               staging
     staging          stage               staging         further objects, or a resend
     prepared         execute             restoring       guard: staging complete (empty manifest)
@@ -38,9 +38,9 @@ What `preparing` means: the prepare request's own transient phase. The handler p
 agent dies while Corestore works, the row still says a prepare was attempted, so the scratch
 resources Corestore may have made are reachable by cleanup instead of leaking. When Corestore
 answers, the handler writes `prepared` (or `failed`, with `lastErrorCode`). A restart that finds
-`preparing` cannot finish the call (the grant was never persisted), so it settles it with
-`prepare-failed`. The same holds for `restoring`/`verifying` (settled with `restore-failed` /
-`verify-failed`) and `cleaning` (settled with `cleanup-failed`, which Cloudly may retry):
+`preparing` cannot finish the call on its own (the grant was never persisted): the state stays
+visible as it is, and the work resumes when Cloudly repeats the request with a fresh grant (an
+exact replay, see `replay.py`). The same holds for `restoring`/`verifying` and `cleaning`:
 `IN_FLIGHT` names these statuses.
 
 The execute guard: `execute` needs every manifest object written. From `prepared` that is true
@@ -131,7 +131,7 @@ GUARDED_BY_STAGING_COMPLETE: Final[frozenset[tuple[NodeStatus | None, Op]]] = fr
 IN_FLIGHT: Final[frozenset[NodeStatus]] = frozenset(
     {"preparing", "restoring", "verifying", "cleaning"}
 )
-"""Statuses only the engine leaves; a restart finds them unfinished and settles them."""
+"""Statuses only the engine leaves; after a restart they wait for Cloudly to repeat the request."""
 
 TERMINAL: Final[frozenset[NodeStatus]] = frozenset(
     status for status in NODE_STATUSES if not any(key[0] == status for key in TRANSITIONS)
