@@ -55,6 +55,7 @@ __all__ = [
     "UncapturedBinding",
     "UncapturedVolume",
     "UnreadableArchiveFailure",
+    "archive_path_problem",
     "read_partial_restore_resource_types",
 ]
 
@@ -83,22 +84,32 @@ PassThroughDocument = PassThroughModel
 # --- archive manifest ---------------------------------------------------------------------------
 
 
-def _check_archive_path(path: str) -> str:
+def archive_path_problem(path: str) -> str | None:
+    """Why `path` is not an archive object path (decisions.md), or None.
+
+    The one statement of the rule: the manifest model and the Corestore routes both use it.
+    """
     if not path:
-        raise ValueError("archive path must not be empty")
+        return "must not be empty"
     if "\x00" in path:
-        raise ValueError("archive path must not contain NUL")
+        return "must not contain NUL"
     try:
         size = len(path.encode("utf-8"))
     except UnicodeEncodeError:
-        raise ValueError("archive path must be valid Unicode text") from None
+        return "must be valid Unicode text"
     if size > MAX_ARCHIVE_PATH_BYTES:
-        raise ValueError(f"archive path must be at most {MAX_ARCHIVE_PATH_BYTES} bytes")
+        return f"must be at most {MAX_ARCHIVE_PATH_BYTES} bytes"
     if path.startswith("/"):
-        raise ValueError("archive path must be relative")
-    for segment in path.split("/"):
-        if segment in ("", ".", ".."):
-            raise ValueError("archive path must not have an empty, '.' or '..' segment")
+        return "must be relative"
+    if any(segment in ("", ".", "..") for segment in path.split("/")):
+        return "must not have an empty, '.' or '..' segment"
+    return None
+
+
+def _check_archive_path(path: str) -> str:
+    problem = archive_path_problem(path)
+    if problem is not None:
+        raise ValueError(f"archive path {problem}")
     return path
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from agent.contracts.backup import MAX_ARCHIVE_PATH_BYTES, archive_path_problem
 from agent.errors import LocalProtocolError
 
 __all__ = [
@@ -28,7 +29,6 @@ __all__ = [
 # One chunk PUT carries at most this many bytes.
 MAX_CHUNK_SIZE: Final = 16 * 1024 * 1024
 MAX_ID_LENGTH: Final = 256
-MAX_ARCHIVE_PATH_BYTES: Final = 1024
 # HTTP servers cap one header line near 8 KiB (aiohttp: 8190 bytes); an RS256 grant binding
 # digests of the mappings and the manifest is 1-2 KiB.
 MAX_GRANT_LENGTH: Final = 8000
@@ -47,21 +47,6 @@ def id_problem(value: str) -> str | None:
         return "must not be a dot segment"
     if _CONTROL.search(value):
         return "must not contain control characters"
-    return None
-
-
-def archive_path_problem(path: str) -> str | None:
-    """Why `path` is not a staging-archive object path (decisions.md), or None."""
-    if not path:
-        return "must not be empty"
-    if len(path.encode("utf-8", "surrogatepass")) > MAX_ARCHIVE_PATH_BYTES:
-        return f"must be at most {MAX_ARCHIVE_PATH_BYTES} bytes"
-    if "\x00" in path:
-        return "must not contain NUL"
-    if path.startswith("/"):
-        return "must be relative"
-    if any(segment in ("", ".", "..") for segment in path.split("/")):
-        return "must not have an empty, '.' or '..' segment"
     return None
 
 

@@ -12,27 +12,18 @@ memory for one request (or for the background work one request started), never w
 SQLite, a log line, an error text or a metric. `request_digest` drops it, so a retry carrying a
 fresh grant is still an exact replay.
 
-Length: the lead's bound is 16 KiB, but the grant travels to Corestore in one HTTP header and the
-Corestore client refuses more than `agent.corestore.shapes.MAX_GRANT_LENGTH` (8000) characters;
-the smaller bound is enforced here, so a grant the agent cannot carry is refused before it
-changes any state rather than after.
+Length: the grant travels to Corestore in one HTTP header, so the bound is the one the Corestore
+routes carry (`agent.corestore.shapes.MAX_GRANT_LENGTH`); a grant the agent cannot carry is
+refused before it changes any state rather than after.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Final
-
-from agent.corestore.shapes import MAX_GRANT_LENGTH as _CARRIABLE
+from agent.corestore.shapes import MAX_GRANT_LENGTH, is_compact_jws
 from agent.errors import GrantInvalid
 from agent.secret import Secret
 
 __all__ = ["MAX_GRANT_LENGTH", "check_grant"]
-
-MAX_GRANT_LENGTH: Final = min(16 * 1024, _CARRIABLE)
-
-_PART: Final = r"[A-Za-z0-9_-]+"
-_COMPACT_JWS: Final = re.compile(rf"{_PART}\.{_PART}\.{_PART}")
 
 
 def check_grant(grant: Secret) -> Secret:
@@ -40,7 +31,7 @@ def check_grant(grant: Secret) -> Secret:
     value = grant.reveal()
     if len(value) > MAX_GRANT_LENGTH:
         raise GrantInvalid(f"restoreGrant is longer than {MAX_GRANT_LENGTH} characters")
-    if _COMPACT_JWS.fullmatch(value) is None:
+    if not is_compact_jws(value):
         raise GrantInvalid(
             "restoreGrant is not a compact JWS (three non-empty base64url parts joined by dots)"
         )
