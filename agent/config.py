@@ -36,6 +36,7 @@ from pydantic_core import ErrorDetails
 
 from agent.errors import ConfigError
 from agent.log import register_secret
+from agent.protocol.chunks import ChunkForm
 from agent.secret import Secret
 
 __all__ = [
@@ -189,7 +190,7 @@ class StreamsConfig(_Section):
 
     window: Annotated[int, Field(ge=1, le=256)] = 16
     keepalive_timeout_s: Seconds = 10.0
-    chunk_form: Literal["buffer", "base64", "object"] = "buffer"
+    chunk_form: ChunkForm = "buffer"
 
 
 class ShutdownConfig(_Section):

@@ -230,12 +230,13 @@ def _b64(text: str) -> str:
 
 
 _GRANTS = itertools.count()
+_GRANT_HEADER = _b64('{"alg":"RS256","typ":"JWT"}')
 
 
 def grant() -> str:
     """A fresh compact-JWS-shaped grant (nobody here verifies signatures)."""
     n = next(_GRANTS)
-    return f"{_b64('{\"alg\":\"RS256\"}')}.{_b64(f'bench-grant-{n}')}.c2ln{n:06d}"
+    return f"{_GRANT_HEADER}.{_b64(f'bench-grant-{n}')}.c2ln{n:06d}"
 
 
 @dataclass(slots=True)
@@ -264,21 +265,30 @@ class Restore:
             **fields,
         }
 
-    def prepare(self) -> dict[str, Any]:
-        """`coreflowPrepareIsolatedRestore` at revision 0."""
-        mapping = {
+    @property
+    def scratch_id(self) -> str:
+        """The scratch namespace id."""
+        return f"scratch-{self.restore_id}"
+
+    @property
+    def mapping(self) -> dict[str, Any]:
+        """The one resource mapping (a database; never executed here)."""
+        return {
             "id": "map-db",
             "type": "database",
             "source": {"snapshotId": "snap-db", "resourceName": "db", "databaseName": "app"},
             "target": {"resourceName": "db-scratch", "databaseName": "app"},
         }
+
+    def prepare(self) -> dict[str, Any]:
+        """`coreflowPrepareIsolatedRestore` at revision 0."""
         return self._base(
             expectedRevision=0,
             sourceBackupId="backup-1",
             sourceServiceId="service-1",
-            scratchNamespaceId=f"scratch-{self.restore_id}",
+            scratchNamespaceId=self.scratch_id,
             stagingArchiveId=self.archive_id,
-            resourceMappings=[mapping],
+            resourceMappings=[self.mapping],
             archiveManifest={"objects": [self.entry]},
         )
 

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -348,7 +349,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--probe-ms", type=float, default=50.0, help="backpressure re-probe")
     parser.add_argument("--distinct", type=int, default=4, help="distinct chunks, cycled")
-    parser.add_argument("--log", type=Path, default=Path("bench-stream-responder.log"))
+    parser.add_argument(
+        "--log",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "bench-stream-responder.log",
+        help="where the responders' stderr goes",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     unknown = set(args.forms) - set(FORMS)

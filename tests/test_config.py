@@ -272,7 +272,7 @@ REFUSALS = [
     (("", "[streams]\nwindow = 0\n"), "config streams.window: must be >= 1, got 0"),
     (
         ("", '[streams]\nchunk_form = "hex"\n'),
-        "config streams.chunk_form: must be 'buffer', 'base64' or 'object'",
+        "config streams.chunk_form: must be 'buffer' or 'base64'",
     ),
     (("", '[log]\nformat = "xml"\n'), "config log.format: must be 'auto', 'json' or 'console'"),
     (

@@ -1,0 +1,474 @@
+"""`RestoreDriver`: Cloudly's side of one isolated restore, driven through a `StandInCloudly`.
+
+    plan = demo_plan(big_size=64 * MiB)             # or RestorePlan(...) with your own objects
+    driver = RestoreDriver(cloudly, plan, on_progress=print)
+    await driver.prepare()                          # each call returns the node state dict
+    for spec in plan.objects:
+        await driver.stage(spec)                    # a real VirtualStream Cloudly -> agent
+    await driver.execute()
+    await driver.wait_until({"ready", "failed"})
+    await driver.cleanup()
+    await driver.wait_until({"cleaned", "cleanup-failed"})
+
+Archive objects are deterministic pseudo-random bytes that never sit in memory whole: block
+`k` (1 MiB, the last one shorter) is `shake_256(seed + k as 8 big-endian bytes).digest(1 MiB)`,
+so any object is reproducible from `(size, seed)` and streamed in pieces of any size. Its
+sha256 is computed in a first pass (in a worker thread) before `prepare` needs the manifest.
+
+Mappings follow the reference Corestore's snapshot layout (docs/corestore-api.md): a mapping's
+snapshot is the manifest objects under `<source.snapshotId>/`. Every call carries a fresh fake
+compact JWS grant (`fake_grant()`: recognisable by `GRANT_MARK`, kept in `issued_grants` so a
+test can search logs and databases for them). Refusals raise `CallFailed` (`.error_data`).
+
+Retries (`retries=N`): a retryable refusal (`error.data.retryable`) is re-sent after
+`retry_delay`; a session failure (`SessionClosed`, `CallTimeout`) first waits until the agent
+reconnected and read its cluster document. Each attempt is the same request with a fresh grant
+(and, for a stage, a fresh stream) at the same `expectedRevision`: the agent's exact-replay rule
+makes that safe when the lost attempt did succeed. The chunk form is the stand-in's
+(`PeerSettings.chunk_form`, see `stand_in_settings()`); the piece size is the driver's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, Literal
+
+from agent.contracts.isolatedrestore import (
+    METHOD_CLEANUP,
+    METHOD_EXECUTE,
+    METHOD_GET_STATUS,
+    METHOD_PREPARE,
+    METHOD_STAGE,
+)
+from agent.devstack.cloudly import StandInCloudly
+from agent.errors import CallFailed, CallTimeout, SessionClosed, StreamBroken
+from agent.session.peer import ByteSink, PeerSettings
+
+__all__ = [
+    "BLOCK_SIZE",
+    "GRANT_MARK",
+    "MappingSpec",
+    "ObjectSpec",
+    "Progress",
+    "RestoreDriver",
+    "RestorePlan",
+    "Retrying",
+    "StageProgress",
+    "StateSeen",
+    "demo_plan",
+    "fake_grant",
+    "stand_in_settings",
+]
+
+MiB: Final = 1024 * 1024
+BLOCK_SIZE: Final = MiB
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+_GRANT_HEADER: Final = _b64url(b'{"alg":"RS256","typ":"JWT","kid":"stand-in"}')
+GRANT_MARK: Final = "U1RBTkRJTkdSQU5U"  # base64url of "STANDINGRANT": in every fake grant
+
+
+def fake_grant() -> str:
+    """A fresh compact-JWS-shaped grant (unsigned; the reference Corestore checks only shape)."""
+    nonce, signature = secrets.token_bytes(12), secrets.token_bytes(32)
+    return f"{_GRANT_HEADER}.{GRANT_MARK}{_b64url(nonce)}.{_b64url(signature)}"
+
+
+def stand_in_settings(chunk_form: Literal["buffer", "base64"] = "buffer") -> PeerSettings:
+    """Peer settings for a `StandInCloudly` that sends stream chunks in `chunk_form`."""
+    return PeerSettings(chunk_form=chunk_form)
+
+
+# --- what is restored --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectSpec:
+    """One archive object: `size` deterministic bytes from `seed` (or `sha256` given upfront)."""
+
+    path: str
+    size: int
+    seed: bytes
+    sha256: str | None = None
+
+    def blocks(self) -> Iterator[bytes]:
+        """The content in `BLOCK_SIZE` blocks (the last one shorter)."""
+        for index, start in enumerate(range(0, self.size, BLOCK_SIZE)):
+            length = min(BLOCK_SIZE, self.size - start)
+            yield hashlib.shake_256(self.seed + index.to_bytes(8, "big")).digest(length)
+
+    def pieces(self, piece_size: int, *, corrupt_at: int | None = None) -> Iterator[bytes]:
+        """The content re-cut into `piece_size` pieces; `corrupt_at` flips that byte's low bit."""
+        if piece_size < 1:
+            raise ValueError("piece_size must be at least 1")
+        pending, offset = bytearray(), 0
+        for block in self.blocks():
+            if corrupt_at is not None and offset <= corrupt_at < offset + len(block):
+                mutable = bytearray(block)
+                mutable[corrupt_at - offset] ^= 1
+                block = bytes(mutable)
+            offset += len(block)
+            pending += block
+            while len(pending) >= piece_size:
+                yield bytes(pending[:piece_size])
+                del pending[:piece_size]
+        if pending:
+            yield bytes(pending)
+
+    def read(self) -> bytes:
+        """The whole content (for small objects only)."""
+        return b"".join(self.blocks())
+
+    def compute_sha256(self) -> str:
+        """sha256 of the content, computed in one streaming pass."""
+        digest = hashlib.sha256()
+        for block in self.blocks():
+            digest.update(block)
+        return digest.hexdigest()
+
+    def entry(self) -> dict[str, Any]:
+        """The manifest entry `{path, size, sha256}` (the digest must be known)."""
+        if self.sha256 is None:
+            raise ValueError(f"the sha256 of {self.path} is not computed yet")
+        return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
+class MappingSpec:
+    """One resource mapping: `type` restores the snapshot `snapshot_id` into `target`."""
+
+    id: str
+    type: Literal["database", "objectstorage", "volume"]
+    snapshot_id: str
+    name: str  # the database, bucket or volume name
+    resource_name: str = "resource"
+
+    def to_wire(self) -> dict[str, Any]:
+        """The `TIsolatedRestoreResourceMapping` Cloudly sends."""
+        if self.type == "database":
+            source = {"resourceName": self.resource_name, "databaseName": self.name}
+            target: dict[str, Any] = {
+                "resourceName": f"{self.resource_name}-scratch",
+                "databaseName": self.name,
+            }
+        elif self.type == "objectstorage":
+            source = {"resourceName": self.resource_name, "bucketName": self.name}
+            target = {"resourceName": f"{self.resource_name}-scratch", "bucketName": self.name}
+        else:
+            source = {"volumeName": self.name, "mountPath": f"/data/{self.name}"}
+            target = {"volumeName": f"{self.name}-scratch", "mountPath": f"/data/{self.name}"}
+        return {
+            "id": self.id,
+            "type": self.type,
+            "source": {"snapshotId": self.snapshot_id, **source},
+            "target": target,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RestorePlan:
+    """Everything one isolated restore names: routing key, ids, mappings and objects."""
+
+    cluster_id: str
+    node: str
+    mappings: tuple[MappingSpec, ...]
+    objects: tuple[ObjectSpec, ...]
+    restore_id: str = "restore-1"
+    source_backup_id: str = "backup-1"
+    source_service_id: str = "service-1"
+    scratch_namespace_id: str = "scratch-ns-1"
+    staging_archive_id: str = "staging-archive-1"
+
+    def __post_init__(self) -> None:
+        for mapping in self.mappings:
+            prefix = mapping.snapshot_id + "/"
+            if not any(spec.path.startswith(prefix) for spec in self.objects):
+                raise ValueError(f"mapping {mapping.id}: no object under {prefix}")
+
+    def object(self, path: str) -> ObjectSpec:
+        """The object at `path`."""
+        return next(spec for spec in self.objects if spec.path == path)
+
+
+def demo_plan(
+    cluster_id: str = "cluster-1", node: str = "node-1", *, big_size: int = 64 * MiB
+) -> RestorePlan:
+    """A database dump, a bucket of small files and one `big_size` volume image."""
+    objects = [
+        ObjectSpec("snap-db/dump.bson", 6 * MiB + 12_345, b"database dump"),
+        ObjectSpec("snap-db/meta/indexes.json", 2_048, b"database indexes"),
+        *(
+            ObjectSpec(f"snap-os/media/photo-{n:02d}.jpg", 150_000 + 40_000 * n, b"photo %d" % n)
+            for n in range(6)
+        ),
+        ObjectSpec("snap-vol/volume.img", big_size, b"volume image"),
+    ]
+    mappings = (
+        MappingSpec("map-db", "database", "snap-db", "app", "mongodb"),
+        MappingSpec("map-media", "objectstorage", "snap-os", "media", "s3"),
+        MappingSpec("map-volume", "volume", "snap-vol", "uploads"),
+    )
+    return RestorePlan(cluster_id, node, mappings, tuple(objects))
+
+
+# --- progress ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StageProgress:
+    """Bytes of `path` handed to the stream so far (reported after every piece)."""
+
+    path: str
+    sent_bytes: int
+    total_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class StateSeen:
+    """An answer carried a state whose status or revision differs from the last one seen."""
+
+    method: str
+    status: str
+    revision: int
+    state: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Retrying:
+    """An attempt failed and will be repeated (`reason`: the error code or exception name)."""
+
+    method: str
+    attempt: int
+    reason: str
+
+
+Progress = StageProgress | StateSeen | Retrying
+Sleep = Callable[[float], Awaitable[None]]
+
+_SESSION_ERRORS: Final = (SessionClosed, CallTimeout, StreamBroken)
+
+
+# --- the driver --------------------------------------------------------------------------------
+
+
+@dataclass
+class RestoreDriver:
+    """Drives one isolated restore of `plan` through `cloudly` (see the module docstring)."""
+
+    cloudly: StandInCloudly
+    plan: RestorePlan
+    piece_size: int = 256 * 1024
+    call_timeout: float = 120.0
+    poll_interval: float = 0.05
+    retries: int = 0
+    retry_delay: float = 0.05
+    reconnect_timeout: float = 30.0
+    sleep: Sleep = asyncio.sleep
+    on_progress: Callable[[Progress], None] | None = None
+    revision: int = 0
+    state: dict[str, Any] | None = None
+    issued_grants: list[str] = field(default_factory=list)
+
+    # --- the five requests ----------------------------------------------------------------
+
+    async def compute_digests(self) -> None:
+        """Fill in every object's sha256 (one streaming pass each, in a worker thread)."""
+        specs = []
+        for spec in self.plan.objects:
+            if spec.sha256 is None:
+                spec = replace(spec, sha256=await asyncio.to_thread(spec.compute_sha256))
+            specs.append(spec)
+        self.plan = replace(self.plan, objects=tuple(specs))
+
+    async def prepare(self, *, expected_revision: int | None = None) -> dict[str, Any]:
+        """`coreflowPrepareIsolatedRestore` with the plan's mappings and manifest."""
+        await self.compute_digests()
+        plan = self.plan
+        fields = {
+            "sourceBackupId": plan.source_backup_id,
+            "sourceServiceId": plan.source_service_id,
+            "scratchNamespaceId": plan.scratch_namespace_id,
+            "stagingArchiveId": plan.staging_archive_id,
+            "resourceMappings": [mapping.to_wire() for mapping in plan.mappings],
+            "archiveManifest": {"objects": [spec.entry() for spec in plan.objects]},
+        }
+        return await self._mutation(METHOD_PREPARE, expected_revision, fields)
+
+    async def stage(
+        self,
+        obj: ObjectSpec | str,
+        *,
+        expected_revision: int | None = None,
+        piece_size: int | None = None,
+        corrupt_at: int | None = None,
+    ) -> dict[str, Any]:
+        """`stageIsolatedRestoreArchive`: the object's bytes on a fresh VirtualStream."""
+        spec = self.plan.object(obj if isinstance(obj, str) else obj.path)
+        expected = self.revision if expected_revision is None else expected_revision
+
+        async def attempt() -> dict[str, Any]:
+            body = {**self._base(), "expectedRevision": expected, "object": spec.entry()}
+            pieces = spec.pieces(piece_size or self.piece_size, corrupt_at=corrupt_at)
+            return await self._stream_call(body, spec, pieces)
+
+        return self._seen(METHOD_STAGE, (await self._with_retries(METHOD_STAGE, attempt))["state"])
+
+    async def stage_all(self) -> dict[str, Any]:
+        """Stage every object of the plan in order; the last state."""
+        state: dict[str, Any] = {}
+        for spec in self.plan.objects:
+            state = await self.stage(spec)
+        return state
+
+    async def execute(self, *, expected_revision: int | None = None) -> dict[str, Any]:
+        """`coreflowExecuteIsolatedRestore` (the agent answers `restoring` at once)."""
+        return await self._mutation(METHOD_EXECUTE, expected_revision, {})
+
+    async def cleanup(self, *, expected_revision: int | None = None) -> dict[str, Any]:
+        """`coreflowCleanupIsolatedRestore` (the agent answers `cleaning` at once)."""
+        return await self._mutation(METHOD_CLEANUP, expected_revision, {})
+
+    async def status(self) -> dict[str, Any] | None:
+        """`coreflowGetIsolatedRestoreStatus`: the state, or None when the agent has none."""
+
+        async def attempt() -> dict[str, Any]:
+            return await self._call(METHOD_GET_STATUS, self._base())
+
+        answer = await self._with_retries(METHOD_GET_STATUS, attempt)
+        if not answer.get("found"):
+            return None
+        return self._seen(METHOD_GET_STATUS, answer["state"])
+
+    async def wait_until(
+        self,
+        statuses: Collection[str],
+        *,
+        timeout: float = 120.0,  # noqa: ASYNC109  # an overall deadline for many polls
+    ) -> dict[str, Any]:
+        """Poll the status every `poll_interval` until it is one of `statuses`."""
+        async with asyncio.timeout(timeout):
+            while True:
+                state = await self.status()
+                if state is not None and state["status"] in statuses:
+                    return state
+                await self.sleep(self.poll_interval)
+
+    # --- calls ----------------------------------------------------------------------------
+
+    def _base(self) -> dict[str, Any]:
+        grant = fake_grant()
+        self.issued_grants.append(grant)
+        return {
+            "restoreGrant": grant,
+            "clusterId": self.plan.cluster_id,
+            "targetNodeName": self.plan.node,
+            "restoreId": self.plan.restore_id,
+        }
+
+    async def _mutation(
+        self, method: str, expected_revision: int | None, fields: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        expected = self.revision if expected_revision is None else expected_revision
+
+        async def attempt() -> dict[str, Any]:
+            body = {**self._base(), "expectedRevision": expected, **fields}
+            return await self._call(method, body)
+
+        return self._seen(method, (await self._with_retries(method, attempt))["state"])
+
+    async def _call(self, method: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.cloudly.call_agent(method, body, self.call_timeout)
+
+    async def _with_retries(
+        self, method: str, attempt: Callable[[], Awaitable[dict[str, Any]]]
+    ) -> dict[str, Any]:
+        for number in range(1, self.retries + 2):
+            connection = self._connection_number()
+            try:
+                answer = await attempt()
+            except CallFailed as exc:
+                if number > self.retries or not exc.error_data.get("retryable"):
+                    raise
+                self._report(Retrying(method, number, str(exc.error_data.get("code"))))
+                await self.sleep(self.retry_delay)
+            except _SESSION_ERRORS as exc:
+                if number > self.retries:
+                    raise
+                self._report(Retrying(method, number, type(exc).__name__))
+                if self._connection_number() == connection:
+                    await self.sleep(self.retry_delay)  # the session survived (a timeout)
+                else:
+                    await self._reconnected(after=connection)
+            else:
+                return answer
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _connection_number(self) -> int:
+        try:
+            return self.cloudly.connection.number
+        except SessionClosed:
+            return 0
+
+    async def _reconnected(self, *, after: int) -> None:
+        """Wait until a connection newer than `after` has read its cluster document."""
+        async with asyncio.timeout(self.reconnect_timeout):
+            count = 1
+            while (await self.cloudly.wait_for("cluster-config-read", count)).connection <= after:
+                count += 1
+
+    async def _stream_call(
+        self, body: dict[str, Any], spec: ObjectSpec, pieces: Iterator[bytes]
+    ) -> dict[str, Any]:
+        """The stage call with its stream written concurrently; the call's outcome decides."""
+        marker, sink = self.cloudly.open_send_stream()
+        call = asyncio.create_task(self._call(METHOD_STAGE, {**body, "archive": marker}))
+        writer = asyncio.create_task(self._write(sink, spec, pieces))
+        try:
+            # A writer that fails (the stream broke) leaves the verdict to the call's answer.
+            await asyncio.wait({call, writer}, return_when=asyncio.FIRST_COMPLETED)
+            if not call.done():
+                await asyncio.wait({call})
+            return call.result()
+        finally:
+            for task in (call, writer):
+                task.cancel()
+            await asyncio.gather(call, writer, return_exceptions=True)
+
+    async def _write(self, sink: ByteSink, spec: ObjectSpec, pieces: Iterator[bytes]) -> None:
+        started, sent = time.monotonic(), 0
+        try:
+            for piece in pieces:
+                await sink.write(piece)
+                sent += len(piece)
+                self._report(StageProgress(spec.path, sent, spec.size, time.monotonic() - started))
+            await sink.close()
+        except asyncio.CancelledError:
+            await sink.abort()  # the call ended first (refusal, replay): stop the stream
+            raise
+
+    # --- bookkeeping ----------------------------------------------------------------------
+
+    def _seen(self, method: str, state: dict[str, Any]) -> dict[str, Any]:
+        previous = self.state
+        self.state, self.revision = state, int(state["revision"])
+        if previous is None or (previous["status"], previous["revision"]) != (
+            state["status"],
+            state["revision"],
+        ):
+            self._report(StateSeen(method, state["status"], int(state["revision"]), state))
+        return state
+
+    def _report(self, event: Progress) -> None:
+        if self.on_progress is not None:
+            self.on_progress(event)

@@ -1,0 +1,131 @@
+"""The pass-through baseline of bench/staging.py: the agent's session, a trivial forwarding handler.
+
+Runs `agent.app.run()` — the same composition root, Cloudly session, Peer, stream window and
+Corestore client as the agent — with an install hook that registers ONE handler instead of the
+engine: `benchForward {archive: <stream>, endpoint, grant, stagingArchiveId, path, size, sha256,
+blockDigests}`. It re-cuts the stream into `[corestore] chunk_size` chunks with the engine's own
+`rechunk()` and PUTs each to the reference Corestore's chunk route through `CorestoreClient`,
+`max_in_flight` chunks queued between reader and uploader exactly like the engine — but it
+hashes nothing (each chunk's sha256 header comes from `blockDigests`, computed by the bench
+before any timing) and persists nothing (no revision store, no routing, no grants check). When
+the stream has ended it asks Corestore to commit (Corestore re-hashes the object) and answers
+`{bytes, chunks, forwardSeconds, commitSeconds}`, so the bench can report the baseline both
+without and with Corestore's commit.
+
+    .venv/bin/python -m bench._staging_passthrough --config agent.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from agent import app
+from agent.config import Config, Secrets, load_config
+from agent.contracts.base import StreamMarker, WireModel
+from agent.corestore.client import CorestoreClients, CorestoreTimeouts, RetryPolicy
+from agent.log import configure_logging
+from agent.restore.staging import rechunk
+from agent.secret import Secret
+from agent.session.client import CloudlySession
+from agent.session.peer import RequestContext
+from agent.status import AgentStatus
+
+__all__ = ["METHOD_FORWARD", "main"]
+
+METHOD_FORWARD = "benchForward"
+
+
+class ForwardRequest(WireModel):
+    """`benchForward`'s request."""
+
+    archive: StreamMarker
+    endpoint: str
+    grant: str
+    staging_archive_id: str
+    path: str
+    size: int
+    sha256: str
+    block_digests: list[str]
+
+
+async def install(
+    *,
+    config: Config,
+    secrets: Secrets,
+    session: CloudlySession,
+    status: AgentStatus,
+    resources: AsyncExitStack,
+) -> None:
+    """The hook `app.run()` calls: Corestore clients like the engine's, one handler."""
+    del status
+    corestore = config.corestore
+    clients = CorestoreClients(
+        timeouts=CorestoreTimeouts(
+            connect=corestore.connect_timeout_s,
+            control=corestore.request_timeout_s,
+            transfer=max(corestore.request_timeout_s, 300.0),
+        ),
+        retry=RetryPolicy(attempts=corestore.retries + 1),
+    )
+    resources.push_async_callback(clients.close)
+    credential = secrets.corestore_credential
+
+    async def forward(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+        body = ForwardRequest.from_wire(dict(request))
+        client = clients.client_for(body.endpoint, credential)
+        grant = Secret(body.grant)
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=corestore.max_in_flight)
+        sent = chunks = 0
+
+        async def upload() -> None:
+            nonlocal sent, chunks
+            while (chunk := await queue.get()) is not None:
+                digest = body.block_digests[chunks % len(body.block_digests)]
+                await client.put_chunk(
+                    body.staging_archive_id, body.path, sent, chunk, digest, grant
+                )
+                sent += len(chunk)
+                chunks += 1
+
+        started = time.perf_counter()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(upload())
+            pieces = rechunk(ctx.receive_stream(body.archive), [], corestore.chunk_size)
+            try:
+                async for chunk in pieces:
+                    await queue.put(chunk)
+            finally:
+                await pieces.aclose()
+            await queue.put(None)
+        forwarded = time.perf_counter()
+        await client.commit_object(body.staging_archive_id, body.path, body.size, body.sha256, grant)
+        committed = time.perf_counter()
+        return {
+            "bytes": sent,
+            "chunks": chunks,
+            "forwardSeconds": forwarded - started,
+            "commitSeconds": committed - forwarded,
+        }
+
+    session.router.register(METHOD_FORWARD, forward)
+
+
+def main() -> None:
+    """Run the baseline until SIGTERM/SIGINT."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, required=True)
+    args = parser.parse_args()
+    config = load_config(args.config)
+    configure_logging(config.log.format, config.log.level, sys.stderr)
+    asyncio.run(app.run(config, install=install))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,353 @@
+"""Isolated-restore staging benchmarks: throughput vs a pass-through baseline, RSS, status, CAS.
+
+One run, on this machine, four figures:
+
+1. Staging throughput, stand-in Cloudly stream -> agent -> reference Corestore, one object of
+   `--mib` MiB, per chunk form (`--forms`, default base64 and Buffer), against the pass-through
+   baseline (bench/_staging_passthrough.py: the same session, stream, rechunking and Corestore
+   client, but no sha256 and no store) measured in the same run, alternating with the agent.
+   Reported: MB/s of both (first chunk written -> reply), the ratio agent/baseline (target
+   >= 0.8), the baseline without Corestore's commit too, and CPU s/GiB of each child.
+2. Peak RSS of the agent process (`python -m agent run --config F`, a fresh one) while staging
+   `--rss-mib` MiB: idle VmRSS after connect + prepare, VmHWM reset (clear_refs) before the
+   stage, peak = max(VmHWM after, sampled VmRSS); target <= 100 MiB above idle.
+3. Status round-trips while a `--status-mib` MiB stage runs on the same session:
+   `coreflowGetIsolatedRestoreStatus` every `--status-interval-ms`, p50/p99/max ms and count.
+4. Durable CAS mutations/s of the revision store (bench/cas.py's `measure`).
+
+The stand-in Cloudly runs in this process, the reference Corestore and the agent (or the
+baseline) in their own processes, all on 127.0.0.1. Run from the repository root:
+
+    .venv/bin/python -m bench.staging [--quick] [--mib 512] [--rss-mib 2048] [--status-mib 512]
+        [--forms base64,buffer] [--repeat 2] [--json out.json] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from agent.corestore.client import CorestoreClient
+from agent.devstack.cloudly import StandInCloudly, cluster_document
+from agent.log import configure_logging
+from agent.secret import Secret
+from agent.session.peer import PeerSettings
+from bench._procstat import machine_facts, memory_kib
+from bench._staging_runs import (
+    RssSampler,
+    StageRun,
+    StatusProbe,
+    reset_peak_rss,
+    stage_agent,
+    stage_baseline,
+)
+from bench._staging_world import (
+    BEARER,
+    CLUSTER,
+    NODE,
+    TOKEN,
+    AgentProcess,
+    BenchObject,
+    Corestore,
+    Restore,
+    agent_process,
+    corestore_process,
+)
+from bench.cas import measure as measure_cas
+
+__all__ = ["main"]
+
+MiB = 2**20
+AGENT = ["agent", "run"]
+BASELINE = ["bench._staging_passthrough"]
+OBJECT_PATH = "snap-db/dump.bson"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags (`--quick` shrinks every size that was not given explicitly)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run (small sizes)")
+    parser.add_argument("--mib", type=int, help="throughput object size (default 512)")
+    parser.add_argument("--rss-mib", type=int, help="RSS object size (default 2048)")
+    parser.add_argument("--status-mib", type=int, help="status-probe stage size (default 512)")
+    parser.add_argument("--forms", default="base64,buffer", help="chunk forms Cloudly sends")
+    parser.add_argument("--rss-form", default="base64", help="chunk form of the RSS stage")
+    parser.add_argument("--repeat", type=int, help="agent/baseline pairs per form (default 2)")
+    parser.add_argument("--chunk-mib", type=int, default=4, help="[corestore] chunk_size")
+    parser.add_argument("--window", type=int, default=16, help="[streams] window")
+    parser.add_argument("--status-interval-ms", type=float, default=20.0)
+    parser.add_argument("--cas-mutations", type=int, help="bench/cas.py mutations (default 2000)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    args = parser.parse_args(argv)
+    defaults = (
+        {"mib": 32, "rss_mib": 128, "status_mib": 32, "repeat": 1, "cas_mutations": 200}
+        if args.quick
+        else {"mib": 512, "rss_mib": 2048, "status_mib": 512, "repeat": 2, "cas_mutations": 2000}
+    )
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.forms = [form for form in args.forms.split(",") if form]
+    return args
+
+
+def say(text: str) -> None:
+    """Progress on stderr (the figures go to stdout)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+@contextlib.asynccontextmanager
+async def cloudly_for(corestore: Corestore, form: str) -> AsyncIterator[StandInCloudly]:
+    """A stand-in Cloudly sending stream chunks in `form`, serving one cluster of one node."""
+    document = cluster_document(CLUSTER, {NODE: corestore.url})
+    async with StandInCloudly(
+        token=TOKEN, cluster=document, peer_settings=PeerSettings(chunk_form=form)
+    ) as cloudly:
+        yield cloudly
+
+
+def drop_staged(corestore: Corestore, restore: Restore) -> None:
+    """Free the disk an object took (the bench's own temporary Corestore directory)."""
+    shutil.rmtree(corestore.data_dir / "staging" / restore.archive_id, ignore_errors=True)
+
+
+class Bench:
+    """The shared state of one run."""
+
+    def __init__(self, args: argparse.Namespace, work: Path, corestore: Corestore) -> None:
+        self.args = args
+        self.work = work
+        self.corestore = corestore
+        self.runs = 0
+
+    def pids(self, child: AgentProcess) -> dict[str, int]:
+        """The processes whose CPU a run charges: the child and Corestore."""
+        return {"child": child.pid, "corestore": self.corestore.process.pid}
+
+    def restore(self, obj: BenchObject, kind: str) -> Restore:
+        self.runs += 1
+        return Restore(f"bench-{kind}-{self.runs}", OBJECT_PATH, obj)
+
+    @contextlib.asynccontextmanager
+    async def child(
+        self, name: str, module: list[str], cloudly: StandInCloudly
+    ) -> AsyncIterator[AgentProcess]:
+        self.runs += 1
+        directory = self.work / f"{self.runs:02d}-{name}"
+        async with agent_process(
+            name,
+            module,
+            directory,
+            cloudly,
+            chunk_mib=self.args.chunk_mib,
+            window=self.args.window,
+        ) as child:
+            yield child
+
+    async def throughput(self, form: str) -> list[StageRun]:
+        """`repeat` agent/baseline pairs of one form, alternating which goes first."""
+        obj = BenchObject.make(self.args.mib * MiB, self.args.chunk_mib * MiB)
+        runs: list[StageRun] = []
+        async with (
+            cloudly_for(self.corestore, form) as to_agent,
+            cloudly_for(self.corestore, form) as to_baseline,
+            self.child(f"agent-{form}", AGENT, to_agent) as agent,
+            self.child(f"baseline-{form}", BASELINE, to_baseline) as baseline,
+            CorestoreClient(self.corestore.url, Secret(BEARER)) as client,
+        ):
+            for index in range(self.args.repeat):
+                order = ("agent", "baseline") if index % 2 == 0 else ("baseline", "agent")
+                for path in order:
+                    restore = self.restore(obj, path)
+                    if path == "agent":
+                        run = await stage_agent(to_agent, restore, self.pids(agent), form)
+                    else:
+                        pids = self.pids(baseline)
+                        run = await stage_baseline(to_baseline, restore, pids, form, client)
+                    drop_staged(self.corestore, restore)
+                    say(f"  {form:6} {path:8} {run.mb_per_s:7.1f} MB/s ({run.seconds:.1f} s)")
+                    runs.append(run)
+        return runs
+
+    async def rss(self) -> dict[str, Any]:
+        """A fresh agent: idle RSS, then the peak while one large object stages."""
+        form = self.args.rss_form
+        obj = BenchObject.make(self.args.rss_mib * MiB, self.args.chunk_mib * MiB)
+        async with (
+            cloudly_for(self.corestore, form) as cloudly,
+            self.child(f"agent-rss-{form}", AGENT, cloudly) as agent,
+        ):
+            restore = self.restore(obj, "rss")
+            idle_rss, idle_hwm = memory_kib(agent.pid)
+            reset = reset_peak_rss(agent.pid)
+            sampler = RssSampler(agent.pid, 0.02)
+            run = await stage_agent(cloudly, restore, self.pids(agent), form, sampler=sampler)
+            _, hwm = memory_kib(agent.pid)
+            drop_staged(self.corestore, restore)
+        peak = max(sampler.peak_kib, hwm) if reset else sampler.peak_kib
+        return {
+            "form": form,
+            "bytes": obj.size,
+            "mb_per_s": run.mb_per_s,
+            "idle_rss_kib": idle_rss,
+            "idle_hwm_kib": idle_hwm,
+            "hwm_reset": reset,
+            "hwm_after_kib": hwm,
+            "sampled_peak_kib": sampler.peak_kib,
+            "samples": sampler.samples,
+            "peak_kib": peak,
+            "above_idle_kib": peak - idle_rss,
+        }
+
+    async def status(self) -> dict[str, Any]:
+        """Status round-trips while a large stage runs on the same session."""
+        form = self.args.forms[0] if self.args.forms else "base64"
+        obj = BenchObject.make(self.args.status_mib * MiB, self.args.chunk_mib * MiB)
+        async with (
+            cloudly_for(self.corestore, form) as cloudly,
+            self.child(f"agent-status-{form}", AGENT, cloudly) as agent,
+        ):
+            restore = self.restore(obj, "status")
+            probe = StatusProbe(cloudly, restore, self.args.status_interval_ms / 1000)
+            run = await stage_agent(cloudly, restore, self.pids(agent), form, probe=probe)
+            drop_staged(self.corestore, restore)
+        return {"form": form, "bytes": obj.size, "mb_per_s": run.mb_per_s, **probe.summary()}
+
+
+async def run_all(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Every measurement, in order; the figures as one dict."""
+    results: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "json"}}
+    with (work / "corestore.log").open("wb") as log:
+        async with corestore_process(work, log) as corestore:
+            bench = Bench(args, work, corestore)
+            throughput: dict[str, list[dict[str, Any]]] = {}
+            for form in args.forms:
+                say(f"throughput, {form} form, {args.mib} MiB x {args.repeat}")
+                throughput[form] = [_row(run) for run in await bench.throughput(form)]
+            results["throughput"] = throughput
+            say(f"peak RSS, {args.rss_form} form, {args.rss_mib} MiB")
+            results["rss"] = await bench.rss()
+            say(f"status round-trips during a {args.status_mib} MiB stage")
+            results["status"] = await bench.status()
+    say(f"durable CAS, {args.cas_mutations} mutations")
+    cas_dir = Path(tempfile.mkdtemp(prefix="cas-", dir=work))
+    sequential, concurrent = await measure_cas(cas_dir / "state", args.cas_mutations)
+    results["cas"] = {"sequential_per_s": sequential, "concurrent_8_keys_per_s": concurrent}
+    return results
+
+
+def _row(run: StageRun) -> dict[str, Any]:
+    return {
+        "path": run.path,
+        "bytes": run.bytes,
+        "seconds": run.seconds,
+        "mb_per_s": run.mb_per_s,
+        "forward_mb_per_s": run.forward_mb_per_s,
+        "commit_s": run.commit_s,
+        **{f"cpu_{who}_s_per_gib": run.cpu_s_per_gib(who) for who in run.cpu_s},
+    }
+
+
+def report(results: dict[str, Any], command: str, elapsed: float) -> list[str]:
+    """The figures as markdown lines (what docs/benchmarks.md quotes)."""
+    facts = results["machine"]
+    lines = [
+        f"command: `{command}`",
+        "",
+        f"machine: nproc {facts['nproc']}, {facts['cpu']}, Linux {facts['kernel']}, "
+        f"Python {facts['python']}; wall time {elapsed:.0f} s",
+        "",
+        "1. Staging throughput, one object (MB/s = 10^6 B/s, first chunk -> reply, median of "
+        "runs; CPU s/GiB of each process over the same span)",
+        "",
+        "| form | path | MB/s | runs | agent/baseline | child CPU | Corestore CPU "
+        "| Cloudly CPU |",
+        "|---|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for form, rows in results["throughput"].items():
+        agent = [r for r in rows if r["path"] == "agent"]
+        base = [r for r in rows if r["path"] == "baseline"]
+        ratio = _median(agent, "mb_per_s") / _median(base, "mb_per_s")
+        for name, group in (("agent", agent), ("baseline", base)):
+            runs = ", ".join(f"{r['mb_per_s']:.1f}" for r in group)
+            lines.append(
+                f"| {form} | {name} | {_median(group, 'mb_per_s'):.1f} | {runs} | "
+                + (f"**{ratio:.2f}**" if name == "agent" else "")
+                + f" | {_median(group, 'cpu_child_s_per_gib'):.2f}"
+                f" | {_median(group, 'cpu_corestore_s_per_gib'):.2f}"
+                f" | {_median(group, 'cpu_cloudly_s_per_gib'):.2f} |"
+            )
+        commits = ", ".join(f"{r['commit_s']:.2f}" for r in base)
+        lines.append(
+            f"| {form} | baseline without commit | {_median(base, 'forward_mb_per_s'):.1f} | "
+            f"commit s: {commits} | | | | |"
+        )
+    rss = results["rss"]
+    lines += [
+        "",
+        f"2. Agent process RSS staging {rss['bytes'] // MiB} MiB ({rss['form']} form, "
+        f"{rss['mb_per_s']:.1f} MB/s): idle {rss['idle_rss_kib'] / 1024:.1f} MiB, peak "
+        f"{rss['peak_kib'] / 1024:.1f} MiB, **{rss['above_idle_kib'] / 1024:.1f} MiB above idle** "
+        f"(VmHWM reset before the stage: {rss['hwm_reset']}; VmHWM after "
+        f"{rss['hwm_after_kib'] / 1024:.1f} MiB; {rss['samples']} VmRSS samples, max "
+        f"{rss['sampled_peak_kib'] / 1024:.1f} MiB)",
+    ]
+    status = results["status"]
+    lines += [
+        "",
+        f"3. Status round-trips during a {status['bytes'] // MiB} MiB {status['form']} stage "
+        f"on the same session ({status['mb_per_s']:.1f} MB/s): count {status.get('count', 0)}, "
+        f"p50 {status.get('p50_ms', 0):.1f} ms, **p99 {status.get('p99_ms', 0):.1f} ms**, max "
+        f"{status.get('max_ms', 0):.1f} ms",
+    ]
+    cas = results["cas"]
+    lines += [
+        "",
+        f"4. Durable CAS mutations: **{cas['sequential_per_s']:.0f}/s** sequential (one key), "
+        f"{cas['concurrent_8_keys_per_s']:.0f}/s concurrent (8 keys, one db)",
+    ]
+    return lines
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float:
+    values = sorted(r[key] for r in rows)
+    if not values:
+        return float("nan")
+    middle = len(values) // 2
+    return float(values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the flags, measure everything, print the figures."""
+    args = parse(argv)
+    configure_logging("console", "warning", sys.stderr)
+    command = " ".join([".venv/bin/python -m bench.staging", *(argv or sys.argv[1:])])
+    work = Path(tempfile.mkdtemp(prefix="bench-staging-", dir=Path.cwd()))
+    started = time.perf_counter()
+    try:
+        results = asyncio.run(run_all(args, work))
+    finally:
+        if args.keep:
+            say(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    results["machine"] = machine_facts()
+    results["command"] = command
+    elapsed = time.perf_counter() - started
+    print("\n".join(report(results, command, elapsed)))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
