@@ -3,10 +3,10 @@
 Runs `agent.app.run()` — the same composition root, Cloudly session, Peer, stream window and
 Corestore client as the agent — with an install hook that registers ONE handler instead of the
 engine: `benchForward {archive: <stream>, endpoint, grant, stagingArchiveId, path, size, sha256,
-blockDigests}`. It re-cuts the stream into `[corestore] chunk_size` chunks with the engine's own
+chunkDigests}`. It re-cuts the stream into `[corestore] chunk_size` chunks with the engine's own
 `rechunk()` and PUTs each to the reference Corestore's chunk route through `CorestoreClient`,
 `max_in_flight` chunks queued between reader and uploader exactly like the engine — but it
-hashes nothing (each chunk's sha256 header comes from `blockDigests`, computed by the bench
+hashes nothing (each chunk's sha256 header comes from `chunkDigests`, computed by the bench
 before any timing) and persists nothing (no revision store, no routing, no grants check). When
 the stream has ended it asks Corestore to commit (Corestore re-hashes the object) and answers
 `{bytes, chunks, forwardSeconds, commitSeconds}`, so the bench can report the baseline both
@@ -52,7 +52,7 @@ class ForwardRequest(WireModel):
     path: str
     size: int
     sha256: str
-    block_digests: list[str]
+    chunk_digests: list[str]
 
 
 async def install(
@@ -87,7 +87,7 @@ async def install(
         async def upload() -> None:
             nonlocal sent, chunks
             while (chunk := await queue.get()) is not None:
-                digest = body.block_digests[chunks % len(body.block_digests)]
+                digest = body.chunk_digests[chunks]
                 await client.put_chunk(
                     body.staging_archive_id, body.path, sent, chunk, digest, grant
                 )
@@ -105,7 +105,9 @@ async def install(
                 await pieces.aclose()
             await queue.put(None)
         forwarded = time.perf_counter()
-        await client.commit_object(body.staging_archive_id, body.path, body.size, body.sha256, grant)
+        await client.commit_object(
+            body.staging_archive_id, body.path, body.size, body.sha256, grant
+        )
         committed = time.perf_counter()
         return {
             "bytes": sent,

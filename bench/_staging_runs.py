@@ -1,11 +1,12 @@
 """One measured stage each, driven from the stand-in Cloudly (the bench process is Cloudly).
 
-- `stage_agent()`: prepare, then `stageIsolatedRestoreArchive` with the object on a
-  VirtualStream the stand-in initiates; optionally fires `coreflowGetIsolatedRestoreStatus`
-  at the same agent while the stage runs (`StatusProbe`) and samples the agent's RSS
-  (`RssSampler`).
-- `stage_baseline()`: the same bytes on the same kind of stream into `benchForward`
-  (bench/_staging_passthrough.py); the staging archive is prepared at Corestore directly.
+- `stage_agent()`: `agent.devstack.driver.RestoreDriver` prepares, then stages the object on a
+  VirtualStream the stand-in initiates; optionally a second driver of the same restore fires
+  `coreflowGetIsolatedRestoreStatus` at the same agent while the stage runs (`StatusProbe`),
+  and the agent's RSS is sampled (`RssSampler`).
+- `stage_baseline()`: the same pieces on the same kind of stream into `benchForward`
+  (bench/_staging_passthrough.py), written the way the driver writes them; the staging
+  archive is prepared at Corestore directly.
 
 Timing runs from the first chunk written to the outer reply (the reply comes after Corestore's
 commit in both). CPU seconds of the child over the same span come from /proc/<pid>/stat.
@@ -22,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.contracts.isolatedrestore import METHOD_GET_STATUS, METHOD_PREPARE, METHOD_STAGE
 from agent.corestore.client import CorestoreClient
 from agent.devstack.cloudly import StandInCloudly
+from agent.devstack.driver import RestoreDriver, RestorePlan, fake_grant
 from agent.secret import Secret
 from bench._procstat import cpu_seconds, memory_kib
 from bench._staging_passthrough import METHOD_FORWARD
-from bench._staging_world import Restore, grant
+from bench._staging_world import BenchObject, forward_body
 
 __all__ = [
     "CpuMeter",
@@ -87,8 +88,7 @@ class CpuMeter:
 class StatusProbe:
     """Fires status requests at the agent until stopped; keeps every round-trip in ms."""
 
-    cloudly: StandInCloudly
-    restore: Restore
+    driver: RestoreDriver  # its own driver: the stage's driver keeps its own revision
     interval_s: float
     latencies_ms: list[float] = field(default_factory=list)
     errors: int = 0
@@ -97,9 +97,9 @@ class StatusProbe:
         """Probe until `stop` is set (one request in flight at a time, `interval_s` apart)."""
         while not stop.is_set():
             started = time.perf_counter()
-            reply = await self.cloudly.call_agent(METHOD_GET_STATUS, self.restore.status(), 30.0)
+            state = await self.driver.status()
             self.latencies_ms.append((time.perf_counter() - started) * 1000)
-            if reply.get("found") is not True:
+            if state is None:
                 self.errors += 1
             # Pacing, not synchronisation: the next probe goes out `interval_s` later.
             with contextlib.suppress(TimeoutError):
@@ -150,79 +150,63 @@ def reset_peak_rss(pid: int) -> bool:
     return True
 
 
-async def _send(cloudly: StandInCloudly, restore: Restore, call: asyncio.Task[dict[str, Any]],
-                sink: Any) -> dict[str, Any]:
-    for index in range(restore.obj.size // len(restore.obj.blocks[0])):
-        await sink.write(restore.obj.blocks[index % len(restore.obj.blocks)])
-    await sink.close()
-    return await call
-
-
 async def stage_agent(
-    cloudly: StandInCloudly,
-    restore: Restore,
+    driver: RestoreDriver,
     pids: dict[str, int],
     form: str,
     *,
     probe: StatusProbe | None = None,
     sampler: RssSampler | None = None,
 ) -> StageRun:
-    """Prepare and stage `restore`'s object through the agent (`pids["child"]`)."""
-    prepared = await cloudly.call_agent(METHOD_PREPARE, restore.prepare(), 120.0)
-    revision = int(prepared["state"]["revision"])
-    marker, sink = cloudly.open_send_stream()
+    """Stage the plan's one object through the agent (`pids["child"]`); prepared already."""
+    revision = driver.revision
+    spec = driver.plan.objects[0]
     stop = asyncio.Event()
     async with asyncio.TaskGroup() as group:
         for watcher in (probe, sampler):
             if watcher is not None:
                 group.create_task(watcher.run(stop))
         started, meter = time.perf_counter(), CpuMeter(pids)
-        call = group.create_task(
-            cloudly.call_agent(METHOD_STAGE, restore.stage(revision, marker), _STAGE_TIMEOUT_S)
-        )
         try:
-            reply = await _send(cloudly, restore, call, sink)
+            state = await driver.stage(spec)
         finally:
             seconds, cpu = time.perf_counter() - started, meter.spent()
             stop.set()
-    state = reply["state"]
     if (state["status"], state["revision"]) != ("staging", revision + 1):
         raise RuntimeError(f"the stage ended in {state['status']} at {state['revision']}")
-    return StageRun("agent", form, restore.obj.size, seconds, cpu, reply)
+    return StageRun("agent", form, spec.size, seconds, cpu, state)
 
 
 async def stage_baseline(
     cloudly: StandInCloudly,
-    restore: Restore,
+    plan: RestorePlan,
+    obj: BenchObject,
     pids: dict[str, int],
     form: str,
     corestore: CorestoreClient,
+    piece_size: int,
 ) -> StageRun:
-    """Prepare the archive at Corestore, then push the same bytes through `benchForward`."""
+    """Prepare the archive at Corestore, then push the same pieces through `benchForward`."""
     await corestore.prepare_restore(
-        restore.restore_id,
-        scratch_namespace_id=restore.scratch_id,
-        staging_archive_id=restore.archive_id,
-        resource_mappings=[restore.mapping],
-        archive_manifest={"objects": [restore.entry]},
-        grant=Secret(grant()),
+        plan.restore_id,
+        scratch_namespace_id=plan.scratch_namespace_id,
+        staging_archive_id=plan.staging_archive_id,
+        resource_mappings=[mapping.to_wire() for mapping in plan.mappings],
+        archive_manifest={"objects": [obj.spec.entry()]},
+        grant=Secret(fake_grant()),
     )
     marker, sink = cloudly.open_send_stream()
+    body = forward_body(plan, obj, corestore.endpoint, marker)
     started, meter = time.perf_counter(), CpuMeter(pids)
-    call = asyncio.create_task(
-        cloudly.call_agent(METHOD_FORWARD, restore.forward(corestore.endpoint, marker),
-                           _STAGE_TIMEOUT_S)
-    )
-    try:
-        reply = await _send(cloudly, restore, call, sink)
-    finally:
-        if not call.done():
-            call.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await call
+    async with asyncio.TaskGroup() as group:
+        call = group.create_task(cloudly.call_agent(METHOD_FORWARD, body, _STAGE_TIMEOUT_S))
+        for piece in obj.spec.pieces(piece_size):
+            await sink.write(piece)
+        await sink.close()
     seconds, cpu = time.perf_counter() - started, meter.spent()
-    if reply["bytes"] != restore.obj.size:
-        raise RuntimeError(f"the baseline forwarded {reply['bytes']} of {restore.obj.size} bytes")
+    reply = call.result()
+    if reply["bytes"] != obj.size:
+        raise RuntimeError(f"the baseline forwarded {reply['bytes']} of {obj.size} bytes")
     return StageRun(
-        "baseline", form, restore.obj.size, seconds, cpu, reply, commit_s=reply["commitSeconds"]
+        "baseline", form, obj.size, seconds, cpu, reply, commit_s=reply["commitSeconds"]
     )

@@ -4,11 +4,11 @@
 - `AgentProcess`: a child that connects to a stand-in Cloudly with a generated config file —
   the agent itself (`python -m agent run --config F`) or the pass-through baseline
   (`python -m bench._staging_passthrough --config F`). Its stderr (JSON logs) goes to a file.
-- `BenchObject`: N bytes cycled from `distinct` chunk-sized blocks (SHAKE256 of a seed), so the
-  baseline can be handed each chunk's sha256 instead of computing it; the whole-object sha256
-  is computed once, before any timing.
-- `Restore`: the isolated-restore request bodies for one restore of one object (grants are
-  fresh compact-JWS-shaped strings: the agent checks only their shape, Corestore too).
+- `BenchObject`: one object for `agent.devstack.driver` (`CycledObject`, a driver `ObjectSpec`
+  whose bytes cycle a few pre-made blocks) with its sha256 and the sha256 of each Corestore
+  chunk (handed to the baseline so it need not hash), all computed before any timing.
+- `plan_for()`: the driver's `RestorePlan` for one restore of one object; `forward_body()`: the
+  baseline's request for the same object.
 
 Secrets here are throwaway values for the stand-ins, written to 0600 files, never to argv.
 """
@@ -16,34 +16,39 @@ Secrets here are throwaway values for the stand-ins, written to 0600 files, neve
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
-import itertools
 import json
 import sys
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from agent.devstack.cloudly import StandInCloudly
+from agent.devstack.driver import BLOCK_SIZE, MappingSpec, ObjectSpec, RestorePlan, fake_grant
 
 __all__ = [
     "BEARER",
+    "CLUSTER",
+    "NODE",
     "TOKEN",
     "AgentProcess",
     "BenchObject",
     "Corestore",
-    "Restore",
+    "CycledObject",
     "agent_process",
     "corestore_process",
+    "forward_body",
+    "plan_for",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-machine-token-3f9a1c"
 BEARER = "bench-corestore-bearer-77d2e0"
 CLUSTER, NODE = "cluster-1", "node-1"
+OBJECT_PATH = "snap-db/dump.bson"
+DISTINCT = 4  # distinct 1 MiB blocks an object cycles through
 MiB = 2**20
 
 
@@ -97,10 +102,11 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
         process.terminate()
     try:
         async with asyncio.timeout(30):
-            await process.wait()
+            # communicate(): reads a stdout pipe to its end, so its transport closes with it.
+            await process.communicate()
     except TimeoutError:
         process.kill()
-        await process.wait()
+        await process.communicate()
 
 
 def write_config(directory: Path, cloudly_url: str, chunk_mib: int, window: int) -> Path:
@@ -190,125 +196,89 @@ async def agent_process(
         await _stop(process)
 
 
+_CYCLES: dict[bytes, tuple[bytes, ...]] = {}
+
+
+class CycledObject(ObjectSpec):
+    """An `ObjectSpec` whose content cycles `DISTINCT` blocks made once per seed.
+
+    The driver's own objects generate every 1 MiB block with SHAKE256 as they stream (~2.6 CPU
+    s/GiB in the stand-in's process, i.e. in this bench process, competing with the agent and
+    Corestore for the 2 cores while timing); cycling pre-made blocks keeps the stand-in cheap.
+    """
+
+    __slots__ = ()
+
+    def blocks(self) -> Iterator[bytes]:
+        """The content in `BLOCK_SIZE` blocks (the last one shorter)."""
+        cycle = _CYCLES.get(self.seed)
+        if cycle is None:
+            data = hashlib.shake_256(self.seed).digest(DISTINCT * BLOCK_SIZE)
+            cycle = tuple(data[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE] for i in range(DISTINCT))
+            _CYCLES[self.seed] = cycle
+        for index, start in enumerate(range(0, self.size, BLOCK_SIZE)):
+            block = cycle[index % DISTINCT]
+            yield block if self.size - start >= BLOCK_SIZE else block[: self.size - start]
+
+
 @dataclass(frozen=True, slots=True)
 class BenchObject:
-    """`size` bytes made of `blocks` cycled; `sha256` of the whole, chunk digests of each block."""
+    """One object of `size` bytes: its spec (with the sha256 known) and its chunk digests."""
 
-    size: int
-    blocks: tuple[bytes, ...]
-    sha256: str
+    spec: CycledObject
+    chunk_digests: tuple[str, ...]  # sha256 of each `chunk_size` chunk, for the baseline
 
     @classmethod
-    def make(cls, size: int, block_size: int, distinct: int = 4, seed: str = "bench") -> BenchObject:
-        """Deterministic bytes; `size` must be a multiple of `block_size` (the chunk size)."""
-        if size % block_size:
-            raise ValueError(f"the size {size} is not a multiple of the chunk size {block_size}")
-        data = hashlib.shake_256(seed.encode()).digest(block_size * distinct)
-        blocks = tuple(data[i * block_size : (i + 1) * block_size] for i in range(distinct))
-        whole = hashlib.sha256()
-        for index in range(size // block_size):
-            whole.update(blocks[index % distinct])
-        return cls(size, blocks, whole.hexdigest())
+    def make(cls, size: int, chunk_size: int, seed: bytes = b"bench object") -> BenchObject:
+        """Deterministic bytes; one pass computes the whole and the per-chunk digests."""
+        bare = CycledObject(OBJECT_PATH, size, seed)
+        whole, chunks, current, filled = hashlib.sha256(), [], hashlib.sha256(), 0
+        for block in bare.blocks():
+            whole.update(block)
+            view = memoryview(block)
+            while view:
+                take = min(len(view), chunk_size - filled)
+                current.update(view[:take])
+                filled += take
+                view = view[take:]
+                if filled == chunk_size:
+                    chunks.append(current.hexdigest())
+                    current, filled = hashlib.sha256(), 0
+        if filled:
+            chunks.append(current.hexdigest())
+        spec = CycledObject(OBJECT_PATH, size, seed, whole.hexdigest())
+        return cls(spec, tuple(chunks))
 
     @property
-    def block_digests(self) -> list[str]:
-        """The sha256 of each block: chunk k of the object is block k % len(blocks)."""
-        return [hashlib.sha256(block).hexdigest() for block in self.blocks]
-
-    def pieces(self, piece: int) -> Iterator[memoryview]:
-        """The object as `piece`-byte views (`piece` divides the block size)."""
-        views = [memoryview(block) for block in self.blocks]
-        block_size = len(self.blocks[0])
-        for index in range(self.size // block_size):
-            view = views[index % len(views)]
-            for start in range(0, block_size, piece):
-                yield view[start : start + piece]
+    def size(self) -> int:
+        """Bytes."""
+        return self.spec.size
 
 
-def _b64(text: str) -> str:
-    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+def plan_for(restore_id: str, obj: BenchObject) -> RestorePlan:
+    """One restore of one object (a database mapping over it; never executed here)."""
+    return RestorePlan(
+        CLUSTER,
+        NODE,
+        (MappingSpec("map-db", "database", "snap-db", "app", "mongodb"),),
+        (obj.spec,),
+        restore_id=restore_id,
+        scratch_namespace_id=f"scratch-{restore_id}",
+        staging_archive_id=f"staging-{restore_id}",
+    )
 
 
-_GRANTS = itertools.count()
-_GRANT_HEADER = _b64('{"alg":"RS256","typ":"JWT"}')
-
-
-def grant() -> str:
-    """A fresh compact-JWS-shaped grant (nobody here verifies signatures)."""
-    n = next(_GRANTS)
-    return f"{_GRANT_HEADER}.{_b64(f'bench-grant-{n}')}.c2ln{n:06d}"
-
-
-@dataclass(slots=True)
-class Restore:
-    """One isolated restore of one object, on node-1 of cluster-1."""
-
-    restore_id: str
-    path: str
-    obj: BenchObject
-    archive_id: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.archive_id = f"staging-{self.restore_id}"
-
-    @property
-    def entry(self) -> dict[str, Any]:
-        """The manifest entry of the object."""
-        return {"path": self.path, "size": self.obj.size, "sha256": self.obj.sha256}
-
-    def _base(self, **fields: Any) -> dict[str, Any]:
-        return {
-            "restoreGrant": grant(),
-            "clusterId": CLUSTER,
-            "targetNodeName": NODE,
-            "restoreId": self.restore_id,
-            **fields,
-        }
-
-    @property
-    def scratch_id(self) -> str:
-        """The scratch namespace id."""
-        return f"scratch-{self.restore_id}"
-
-    @property
-    def mapping(self) -> dict[str, Any]:
-        """The one resource mapping (a database; never executed here)."""
-        return {
-            "id": "map-db",
-            "type": "database",
-            "source": {"snapshotId": "snap-db", "resourceName": "db", "databaseName": "app"},
-            "target": {"resourceName": "db-scratch", "databaseName": "app"},
-        }
-
-    def prepare(self) -> dict[str, Any]:
-        """`coreflowPrepareIsolatedRestore` at revision 0."""
-        return self._base(
-            expectedRevision=0,
-            sourceBackupId="backup-1",
-            sourceServiceId="service-1",
-            scratchNamespaceId=self.scratch_id,
-            stagingArchiveId=self.archive_id,
-            resourceMappings=[self.mapping],
-            archiveManifest={"objects": [self.entry]},
-        )
-
-    def stage(self, revision: int, marker: dict[str, Any]) -> dict[str, Any]:
-        """`stageIsolatedRestoreArchive` of the object, its bytes on `marker`'s stream."""
-        return self._base(expectedRevision=revision, object=self.entry, archive=marker)
-
-    def status(self) -> dict[str, Any]:
-        """`coreflowGetIsolatedRestoreStatus`."""
-        return self._base()
-
-    def forward(self, corestore_url: str, marker: dict[str, Any]) -> dict[str, Any]:
-        """The baseline's `benchForward` request (bench/_staging_passthrough.py)."""
-        return {
-            "archive": marker,
-            "endpoint": corestore_url,
-            "grant": grant(),
-            "stagingArchiveId": self.archive_id,
-            "path": self.path,
-            "size": self.obj.size,
-            "sha256": self.obj.sha256,
-            "blockDigests": self.obj.block_digests,
-        }
+def forward_body(
+    plan: RestorePlan, obj: BenchObject, corestore_url: str, marker: dict[str, Any]
+) -> dict[str, Any]:
+    """The baseline's `benchForward` request (bench/_staging_passthrough.py)."""
+    return {
+        "archive": marker,
+        "endpoint": corestore_url,
+        "grant": fake_grant(),
+        "stagingArchiveId": plan.staging_archive_id,
+        "path": obj.spec.path,
+        "size": obj.size,
+        "sha256": obj.spec.sha256,
+        "chunkDigests": list(obj.chunk_digests),
+    }

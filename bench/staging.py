@@ -19,7 +19,7 @@ The stand-in Cloudly runs in this process, the reference Corestore and the agent
 baseline) in their own processes, all on 127.0.0.1. Run from the repository root:
 
     .venv/bin/python -m bench.staging [--quick] [--mib 512] [--rss-mib 2048] [--status-mib 512]
-        [--forms base64,buffer] [--repeat 2] [--json out.json] [--keep]
+        [--forms base64,buffer] [--repeat 3] [--json out.json] [--keep]
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import shutil
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from typing import Any
 
 from agent.corestore.client import CorestoreClient
 from agent.devstack.cloudly import StandInCloudly, cluster_document
+from agent.devstack.driver import RestoreDriver, RestorePlan
 from agent.log import configure_logging
 from agent.secret import Secret
 from agent.session.peer import PeerSettings
@@ -58,9 +60,9 @@ from bench._staging_world import (
     AgentProcess,
     BenchObject,
     Corestore,
-    Restore,
     agent_process,
     corestore_process,
+    plan_for,
 )
 from bench.cas import measure as measure_cas
 
@@ -69,7 +71,6 @@ __all__ = ["main"]
 MiB = 2**20
 AGENT = ["agent", "run"]
 BASELINE = ["bench._staging_passthrough"]
-OBJECT_PATH = "snap-db/dump.bson"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,18 +82,24 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--status-mib", type=int, help="status-probe stage size (default 512)")
     parser.add_argument("--forms", default="base64,buffer", help="chunk forms Cloudly sends")
     parser.add_argument("--rss-form", default="base64", help="chunk form of the RSS stage")
-    parser.add_argument("--repeat", type=int, help="agent/baseline pairs per form (default 2)")
+    parser.add_argument("--repeat", type=int, help="agent/baseline pairs per form (default 3)")
     parser.add_argument("--chunk-mib", type=int, default=4, help="[corestore] chunk_size")
+    parser.add_argument(
+        "--piece-kib", type=int, default=1024, help="bytes per stream write (<= 1024 KiB)"
+    )
     parser.add_argument("--window", type=int, default=16, help="[streams] window")
     parser.add_argument("--status-interval-ms", type=float, default=20.0)
     parser.add_argument("--cas-mutations", type=int, help="bench/cas.py mutations (default 2000)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument(
+        "--dir", type=Path, help="where the work directory goes (default: the system temp dir)"
+    )
     args = parser.parse_args(argv)
     defaults = (
         {"mib": 32, "rss_mib": 128, "status_mib": 32, "repeat": 1, "cas_mutations": 200}
         if args.quick
-        else {"mib": 512, "rss_mib": 2048, "status_mib": 512, "repeat": 2, "cas_mutations": 2000}
+        else {"mib": 512, "rss_mib": 2048, "status_mib": 512, "repeat": 3, "cas_mutations": 2000}
     )
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -116,9 +123,9 @@ async def cloudly_for(corestore: Corestore, form: str) -> AsyncIterator[StandInC
         yield cloudly
 
 
-def drop_staged(corestore: Corestore, restore: Restore) -> None:
+def drop_staged(corestore: Corestore, plan: RestorePlan) -> None:
     """Free the disk an object took (the bench's own temporary Corestore directory)."""
-    shutil.rmtree(corestore.data_dir / "staging" / restore.archive_id, ignore_errors=True)
+    shutil.rmtree(corestore.data_dir / "staging" / plan.staging_archive_id, ignore_errors=True)
 
 
 class Bench:
@@ -134,9 +141,16 @@ class Bench:
         """The processes whose CPU a run charges: the child and Corestore."""
         return {"child": child.pid, "corestore": self.corestore.process.pid}
 
-    def restore(self, obj: BenchObject, kind: str) -> Restore:
+    def plan(self, obj: BenchObject, kind: str) -> RestorePlan:
+        """A restore of its own for every stage (fresh ids, fresh staging archive)."""
         self.runs += 1
-        return Restore(f"bench-{kind}-{self.runs}", OBJECT_PATH, obj)
+        return plan_for(f"bench-{kind}-{self.runs}", obj)
+
+    def driver(self, cloudly: StandInCloudly, plan: RestorePlan) -> RestoreDriver:
+        """The stand-in's driver of `plan`, writing `--piece-kib` pieces."""
+        return RestoreDriver(
+            cloudly, plan, piece_size=self.args.piece_kib * 1024, call_timeout=1800.0
+        )
 
     @contextlib.asynccontextmanager
     async def child(
@@ -168,13 +182,22 @@ class Bench:
             for index in range(self.args.repeat):
                 order = ("agent", "baseline") if index % 2 == 0 else ("baseline", "agent")
                 for path in order:
-                    restore = self.restore(obj, path)
+                    plan = self.plan(obj, path)
                     if path == "agent":
-                        run = await stage_agent(to_agent, restore, self.pids(agent), form)
+                        driver = self.driver(to_agent, plan)
+                        await driver.prepare()
+                        run = await stage_agent(driver, self.pids(agent), form)
                     else:
-                        pids = self.pids(baseline)
-                        run = await stage_baseline(to_baseline, restore, pids, form, client)
-                    drop_staged(self.corestore, restore)
+                        run = await stage_baseline(
+                            to_baseline,
+                            plan,
+                            obj,
+                            self.pids(baseline),
+                            form,
+                            client,
+                            self.args.piece_kib * 1024,
+                        )
+                    drop_staged(self.corestore, plan)
                     say(f"  {form:6} {path:8} {run.mb_per_s:7.1f} MB/s ({run.seconds:.1f} s)")
                     runs.append(run)
         return runs
@@ -187,18 +210,22 @@ class Bench:
             cloudly_for(self.corestore, form) as cloudly,
             self.child(f"agent-rss-{form}", AGENT, cloudly) as agent,
         ):
-            restore = self.restore(obj, "rss")
+            plan = self.plan(obj, "rss")
+            connected_rss, _ = memory_kib(agent.pid)
+            driver = self.driver(cloudly, plan)
+            await driver.prepare()
             idle_rss, idle_hwm = memory_kib(agent.pid)
             reset = reset_peak_rss(agent.pid)
             sampler = RssSampler(agent.pid, 0.02)
-            run = await stage_agent(cloudly, restore, self.pids(agent), form, sampler=sampler)
+            run = await stage_agent(driver, self.pids(agent), form, sampler=sampler)
             _, hwm = memory_kib(agent.pid)
-            drop_staged(self.corestore, restore)
+            drop_staged(self.corestore, plan)
         peak = max(sampler.peak_kib, hwm) if reset else sampler.peak_kib
         return {
             "form": form,
             "bytes": obj.size,
             "mb_per_s": run.mb_per_s,
+            "connected_rss_kib": connected_rss,
             "idle_rss_kib": idle_rss,
             "idle_hwm_kib": idle_hwm,
             "hwm_reset": reset,
@@ -217,10 +244,12 @@ class Bench:
             cloudly_for(self.corestore, form) as cloudly,
             self.child(f"agent-status-{form}", AGENT, cloudly) as agent,
         ):
-            restore = self.restore(obj, "status")
-            probe = StatusProbe(cloudly, restore, self.args.status_interval_ms / 1000)
-            run = await stage_agent(cloudly, restore, self.pids(agent), form, probe=probe)
-            drop_staged(self.corestore, restore)
+            plan = self.plan(obj, "status")
+            probe = StatusProbe(self.driver(cloudly, plan), self.args.status_interval_ms / 1000)
+            driver = self.driver(cloudly, plan)
+            await driver.prepare()
+            run = await stage_agent(driver, self.pids(agent), form, probe=probe)
+            drop_staged(self.corestore, plan)
         return {"form": form, "bytes": obj.size, "mb_per_s": run.mb_per_s, **probe.summary()}
 
 
@@ -270,8 +299,7 @@ def report(results: dict[str, Any], command: str, elapsed: float) -> list[str]:
         "1. Staging throughput, one object (MB/s = 10^6 B/s, first chunk -> reply, median of "
         "runs; CPU s/GiB of each process over the same span)",
         "",
-        "| form | path | MB/s | runs | agent/baseline | child CPU | Corestore CPU "
-        "| Cloudly CPU |",
+        "| form | path | MB/s | runs | agent/baseline | child CPU | Corestore CPU | Cloudly CPU |",
         "|---|---|---:|---|---:|---:|---:|---:|",
     ]
     for form, rows in results["throughput"].items():
@@ -296,7 +324,9 @@ def report(results: dict[str, Any], command: str, elapsed: float) -> list[str]:
     lines += [
         "",
         f"2. Agent process RSS staging {rss['bytes'] // MiB} MiB ({rss['form']} form, "
-        f"{rss['mb_per_s']:.1f} MB/s): idle {rss['idle_rss_kib'] / 1024:.1f} MiB, peak "
+        f"{rss['mb_per_s']:.1f} MB/s): idle (connected and prepared) "
+        f"{rss['idle_rss_kib'] / 1024:.1f} MiB (connected only "
+        f"{rss['connected_rss_kib'] / 1024:.1f} MiB), peak "
         f"{rss['peak_kib'] / 1024:.1f} MiB, **{rss['above_idle_kib'] / 1024:.1f} MiB above idle** "
         f"(VmHWM reset before the stage: {rss['hwm_reset']}; VmHWM after "
         f"{rss['hwm_after_kib'] / 1024:.1f} MiB; {rss['samples']} VmRSS samples, max "
@@ -331,8 +361,12 @@ def main(argv: list[str] | None = None) -> None:
     """Parse the flags, measure everything, print the figures."""
     args = parse(argv)
     configure_logging("console", "warning", sys.stderr)
+    # The stand-in's websockets loggers default to INFO (connection open/closed): not figures.
+    logging.getLogger("websockets").setLevel(logging.WARNING)
+    logging.getLogger("websockets.server").setLevel(logging.WARNING)
     command = " ".join([".venv/bin/python -m bench.staging", *(argv or sys.argv[1:])])
-    work = Path(tempfile.mkdtemp(prefix="bench-staging-", dir=Path.cwd()))
+    # Never inside the repository: a commit made meanwhile would pick the work files up.
+    work = Path(tempfile.mkdtemp(prefix="bench-staging-", dir=args.dir))
     started = time.perf_counter()
     try:
         results = asyncio.run(run_all(args, work))

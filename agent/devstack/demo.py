@@ -170,7 +170,7 @@ class _Reporter:
             )
 
     def _staging(self, event: StageProgress) -> None:
-        if event.sent_bytes >= event.total_bytes:
+        if event.answered:
             self._finished = event  # shown with the state the stage answers
             return
         now = time.monotonic()
@@ -199,7 +199,7 @@ class _Reporter:
         what += _details(event.state)
         self._out.event(
             "state",
-            what,
+            what.rstrip(),
             method=event.method,
             status=event.status,
             revision=event.revision,
@@ -284,10 +284,17 @@ async def _demo(arguments: argparse.Namespace, out: _Output) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="restore-agent-demo-"))
     started = time.monotonic()
     try:
+        # 60 s for the default run, more for a large --size (at least ~5 MB/s).
+        limit = 60.0 + arguments.size / 5e6
+        deadline = asyncio.timeout(limit)
         with _agent_log(workdir / "agent.log"):
-            # 60 s for the default run, more for a large --size (at least ~5 MB/s).
-            async with asyncio.timeout(60.0 + arguments.size / 5e6):
-                summary = await _run_stack(arguments, out, workdir)
+            try:
+                async with deadline:
+                    summary = await _run_stack(arguments, out, workdir)
+            except TimeoutError:
+                if deadline.expired():
+                    raise DemoFailed(f"the demo did not finish within {limit:.0f} s") from None
+                raise
     finally:
         if arguments.keep:
             out.event("kept", f"kept {workdir}", workdir=str(workdir))
@@ -296,9 +303,9 @@ async def _demo(arguments: argparse.Namespace, out: _Output) -> None:
     seconds = time.monotonic() - started
     out.event(
         "summary",
-        f"done: {summary['objects']} objects, {_amount(summary['bytes'])} staged and sha256-verified"
-        f" on disk, {summary['resources']} resources restored and verified, cleaned up"
-        f" in {seconds:.1f} s",
+        f"done in {seconds:.1f} s: {summary['objects']} objects ({_amount(summary['bytes'])})"
+        f" staged and sha256-verified on disk, {summary['resources']} resources restored and"
+        " verified, everything cleaned up",
         seconds=round(seconds, 2),
         **summary,
     )
@@ -341,19 +348,21 @@ async def _run_stack(arguments: argparse.Namespace, out: _Output, workdir: Path)
 
 
 async def _until_connected(status: AgentStatus, agent: asyncio.Task[None]) -> None:
+    """Return once the agent's session is connected; DemoFailed if it stops or takes 15 s."""
     waiting = asyncio.create_task(
         status.wait_until(lambda s: s.state is SessionState.CONNECTED), name="connected"
     )
     try:
-        async with asyncio.timeout(15.0):
-            await asyncio.wait({waiting, agent}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({waiting, agent}, timeout=15.0, return_when=asyncio.FIRST_COMPLETED)
+        connected = waiting.done()
     finally:
         waiting.cancel()
+        await asyncio.wait({waiting})
+    if connected:
+        return
     if agent.done():
         agent.result()  # raises the agent's start-up failure
         raise DemoFailed("the agent stopped before it connected")
-    if not waiting.cancelled() and waiting.done():
-        return
     raise DemoFailed("the agent did not connect to the stand-in Cloudly within 15 s")
 
 

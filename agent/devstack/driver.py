@@ -84,9 +84,11 @@ def fake_grant() -> str:
     return f"{_GRANT_HEADER}.{GRANT_MARK}{_b64url(nonce)}.{_b64url(signature)}"
 
 
-def stand_in_settings(chunk_form: Literal["buffer", "base64"] = "buffer") -> PeerSettings:
-    """Peer settings for a `StandInCloudly` that sends stream chunks in `chunk_form`."""
-    return PeerSettings(chunk_form=chunk_form)
+def stand_in_settings(
+    chunk_form: Literal["buffer", "base64"] = "buffer", *, stream_window: int = 16
+) -> PeerSettings:
+    """Peer settings for a `StandInCloudly` sending stream chunks in `chunk_form`."""
+    return PeerSettings(chunk_form=chunk_form, stream_window=stream_window)
 
 
 # --- what is restored --------------------------------------------------------------------------
@@ -226,12 +228,14 @@ def demo_plan(
 
 @dataclass(frozen=True, slots=True)
 class StageProgress:
-    """Bytes of `path` handed to the stream so far (reported after every piece)."""
+    """Bytes of `path` handed to the stream `seconds` after the stage call began: after every
+    piece, and once more (`answered`) when the agent answered the call."""
 
     path: str
     sent_bytes: int
     total_bytes: int
     seconds: float
+    answered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +318,10 @@ class RestoreDriver:
         corrupt_at: int | None = None,
     ) -> dict[str, Any]:
         """`stageIsolatedRestoreArchive`: the object's bytes on a fresh VirtualStream."""
-        spec = self.plan.object(obj if isinstance(obj, str) else obj.path)
+        path = obj if isinstance(obj, str) else obj.path
+        if self.plan.object(path).sha256 is None:
+            await self.compute_digests()
+        spec = self.plan.object(path)
         expected = self.revision if expected_revision is None else expected_revision
 
         async def attempt() -> dict[str, Any]:
@@ -406,7 +413,7 @@ class RestoreDriver:
                 if number > self.retries:
                     raise
                 self._report(Retrying(method, number, type(exc).__name__))
-                if self._connection_number() == connection:
+                if connection and self._connection_number() == connection:
                     await self.sleep(self.retry_delay)  # the session survived (a timeout)
                 else:
                     await self._reconnected(after=connection)
@@ -421,41 +428,53 @@ class RestoreDriver:
             return 0
 
     async def _reconnected(self, *, after: int) -> None:
-        """Wait until a connection newer than `after` has read its cluster document."""
+        """Wait until an open connection newer than `after` has read its cluster document."""
+        cloudly = self.cloudly
         async with asyncio.timeout(self.reconnect_timeout):
-            count = 1
-            while (await self.cloudly.wait_for("cluster-config-read", count)).connection <= after:
-                count += 1
+            while True:
+                reads, current = cloudly.count("cluster-config-read"), self._connection_number()
+                if current > after and any(
+                    event.kind == "cluster-config-read" and event.connection == current
+                    for event in cloudly.events
+                ):
+                    return
+                await cloudly.wait_for("cluster-config-read", reads + 1)
 
     async def _stream_call(
         self, body: dict[str, Any], spec: ObjectSpec, pieces: Iterator[bytes]
     ) -> dict[str, Any]:
         """The stage call with its stream written concurrently; the call's outcome decides."""
+        started, sent = time.monotonic(), 0
+
+        async def write(sink: ByteSink) -> None:
+            nonlocal sent
+            try:
+                for piece in pieces:
+                    await sink.write(piece)
+                    sent += len(piece)
+                    elapsed = time.monotonic() - started
+                    self._report(StageProgress(spec.path, sent, spec.size, elapsed))
+                await sink.close()
+            except asyncio.CancelledError:
+                await sink.abort()  # the call ended first (refusal, replay): stop the stream
+                raise
+
         marker, sink = self.cloudly.open_send_stream()
         call = asyncio.create_task(self._call(METHOD_STAGE, {**body, "archive": marker}))
-        writer = asyncio.create_task(self._write(sink, spec, pieces))
+        writer = asyncio.create_task(write(sink))
         try:
             # A writer that fails (the stream broke) leaves the verdict to the call's answer.
             await asyncio.wait({call, writer}, return_when=asyncio.FIRST_COMPLETED)
             if not call.done():
                 await asyncio.wait({call})
-            return call.result()
+            answer = call.result()
         finally:
             for task in (call, writer):
                 task.cancel()
             await asyncio.gather(call, writer, return_exceptions=True)
-
-    async def _write(self, sink: ByteSink, spec: ObjectSpec, pieces: Iterator[bytes]) -> None:
-        started, sent = time.monotonic(), 0
-        try:
-            for piece in pieces:
-                await sink.write(piece)
-                sent += len(piece)
-                self._report(StageProgress(spec.path, sent, spec.size, time.monotonic() - started))
-            await sink.close()
-        except asyncio.CancelledError:
-            await sink.abort()  # the call ended first (refusal, replay): stop the stream
-            raise
+        elapsed = time.monotonic() - started
+        self._report(StageProgress(spec.path, sent, spec.size, elapsed, answered=True))
+        return answer
 
     # --- bookkeeping ----------------------------------------------------------------------
 

@@ -1,0 +1,335 @@
+"""Fixtures for the end-to-end tests: the real agent, the reference Corestore, a stand-in Cloudly.
+
+Test modules cannot import this file (importlib mode), so everything travels as fixtures:
+
+- `stack`: a `Stack` — the reference Corestore (127.0.0.1, port 0, under tmp_path) whose hit
+  counter signals every request (`stack.wait_hits(route, n)`), a `StandInCloudly` serving one
+  cluster whose node points at it (stream chunk form from the `chunk_form` fixture), and ways to
+  run the real agent against them: in-process (`async with stack.agent():`, `agent.app.run`
+  with its websocket session) or as a subprocess (`await stack.spawn()`, `python -m agent run`).
+- `plan`: a restore of three resources whose objects are small except the volume image
+  (`big_size`, a fixture a module may override); `stack.driver(plan)` drives it.
+- `captured_logs`: the in-process structlog/stdlib output as JSON lines (debug level), with the
+  logging configuration restored afterwards.
+
+Secrets are recognisable so leak tests can search for them: `TOKEN`, `BEARER`, the stand-in's
+JWTs (`cloudly.issued_jwts`) and every grant a driver issued (`driver.issued_grants`, all with
+`GRANT_MARK` in their payload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import logging
+import os
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from agent import app
+from agent.config import Config
+from agent.corestore.routes import RouteName
+from agent.devstack.cloudly import StandInCloudly, cluster_document
+from agent.devstack.corestore import CorestoreHandle, start
+from agent.devstack.corestore.storage import Storage
+from agent.devstack.driver import (
+    GRANT_MARK,
+    MappingSpec,
+    ObjectSpec,
+    RestoreDriver,
+    RestorePlan,
+    stand_in_settings,
+)
+from agent.log import configure_logging
+from agent.status import AgentStatus, SessionState
+
+TOKEN = "e2e-machine-token-SENTINEL-0c9d1e42"
+BEARER = "e2e-corestore-bearer-SENTINEL-77ab3f"
+CLUSTER, NODE = "cluster-e2e", "node-e2e"
+KiB, MiB = 1024, 1024 * 1024
+LEFTOVER_AREAS = ("staging", "staging-meta", "scratch", "scratch-meta")
+REPO = Path(__file__).resolve().parents[2]
+
+
+class SignallingCounter(Counter[RouteName]):
+    """The reference Corestore's hit counter: wakes waiters and runs hooks on every request.
+
+    The server counts a request before it takes the request's fault, so a hook registered for
+    hit `n` (`on_hit`) can set a fault that applies to request `n` itself: faults land at an
+    exact point mid-object, without timing.
+    """
+
+    def __init__(self, initial: Counter[RouteName]) -> None:
+        self._changed = asyncio.Event()
+        self._hooks: dict[tuple[RouteName, int], list[Callable[[], object]]] = {}
+        super().__init__(initial)
+
+    def on_hit(self, route: RouteName, count: int, action: Callable[[], object]) -> None:
+        self._hooks.setdefault((route, count), []).append(action)
+
+    def __setitem__(self, key: RouteName, value: int) -> None:
+        super().__setitem__(key, value)
+        for action in self._hooks.pop((key, value), []):
+            action()
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait(self, route: RouteName, count: int) -> None:
+        while self[route] < count:
+            await self._changed.wait()
+
+
+@dataclass
+class AgentProcess:
+    """The agent as a subprocess; its stdout and stderr go to files."""
+
+    process: asyncio.subprocess.Process
+    stdout: Path
+    stderr: Path
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, no flush, no checkpoint."""
+        self.process.kill()
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+    async def terminate(self) -> int:
+        """SIGTERM and wait for the orderly exit."""
+        if self.process.returncode is None:
+            self.process.terminate()
+        async with asyncio.timeout(30):
+            return await self.process.wait()
+
+    def output(self) -> str:
+        return self.stdout.read_text() + self.stderr.read_text()
+
+
+@dataclass
+class Stack:
+    """One reference Corestore and one stand-in Cloudly; the agent runs against them."""
+
+    tmp: Path
+    corestore: CorestoreHandle
+    cloudly: StandInCloudly
+    hits: SignallingCounter
+    state_dir: Path
+    processes: list[AgentProcess] = field(default_factory=list)
+
+    @property
+    def faults(self) -> Any:
+        return self.corestore.faults
+
+    def config_data(self, **corestore: Any) -> dict[str, Any]:
+        """The agent's configuration (quick reconnects, small chunks unless overridden)."""
+        token = _secret_file(self.tmp / "machine-token", TOKEN)
+        credential = _secret_file(self.tmp / "corestore-credential", BEARER)
+        return {
+            "cloudly": {
+                "url": self.cloudly.url,
+                "token_file": str(token),
+                "backoff_base_s": 0.05,
+                "backoff_cap_s": 0.2,
+            },
+            "corestore": {
+                "credential_file": str(credential),
+                "chunk_size": 64 * KiB,
+                "retries": 1,
+                **corestore,
+            },
+            "state": {"directory": str(self.state_dir)},
+            "shutdown": {"drain_timeout_s": 2.0, "close_timeout_s": 2.0},
+            "log": {"format": "json", "level": "debug"},
+        }
+
+    @asynccontextmanager
+    async def agent(self, **corestore: Any) -> AsyncIterator[AgentStatus]:
+        """The real agent in-process (`agent.app.run`), connected; stopped in order on exit."""
+        config = Config.model_validate(self.config_data(**corestore))
+        status, stop = AgentStatus(), asyncio.Event()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(app.run(config, stop=stop, status=status), name="agent")
+            try:
+                async with asyncio.timeout(15):
+                    await status.wait_until(lambda s: s.state is SessionState.CONNECTED)
+                yield status
+            finally:
+                stop.set()
+
+    async def spawn(self, **corestore: Any) -> AgentProcess:
+        """`python -m agent run --config <tmp>/agent.toml` (logs to files in tmp)."""
+        config = self.tmp / "agent.toml"
+        config.write_text(_toml(self.config_data(**corestore)))
+        number = len(self.processes) + 1
+        stdout, stderr = self.tmp / f"agent-{number}.out", self.tmp / f"agent-{number}.err"
+        with stdout.open("wb") as out, stderr.open("wb") as err:
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "agent",
+                "run",
+                "--config",
+                str(config),
+                stdout=out,
+                stderr=err,
+                cwd=REPO,
+                env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST")},
+            )
+        spawned = AgentProcess(process, stdout, stderr)
+        self.processes.append(spawned)
+        return spawned
+
+    def driver(self, plan: RestorePlan, **options: Any) -> RestoreDriver:
+        options.setdefault("piece_size", 64 * KiB)
+        options.setdefault("poll_interval", 0.02)
+        return RestoreDriver(self.cloudly, plan, **options)
+
+    def on_hit(self, route: RouteName, count: int, action: Callable[[], object]) -> None:
+        """Run `action` when Corestore counts request number `count` of `route`."""
+        self.hits.on_hit(route, count, action)
+
+    async def wait_hits(self, route: RouteName, count: int) -> None:
+        """Wait until the reference Corestore received `count` requests of `route`."""
+        async with asyncio.timeout(30):
+            await self.hits.wait(route, count)
+
+    async def clean_up(self, driver: RestoreDriver) -> dict[str, Any]:
+        """cleanup, then wait for `cleaned` or `cleanup-failed`; the final state."""
+        await driver.cleanup()
+        return await driver.wait_until({"cleaned", "cleanup-failed"}, timeout=30)
+
+    def staged_digest(self, plan: RestorePlan, path: str) -> str:
+        """sha256 of the object's bytes on Corestore's disk."""
+        return hashlib.sha256(self.staged_file(plan, path).read_bytes()).hexdigest()
+
+    def staged_file(self, plan: RestorePlan, path: str) -> Path:
+        return Storage(self.corestore.data_dir).object_path(plan.staging_archive_id, path)
+
+    def object_progress(self, plan: RestorePlan, path: str) -> dict[str, Any]:
+        """What the reference Corestore holds of one object (`state`, `verifiedBytes`...)."""
+        progress: dict[str, Any] = Storage(self.corestore.data_dir).progress(
+            plan.staging_archive_id, path
+        )
+        return progress
+
+    def leftovers(self) -> list[str]:
+        """Files left in Corestore's staging and scratch areas."""
+        root = self.corestore.data_dir
+        return sorted(
+            str(path.relative_to(root))
+            for area in LEFTOVER_AREAS
+            if (root / area).exists()
+            for path in (root / area).rglob("*")
+            if path.is_file()
+        )
+
+    def leaked(self, data: bytes | str, driver: RestoreDriver) -> list[str]:
+        """Which secrets (by name, never the value) occur in `data`."""
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        named = {"machine token": TOKEN, "corestore bearer": BEARER, "grant mark": GRANT_MARK}
+        named |= {f"grant #{n}": grant for n, grant in enumerate(driver.issued_grants)}
+        named |= {f"jwt #{n}": jwt for n, jwt in enumerate(self.cloudly.issued_jwts)}
+        return sorted(name for name, value in named.items() if value in text)
+
+    def database_bytes(self) -> bytes:
+        """The state database and its -wal/-shm files, concatenated."""
+        files = sorted(p for p in self.state_dir.glob("*") if p.name.startswith("state.sqlite3"))
+        assert files, "expected the agent's state database"
+        return b"".join(path.read_bytes() for path in files)
+
+
+def _secret_file(path: Path, value: str) -> Path:
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def _toml(data: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for section, values in data.items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
+            elif isinstance(value, int | float):
+                lines.append(f"{key} = {value}")
+            else:
+                lines.append(f'{key} = "{value}"')
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def chunk_form() -> str:
+    """How the stand-in Cloudly encodes stream chunks (a test may parametrize it)."""
+    return "buffer"
+
+
+@pytest.fixture
+def big_size() -> int:
+    """The size of the plan's volume image (a module may override it)."""
+    return 2 * MiB
+
+
+@pytest.fixture
+def plan(big_size: int) -> RestorePlan:
+    """A database dump and index, a bucket of two files and one `big_size` volume image."""
+    objects = (
+        ObjectSpec("snap-db/dump.bson", 300 * KiB + 17, b"e2e dump"),
+        ObjectSpec("snap-db/meta/indexes.json", 2 * KiB, b"e2e indexes"),
+        ObjectSpec("snap-os/media/a.jpg", 100 * KiB, b"e2e photo a"),
+        ObjectSpec("snap-os/media/b.jpg", 50 * KiB + 1, b"e2e photo b"),
+        ObjectSpec("snap-vol/volume.img", big_size, b"e2e volume"),
+    )
+    mappings = (
+        MappingSpec("map-db", "database", "snap-db", "app", "mongodb"),
+        MappingSpec("map-media", "objectstorage", "snap-os", "media", "s3"),
+        MappingSpec("map-volume", "volume", "snap-vol", "uploads"),
+    )
+    return RestorePlan(CLUSTER, NODE, mappings, objects, restore_id="restore-e2e")
+
+
+@pytest.fixture
+async def stack(tmp_path: Path, chunk_form: str) -> AsyncIterator[Stack]:
+    """The reference Corestore and a stand-in Cloudly; spawned agents are killed at the end."""
+    corestore = await start(data_dir=tmp_path / "corestore", bearer=BEARER)
+    hits = SignallingCounter(corestore.faults.hits)
+    corestore.faults.hits = hits
+    document = cluster_document(CLUSTER, {NODE: corestore.url})
+    settings = stand_in_settings("base64" if chunk_form == "base64" else "buffer")
+    cloudly = StandInCloudly(token=TOKEN, cluster=document, peer_settings=settings)
+    await cloudly.start()
+    stack = Stack(tmp_path, corestore, cloudly, hits, tmp_path / "state")
+    try:
+        yield stack
+    finally:
+        for spawned in stack.processes:
+            if spawned.process.returncode is None:
+                spawned.kill()
+                await spawned.wait()
+        await cloudly.stop()
+        await corestore.stop()
+
+
+@pytest.fixture
+def captured_logs() -> Iterator[io.StringIO]:
+    """Everything logged in-process (JSON lines, debug); the previous logging is restored."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    websockets_level = logging.getLogger("websockets").level
+    buffer = io.StringIO()
+    configure_logging(format="json", level="debug", stream=buffer)
+    yield buffer
+    structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.getLogger("websockets").setLevel(websockets_level)
