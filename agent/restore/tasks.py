@@ -77,8 +77,13 @@ class WorkOwner:
             if self._run_task is not None:
                 self._run_task.cancel()
         if self._run_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._run_task
+            except asyncio.CancelledError:
+                # The run task's own cancellation ends here; ours must go on.
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
 
     async def __aenter__(self) -> Self:
         """Run `run()` in a task of its own; returns once the engine takes work."""
