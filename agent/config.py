@@ -86,6 +86,9 @@ FilePath = Annotated[
     AfterValidator(_resolve_path),
 ]
 Seconds = Annotated[float, Field(gt=0, le=_MAX_SECONDS, allow_inf_nan=False)]
+# Polling Corestore more often than 100 times a second only loads it; less often than once a
+# minute only delays every resource restore.
+PollSeconds = Annotated[float, Field(ge=0.01, le=60.0, allow_inf_nan=False)]
 NonNegativeSeconds = Annotated[float, Field(ge=0, le=_MAX_SECONDS, allow_inf_nan=False)]
 
 
@@ -176,7 +179,10 @@ class CorestoreConfig(_Section):
     max_in_flight: Annotated[int, Field(ge=1, le=32)] = 4
     connect_timeout_s: Seconds = 5.0
     request_timeout_s: Seconds = 60.0
+    # One chunk PUT, object commit (Corestore re-hashes the object) or resource verification.
+    transfer_timeout_s: Seconds = 300.0
     retries: Annotated[int, Field(ge=0, le=10)] = 3
+    restore_poll_interval_s: PollSeconds = 1.0
 
 
 class StateConfig(_Section):

@@ -76,6 +76,8 @@ def test_minimal_file_gets_every_default(tmp_path: Path) -> None:
     assert config.corestore.chunk_size == 4 * 1024 * 1024
     assert (config.corestore.max_in_flight, config.corestore.retries) == (4, 3)
     assert (config.corestore.connect_timeout_s, config.corestore.request_timeout_s) == (5.0, 60.0)
+    assert config.corestore.transfer_timeout_s == 300.0
+    assert config.corestore.restore_poll_interval_s == 1.0
     assert config.state.directory == Path("/var/lib/restore-agent")
     assert (config.streams.window, config.streams.keepalive_timeout_s) == (16, 10.0)
     assert config.streams.chunk_form == "buffer"
@@ -134,6 +136,13 @@ def test_integers_are_accepted_for_seconds(tmp_path: Path) -> None:
     """`call_timeout_s = 12` is 12.0 seconds."""
     text = MINIMAL.replace('token_file = "machine-token"', 'token_file = "t"\ncall_timeout_s = 12')
     assert load_config(write_config(tmp_path, text)).cloudly.call_timeout_s == 12.0
+
+
+def test_corestore_transfer_timeout_and_poll_interval_are_read(tmp_path: Path) -> None:
+    """`transfer_timeout_s` and `restore_poll_interval_s` are taken as written (integers too)."""
+    text = MINIMAL + "transfer_timeout_s = 900\nrestore_poll_interval_s = 0.05\n"
+    corestore = load_config(write_config(tmp_path, text)).corestore
+    assert (corestore.transfer_timeout_s, corestore.restore_poll_interval_s) == (900.0, 0.05)
 
 
 def test_config_is_frozen(tmp_path: Path) -> None:
@@ -268,6 +277,41 @@ REFUSALS = [
     (
         ('credential_file = "corestore-credential"', 'credential_file = "c"\nretries = 11'),
         "config corestore.retries: must be <= 10, got 11",
+    ),
+    (
+        (
+            'credential_file = "corestore-credential"',
+            'credential_file = "c"\ntransfer_timeout_s = 0',
+        ),
+        "config corestore.transfer_timeout_s: must be > 0, got 0",
+    ),
+    (
+        (
+            'credential_file = "corestore-credential"',
+            'credential_file = "c"\ntransfer_timeout_s = 86401',
+        ),
+        "config corestore.transfer_timeout_s: must be <= 86400, got 86401",
+    ),
+    (
+        (
+            'credential_file = "corestore-credential"',
+            'credential_file = "c"\nrestore_poll_interval_s = 0.001',
+        ),
+        "config corestore.restore_poll_interval_s: must be >= 0.01, got 0.001",
+    ),
+    (
+        (
+            'credential_file = "corestore-credential"',
+            'credential_file = "c"\nrestore_poll_interval_s = 61',
+        ),
+        "config corestore.restore_poll_interval_s: must be <= 60, got 61",
+    ),
+    (
+        (
+            'credential_file = "corestore-credential"',
+            'credential_file = "c"\nrestore_poll_interval_s = "1"',
+        ),
+        "config corestore.restore_poll_interval_s: expected a number, got a string",
     ),
     (("", "[streams]\nwindow = 0\n"), "config streams.window: must be >= 1, got 0"),
     (

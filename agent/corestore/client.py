@@ -238,6 +238,12 @@ class CorestoreClient:
         """Remove one restored scratch resource (a running restore of it is stopped first)."""
         return await self._delete(routes.build_delete_resource(restore_id, mapping_id, grant))
 
+    async def delete_restore(self, restore_id: str, grant: Secret) -> DeleteOutcome:
+        """Forget the prepared restore: the last step of a cleanup, once its scratch resources
+        and its staging archive are gone (Corestore refuses it before: 409 `restore-not-empty`).
+        """
+        return await self._delete(routes.build_delete_restore(restore_id, grant))
+
     # --- the edge -------------------------------------------------------------------------------
     # Frames that raise hold no revealed secret and no raw answer text as a local variable:
     # traceback renderers that show locals (structlog's default) would print them.

@@ -59,6 +59,7 @@ __all__ = [
     "build_commit_object",
     "build_delete_object",
     "build_delete_resource",
+    "build_delete_restore",
     "build_delete_staging_archive",
     "build_health",
     "build_object_progress",
@@ -99,6 +100,7 @@ class RouteName(enum.StrEnum):
     RESOURCE_STATUS = "resource-status"
     VERIFY_RESOURCE = "verify-resource"
     DELETE_RESOURCE = "delete-resource"
+    DELETE_RESTORE = "delete-restore"
 
 
 class AnswerKind(enum.Enum):
@@ -173,6 +175,12 @@ ROUTES: Final[Mapping[RouteName, RouteSpec]] = dict(
         _spec(
             RouteName.DELETE_RESOURCE, "DELETE", _RESOURCE, Deleted,
             idempotent=True, gone_codes=frozenset({"resource-not-found", "restore-not-found"}),
+        ),
+        # Refused (409 restore-not-empty) while a scratch resource or the staging archive of
+        # the restore exists: cleanup deletes those first.
+        _spec(
+            RouteName.DELETE_RESTORE, "DELETE", _RESTORE, Deleted,
+            idempotent=True, gone_codes=frozenset({"restore-not-found"}),
         ),
     ]
 )  # fmt: skip
@@ -367,6 +375,12 @@ def build_verify_resource(restore_id: str, mapping_id: str, grant: Secret) -> Ro
 def build_delete_resource(restore_id: str, mapping_id: str, grant: Secret) -> RouteRequest:
     """`DELETE .../resources/{mappingId}`: remove one restored scratch resource."""
     return _resource_request(RouteName.DELETE_RESOURCE, restore_id, mapping_id, grant)
+
+
+def build_delete_restore(restore_id: str, grant: Secret) -> RouteRequest:
+    """`DELETE /v1/isolated-restores/{restoreId}`: forget the prepared restore (the last step)."""
+    path = _path(_RESTORE, restoreId=restore_id)
+    return _request(RouteName.DELETE_RESTORE, grant, path)
 
 
 # --- answers ------------------------------------------------------------------------------------

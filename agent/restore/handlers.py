@@ -43,9 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["StreamContext", "build_handlers", "install", "register_handlers"]
 
-# Bulk Corestore calls (chunk PUT, the commit's re-hash, verification) get at least this long.
-_MIN_TRANSFER_TIMEOUT_S = 300.0
-
 
 class StreamContext(Protocol):
     """What a handler needs of the session's `RequestContext`: the streams of its request."""
@@ -120,11 +117,12 @@ async def install(
     store = await RevisionStore.open(config.state.directory)
     resources.push_async_callback(store.aclose)
     corestore = config.corestore
+    settings = EngineSettings.from_config(corestore)
     clients = CorestoreClients(
         timeouts=CorestoreTimeouts(
             connect=corestore.connect_timeout_s,
             control=corestore.request_timeout_s,
-            transfer=max(corestore.request_timeout_s, _MIN_TRANSFER_TIMEOUT_S),
+            transfer=settings.transfer_timeout,
         ),
         retry=RetryPolicy(attempts=corestore.retries + 1),
     )
@@ -134,7 +132,7 @@ async def install(
         clients=clients,
         credential=secrets.corestore_credential,
         cluster_view=lambda: session.cluster_view,
-        settings=EngineSettings.from_config(corestore),
+        settings=settings,
     )
     await resources.enter_async_context(engine)
     register_handlers(session.router, engine)

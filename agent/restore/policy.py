@@ -38,7 +38,10 @@ class EngineSettings:
     `chunk_size` is what one chunk PUT carries (1 byte .. Corestore's 16 MiB cap; the config
     file allows 64 KiB .. 16 MiB, tests use less). `max_in_flight` is how many chunks may wait
     between the incoming stream and Corestore: memory per staged object stays below
-    `(max_in_flight + 2) * chunk_size` plus the stream window.
+    `(max_in_flight + 2) * chunk_size` plus the stream window. `transfer_timeout` bounds one
+    attempt of a bulk Corestore call (chunk PUT, commit, verification); the engine does not
+    apply it itself: whoever builds the Corestore clients passes it as their `transfer` timeout
+    (`handlers.install`), so the configuration has one source for it.
     """
 
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -49,6 +52,7 @@ class EngineSettings:
     chunk_attempts: int = 3  # sends of one chunk Corestore found corrupted in transit
     commit_attempts: int = 3  # commits of one object whose outcome was unknown
     poll_interval: float = 1.0  # between resource-restore status reads
+    transfer_timeout: float = 300.0  # one bulk Corestore call (the clients' `transfer` timeout)
     restore_timeout: float = 3600.0  # one resource restore, start to finish
     progress_interval: float = 5.0  # at most one staging_progress log line per object this often
 
@@ -61,8 +65,9 @@ class EngineSettings:
         for name in ("first_delay", "max_delay", "poll_interval", "progress_interval"):
             if getattr(self, name) < 0:
                 raise InvalidState(f"{name} must not be negative")
-        if self.restore_timeout <= 0:
-            raise InvalidState("restore_timeout must be positive")
+        for name in ("restore_timeout", "transfer_timeout"):
+            if getattr(self, name) <= 0:
+                raise InvalidState(f"{name} must be positive")
 
     @classmethod
     def from_config(cls, corestore: CorestoreConfig) -> EngineSettings:
@@ -71,6 +76,8 @@ class EngineSettings:
             chunk_size=corestore.chunk_size,
             max_in_flight=corestore.max_in_flight,
             attempts=corestore.retries + 1,
+            poll_interval=corestore.restore_poll_interval_s,
+            transfer_timeout=corestore.transfer_timeout_s,
         )
 
     def delay(self, retry: int) -> float:

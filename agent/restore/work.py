@@ -10,7 +10,15 @@ followed by one mutation of the node state, so a restart finds exactly the steps
              verifying  -- every result passed ------------------------> ready, else failed
     cleanup: cleaning   -- per entry (each resource, then the staging archive):
                            running (attempts + 1) -> succeeded | failed (errorCode, errorMessage)
-             cleaning   -- every entry succeeded -> cleaned, else cleanup-failed
+             cleaning   -- every entry succeeded, then Corestore forgot the prepared restore
+                           (DELETE /v1/isolated-restores/{id}) -> cleaned
+             cleaning   -- an entry failed, or forgetting the restore failed -> cleanup-failed
+
+Forgetting the prepared restore is not a progress entry (the contract's entries are the mappings
+and the staging archive): it is the one step between "every entry succeeded" and `cleaned`,
+retried like any step while Corestore is unavailable. When it fails, the state says
+`cleanup-failed` with every entry `succeeded` and the failure in `lastErrorCode` /
+`lastErrorMessage`; the next cleanup request finds no entry pending and only forgets again.
 
 Steps already recorded are skipped when the work resumes (after a restart, on an exact replay of
 the request that started it). A Corestore or integrity failure ends the work in `failed` /
@@ -186,8 +194,7 @@ async def run_cleanup(job: Job) -> None:
         for entry_id in p.cleanup_pending(job.state):
             await _clean_one(job, entry_id)
         if p.cleanup_complete(job.state):
-            await job.mutate(Op.CLEANUP_SUCCEEDED, job.state)
-            _log.info("cleanup_work_finished", **job.log_fields(), status=job.stored.status)
+            await _forget_restore(job)
             return
         failed = [p.cleanup_entry(job.state, entry_id) for entry_id in p.cleanup_pending(job.state)]
         first = failed[0]
@@ -201,6 +208,24 @@ async def run_cleanup(job: Job) -> None:
         _log.warning("cleanup_failed", **job.log_fields(), code=first.get("errorCode"))
     except AgentError as exc:
         _log.warning("cleanup_work_interrupted", **job.log_fields(), code=exc.code)
+
+
+async def _forget_restore(job: Job) -> None:
+    """Every entry is clean: Corestore forgets the prepared restore, then `cleaned`."""
+    try:
+        await retrying(
+            functools.partial(job.client.delete_restore, job.key.restore_id, job.grant),
+            settings=job.settings,
+            sleep=job.sleep,
+            what="delete-restore",
+        )
+    except CorestoreError as exc:
+        message = f"forgetting the prepared restore failed: {exc}"
+        await job.mutate(Op.CLEANUP_FAILED, p.with_error(job.state, exc.code, message))
+        _log.warning("cleanup_failed", **job.log_fields(), code=exc.code)
+        return
+    await job.mutate(Op.CLEANUP_SUCCEEDED, job.state)
+    _log.info("cleanup_work_finished", **job.log_fields(), status=job.stored.status)
 
 
 async def _clean_one(job: Job, entry_id: str | None) -> None:

@@ -63,6 +63,14 @@ def test_request_repr_leaves_out_chunk_bytes() -> None:
     assert "\\x01" not in repr(request)
 
 
+def test_delete_restore_is_a_delete_of_the_restore_itself() -> None:
+    """Forgetting a restore is DELETE on the prepare path, with the grant in its header."""
+    request = routes.build_delete_restore("restore/1", GRANT)
+    assert (request.spec.method, request.path) == ("DELETE", "/v1/isolated-restores/restore%2F1")
+    assert (request.body, request.query) == (None, {})
+    assert routes.request_headers(request, BEARER)[routes.HEADER_RESTORE_GRANT] == GRANT.reveal()
+
+
 def test_ids_are_percent_encoded_into_one_segment() -> None:
     """An id with a slash stays one path segment."""
     request = routes.build_resource_status("restore/1", "m 1", GRANT)
@@ -186,6 +194,10 @@ def test_only_health_is_unauthenticated() -> None:
         (RouteName.DELETE_STAGING_ARCHIVE, 404, "staging-archive-not-found", AnswerKind.GONE),
         (RouteName.DELETE_OBJECT, 404, "object-not-found", AnswerKind.GONE),
         (RouteName.RESOURCE_STATUS, 404, "resource-not-found", AnswerKind.REFUSED),
+        (RouteName.DELETE_RESTORE, 200, None, AnswerKind.OK),
+        (RouteName.DELETE_RESTORE, 404, "restore-not-found", AnswerKind.GONE),
+        (RouteName.DELETE_RESTORE, 404, "resource-not-found", AnswerKind.REFUSED),
+        (RouteName.DELETE_RESTORE, 409, "restore-not-empty", AnswerKind.REFUSED),
     ],
 )
 def test_answers_are_classified_as_documented(

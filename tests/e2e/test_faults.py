@@ -137,6 +137,29 @@ async def test_corestore_failing_mid_object_fails_the_stage_and_a_re_stage_resum
     assert stack.leftovers() == []
 
 
+async def test_a_chunk_put_outlasting_the_configured_transfer_timeout_fails_the_stage(
+    stack: Any, plan: RestorePlan
+) -> None:
+    """`transfer_timeout_s = 0.3` and Corestore stalls chunk PUTs for 30 s: the stage fails
+    corestore-unavailable after the client's 2 attempts; once Corestore answers it converges."""
+    driver = stack.driver(plan)
+    async with stack.agent(transfer_timeout_s=0.3):
+        revision = await _prepared(driver)
+        before = stack.hits[PUT]
+        stack.faults.delay_next(PUT, seconds=30.0, times=100)
+        with pytest.raises(CallFailed) as refused:
+            await driver.stage(VOLUME)
+        stalled = stack.hits[PUT] - before
+        stack.faults.clear()
+        staged = await driver.stage(VOLUME)
+        cleaned = await stack.clean_up(driver)
+    assert refused.value.error_data["code"] == "corestore-unavailable"
+    assert stalled == 2
+    assert (staged["status"], staged["revision"]) == ("staging", revision + 1)
+    assert cleaned["status"] == "cleaned"
+    assert stack.leftovers() == []
+
+
 async def test_a_chunk_whose_answer_was_lost_is_answered_as_before(
     stack: Any, plan: RestorePlan
 ) -> None:

@@ -58,6 +58,7 @@ FAST = EngineSettings(
     max_delay=0.05,
     poll_interval=0.002,
     progress_interval=0.0,
+    transfer_timeout=2.0,
 )
 
 
@@ -315,9 +316,10 @@ class World:
         return self.corestore.data_dir / "staging" / "staging-1" / path
 
     def data_files(self, *areas: str) -> list[Path]:
-        """Every file left under the given areas of Corestore's data directory."""
+        """Every file left under the given areas of Corestore's data directory (all of it
+        when no area is given)."""
         found: list[Path] = []
-        for area in areas:
+        for area in areas or ("",):
             root = self.corestore.data_dir / area
             if root.exists():
                 found += [path for path in root.rglob("*") if path.is_file()]
@@ -347,9 +349,10 @@ def settings() -> EngineSettings:
 
 
 @pytest.fixture
-def corestore_timeouts() -> CorestoreTimeouts:
-    """The Corestore client's timeouts (a test module may override this fixture)."""
-    return CorestoreTimeouts(connect=2.0, control=2.0, transfer=2.0)
+def corestore_timeouts(settings: EngineSettings) -> CorestoreTimeouts:
+    """The Corestore client's timeouts; `transfer` is the settings' `transfer_timeout`, as
+    `handlers.install` wires it (a test module may override this fixture)."""
+    return CorestoreTimeouts(connect=2.0, control=2.0, transfer=settings.transfer_timeout)
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ from agent.corestore.routes import RouteName
 from agent.errors import IllegalTransition
 from agent.secret import Secret
 
-_AREAS = ("staging", "staging-meta", "scratch", "scratch-meta")
-
 
 async def _ready(world: Any) -> int:
     revision = await world.ready_to_execute()
@@ -41,7 +39,7 @@ async def test_cleanup_deletes_each_resource_then_the_staging_archive(world: Any
         "succeeded",
         1,
     )
-    assert world.data_files(*_AREAS) == []
+    assert world.data_files() == []
 
 
 async def test_a_resource_corestore_no_longer_has_counts_as_cleaned(world: Any) -> None:
@@ -60,7 +58,7 @@ async def test_cleanup_of_a_restore_never_executed_succeeds(world: Any) -> None:
     prepared = await world.prepare()
     await world.cleanup(prepared["revision"])
     assert (await world.until("cleaned", "cleanup-failed")).status == "cleaned"
-    assert world.data_files(*_AREAS) == []
+    assert world.data_files() == []
 
 
 async def test_cleanup_failed_is_retryable_and_converges_once_corestore_recovers(
@@ -91,7 +89,7 @@ async def test_cleanup_failed_is_retryable_and_converges_once_corestore_recovers
         assert "errorCode" not in entry
     assert cleaned["cleanup"]["stagingArchive"]["attempts"] == 1
     assert faults.hits[RouteName.DELETE_STAGING_ARCHIVE] == archive_deletes
-    assert world.data_files(*_AREAS) == []
+    assert world.data_files() == []
 
 
 async def test_cleanup_while_restoring_is_an_illegal_transition(world: Any) -> None:
@@ -124,4 +122,61 @@ async def test_a_cleanup_cut_off_by_a_restart_resumes_on_its_replay(world: Any) 
     cleaned = (await world.until("cleaned", "cleanup-failed")).state
     assert cleaned["status"] == "cleaned"
     assert cleaned["cleanup"]["resources"][0]["attempts"] == 2
-    assert world.data_files(*_AREAS) == []
+    assert world.data_files() == []
+
+
+async def test_cleanup_ends_by_having_corestore_forget_the_prepared_restore(world: Any) -> None:
+    """After the entries, DELETE of the restore: its record is gone, and so is every file."""
+    revision = await _ready(world)
+    record = world.corestore.data_dir / "restores" / "restore-1.json"
+    assert record.exists()
+    await world.cleanup(revision)
+    cleaned = (await world.until("cleaned", "cleanup-failed")).state
+    assert cleaned["status"] == "cleaned"
+    assert not record.exists()
+    assert "lastErrorCode" not in cleaned
+    assert world.data_files() == []
+
+
+async def test_forgetting_the_restore_failing_ends_cleanup_failed_with_every_entry_clean(
+    world: Any,
+) -> None:
+    """Corestore unavailable for the final DELETE: cleanup-failed, entries succeeded, the error
+    on the state; the next cleanup deletes nothing again and only forgets the restore."""
+    revision = await _ready(world)
+    faults = world.corestore.faults
+    faults.fail_next(RouteName.DELETE_RESTORE, status=503, times=100)
+    await world.cleanup(revision)
+    failed = (await world.until("cleaned", "cleanup-failed")).state
+    assert failed["status"] == "cleanup-failed"
+    assert failed["lastErrorCode"] == "corestore-unavailable"
+    assert "forgetting the prepared restore failed" in failed["lastErrorMessage"]
+    entries = [*failed["cleanup"]["resources"], failed["cleanup"]["stagingArchive"]]
+    assert all((e["status"], e["attempts"]) == ("succeeded", 1) for e in entries)
+    assert faults.hits[RouteName.DELETE_RESTORE] == 2 * 2  # engine x client attempts
+    assert (world.corestore.data_dir / "restores" / "restore-1.json").exists()
+
+    faults.clear()
+    deletes = faults.hits[RouteName.DELETE_RESOURCE] + faults.hits[RouteName.DELETE_STAGING_ARCHIVE]
+    await world.cleanup(failed["revision"])
+    cleaned = (await world.until("cleaned", "cleanup-failed")).state
+    assert cleaned["status"] == "cleaned"
+    assert cleaned["cleanup"] == failed["cleanup"]
+    assert (
+        faults.hits[RouteName.DELETE_RESOURCE] + faults.hits[RouteName.DELETE_STAGING_ARCHIVE]
+        == deletes
+    )
+    assert world.data_files() == []
+
+
+async def test_corestore_refusing_to_forget_the_restore_ends_cleanup_failed_at_once(
+    world: Any,
+) -> None:
+    """A 409 from the final DELETE is not retried: cleanup-failed with corestore-refused."""
+    revision = await _ready(world)
+    faults = world.corestore.faults
+    faults.fail_next(RouteName.DELETE_RESTORE, status=409)
+    await world.cleanup(revision)
+    failed = (await world.until("cleaned", "cleanup-failed")).state
+    assert (failed["status"], failed["lastErrorCode"]) == ("cleanup-failed", "corestore-refused")
+    assert faults.hits[RouteName.DELETE_RESTORE] == 1

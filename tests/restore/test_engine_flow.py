@@ -66,7 +66,7 @@ async def test_full_lifecycle_ends_cleaned_with_nothing_left_on_corestore(world:
     assert cleaned["status"] == "cleaned"
     assert [e["status"] for e in cleaned["cleanup"]["resources"]] == ["succeeded", "succeeded"]
     assert cleaned["cleanup"]["stagingArchive"]["status"] == "succeeded"
-    assert world.data_files("staging", "staging-meta", "scratch", "scratch-meta") == []
+    assert world.data_files() == [], "Corestore keeps nothing of a cleaned restore"
 
 
 async def test_every_mutation_advances_the_revision_by_exactly_one(world: Any) -> None:

@@ -10,7 +10,8 @@ convention; a real Corestore knows its archive format); each is copied to its pa
 prefix. A restore runs in a worker thread and builds the resource in a temporary directory that
 replaces the resource only if no delete or newer start overtook it (`generation`). A state
 `running` on disk that no live run owns (the server restarted) reads as `failed` /
-`restore-interrupted`, and starting the restore again runs it again.
+`restore-interrupted`, and starting the restore again runs it again. `forget` deletes a prepared
+restore once none of its resources (and not its staging archive) is left.
 """
 
 from __future__ import annotations
@@ -139,6 +140,26 @@ class Scratch:
                     directory.rmdir()
         if not found:
             raise refuse(404, "resource-not-found", "no such restored resource")
+
+    def forget(self, restore_id: str) -> None:
+        """Delete the prepared restore: 404 when there is none, 409 `restore-not-empty` while a
+        restored resource (or a run of one) or the staging archive of it still exists."""
+        with self._lock:  # no restore of it can start meanwhile
+            body = self._storage.restore(restore_id)
+            held = [
+                mapping.id
+                for mapping in body.resource_mappings
+                if (restore_id, mapping.id) in self._running
+                or self._resource(body, mapping).exists()
+                or self._meta(body, mapping).exists()
+            ]
+            if held:
+                raise refuse(
+                    409,
+                    "restore-not-empty",
+                    f"{len(held)} scratch resource(s) of the restore still exist",
+                )
+            self._storage.forget(restore_id)
 
     def _status(
         self, restore_id: str, body: PrepareRestoreBody, mapping: ResourceMapping

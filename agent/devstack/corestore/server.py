@@ -232,6 +232,7 @@ class _Handlers:
             RouteName.RESOURCE_STATUS: self.resource_status,
             RouteName.VERIFY_RESOURCE: self.verify_resource,
             RouteName.DELETE_RESOURCE: self.delete_resource,
+            RouteName.DELETE_RESTORE: self.delete_restore,
         }
 
     async def health(self, request: web.Request) -> web.Response:
@@ -312,4 +313,9 @@ class _Handlers:
         restore_id, mapping_id = _id(request, "restoreId"), _id(request, "mappingId")
         self._jobs.cancel(restore_id, mapping_id)
         await asyncio.to_thread(self._scratch.delete, restore_id, mapping_id)
+        return web.json_response({"deleted": True})
+
+    async def delete_restore(self, request: web.Request) -> web.Response:
+        restore_id = _id(request, "restoreId")
+        await asyncio.to_thread(self._scratch.forget, restore_id)
         return web.json_response({"deleted": True})

@@ -3,7 +3,7 @@
 Synchronous and thread-safe (the server calls it through `asyncio.to_thread`). Layout under
 `data_dir` (ids are percent-encoded into one path segment):
 
-    restores/<restoreId>.json                 the prepare body, as accepted
+    restores/<restoreId>.json                 the prepare body, as accepted (until forgotten)
     staging/<archive>/<object path>           object bytes, written at their offsets
     staging-meta/<archive>/archive.json       which restore owns the archive
     staging-meta/<archive>/objects/<h>.json   the object's chunk ledger (h = sha256 of its path)
@@ -80,7 +80,7 @@ class Storage:
     def prepare(self, restore_id: str, body: PrepareRestoreBody) -> tuple[dict[str, Any], bool]:
         """Record a restore and create its staging archive; `(answer, created)`."""
         wire = body.to_wire()
-        path = self.root / "restores" / f"{segment(restore_id)}.json"
+        path = self._restore_path(restore_id)
         with self._lock:
             known = read_json(path)
             if known is not None and known != wire:
@@ -103,10 +103,21 @@ class Storage:
 
     def restore(self, restore_id: str) -> PrepareRestoreBody:
         """The prepared restore, or a 404 refusal."""
-        known = read_json(self.root / "restores" / f"{segment(restore_id)}.json")
+        known = read_json(self._restore_path(restore_id))
         if known is None:
             raise refuse(404, "restore-not-found", "no restore was prepared under this id")
         return PrepareRestoreBody.model_validate(known)
+
+    def forget(self, restore_id: str) -> None:
+        """Delete the prepared-restore record: 404 when there is none, 409 while its staging
+        archive exists. (`Scratch.forget` checks the restored resources first.)"""
+        with self._lock:
+            body = self.restore(restore_id)
+            if self._archive_held(restore_id, body.staging_archive_id):
+                raise refuse(
+                    409, "restore-not-empty", "the staging archive of the restore still exists"
+                )
+            self._restore_path(restore_id).unlink()
 
     def mapping(
         self, restore_id: str, mapping_id: str
@@ -216,6 +227,15 @@ class Storage:
         if not found:
             raise refuse(404, "staging-archive-not-found", "no such staging archive")
 
+    def files(self) -> list[str]:
+        """Every file under the data directory, as sorted relative POSIX paths (a cleaned
+        restore leaves none of its own)."""
+        return sorted(
+            path.relative_to(self.root).as_posix()
+            for path in self.root.rglob("*")
+            if path.is_file()
+        )
+
     def snapshot_objects(
         self, body: PrepareRestoreBody, mapping: ResourceMapping
     ) -> list[ArchiveObject]:
@@ -233,6 +253,17 @@ class Storage:
         return self._object_path(archive, path)
 
     # --- helpers --------------------------------------------------------------------------------
+
+    def _restore_path(self, restore_id: str) -> Path:
+        return self.root / "restores" / f"{segment(restore_id)}.json"
+
+    def _archive_held(self, restore_id: str, archive: str) -> bool:
+        """Whether the archive still exists for `restore_id` (bytes without an owner count:
+        the remains of a delete that did not finish)."""
+        owner = self._archive_owner(archive)
+        if owner is not None:
+            return owner == restore_id
+        return (self.root / "staging" / segment(archive)).exists()
 
     def _meta_dir(self, archive: str) -> Path:
         return self.root / "staging-meta" / segment(archive)
