@@ -2,7 +2,7 @@
 
 Every failure the agent raises on purpose is an `AgentError`. Each class carries the stable
 kebab-case `code` and the `retryable` flag that travel on the wire (`error.data`, see
-`docs/errors.md` and `../shared/research/decisions.md`), so translating an exception into an
+`docs/wire-notes.md` and the product decisions), so translating an exception into an
 error envelope is one function (`wire_error_data`) and nothing else re-decides it.
 
     AgentError                       code            retryable   at fault

@@ -55,6 +55,7 @@ class StageRun:
     cpu_s: dict[str, float]  # CPU seconds over the span: "child", "corestore", "cloudly"
     reply: dict[str, Any]
     commit_s: float | None = None  # the baseline's Corestore commit (re-hash), from its reply
+    warmup: bool = False  # a warm-up stage, not a figure
 
     @property
     def mb_per_s(self) -> float:

@@ -86,15 +86,27 @@ async def corestore_process(work: Path, log: IO[bytes]) -> AsyncIterator[Coresto
         stdout=asyncio.subprocess.PIPE,
         stderr=log,
     )
+    drain: asyncio.Task[None] | None = None
     try:
         assert process.stdout is not None
         async with asyncio.timeout(30):
             hello = json.loads(await process.stdout.readline() or b"{}")
         if "url" not in hello:
             raise RuntimeError(f"the reference Corestore did not start: {hello}")
+        # It leaves structlog unconfigured: a debug line per request goes to stdout. Unread, the
+        # pipe fills (64 KiB) and the server blocks in a print() mid-request.
+        drain = asyncio.create_task(_discard(process.stdout))
         yield Corestore(str(hello["url"]), data_dir, process)
     finally:
+        if drain is not None:
+            drain.cancel()
+            await asyncio.wait({drain})  # before communicate(): one reader at a time
         await _stop(process)
+
+
+async def _discard(stream: asyncio.StreamReader) -> None:
+    while await stream.read(64 * 1024):
+        pass
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:

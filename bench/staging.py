@@ -4,22 +4,29 @@ One run, on this machine, four figures:
 
 1. Staging throughput, stand-in Cloudly stream -> agent -> reference Corestore, one object of
    `--mib` MiB, per chunk form (`--forms`, default base64 and Buffer), against the pass-through
-   baseline (bench/_staging_passthrough.py: the same session, stream, rechunking and Corestore
-   client, but no sha256 and no store) measured in the same run, alternating with the agent.
-   Reported: MB/s of both (first chunk written -> reply), the ratio agent/baseline (target
-   >= 0.8), the baseline without Corestore's commit too, and CPU s/GiB of each child.
+   baseline (bench/_staging_passthrough.py: the same composition root, session, stream window,
+   rechunking and Corestore client, but no sha256 and no store) measured in the same run:
+   one `--warmup-mib` warm-up stage per child, then `--repeat` pairs alternating which goes
+   first. Reported: MB/s of both (first chunk written -> reply; both replies come after
+   Corestore's commit), the ratio of the medians agent/baseline (target >= 0.8), the baseline
+   without Corestore's commit too, and CPU s/GiB of the child, Corestore and Cloudly.
 2. Peak RSS of the agent process (`python -m agent run --config F`, a fresh one) while staging
-   `--rss-mib` MiB: idle VmRSS after connect + prepare, VmHWM reset (clear_refs) before the
-   stage, peak = max(VmHWM after, sampled VmRSS); target <= 100 MiB above idle.
-3. Status round-trips while a `--status-mib` MiB stage runs on the same session:
-   `coreflowGetIsolatedRestoreStatus` every `--status-interval-ms`, p50/p99/max ms and count.
+   `--rss-mib` MiB in `--rss-form`: idle VmRSS after connect + prepare, VmHWM reset
+   (`clear_refs` 5) before the stage, peak = max(VmHWM after, VmRSS sampled every 20 ms);
+   target <= 100 MiB above idle.
+3. Status round-trips (`coreflowGetIsolatedRestoreStatus` from the stand-in, one in flight,
+   every `--status-interval-ms`) while a stage runs on the same session: during the RSS stage,
+   and during an extra `--status-mib` MiB stage in `--status-form`; p50/p99/max ms and count.
 4. Durable CAS mutations/s of the revision store (bench/cas.py's `measure`).
 
-The stand-in Cloudly runs in this process, the reference Corestore and the agent (or the
-baseline) in their own processes, all on 127.0.0.1. Run from the repository root:
+Cloudly's side is `agent.devstack.driver.RestoreDriver` on a `StandInCloudly` in this process
+(objects: `_staging_world.CycledObject`); the reference Corestore and the agent (or the
+baseline) run as their own processes, all on 127.0.0.1. The work directory (configs, logs,
+state, Corestore data) goes under `--dir` (default: the system temp dir), never the repository.
+Run from the repository root:
 
     .venv/bin/python -m bench.staging [--quick] [--mib 512] [--rss-mib 2048] [--status-mib 512]
-        [--forms base64,buffer] [--repeat 3] [--json out.json] [--keep]
+        [--forms base64,buffer] [--repeat 3] [--piece-kib 1024] [--json out.json] [--keep]
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from agent.log import configure_logging
 from agent.secret import Secret
 from agent.session.peer import PeerSettings
 from bench._procstat import machine_facts, memory_kib
+from bench._staging_report import report
 from bench._staging_runs import (
     RssSampler,
     StageRun,
@@ -78,10 +86,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run (small sizes)")
     parser.add_argument("--mib", type=int, help="throughput object size (default 512)")
+    parser.add_argument(
+        "--warmup-mib", type=int, help="warm-up stage per throughput child, 0: none (default 16)"
+    )
     parser.add_argument("--rss-mib", type=int, help="RSS object size (default 2048)")
-    parser.add_argument("--status-mib", type=int, help="status-probe stage size (default 512)")
+    parser.add_argument(
+        "--status-mib", type=int, help="extra status-probe stage, 0: none (default 512)"
+    )
     parser.add_argument("--forms", default="base64,buffer", help="chunk forms Cloudly sends")
-    parser.add_argument("--rss-form", default="base64", help="chunk form of the RSS stage")
+    parser.add_argument("--rss-form", default="buffer", help="chunk form of the RSS stage")
+    parser.add_argument("--status-form", default="base64", help="chunk form of the status stage")
     parser.add_argument("--repeat", type=int, help="agent/baseline pairs per form (default 3)")
     parser.add_argument("--chunk-mib", type=int, default=4, help="[corestore] chunk_size")
     parser.add_argument(
@@ -97,9 +111,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     defaults = (
-        {"mib": 32, "rss_mib": 128, "status_mib": 32, "repeat": 1, "cas_mutations": 200}
+        {
+            "mib": 32,
+            "warmup_mib": 4,
+            "rss_mib": 128,
+            "status_mib": 32,
+            "repeat": 1,
+            "cas_mutations": 200,
+        }
         if args.quick
-        else {"mib": 512, "rss_mib": 2048, "status_mib": 512, "repeat": 3, "cas_mutations": 2000}
+        else {
+            "mib": 512,
+            "warmup_mib": 16,
+            "rss_mib": 2048,
+            "status_mib": 512,
+            "repeat": 3,
+            "cas_mutations": 2000,
+        }
     )
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -169,8 +197,10 @@ class Bench:
             yield child
 
     async def throughput(self, form: str) -> list[StageRun]:
-        """`repeat` agent/baseline pairs of one form, alternating which goes first."""
+        """A warm-up stage through each path, then `repeat` agent/baseline pairs of one form,
+        alternating which goes first. Warm-up runs are returned with `warmup` set."""
         obj = BenchObject.make(self.args.mib * MiB, self.args.chunk_mib * MiB)
+        warm = BenchObject.make(self.args.warmup_mib * MiB, self.args.chunk_mib * MiB)
         runs: list[StageRun] = []
         async with (
             cloudly_for(self.corestore, form) as to_agent,
@@ -179,31 +209,37 @@ class Bench:
             self.child(f"baseline-{form}", BASELINE, to_baseline) as baseline,
             CorestoreClient(self.corestore.url, Secret(BEARER)) as client,
         ):
+
+            async def one(path: str, staged: BenchObject) -> StageRun:
+                plan = self.plan(staged, path)
+                if path == "agent":
+                    driver = self.driver(to_agent, plan)
+                    await driver.prepare()
+                    run = await stage_agent(driver, self.pids(agent), form)
+                else:
+                    piece = self.args.piece_kib * 1024
+                    pids = self.pids(baseline)
+                    run = await stage_baseline(to_baseline, plan, staged, pids, form, client, piece)
+                drop_staged(self.corestore, plan)
+                return run
+
+            if self.args.warmup_mib:
+                for path in ("agent", "baseline"):
+                    run = await one(path, warm)
+                    run.warmup = True
+                    say(f"  {form:6} {path:8} {run.mb_per_s:7.1f} MB/s (warm-up)")
+                    runs.append(run)
             for index in range(self.args.repeat):
                 order = ("agent", "baseline") if index % 2 == 0 else ("baseline", "agent")
                 for path in order:
-                    plan = self.plan(obj, path)
-                    if path == "agent":
-                        driver = self.driver(to_agent, plan)
-                        await driver.prepare()
-                        run = await stage_agent(driver, self.pids(agent), form)
-                    else:
-                        run = await stage_baseline(
-                            to_baseline,
-                            plan,
-                            obj,
-                            self.pids(baseline),
-                            form,
-                            client,
-                            self.args.piece_kib * 1024,
-                        )
-                    drop_staged(self.corestore, plan)
+                    run = await one(path, obj)
                     say(f"  {form:6} {path:8} {run.mb_per_s:7.1f} MB/s ({run.seconds:.1f} s)")
                     runs.append(run)
         return runs
 
-    async def rss(self) -> dict[str, Any]:
-        """A fresh agent: idle RSS, then the peak while one large object stages."""
+    async def rss(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A fresh agent: idle RSS, then the peak while one large object stages; status
+        round-trips are fired at the same agent meanwhile."""
         form = self.args.rss_form
         obj = BenchObject.make(self.args.rss_mib * MiB, self.args.chunk_mib * MiB)
         async with (
@@ -217,11 +253,12 @@ class Bench:
             idle_rss, idle_hwm = memory_kib(agent.pid)
             reset = reset_peak_rss(agent.pid)
             sampler = RssSampler(agent.pid, 0.02)
-            run = await stage_agent(driver, self.pids(agent), form, sampler=sampler)
+            probe = StatusProbe(self.driver(cloudly, plan), self.args.status_interval_ms / 1000)
+            run = await stage_agent(driver, self.pids(agent), form, sampler=sampler, probe=probe)
             _, hwm = memory_kib(agent.pid)
             drop_staged(self.corestore, plan)
         peak = max(sampler.peak_kib, hwm) if reset else sampler.peak_kib
-        return {
+        rss = {
             "form": form,
             "bytes": obj.size,
             "mb_per_s": run.mb_per_s,
@@ -235,10 +272,11 @@ class Bench:
             "peak_kib": peak,
             "above_idle_kib": peak - idle_rss,
         }
+        return rss, {"form": form, "bytes": obj.size, "mb_per_s": run.mb_per_s, **probe.summary()}
 
     async def status(self) -> dict[str, Any]:
-        """Status round-trips while a large stage runs on the same session."""
-        form = self.args.forms[0] if self.args.forms else "base64"
+        """Status round-trips while a stage runs on the same session (no RSS sampling)."""
+        form = self.args.status_form
         obj = BenchObject.make(self.args.status_mib * MiB, self.args.chunk_mib * MiB)
         async with (
             cloudly_for(self.corestore, form) as cloudly,
@@ -264,10 +302,12 @@ async def run_all(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 say(f"throughput, {form} form, {args.mib} MiB x {args.repeat}")
                 throughput[form] = [_row(run) for run in await bench.throughput(form)]
             results["throughput"] = throughput
-            say(f"peak RSS, {args.rss_form} form, {args.rss_mib} MiB")
-            results["rss"] = await bench.rss()
-            say(f"status round-trips during a {args.status_mib} MiB stage")
-            results["status"] = await bench.status()
+            say(f"peak RSS and status round-trips, {args.rss_form} form, {args.rss_mib} MiB")
+            results["rss"], during_rss = await bench.rss()
+            results["status"] = [during_rss]
+            if args.status_mib:
+                say(f"status round-trips, {args.status_form} form, {args.status_mib} MiB")
+                results["status"].append(await bench.status())
     say(f"durable CAS, {args.cas_mutations} mutations")
     cas_dir = Path(tempfile.mkdtemp(prefix="cas-", dir=work))
     sequential, concurrent = await measure_cas(cas_dir / "state", args.cas_mutations)
@@ -278,6 +318,7 @@ async def run_all(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def _row(run: StageRun) -> dict[str, Any]:
     return {
         "path": run.path,
+        "warmup": run.warmup,
         "bytes": run.bytes,
         "seconds": run.seconds,
         "mb_per_s": run.mb_per_s,
@@ -285,76 +326,6 @@ def _row(run: StageRun) -> dict[str, Any]:
         "commit_s": run.commit_s,
         **{f"cpu_{who}_s_per_gib": run.cpu_s_per_gib(who) for who in run.cpu_s},
     }
-
-
-def report(results: dict[str, Any], command: str, elapsed: float) -> list[str]:
-    """The figures as markdown lines (what docs/benchmarks.md quotes)."""
-    facts = results["machine"]
-    lines = [
-        f"command: `{command}`",
-        "",
-        f"machine: nproc {facts['nproc']}, {facts['cpu']}, Linux {facts['kernel']}, "
-        f"Python {facts['python']}; wall time {elapsed:.0f} s",
-        "",
-        "1. Staging throughput, one object (MB/s = 10^6 B/s, first chunk -> reply, median of "
-        "runs; CPU s/GiB of each process over the same span)",
-        "",
-        "| form | path | MB/s | runs | agent/baseline | child CPU | Corestore CPU | Cloudly CPU |",
-        "|---|---|---:|---|---:|---:|---:|---:|",
-    ]
-    for form, rows in results["throughput"].items():
-        agent = [r for r in rows if r["path"] == "agent"]
-        base = [r for r in rows if r["path"] == "baseline"]
-        ratio = _median(agent, "mb_per_s") / _median(base, "mb_per_s")
-        for name, group in (("agent", agent), ("baseline", base)):
-            runs = ", ".join(f"{r['mb_per_s']:.1f}" for r in group)
-            lines.append(
-                f"| {form} | {name} | {_median(group, 'mb_per_s'):.1f} | {runs} | "
-                + (f"**{ratio:.2f}**" if name == "agent" else "")
-                + f" | {_median(group, 'cpu_child_s_per_gib'):.2f}"
-                f" | {_median(group, 'cpu_corestore_s_per_gib'):.2f}"
-                f" | {_median(group, 'cpu_cloudly_s_per_gib'):.2f} |"
-            )
-        commits = ", ".join(f"{r['commit_s']:.2f}" for r in base)
-        lines.append(
-            f"| {form} | baseline without commit | {_median(base, 'forward_mb_per_s'):.1f} | "
-            f"commit s: {commits} | | | | |"
-        )
-    rss = results["rss"]
-    lines += [
-        "",
-        f"2. Agent process RSS staging {rss['bytes'] // MiB} MiB ({rss['form']} form, "
-        f"{rss['mb_per_s']:.1f} MB/s): idle (connected and prepared) "
-        f"{rss['idle_rss_kib'] / 1024:.1f} MiB (connected only "
-        f"{rss['connected_rss_kib'] / 1024:.1f} MiB), peak "
-        f"{rss['peak_kib'] / 1024:.1f} MiB, **{rss['above_idle_kib'] / 1024:.1f} MiB above idle** "
-        f"(VmHWM reset before the stage: {rss['hwm_reset']}; VmHWM after "
-        f"{rss['hwm_after_kib'] / 1024:.1f} MiB; {rss['samples']} VmRSS samples, max "
-        f"{rss['sampled_peak_kib'] / 1024:.1f} MiB)",
-    ]
-    status = results["status"]
-    lines += [
-        "",
-        f"3. Status round-trips during a {status['bytes'] // MiB} MiB {status['form']} stage "
-        f"on the same session ({status['mb_per_s']:.1f} MB/s): count {status.get('count', 0)}, "
-        f"p50 {status.get('p50_ms', 0):.1f} ms, **p99 {status.get('p99_ms', 0):.1f} ms**, max "
-        f"{status.get('max_ms', 0):.1f} ms",
-    ]
-    cas = results["cas"]
-    lines += [
-        "",
-        f"4. Durable CAS mutations: **{cas['sequential_per_s']:.0f}/s** sequential (one key), "
-        f"{cas['concurrent_8_keys_per_s']:.0f}/s concurrent (8 keys, one db)",
-    ]
-    return lines
-
-
-def _median(rows: list[dict[str, Any]], key: str) -> float:
-    values = sorted(r[key] for r in rows)
-    if not values:
-        return float("nan")
-    middle = len(values) // 2
-    return float(values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2)
 
 
 def main(argv: list[str] | None = None) -> None:
