@@ -1,6 +1,8 @@
 """`python -m agent.devstack.corestore --data-dir D --port P --bearer-file F [--host H]`.
 
 Prints `{"url": ...}` on one line when listening; stops cleanly on SIGTERM/SIGINT (exit 0).
+Logs go to stderr (JSON lines, `--log-level`, default warning) so stdout carries only that line:
+a parent that reads the first line and nothing more must never block the server.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 from pathlib import Path
 
 from agent.devstack.corestore import start
+from agent.log import configure_logging
 from agent.secret import Secret
 
 
@@ -22,6 +25,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--bearer-file", type=Path, required=True)
+    parser.add_argument("--log-level", default="warning")
     return parser.parse_args(argv)
 
 
@@ -44,7 +48,9 @@ async def _serve(arguments: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run until SIGTERM or SIGINT."""
-    asyncio.run(_serve(_arguments(argv)))
+    arguments = _arguments(argv)
+    configure_logging("json", arguments.log_level, stream=sys.stderr)
+    asyncio.run(_serve(arguments))
     return 0
 
 
