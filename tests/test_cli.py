@@ -69,6 +69,18 @@ def install_app(monkeypatch: pytest.MonkeyPatch, run: AppRun) -> None:
     monkeypatch.setitem(sys.modules, "agent.app", module)
 
 
+@pytest.fixture
+def app_runs(monkeypatch: pytest.MonkeyPatch) -> list[Config]:
+    """agent.app stood in by a `run` that records each Config it is started with."""
+    runs: list[Config] = []
+
+    async def run(config: Config) -> None:
+        runs.append(config)
+
+    install_app(monkeypatch, run)
+    return runs
+
+
 def one_error_line(stderr: str) -> str:
     """The single line a configuration error prints; fails if there is more."""
     lines = stderr.splitlines()
@@ -217,17 +229,11 @@ def test_run_requires_a_config_option(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_run_starts_the_app_with_the_loaded_config(
-    config_path: Path, monkeypatch: pytest.MonkeyPatch
+    config_path: Path, app_runs: list[Config]
 ) -> None:
     """`run --config PATH` awaits agent.app.run with the validated Config, exit 0."""
-    started: list[Config] = []
-
-    async def run(config: Config) -> None:
-        started.append(config)
-
-    install_app(monkeypatch, run)
     assert main(["run", "--config", str(config_path)]) == 0
-    [config] = started
+    [config] = app_runs
     assert config.websocket_url == "wss://cloudly.example.com"
 
 
@@ -252,37 +258,25 @@ def test_run_configures_logging_from_the_config(
 
 
 def test_run_with_a_bad_config_never_starts_the_app(
-    config_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    config_path: Path, app_runs: list[Config], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A configuration error stops `run` before agent.app is called, exit 2."""
-    called: list[Config] = []
-
-    async def run(config: Config) -> None:
-        called.append(config)
-
-    install_app(monkeypatch, run)
     config_path.write_text(CONFIG + "[streams]\nwindow = 0\n", encoding="utf-8")
     assert main(["run", "--config", str(config_path)]) == 2
     assert one_error_line(capsys.readouterr().err) == (
         "restore-agent: config streams.window: must be >= 1, got 0"
     )
-    assert called == []
+    assert app_runs == []
 
 
 def test_run_with_a_bad_secret_file_never_starts_the_app(
-    config_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    config_path: Path, app_runs: list[Config], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An unusable Corestore credential file stops `run` with exit 2."""
-    called: list[Config] = []
-
-    async def run(config: Config) -> None:
-        called.append(config)
-
-    install_app(monkeypatch, run)
     (config_path.parent / "corestore-credential").write_text("", encoding="utf-8")
     assert main(["run", "--config", str(config_path)]) == 2
     assert "config corestore.credential_file:" in one_error_line(capsys.readouterr().err)
-    assert called == []
+    assert app_runs == []
 
 
 @pytest.mark.parametrize(

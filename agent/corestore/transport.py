@@ -196,7 +196,9 @@ class HttpTransport:
                 f"Corestore at {self._endpoint} did not answer {spec.name} within {total:g} s"
             ) from _scrub(exc)
         except (aiohttp.ClientError, OSError) as exc:
-            text = sanitize_text(str(exc), [self._credential])
+            # aiohttp's parser errors quote what the server sent, which may echo our headers.
+            secrets = [self._credential] + ([request.grant] if request.grant else [])
+            text = sanitize_text(str(exc), secrets)
             raise CorestoreUnavailable(
                 f"Corestore at {self._endpoint} did not answer {spec.name}: "
                 f"{type(exc).__name__}" + (f": {text}" if text else "")

@@ -89,7 +89,14 @@ class WorkOwner:
         """Run `run()` in a task of its own; returns once the engine takes work."""
         self._run_task = asyncio.create_task(self.run(), name="isolated-restore-engine")
         started = asyncio.create_task(self._started.wait())
-        done, _ = await asyncio.wait({self._run_task, started}, return_when="FIRST_COMPLETED")
+        try:
+            done, _ = await asyncio.wait({self._run_task, started}, return_when="FIRST_COMPLETED")
+        except BaseException:
+            # Cancelled while starting: no `__aexit__` will run, so nobody else owns the tasks.
+            started.cancel()
+            self._run_task.cancel()
+            await asyncio.gather(started, self._run_task, return_exceptions=True)
+            raise
         if started not in done:
             started.cancel()
             await asyncio.gather(started, return_exceptions=True)

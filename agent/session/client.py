@@ -54,6 +54,7 @@ from agent.errors import (
     SessionClosed,
     SessionError,
 )
+from agent.log import scrub_text
 from agent.secret import MASK, Secret
 from agent.session.backoff import Backoff, BackoffPolicy, Clock, SystemClock, renew_delay
 from agent.session.peer import ByteSink, Peer, PeerSettings, RequestContext, Router
@@ -251,7 +252,9 @@ class CloudlySession:
         return 0.0 if connected_at is None else self._clock.now() - connected_at
 
     def _report(self, error: AgentError) -> None:
-        text = str(error)
+        # Cloudly's error texts are foreign and may echo what we sent (the token, a JWT): the
+        # status is no log line, so it gets the log's redaction here.
+        text = scrub_text(self._scrub(str(error)))
         self._status.record_error(text)
         if isinstance(error, AuthenticationFailed):
             log.error(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent.corestore import CorestoreClient, CorestoreTimeouts, RetryPolicy
+from agent.corestore import CorestoreClient, CorestoreTimeouts, PreparedRestore, RetryPolicy
 from agent.devstack.corestore import CorestoreHandle, start
 from agent.secret import Secret
 
@@ -73,7 +73,11 @@ class World:
             f"{SNAPSHOT}/dump.bson": bytes(range(256)) * 40,
             f"{SNAPSHOT}/meta/indexes.json": b'{"indexes": []}',
         }
-        await self.client.prepare_restore(
+        await self.prepare_again()
+
+    async def prepare_again(self) -> PreparedRestore:
+        """The same prepare as the last one (same id, archive, mappings and manifest)."""
+        return await self.client.prepare_restore(
             self.restore_id,
             scratch_namespace_id=self.namespace,
             staging_archive_id=self.archive,
@@ -127,11 +131,8 @@ def sleeps() -> Sleeps:
 @pytest.fixture
 async def corestore(tmp_path: Path) -> AsyncIterator[CorestoreHandle]:
     """A reference Corestore storing under tmp_path/corestore, stopped after the test."""
-    handle = await start(data_dir=tmp_path / "corestore", bearer=BEARER)
-    try:
+    async with await start(data_dir=tmp_path / "corestore", bearer=BEARER) as handle:
         yield handle
-    finally:
-        await handle.stop()
 
 
 @pytest.fixture

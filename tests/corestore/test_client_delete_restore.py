@@ -83,12 +83,5 @@ async def test_an_identical_prepare_after_the_restore_was_forgotten_creates_it_a
     await world.prepare()
     await world.client.delete_staging_archive(world.archive, world.grant)
     await world.client.delete_restore(world.restore_id, world.grant)
-    again = await world.client.prepare_restore(
-        world.restore_id,
-        scratch_namespace_id=world.namespace,
-        staging_archive_id=world.archive,
-        resource_mappings=[world.mapping()],
-        archive_manifest={"objects": [world.entry(path) for path in world.objects]},
-        grant=world.grant,
-    )
+    again = await world.prepare_again()
     assert again.created is True

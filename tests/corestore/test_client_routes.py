@@ -26,14 +26,7 @@ async def test_health_answers_ok(world: Any) -> None:
 async def test_prepare_creates_the_restore_then_replays_identically(world: Any) -> None:
     """The first prepare creates; the same prepare again answers the same, created=False."""
     await world.prepare()
-    again = await world.client.prepare_restore(
-        world.restore_id,
-        scratch_namespace_id=world.namespace,
-        staging_archive_id=world.archive,
-        resource_mappings=[world.mapping()],
-        archive_manifest={"objects": [world.entry(path) for path in world.objects]},
-        grant=world.grant,
-    )
+    again = await world.prepare_again()
     assert (again.restore_id, again.staging_archive_id, again.created) == (
         world.restore_id,
         world.archive,

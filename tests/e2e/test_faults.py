@@ -35,6 +35,33 @@ def _retries(events: list[Progress]) -> list[str]:
     return [event.reason for event in events if isinstance(event, Retrying)]
 
 
+async def _stage_refused(
+    driver: Any, **options: Any
+) -> tuple[pytest.ExceptionInfo[CallFailed], dict[str, Any] | None]:
+    """Stage the volume image expecting a refusal: the refusal, and the status right after."""
+    with pytest.raises(CallFailed) as refused:
+        await driver.stage(VOLUME, **options)
+    return refused, await driver.status()
+
+
+def _assert_refused_without_a_revision(
+    refused: pytest.ExceptionInfo[CallFailed], after: Any, revision: int, code: str
+) -> None:
+    """The stage was refused with `code` and the restore's revision did not move."""
+    assert refused.value.error_data["code"] == code
+    assert after is not None
+    assert after["revision"] == revision
+
+
+def _assert_staged_then_cleaned(
+    stack: Any, staged: Any, revision: int, cleaned: dict[str, Any]
+) -> None:
+    """The (re-)stage counted once, and cleanup left nothing at Corestore."""
+    assert (staged["status"], staged["revision"]) == ("staging", revision + 1)
+    assert cleaned["status"] == "cleaned"
+    assert stack.leftovers() == []
+
+
 async def test_a_chunk_corrupted_on_the_way_to_corestore_is_sent_again(
     stack: Any, plan: RestorePlan
 ) -> None:
@@ -48,9 +75,7 @@ async def test_a_chunk_corrupted_on_the_way_to_corestore_is_sent_again(
         assert stack.hits[PUT] - before == CHUNKS + 1
         assert stack.staged_digest(driver.plan, VOLUME) == driver.plan.object(VOLUME).sha256
         cleaned = await stack.clean_up(driver)
-    assert (staged["status"], staged["revision"]) == ("staging", revision + 1)
-    assert cleaned["status"] == "cleaned"
-    assert stack.leftovers() == []
+    _assert_staged_then_cleaned(stack, staged, revision, cleaned)
 
 
 async def test_bytes_that_differ_from_the_manifest_count_for_nothing(
@@ -60,20 +85,14 @@ async def test_bytes_that_differ_from_the_manifest_count_for_nothing(
     driver = stack.driver(plan)
     async with stack.agent():
         revision = await _prepared(driver)
-        with pytest.raises(CallFailed) as refused:
-            await driver.stage(VOLUME, corrupt_at=MiB + 7)
-        after_refusal = await driver.status()
+        refused, after_refusal = await _stage_refused(driver, corrupt_at=MiB + 7)
         held = stack.object_progress(driver.plan, VOLUME)
         staged = await driver.stage(VOLUME)
         cleaned = await stack.clean_up(driver)
-    assert refused.value.error_data["code"] == "integrity-mismatch"
+    _assert_refused_without_a_revision(refused, after_refusal, revision, "integrity-mismatch")
     assert refused.value.error_data["retryable"] is True
-    assert after_refusal is not None
-    assert after_refusal["revision"] == revision
     assert held["state"] == "absent"
-    assert (staged["status"], staged["revision"]) == ("staging", revision + 1)
-    assert cleaned["status"] == "cleaned"
-    assert stack.leftovers() == []
+    _assert_staged_then_cleaned(stack, staged, revision, cleaned)
 
 
 async def test_a_commit_acknowledged_with_another_digest_is_not_counted(
@@ -84,19 +103,13 @@ async def test_a_commit_acknowledged_with_another_digest_is_not_counted(
     async with stack.agent():
         revision = await _prepared(driver)
         stack.faults.wrong_digest_next(RouteName.COMMIT_OBJECT)
-        with pytest.raises(CallFailed) as refused:
-            await driver.stage(VOLUME)
-        after_refusal = await driver.status()
+        refused, after_refusal = await _stage_refused(driver)
         staged = await driver.stage(VOLUME)
         on_disk = stack.staged_digest(driver.plan, VOLUME)
         cleaned = await stack.clean_up(driver)
-    assert refused.value.error_data["code"] == "integrity-mismatch"
-    assert after_refusal is not None
-    assert after_refusal["revision"] == revision
-    assert (staged["status"], staged["revision"]) == ("staging", revision + 1)
+    _assert_refused_without_a_revision(refused, after_refusal, revision, "integrity-mismatch")
     assert on_disk == driver.plan.object(VOLUME).sha256
-    assert cleaned["status"] == "cleaned"
-    assert stack.leftovers() == []
+    _assert_staged_then_cleaned(stack, staged, revision, cleaned)
 
 
 @pytest.mark.parametrize(
@@ -116,25 +129,19 @@ async def test_corestore_failing_mid_object_fails_the_stage_and_a_re_stage_resum
         revision = await _prepared(driver)
         before = stack.hits[PUT]
         stack.on_hit(PUT, before + 8, lambda: fault(stack.faults))
-        with pytest.raises(CallFailed) as refused:
-            await driver.stage(VOLUME)
-        after_refusal = await driver.status()
+        refused, after_refusal = await _stage_refused(driver)
         held = stack.object_progress(driver.plan, VOLUME)
         stack.faults.clear()
         before_re_stage = stack.hits[PUT]
         staged = await driver.stage(VOLUME)
         on_disk = stack.staged_digest(driver.plan, VOLUME)
         cleaned = await stack.clean_up(driver)
-    assert refused.value.error_data["code"] == "corestore-unavailable"
+    _assert_refused_without_a_revision(refused, after_refusal, revision, "corestore-unavailable")
     assert refused.value.error_data["retryable"] is True
-    assert after_refusal is not None
-    assert after_refusal["revision"] == revision
     assert (held["state"], held["verifiedBytes"]) == ("partial", 7 * 64 * KiB)
     assert stack.hits[PUT] - before_re_stage == CHUNKS - 7
-    assert (staged["status"], staged["revision"]) == ("staging", revision + 1)
     assert on_disk == driver.plan.object(VOLUME).sha256
-    assert cleaned["status"] == "cleaned"
-    assert stack.leftovers() == []
+    _assert_staged_then_cleaned(stack, staged, revision, cleaned)
 
 
 async def test_a_chunk_put_outlasting_the_configured_transfer_timeout_fails_the_stage(
@@ -155,9 +162,7 @@ async def test_a_chunk_put_outlasting_the_configured_transfer_timeout_fails_the_
         cleaned = await stack.clean_up(driver)
     assert refused.value.error_data["code"] == "corestore-unavailable"
     assert stalled == 2
-    assert (staged["status"], staged["revision"]) == ("staging", revision + 1)
-    assert cleaned["status"] == "cleaned"
-    assert stack.leftovers() == []
+    _assert_staged_then_cleaned(stack, staged, revision, cleaned)
 
 
 async def test_a_chunk_whose_answer_was_lost_is_answered_as_before(
@@ -173,10 +178,8 @@ async def test_a_chunk_whose_answer_was_lost_is_answered_as_before(
         on_disk = stack.staged_digest(driver.plan, VOLUME)
         cleaned = await stack.clean_up(driver)
     assert stack.hits[PUT] - before == CHUNKS + 1
-    assert (staged["status"], staged["revision"]) == ("staging", revision + 1)
     assert on_disk == driver.plan.object(VOLUME).sha256
-    assert cleaned["status"] == "cleaned"
-    assert stack.leftovers() == []
+    _assert_staged_then_cleaned(stack, staged, revision, cleaned)
 
 
 async def test_a_corestore_timeout_while_resuming_a_half_staged_object_is_retried(
@@ -201,10 +204,8 @@ async def test_a_corestore_timeout_while_resuming_a_half_staged_object_is_retrie
     # first stage: 1 read; the re-stage: 1 read timed out + 1 answered
     assert stack.hits[RouteName.OBJECT_PROGRESS] - progress_reads == 3
     assert stack.hits[PUT] - before == CHUNKS + 2
-    assert (staged["status"], staged["revision"]) == ("staging", revision + 1)
     assert on_disk == driver.plan.object(VOLUME).sha256
-    assert cleaned["status"] == "cleaned"
-    assert stack.leftovers() == []
+    _assert_staged_then_cleaned(stack, staged, revision, cleaned)
 
 
 async def test_the_websocket_dropping_mid_stream_counts_nothing_and_the_retry_converges(
@@ -234,8 +235,6 @@ async def test_the_websocket_dropping_mid_stream_counts_nothing_and_the_retry_co
     assert held["state"] == "partial"
     assert after_drop is not None
     assert (after_drop["status"], after_drop["revision"]) == ("staging", revision)
-    assert (staged["status"], staged["revision"]) == ("staging", revision + 1)
     assert stack.hits[PUT] - before < CHUNKS + 8, "the re-stage resumed after verified chunks"
     assert ready["status"] == "ready"
-    assert cleaned["status"] == "cleaned"
-    assert stack.leftovers() == []
+    _assert_staged_then_cleaned(stack, staged, revision, cleaned)

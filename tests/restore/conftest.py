@@ -335,11 +335,8 @@ def clock() -> Clock:
 @pytest.fixture
 async def corestore(tmp_path: Path) -> AsyncIterator[CorestoreHandle]:
     """The reference Corestore under tmp_path/corestore, stopped after the test."""
-    handle = await start(data_dir=tmp_path / "corestore", bearer=BEARER)
-    try:
+    async with await start(data_dir=tmp_path / "corestore", bearer=BEARER) as handle:
         yield handle
-    finally:
-        await handle.stop()
 
 
 @pytest.fixture

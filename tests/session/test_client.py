@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -18,7 +17,8 @@ from agent.errors import CallFailed, SessionClosed
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
 from agent.session.peer import RequestContext
-from agent.status import AgentStatus, SessionState, StatusSnapshot
+from agent.status import AgentStatus, SessionState
+from tests.session._helpers import is_connected, running
 
 TOKEN = "machine-token-7f3a9c2e51d04b6a"
 NODES: Mapping[str, Any] = {
@@ -46,21 +46,6 @@ def _session(cloudly: StandInCloudly, status: AgentStatus, token: str = TOKEN) -
     return CloudlySession(_settings(cloudly), Secret(token), status, rng=lambda: 0.0)
 
 
-@contextlib.asynccontextmanager
-async def _running(session: CloudlySession) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(session.run())
-    try:
-        yield task
-    finally:
-        async with asyncio.timeout(10):
-            await session.close(drain_timeout=2.0)
-            await task
-
-
-def _connected(snapshot: StatusSnapshot) -> bool:
-    return snapshot.state is SessionState.CONNECTED
-
-
 @pytest.fixture
 async def cloudly() -> AsyncIterator[StandInCloudly]:
     async with StandInCloudly(token=TOKEN, cluster=cluster_document("cluster-1", NODES)) as server:
@@ -70,8 +55,8 @@ async def cloudly() -> AsyncIterator[StandInCloudly]:
 async def test_session_authenticates_tags_and_reads_the_cluster(cloudly: StandInCloudly) -> None:
     """One connection: identity by token, then the configured tag, then the cluster document."""
     status = AgentStatus()
-    async with _running(_session(cloudly, status)):
-        await status.wait_until(_connected)
+    async with running(_session(cloudly, status), drain_timeout=2.0):
+        await status.wait_until(is_connected)
     first = [event for event in cloudly.events if event.connection == 1]
     assert [event.kind for event in first][:4] == [
         "connected",
@@ -85,8 +70,8 @@ async def test_session_authenticates_tags_and_reads_the_cluster(cloudly: StandIn
 async def test_connected_status_holds_cluster_and_identity_expiry(cloudly: StandInCloudly) -> None:
     """Once connected the status names the cluster, its nodes and the identity's expiry."""
     status = AgentStatus()
-    async with _running(_session(cloudly, status)):
-        snapshot = await status.wait_until(_connected)
+    async with running(_session(cloudly, status), drain_timeout=2.0):
+        snapshot = await status.wait_until(is_connected)
         issued = await cloudly.wait_for("identity-issued")
     assert snapshot.cluster is not None
     assert snapshot.cluster_id == "cluster-1"
@@ -99,8 +84,8 @@ async def test_nodes_without_valid_corestore_are_reported(cloudly: StandInCloudl
     """Absent and non-canonical endpoints are in the status and logged with the reasons."""
     status = AgentStatus()
     with structlog.testing.capture_logs() as logs:
-        async with _running(_session(cloudly, status)):
-            snapshot = await status.wait_until(_connected)
+        async with running(_session(cloudly, status), drain_timeout=2.0):
+            snapshot = await status.wait_until(is_connected)
     assert snapshot.cluster is not None
     assert snapshot.cluster.nodes_with_corestore == ("node-1",)
     problems = {node.node_id: node.corestore_problems for node in snapshot.cluster.nodes}
@@ -123,8 +108,8 @@ async def test_push_cluster_config_republishes_the_view(cloudly: StandInCloudly)
     """A pushed document is answered `{}` and replaces the published view."""
     status = AgentStatus()
     session = _session(cloudly, status)
-    async with _running(session):
-        await status.wait_until(_connected)
+    async with running(session, drain_timeout=2.0):
+        await status.wait_until(is_connected)
         fixed = dict(NODES, **{"node-2": "http://10.20.0.16:3000"})
         reply = await cloudly.push_cluster_config(cluster_document("cluster-1", fixed))
         snapshot = status.snapshot()
@@ -138,8 +123,8 @@ async def test_push_cluster_config_republishes_the_view(cloudly: StandInCloudly)
 async def test_push_for_another_cluster_is_refused(cloudly: StandInCloudly) -> None:
     """A push naming another cluster is refused `misrouted-cluster` and changes nothing."""
     status = AgentStatus()
-    async with _running(_session(cloudly, status)):
-        before = (await status.wait_until(_connected)).cluster
+    async with running(_session(cloudly, status), drain_timeout=2.0):
+        before = (await status.wait_until(is_connected)).cluster
         with pytest.raises(CallFailed) as caught:
             await cloudly.push_cluster_config(cluster_document("cluster-2", {"n": "http://a:1"}))
         after = status.snapshot().cluster
@@ -150,8 +135,8 @@ async def test_push_for_another_cluster_is_refused(cloudly: StandInCloudly) -> N
 async def test_malformed_push_is_refused_as_invalid_request(cloudly: StandInCloudly) -> None:
     """A push whose document lacks its nodes is refused `invalid-request` naming the field."""
     status = AgentStatus()
-    async with _running(_session(cloudly, status)):
-        await status.wait_until(_connected)
+    async with running(_session(cloudly, status), drain_timeout=2.0):
+        await status.wait_until(is_connected)
         with pytest.raises(CallFailed) as caught:
             await cloudly.call_agent(
                 "pushClusterConfig", {"configData": {"id": "c"}, "services": []}
@@ -165,11 +150,11 @@ async def test_wrong_token_is_logged_loudly_and_retried(cloudly: StandInCloudly)
     status = AgentStatus()
     rotated = "machine-token-rotated-0c1d2e3f"
     with structlog.testing.capture_logs() as logs:
-        async with _running(_session(cloudly, status, token=rotated)):
+        async with running(_session(cloudly, status, token=rotated), drain_timeout=2.0):
             await cloudly.wait_for("identity-refused", count=2)
             refused = status.snapshot()
             cloudly.set_token(rotated)
-            await status.wait_until(_connected)
+            await status.wait_until(is_connected)
     assert refused.last_error is not None
     assert refused.last_error.startswith("Cloudly refused the machine token")
     loud = [entry for entry in logs if entry["event"] == "cloudly_authentication_failed"]
@@ -181,7 +166,7 @@ async def test_refused_tag_is_not_ignored(cloudly: StandInCloudly) -> None:
     """Cloudly answering `success: false` to the tag fails the session attempt and is retried."""
     cloudly.accept_tags = False
     status = AgentStatus()
-    async with _running(_session(cloudly, status)):
+    async with running(_session(cloudly, status), drain_timeout=2.0):
         await cloudly.wait_for("tag-refused", count=2)
         snapshot = status.snapshot()
     assert snapshot.last_error == "Cloudly did not accept the connection tag restore-agent"
@@ -195,8 +180,8 @@ async def test_secrets_never_reach_the_logs(
     caplog.set_level(logging.DEBUG)
     status = AgentStatus()
     with structlog.testing.capture_logs() as logs:
-        async with _running(_session(cloudly, status)):
-            await status.wait_until(_connected)
+        async with running(_session(cloudly, status), drain_timeout=2.0):
+            await status.wait_until(is_connected)
             await cloudly.push_cluster_config()
             await cloudly.drop_connections()
             await cloudly.wait_for("cluster-config-read", count=2)
@@ -217,8 +202,8 @@ async def test_registered_handlers_answer_cloudly(cloudly: StandInCloudly) -> No
         return {"echoed": request["value"], "method": ctx.method}
 
     session.router.register("echo", echo)
-    async with _running(session):
-        await status.wait_until(_connected)
+    async with running(session, drain_timeout=2.0):
+        await status.wait_until(is_connected)
         reply = await cloudly.call_agent("echo", {"value": "hi"})
     assert reply == {"echoed": "hi", "method": "echo"}
 
@@ -237,8 +222,8 @@ async def test_cloudly_streams_bytes_into_a_handler(cloudly: StandInCloudly) -> 
 
     session.router.register("ingest", ingest)
     chunks = [bytes([n]) * (64 * 1024 + n) for n in range(5)]
-    async with _running(session):
-        await status.wait_until(_connected)
+    async with running(session, drain_timeout=2.0):
+        await status.wait_until(is_connected)
         marker, sink = cloudly.open_send_stream()
 
         async def write() -> None:
@@ -264,8 +249,8 @@ async def test_session_call_goes_to_cloudly_and_fails_when_disconnected(
     session = _session(cloudly, status)
     with pytest.raises(SessionClosed):
         await session.call("getClusterConfig", {}, timeout=1.0)
-    async with _running(session):
-        await status.wait_until(_connected)
+    async with running(session, drain_timeout=2.0):
+        await status.wait_until(is_connected)
         with pytest.raises(CallFailed) as caught:
             await session.call("noSuchMethod", {}, timeout=5.0)
     assert caught.value.error_data["code"] == "unknown-method"
@@ -284,7 +269,7 @@ async def test_close_drains_in_flight_work_and_says_going_away(cloudly: StandInC
 
     session.router.register("slow", slow)
     task = asyncio.create_task(session.run())
-    await status.wait_until(_connected)
+    await status.wait_until(is_connected)
     async with asyncio.TaskGroup() as group:
         pending = group.create_task(cloudly.call_agent("slow", {}))
         await started.wait()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,7 +13,8 @@ from agent.devstack.cloudly import StandInCloudly, cluster_document
 from agent.secret import Secret
 from agent.session.backoff import BackoffPolicy
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import AgentStatus, SessionState, StatusSnapshot
+from agent.status import AgentStatus, SessionState
+from tests.session._helpers import is_connected, running
 
 TOKEN = "machine-token-5b8e0d1f2a3c4e6f"
 
@@ -83,21 +83,6 @@ def _session(
     return CloudlySession(settings, Secret(TOKEN), status, clock=clock, rng=lambda: rng_value)
 
 
-@contextlib.asynccontextmanager
-async def _running(session: CloudlySession) -> AsyncIterator[None]:
-    task = asyncio.create_task(session.run())
-    try:
-        yield
-    finally:
-        async with asyncio.timeout(10):
-            await session.close(drain_timeout=1.0)
-            await task
-
-
-def _connected(snapshot: StatusSnapshot) -> bool:
-    return snapshot.state is SessionState.CONNECTED
-
-
 def _reconnected(times: int) -> Any:
     return lambda s: s.state is SessionState.CONNECTED and s.reconnect_count >= times
 
@@ -116,8 +101,8 @@ async def test_dropped_connection_is_reestablished_and_reauthenticated(
     """After Cloudly drops the socket (close frame or cut TCP) the agent connects again,
     re-authenticates, re-tags and re-reads the cluster document."""
     status = AgentStatus()
-    async with _running(_session(cloudly, status)):
-        await status.wait_until(_connected)
+    async with running(_session(cloudly, status)):
+        await status.wait_until(is_connected)
         await cloudly.drop_connections(code or 1000, abort=abort)
         snapshot = await status.wait_until(_reconnected(1))
     second = [event.kind for event in cloudly.events if event.connection == 2]
@@ -130,8 +115,8 @@ async def test_dropped_connection_is_reestablished_and_reauthenticated(
 async def test_cloudly_restart_is_survived(cloudly: StandInCloudly) -> None:
     """Cloudly restarting on the same port: the agent comes back on the new server."""
     status = AgentStatus()
-    async with _running(_session(cloudly, status)):
-        await status.wait_until(_connected)
+    async with running(_session(cloudly, status)):
+        await status.wait_until(is_connected)
         await cloudly.restart()
         await status.wait_until(_reconnected(1))
     assert cloudly.count("identity-issued") == 2
@@ -141,8 +126,8 @@ async def test_cloudly_restart_is_survived(cloudly: StandInCloudly) -> None:
 async def test_reconnect_reads_the_cluster_document_again(cloudly: StandInCloudly) -> None:
     """A document changed while the agent was away is what it publishes after reconnecting."""
     status = AgentStatus()
-    async with _running(_session(cloudly, status)):
-        await status.wait_until(_connected)
+    async with running(_session(cloudly, status)):
+        await status.wait_until(is_connected)
         cloudly.cluster = cluster_document("cluster-1", {"node-1": "http://10.0.0.9:3000"})
         await cloudly.drop_connections()
         snapshot = await status.wait_until(_reconnected(1))
@@ -157,12 +142,12 @@ async def test_unreachable_cloudly_is_retried_after_the_backoff_delay(
     clock = ManualClock()
     status = AgentStatus()
     await cloudly.stop()
-    async with _running(_session(cloudly, status, clock=clock, rng_value=0.5)):
+    async with running(_session(cloudly, status, clock=clock, rng_value=0.5)):
         first = await clock.next_wakeup()
         backing_off = status.snapshot()
         await cloudly.start()
         clock.advance(first - clock.now())
-        await status.wait_until(_connected)
+        await status.wait_until(is_connected)
     assert first == clock.start + 0.5  # half of the first 1 s window
     assert backing_off.state is SessionState.BACKING_OFF
     assert backing_off.last_error is not None
@@ -175,7 +160,7 @@ async def test_backoff_window_grows_while_attempts_keep_failing(cloudly: StandIn
     status = AgentStatus()
     await cloudly.stop()
     waits: list[float] = []
-    async with _running(_session(cloudly, status, clock=clock, rng_value=1.0)):
+    async with running(_session(cloudly, status, clock=clock, rng_value=1.0)):
         for _ in range(3):
             deadline = await clock.next_wakeup()
             waits.append(deadline - clock.now())
@@ -193,9 +178,9 @@ async def test_identity_is_renewed_the_margin_before_it_expires() -> None:
         StandInCloudly(
             token=TOKEN, cluster=document, identity_lifetime_s=600.0, clock=clock.now
         ) as cloudly,
-        _running(_session(cloudly, status, clock=clock, margin=60.0)),
+        running(_session(cloudly, status, clock=clock, margin=60.0)),
     ):
-        first = await status.wait_until(_connected)
+        first = await status.wait_until(is_connected)
         wakeup = await clock.next_wakeup()
         clock.advance(wakeup - clock.now())
         second = await cloudly.wait_for("identity-issued", count=2)
@@ -214,7 +199,7 @@ async def test_identity_expired_on_arrival_is_retried(cloudly: StandInCloudly) -
     """An identity that is already expired (clock skew) fails the attempt loudly and is retried."""
     cloudly.identity_lifetime_s = -5.0
     status = AgentStatus()
-    async with _running(_session(cloudly, status)):
+    async with running(_session(cloudly, status)):
         await cloudly.wait_for("identity-issued", count=2)
         snapshot = await status.wait_until(lambda s: s.last_error is not None)
     assert snapshot.last_error is not None

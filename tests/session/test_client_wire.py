@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime
 import ipaddress
 import ssl
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +19,8 @@ from agent.devstack.cloudly import StandInCloudly, cluster_document
 from agent.errors import SessionClosed
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import AgentStatus, SessionState, StatusSnapshot
+from agent.status import AgentStatus, SessionState
+from tests.session._helpers import is_connected, running
 
 TOKEN = "machine-token-9d8c7b6a5f4e3d2c"
 DOCUMENT = cluster_document("cluster-1", {"node-1": "http://10.0.0.1:3000"})
@@ -125,21 +123,6 @@ def _session(cloudly: StandInCloudly, status: AgentStatus, **overrides: Any) -> 
     return CloudlySession(SessionSettings(**values), Secret(TOKEN), status, rng=lambda: 0.0)
 
 
-@contextlib.asynccontextmanager
-async def _running(session: CloudlySession) -> AsyncIterator[None]:
-    task = asyncio.create_task(session.run())
-    try:
-        yield
-    finally:
-        async with asyncio.timeout(10):
-            await session.close(drain_timeout=1.0)
-            await task
-
-
-def _connected(snapshot: StatusSnapshot) -> bool:
-    return snapshot.state is SessionState.CONNECTED
-
-
 async def test_tls_with_the_configured_ca_connects(pki: _Pki) -> None:
     """wss:// with the CA file that signed Cloudly's certificate: verified and connected."""
     status = AgentStatus()
@@ -147,8 +130,8 @@ async def test_tls_with_the_configured_ca_connects(pki: _Pki) -> None:
         token=TOKEN, cluster=DOCUMENT, ssl_context=pki.server_context()
     ) as cloudly:
         assert cloudly.url.startswith("https://")
-        async with _running(_session(cloudly, status, ca_file=pki.ca_file)):
-            await status.wait_until(_connected)
+        async with running(_session(cloudly, status, ca_file=pki.ca_file)):
+            await status.wait_until(is_connected)
         assert cloudly.count("cluster-config-read") == 1
 
 
@@ -157,7 +140,7 @@ async def test_tls_without_a_trusted_ca_is_refused(pki: _Pki) -> None:
     status = AgentStatus()
     async with (
         StandInCloudly(token=TOKEN, cluster=DOCUMENT, ssl_context=pki.server_context()) as cloudly,
-        _running(_session(cloudly, status)),
+        running(_session(cloudly, status)),
     ):
         snapshot = await status.wait_until(lambda s: s.last_error is not None)
     assert snapshot.last_error is not None
@@ -173,8 +156,8 @@ async def test_compression_is_offered_only_when_configured(
     """By default no permessage-deflate is offered (it costs more than it saves on chunks)."""
     status = AgentStatus()
     async with StandInCloudly(token=TOKEN, cluster=DOCUMENT) as cloudly:
-        async with _running(_session(cloudly, status, compression=compression)):
-            await status.wait_until(_connected)
+        async with running(_session(cloudly, status, compression=compression)):
+            await status.wait_until(is_connected)
         connected = await cloudly.wait_for("connected")
     extensions = connected.detail["extensions_offered"]
     if offered is None:
@@ -188,8 +171,8 @@ async def test_frames_above_the_library_default_are_accepted() -> None:
     status = AgentStatus()
     big = dict(DOCUMENT, padding="x" * (3 * 2**20))
     async with StandInCloudly(token=TOKEN, cluster=DOCUMENT) as cloudly:
-        async with _running(_session(cloudly, status, max_frame_bytes=4 * 2**20)):
-            await status.wait_until(_connected)
+        async with running(_session(cloudly, status, max_frame_bytes=4 * 2**20)):
+            await status.wait_until(is_connected)
             reply = await cloudly.push_cluster_config(big)
         assert reply == {}
         assert status.snapshot().reconnect_count == 0
@@ -200,8 +183,8 @@ async def test_frame_above_max_frame_bytes_ends_the_session() -> None:
     status = AgentStatus()
     big = dict(DOCUMENT, padding="x" * (2 * 2**20))
     async with StandInCloudly(token=TOKEN, cluster=DOCUMENT) as cloudly:
-        async with _running(_session(cloudly, status, max_frame_bytes=1 * 2**20)):
-            await status.wait_until(_connected)
+        async with running(_session(cloudly, status, max_frame_bytes=1 * 2**20)):
+            await status.wait_until(is_connected)
             cloudly.cluster = big
             with pytest.raises(SessionClosed):
                 await cloudly.push_cluster_config(timeout=5.0)
@@ -214,8 +197,8 @@ async def test_unanswered_pings_declare_the_connection_dead() -> None:
     status = AgentStatus()
     async with StandInCloudly(token=TOKEN, cluster=DOCUMENT) as cloudly:
         session = _session(cloudly, status, ping_interval=0.05, ping_timeout=0.2)
-        async with _running(session):
-            await status.wait_until(_connected)
+        async with running(session):
+            await status.wait_until(is_connected)
             cloudly.stall_connections()
             snapshot = await status.wait_until(
                 lambda s: s.state is SessionState.CONNECTED and s.reconnect_count >= 1

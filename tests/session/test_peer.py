@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -14,28 +13,7 @@ from agent.contracts.base import WireModel
 from agent.errors import CallFailed, CallTimeout, InvalidState, RestoreNotFound, SessionClosed
 from agent.session.peer import Peer, PeerSettings, RequestContext, Router
 from agent.session.peer_memory import MemoryTransport, transport_pair
-
-FAST = PeerSettings(keepalive_interval=0.05, keepalive_timeout=0.5, backpressure_probe=0.005)
-
-
-@asynccontextmanager
-async def peers(
-    left_router: Router, right_router: Router, settings: PeerSettings = FAST
-) -> AsyncIterator[tuple[Peer, Peer, MemoryTransport, MemoryTransport]]:
-    """Two running peers; the connection closes on exit."""
-    ta, tb = transport_pair()
-    left, right = (
-        Peer(ta, left_router, settings=settings),
-        Peer(tb, right_router, settings=settings),
-    )
-    runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
-    try:
-        yield left, right, ta, tb
-    finally:
-        ta.close()
-        for run in runs:
-            with pytest.raises(SessionClosed):
-                await run
+from tests.session._helpers import FAST, peers
 
 
 async def echo(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:

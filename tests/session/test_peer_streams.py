@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -14,28 +13,10 @@ import pytest
 from agent.contracts.base import StreamMarker
 from agent.errors import SessionClosed, StreamBroken
 from agent.session.peer import ByteSink, Peer, PeerSettings, RequestContext, Router
-from agent.session.peer_memory import MemoryTransport, transport_pair
+from agent.session.peer_memory import transport_pair
+from tests.session._helpers import FAST, peers
 
-FAST = PeerSettings(keepalive_interval=0.05, keepalive_timeout=0.5, backpressure_probe=0.005)
 MIB = 1 << 20
-
-
-@asynccontextmanager
-async def peers(
-    right_router: Router, settings: PeerSettings = FAST
-) -> AsyncIterator[tuple[Peer, Peer, MemoryTransport, MemoryTransport]]:
-    """A caller peer (left) and a serving peer (right); the connection closes on exit."""
-    ta, tb = transport_pair()
-    left = Peer(ta, Router(), settings=settings)
-    right = Peer(tb, right_router, settings=settings)
-    runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
-    try:
-        yield left, right, ta, tb
-    finally:
-        ta.close()
-        for run in runs:
-            with pytest.raises(SessionClosed):
-                await run
 
 
 def pattern(size: int) -> bytes:
@@ -109,7 +90,7 @@ async def test_small_upload_arrives_intact() -> None:
     """Bytes the caller streams in its request arrive in order at the handler."""
     digests: list[str] = []
     payload = os.urandom(100_000)
-    async with peers(upload_router(digests)) as (left, _, _, _):
+    async with peers(Router(), upload_router(digests)) as (left, _, _, _):
         assert await upload(left, payload, 4096) == {"size": len(payload)}
     assert digests == [hashlib.sha256(payload).hexdigest()]
 
@@ -117,7 +98,7 @@ async def test_small_upload_arrives_intact() -> None:
 async def test_small_download_arrives_intact() -> None:
     """Bytes a handler streams in its response arrive in order at the caller (read)."""
     payload = os.urandom(100_000)
-    async with peers(download_router(payload, 4096)) as (left, _, _, _):
+    async with peers(Router(), download_router(payload, 4096)) as (left, _, _, _):
         assert await download(left) == (hashlib.sha256(payload).hexdigest(), len(payload))
 
 
@@ -127,7 +108,7 @@ async def test_64_mib_upload_keeps_its_sha256(form: str) -> None:
     payload = pattern(64 * MIB)
     digests: list[str] = []
     settings = PeerSettings(keepalive_interval=0.2, keepalive_timeout=10, chunk_form=form)
-    async with peers(upload_router(digests), settings) as (left, _, _, _):
+    async with peers(Router(), upload_router(digests), settings) as (left, _, _, _):
         assert await upload(left, payload, MIB) == {"size": len(payload)}
     assert digests == [hashlib.sha256(payload).hexdigest()]
 
@@ -137,7 +118,7 @@ async def test_64_mib_download_keeps_its_sha256(form: str) -> None:
     """64 MiB sent responder -> initiator (read) arrive with the same sha256."""
     payload = pattern(64 * MIB)
     settings = PeerSettings(keepalive_interval=0.2, keepalive_timeout=10, chunk_form=form)
-    async with peers(download_router(payload, MIB), settings) as (left, _, _, _):
+    async with peers(Router(), download_router(payload, MIB), settings) as (left, _, _, _):
         assert await download(left) == (hashlib.sha256(payload).hexdigest(), len(payload))
 
 
@@ -211,7 +192,7 @@ async def test_upload_to_unknown_stream_breaks_the_writer() -> None:
 
     router = Router()
     router.register("ignore", ignore)
-    async with peers(router) as (left, _, _, _):
+    async with peers(Router(), router) as (left, _, _, _):
         marker, sink = left.open_send_stream()
         await left.call("ignore", {"note": "no stream here", "data": {"other": 1}}, timeout=2)
         # the marker was never announced: arm it by hand through a second call carrying it
@@ -223,7 +204,7 @@ async def test_upload_to_unknown_stream_breaks_the_writer() -> None:
 async def test_responder_that_stops_answering_breaks_the_writer_after_the_timeout() -> None:
     """No stream answer within keepalive_timeout: the initiator's sink raises StreamBroken."""
     digests: list[str] = []
-    async with peers(upload_router(digests)) as (left, _, _, tb):
+    async with peers(Router(), upload_router(digests)) as (left, _, _, tb):
         tb.on_send = lambda frame: None if b"##VirtualStream##" in frame else frame
         marker, sink = left.open_send_stream()
         call = asyncio.create_task(left.call("upload", {"data": marker}, timeout=5))
@@ -246,7 +227,7 @@ async def test_handler_send_stream_missing_from_the_response_is_aborted() -> Non
 
     router = Router()
     router.register("forgetful", forgetful)
-    async with peers(router) as (left, _, _, _):
+    async with peers(Router(), router) as (left, _, _, _):
         assert await left.call("forgetful", {}, timeout=2) == {}
         with pytest.raises(StreamBroken):
             await sinks[0].write(b"late")
