@@ -3,7 +3,8 @@
 Measures the full path a stream chunk takes: building the `##VirtualStream##` frame
 (`encode_chunk` + `encode_envelope`) and reading it back (`decode_envelope` + `decode_chunk`).
 The index-object form (`{"0":..}`, a JSON-serialised Uint8Array) is only ever received, so only
-its decode is measured.
+its decode is measured. The `buffer-orjson` row decodes the Buffer form with the simdjson fast
+path switched off (`agent.protocol.fastframe`), as the agent does when simdjson is missing.
 
     .venv/bin/python bench/codec.py [--size-mib 1] [--rounds 20]
 """
@@ -18,6 +19,7 @@ from functools import partial
 
 import orjson
 
+from agent.protocol import fastframe
 from agent.protocol.chunks import ChunkForm, decode_chunk, encode_chunk
 from agent.protocol.envelope import decode_envelope, encode_envelope
 from agent.protocol.streampkg import StreamPackage, stream_frame
@@ -72,6 +74,14 @@ def main() -> None:
         enc = rate(size, args.rounds, partial(encode, data, form))
         dec = rate(size, args.rounds, partial(decode, frame))
         print(f"{form:<14}{len(frame):>14}{enc:>14.1f}{dec:>14.1f}")
+    frame = frame_for(encode_chunk(data, "buffer"))
+    accelerator, fastframe.simdjson = fastframe.simdjson, None
+    try:
+        assert decode(frame) == data
+        dec = rate(size, args.rounds, partial(decode, frame))
+    finally:
+        fastframe.simdjson = accelerator
+    print(f"{'buffer-orjson':<14}{len(frame):>14}{'n/a':>14}{dec:>14.1f}")
     frame = frame_for({str(i): b for i, b in enumerate(data)})
     assert decode(frame) == data
     dec = rate(size, max(1, args.rounds // 10), lambda: decode(frame))

@@ -9,9 +9,11 @@ Accepted on input, whatever the sender's JSON serialiser made of its bytes:
 Sent: the Buffer form by default, the only one a plain `JSON.parse` TS peer turns back into
 bytes; `"base64"` sends EncodedBuffer, which only a smartjson-parsing peer revives.
 
-Speed (bench/codec.py): the frame is parsed by orjson as a whole and `bytes(list)` builds the
-chunk; measured alternatives (slicing the array text and parsing it with orjson, `split` plus a
-lookup table, regexes) were slower, so there is no hand-written parser to get wrong.
+Speed (bench/codec.py): a Buffer-form frame arriving as bytes has its int array parsed natively
+by `fastframe` (simdjson), which hands `decode_chunk` a `DecodedBuffer`; any other frame is
+parsed by orjson as a whole and `bytes(list)` builds the chunk. Measured pure-Python
+alternatives (slicing the array text and parsing it with orjson, `split` plus a lookup table,
+regexes) were slower than orjson, so there is no hand-written parser to get wrong.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from typing import Any, Final, Literal
 
 from agent.errors import RemoteProtocolError
 
-__all__ = ["CLOSING", "CLOSING_BIT", "ChunkForm", "Closing", "decode_chunk", "encode_chunk"]
+__all__ = [
+    "CLOSING",
+    "CLOSING_BIT",
+    "ChunkForm",
+    "Closing",
+    "DecodedBuffer",
+    "decode_chunk",
+    "encode_chunk",
+]
 
 CLOSING_BIT: Final = "#############CLOSING BIT#############"
 ChunkForm = Literal["buffer", "base64"]
@@ -39,8 +49,36 @@ class Closing(enum.Enum):
 CLOSING: Final = Closing.CLOSING
 
 
+class DecodedBuffer:
+    """A Buffer-form `chunkData` whose int array the frame decoder already turned into bytes.
+
+    A plain class, not a dataclass: orjson would serialise a dataclass as `{"data": bytes}`
+    instead of asking the encoder's `default` hook (which writes `to_json()`).
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data: Final = data
+
+    def __repr__(self) -> str:
+        return f"DecodedBuffer({len(self.data)} bytes)"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DecodedBuffer) and other.data == self.data
+
+    def __hash__(self) -> int:
+        return hash(self.data)
+
+    def to_json(self) -> dict[str, Any]:
+        """The Buffer form it was decoded from, for a frame that echoes it back."""
+        return {"type": "Buffer", "data": list(self.data)}
+
+
 def decode_chunk(value: Any) -> bytes | Closing:
     """The bytes (or `CLOSING`) a `chunkData` value stands for; raises `RemoteProtocolError`."""
+    if isinstance(value, DecodedBuffer):
+        return value.data
     if value == CLOSING_BIT:
         return CLOSING
     if not isinstance(value, dict):

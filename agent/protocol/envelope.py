@@ -23,6 +23,8 @@ from typing import Any
 import orjson
 
 from agent.errors import RemoteProtocolError
+from agent.protocol.chunks import DecodedBuffer
+from agent.protocol.fastframe import decode_buffer_frame
 from agent.protocol.markers import omit_markers
 
 __all__ = [
@@ -104,7 +106,15 @@ def classify(env: Envelope) -> FrameKind:
 
 
 def parse_frame(frame: bytes | str) -> dict[str, Any]:
-    """The JSON object of one text frame; raises `RemoteProtocolError` if it is none."""
+    """The JSON object of one text frame; raises `RemoteProtocolError` if it is none.
+
+    A `##VirtualStream##` frame in bytes with a Buffer-form chunk comes back with
+    `request.chunkData` as a `DecodedBuffer` (see `fastframe`); `decode_chunk` reads it.
+    """
+    if isinstance(frame, bytes):
+        fast = decode_buffer_frame(frame, STREAM_METHOD)
+        if fast is not None:
+            return fast
     try:
         obj = orjson.loads(frame)
     except orjson.JSONDecodeError as exc:
@@ -164,7 +174,7 @@ def encode_envelope(env: Envelope) -> bytes:
     if env.is_reply:
         obj["localData"] = None
     try:
-        return orjson.dumps(obj)
+        return orjson.dumps(obj, default=_revive)
     except orjson.JSONEncodeError as exc:
         raise TypeError(f"a {env.method} frame is not JSON-serialisable: {exc}") from exc
 
@@ -189,6 +199,13 @@ def reply(env: Envelope, response: Any) -> Envelope:
 def error_reply(env: Envelope, text: str, data: Mapping[str, Any]) -> Envelope:
     """The error reply to request `env`: `response` null, `error {text, data}`, never `retry`."""
     return replace(reply(env, None), error=ErrorInfo(text, dict(data)))
+
+
+def _revive(value: Any) -> Any:
+    # An echoed stream frame carries the chunk parse_frame decoded: write it as it came.
+    if isinstance(value, DecodedBuffer):
+        return value.to_json()
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
 
 
 def _correlation(value: Any) -> Correlation | None:

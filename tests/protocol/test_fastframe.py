@@ -1,0 +1,233 @@
+"""The simdjson fast path for Buffer-form chunk frames: same result as orjson, or it steps aside."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from agent.errors import RemoteProtocolError
+from agent.protocol import fastframe
+from agent.protocol.chunks import CLOSING, DecodedBuffer, decode_chunk, encode_chunk
+from agent.protocol.envelope import (
+    STREAM_METHOD,
+    Envelope,
+    decode_envelope,
+    encode_envelope,
+    parse_frame,
+)
+from agent.protocol.streampkg import StreamPackage, package_from_json, stream_frame
+
+HEAD = (
+    b'{"method":"##VirtualStream##","request":{"streamId":"uni_a","cycleId":"uni_b",'
+    b'"cycle":"request","mainPurpose":"chunk","next":true,"backpressure":false,'
+)
+TAIL = b'},"response":null}'
+
+
+def chunk_frame(data: bytes) -> bytes:
+    """The frame our own encoder (and TS `JSON.stringify`) writes for one Buffer-form chunk."""
+    package = StreamPackage(
+        "uni_a", "uni_b", "request", "chunk", next=True, chunk_data=encode_chunk(data)
+    )
+    return encode_envelope(stream_frame(package))
+
+
+def fast(frame: bytes) -> dict[str, Any] | None:
+    return fastframe.decode_buffer_frame(frame, STREAM_METHOD)
+
+
+def assert_same_as_orjson(frame: bytes) -> bytes:
+    """The fast path applies and equals orjson's reading; returns the decoded chunk."""
+    got = fast(frame)
+    assert got is not None, "fast path did not apply"
+    want = orjson.loads(frame)
+    got_chunk = got["request"].pop("chunkData")
+    want_chunk = want["request"].pop("chunkData")
+    assert isinstance(got_chunk, DecodedBuffer)
+    assert got == want
+    decoded = decode_chunk(got_chunk)
+    assert decoded == decode_chunk(want_chunk)
+    assert isinstance(decoded, bytes)
+    return decoded
+
+
+def assert_falls_back(frame: bytes) -> None:
+    """The fast path steps aside and `parse_frame` gives orjson's reading (or its error)."""
+    assert fast(frame) is None
+    try:
+        want = orjson.loads(frame)
+    except orjson.JSONDecodeError:
+        with pytest.raises(RemoteProtocolError):
+            parse_frame(frame)
+        return
+    assert parse_frame(frame) == want
+
+
+random_chunks = st.one_of(
+    st.binary(max_size=1024),
+    st.builds(
+        lambda size, seed: random.Random(seed).randbytes(size),
+        st.integers(0, 64 * 1024),
+        st.integers(0, 2**32),
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_chunks)
+def test_random_chunks_decode_as_orjson_does(data: bytes) -> None:
+    """Any chunk of 0..64 KiB decodes on the fast path to the bytes and object orjson gives."""
+    assert assert_same_as_orjson(chunk_frame(data)) == data
+
+
+def test_every_byte_value_decodes() -> None:
+    """All 256 byte values survive the uint64 round trip."""
+    data = bytes(range(256)) * 3
+    assert assert_same_as_orjson(chunk_frame(data)) == data
+
+
+def test_empty_array_decodes_to_an_empty_chunk() -> None:
+    """`data: []` is an empty chunk on the fast path too."""
+    assert assert_same_as_orjson(HEAD + b'"chunkData":{"type":"Buffer","data":[]}' + TAIL) == b""
+
+
+def test_whitespace_inside_the_array_and_around_the_frame_decodes() -> None:
+    """JSON whitespace inside the array and outside the marker pattern keeps the fast path."""
+    frame = (
+        b'{ "method" : "##VirtualStream##" ,\n "request" : {"streamId":"uni_a","cycleId":"uni_b",'
+        b'"cycle":"request","mainPurpose":"chunk",\t"chunkData":{"type":"Buffer","data":'
+        b"[ 1 ,\n2\t,\r\n255 ] } } ,\r\n"
+        b' "response" : null }'
+    )
+    assert assert_same_as_orjson(frame) == b"\x01\x02\xff"
+
+
+def test_whitespace_inside_the_marker_pattern_falls_back() -> None:
+    """`"chunkData": {"type": "Buffer", ...` (spaced) is left to orjson."""
+    frame = HEAD + b'"chunkData": {"type": "Buffer", "data": [1, 2]}' + TAIL
+    assert_falls_back(frame)
+    assert decode_chunk(parse_frame(frame)["request"]["chunkData"]) == b"\x01\x02"
+
+
+def test_pattern_in_an_earlier_nested_object_falls_back() -> None:
+    """A Buffer object under another key, before the real chunkData, is not taken for it."""
+    frame = (
+        HEAD + b'"meta":{"chunkData":{"type":"Buffer","data":[9,9]}},'
+        b'"chunkData":{"type":"Buffer","data":[]}' + TAIL
+    )
+    assert_falls_back(frame)
+
+
+def test_pattern_in_a_later_nested_object_keeps_its_ints() -> None:
+    """A Buffer object after the real chunkData stays an int list; the chunk decodes fast."""
+    frame = (
+        HEAD + b'"chunkData":{"type":"Buffer","data":[7]}},'
+        b'"response":{"x":{"chunkData":{"type":"Buffer","data":[8]}}}}'
+    )
+    assert assert_same_as_orjson(frame) == b"\x07"
+
+
+def test_pattern_outside_request_falls_back() -> None:
+    """A Buffer chunkData that is not `request.chunkData` leaves the frame to orjson."""
+    frame = (
+        b'{"method":"##VirtualStream##","response":{"chunkData":{"type":"Buffer","data":[1]}},'
+        b'"request":null}'
+    )
+    assert_falls_back(frame)
+
+
+def test_duplicate_chunk_data_key_falls_back() -> None:
+    """A later duplicate `chunkData` (orjson keeps the last) leaves the frame to orjson."""
+    frame = (
+        HEAD + b'"chunkData":{"type":"Buffer","data":[1]},'
+        b'"chunkData":{"type":"Buffer","data":[]}' + TAIL
+    )
+    assert_falls_back(frame)
+
+
+def test_duplicate_data_key_falls_back() -> None:
+    """A later duplicate `data` inside chunkData (written escaped) leaves the frame to orjson."""
+    frame = HEAD + b'"chunkData":{"type":"Buffer","data":[1],"d\\u0061ta":[]}' + TAIL
+    assert_falls_back(frame)
+
+
+def test_duplicate_request_key_falls_back() -> None:
+    """A later duplicate `request` hides the first; the frame is left to orjson."""
+    frame = (
+        HEAD + b'"chunkData":{"type":"Buffer","data":[1]}},'
+        b'"request":{"chunkData":{"type":"Buffer","data":[]}},"response":null}'
+    )
+    assert_falls_back(frame)
+
+
+def test_escaped_quote_before_the_pattern_falls_back() -> None:
+    """`"x\\"chunkData":{..}` is a key named x"chunkData, not chunkData."""
+    frame = (
+        HEAD + b'"x\\"chunkData":{"type":"Buffer","data":[1]},'
+        b'"chunkData":{"type":"Buffer","data":[]}' + TAIL
+    )
+    assert_falls_back(frame)
+
+
+@pytest.mark.parametrize(
+    "array",
+    [b"[256]", b"[1,-1]", b"[1.5]", b"[1.0]", b"[1e2]", b"[true]", b"[null]", b'["1"]',
+     b"[18446744073709551616]", b"[01]", b"[[1],[2]]", b"[1,[2]]", b"[1,]", b"[1"],
+)  # fmt: skip
+def test_non_byte_values_fall_back(array: bytes) -> None:
+    """Anything but ints 0..255 leaves the frame to orjson, whose verdict stands."""
+    frame = HEAD + b'"chunkData":{"type":"Buffer","data":' + array + b"}" + TAIL
+    assert_falls_back(frame)
+
+
+def test_closing_bit_frame_falls_back() -> None:
+    """The closing-bit string has no array to decode: orjson reads it."""
+    frame = HEAD + b'"chunkData":"#############CLOSING BIT#############"' + TAIL
+    assert_falls_back(frame)
+    assert decode_chunk(parse_frame(frame)["request"]["chunkData"]) is CLOSING
+
+
+def test_other_methods_fall_back() -> None:
+    """Only `##VirtualStream##` frames take the fast path."""
+    frame = chunk_frame(b"\x01").replace(b"##VirtualStream##", b"benchUpload")
+    assert_falls_back(frame)
+
+
+def test_text_frames_take_the_orjson_path() -> None:
+    """A `str` frame is parsed by orjson: chunkData stays the int-list object."""
+    frame = chunk_frame(b"\x01\x02").decode()
+    assert parse_frame(frame)["request"]["chunkData"] == {"type": "Buffer", "data": [1, 2]}
+
+
+def test_without_simdjson_the_orjson_path_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With simdjson missing the fast path is off and frames still decode."""
+    monkeypatch.setattr(fastframe, "simdjson", None)
+    frame = chunk_frame(b"\x01\x02")
+    assert fast(frame) is None
+    assert parse_frame(frame)["request"]["chunkData"] == {"type": "Buffer", "data": [1, 2]}
+
+
+def test_parse_frame_uses_the_fast_path_for_chunk_frames() -> None:
+    """`parse_frame` hands back a DecodedBuffer that the stream package and decoder accept."""
+    package = package_from_json(decode_envelope(chunk_frame(b"\x00\x10\xff")).request)
+    assert isinstance(package.chunk_data, DecodedBuffer)
+    assert decode_chunk(package.chunk_data) == b"\x00\x10\xff"
+
+
+def test_echoed_decoded_chunk_encodes_as_it_came() -> None:
+    """Re-encoding a fast-decoded request writes the same Buffer-form JSON as the orjson path."""
+    frame = chunk_frame(bytes(range(256)))
+    fast_env = decode_envelope(frame)
+    fast_echo = Envelope(fast_env.method, fast_env.request, None, is_reply=True)
+    slow_echo = Envelope(fast_env.method, orjson.loads(frame)["request"], None, is_reply=True)
+    assert encode_envelope(fast_echo) == encode_envelope(slow_echo)
+
+
+def test_unserialisable_payloads_still_raise_type_error() -> None:
+    """The encoder's DecodedBuffer hook refuses every other non-JSON type."""
+    with pytest.raises(TypeError):
+        encode_envelope(Envelope("m", request={"x": object()}))
