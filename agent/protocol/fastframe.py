@@ -87,12 +87,19 @@ def _byte_array(lib: ModuleType, text: bytes) -> bytes | None:
         try:
             # as_buffer would flatten nested arrays, but the slice cannot hold one: it ends at
             # the first `]`, so an inner `[` would leave the outer array open (a parse error).
-            words = bytes(doc.as_buffer(of_type="u"))
+            # The buffer is simdjson's own copy; it is viewed, never copied again.
+            words = memoryview(doc.as_buffer(of_type="u")).cast("B")
         finally:
             del doc  # the parser refuses to parse again while a proxy of its document lives
     except Exception:  # noqa: BLE001 - any failure of the accelerator means: use orjson
         return None
-    low = words[::8]
+    with words:
+        return _low_bytes(words)
+
+
+def _low_bytes(words: memoryview) -> bytes | None:
+    """The low byte of every uint64 in `words`, or `None` if any value is above 255."""
+    low = words[::8].tobytes()
     # Every value is 0..255 exactly when each 8-byte word is its low byte and seven zeros.
     # The zeroed template is kept per thread (chunk sizes repeat); only every 8th byte of it is
     # ever written, so the other bytes stay zero.
