@@ -1,27 +1,68 @@
-"""The README's main job: `restore-agent demo` runs one isolated restore end to end and says so."""
+"""`restore-agent demo`: one isolated restore against the embedded stack, then nothing left."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from agent.cli import main as cli_main
+from agent.devstack import demo
 
 
-def test_the_demo_restores_verifies_and_cleans_up() -> None:
-    """`python -m agent demo --json` exits 0; its events reach `cleaned` with nothing left over."""
-    done = subprocess.run(
-        [sys.executable, "-m", "agent", "demo", "--size", "2MiB", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The demo configures logging for its run; leave it as the test found it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    websockets_level = logging.getLogger("websockets").level
+    yield
+    structlog.reset_defaults()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.getLogger("websockets").setLevel(websockets_level)
+
+
+def _events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_the_demo_restores_verifies_and_cleans_up_leaving_nothing_behind(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`demo --json`: exit 0, every status up to cleaned, sha256 verified, the workdir removed."""
+    code = cli_main(["demo", "--size", "3MiB", "--json"])
+    out, err = capsys.readouterr()
+    events = _events(out)
+    assert (code, err) == (0, "")
     statuses = [event["status"] for event in events if event["event"] == "state"]
+    assert statuses[0] == "prepared"
     assert statuses[-1] == "cleaned"
     assert "ready" in statuses
-    assert {"event": "clean", "leftovers": 0} in events
     summary = events[-1]
     assert summary["event"] == "summary"
     assert (summary["objects"], summary["resources"]) == (9, 3)
+    verified = next(event for event in events if event["event"] == "verified")
+    assert verified["objects"] == 9
+    assert not Path(events[0]["workdir"]).exists()
+
+
+def test_the_demo_keeps_its_directory_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--keep` leaves the directory (config, 0600 secrets, agent log) and says where."""
+    code = demo.main(["--size", "1k", "--keep"])
+    out, _ = capsys.readouterr()
+    kept = Path(out.splitlines()[-2].removeprefix("kept "))
+    try:
+        assert code == 0
+        assert out.splitlines()[-1].startswith("done in ")
+        assert (kept / "agent.log").stat().st_size > 0
+        for secret in ("machine-token", "corestore-credential"):
+            assert (kept / secret).stat().st_mode & 0o777 == 0o600
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
