@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from agent.contracts.base import MAX_SAFE_INTEGER
+from agent.contracts.isolatedrestore import NODE_STATUSES
 
 __all__ = [
     "archive_manifests",
@@ -173,20 +174,8 @@ _cleanups = st.fixed_dictionaries(
     }
 )
 
-_node_statuses = st.sampled_from(
-    [
-        "preparing",
-        "prepared",
-        "staging",
-        "restoring",
-        "verifying",
-        "ready",
-        "failed",
-        "cleaning",
-        "cleaned",
-        "cleanup-failed",
-    ]
-)
+# The status list itself is pinned against the seed in test_isolatedrestore.py.
+_node_statuses = st.sampled_from(NODE_STATUSES)
 
 node_states = st.fixed_dictionaries(
     {
