@@ -1,9 +1,10 @@
-"""`restore-agent`: the command line (`run`, `check-config`, `demo`, `--version`).
+"""`restore-agent`: the command line (`run`, `check-config`, `--version`).
 
 Exit codes: 0 success, 2 configuration error (one line on stderr, no traceback; argparse uses 2
 for usage errors too), 1 unexpected crash (logged once, with its traceback, through the
-redacting logger). `agent.app` and `agent.devstack.demo` are imported only by the command that
-needs them, so `check-config` works without the daemon's dependencies being importable.
+redacting logger). `agent.app` is imported only by `run`, so `check-config` works without the
+daemon's dependencies being importable. The demo is not part of the product: it lives in the
+repository's `devstack` package (`python -m devstack.demo`).
 """
 
 from __future__ import annotations
@@ -39,9 +40,6 @@ _log = structlog.get_logger(__name__)
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command in `argv` (default: `sys.argv[1:]`) and return its exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["demo"]:
-        # The demo parses its own options; argparse would reorder or reject them.
-        return _guarded(lambda: _demo(args[1:]))
     try:
         namespace = _parser().parse_args(args)
     except SystemExit as exc:  # --help, --version and usage errors
@@ -67,9 +65,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("path", type=Path, metavar="PATH", help="TOML file")
     check.set_defaults(command=_check_config)
-
-    # Listed for --help only: main() hands `demo ...` to the demo before argparse runs.
-    commands.add_parser("demo", help="run one isolated restore against an embedded stand-in stack")
     return parser
 
 
@@ -140,9 +135,3 @@ def _run(namespace: argparse.Namespace) -> int:
     run: Callable[[Config], Coroutine[Any, Any, None]] = app.run
     asyncio.run(run(config))
     return EXIT_OK
-
-
-def _demo(argv: list[str]) -> int:
-    demo = importlib.import_module("agent.devstack.demo")
-    demo_main: Callable[[list[str]], int] = demo.main
-    return demo_main(argv)

@@ -1,6 +1,6 @@
 """One measured stage each, driven from the stand-in Cloudly (the bench process is Cloudly).
 
-- `stage_agent()`: `agent.devstack.driver.RestoreDriver` prepares, then stages the object on a
+- `stage_agent()`: `devstack.driver.RestoreDriver` prepares, then stages the object on a
   VirtualStream the stand-in initiates; optionally a second driver of the same restore fires
   `coreflowGetIsolatedRestoreStatus` at the same agent while the stage runs (`StatusProbe`),
   and the agent's RSS is sampled (`RssSampler`).
@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from agent.corestore.client import CorestoreClient
-from agent.devstack.cloudly import StandInCloudly
-from agent.devstack.driver import RestoreDriver, RestorePlan, fake_grant
 from agent.secret import Secret
 from bench._procstat import cpu_seconds, memory_kib
 from bench._staging_passthrough import METHOD_FORWARD
 from bench._staging_world import BenchObject, forward_body
+from devstack.cloudly import StandInCloudly
+from devstack.driver import RestoreDriver, RestorePlan, fake_grant
 
 __all__ = [
     "CpuMeter",

@@ -1,10 +1,10 @@
 """The pieces of bench/staging.py: child processes, the deterministic object, request bodies.
 
-- `Corestore`: the reference Corestore as a child (`python -m agent.devstack.corestore`).
+- `Corestore`: the reference Corestore as a child (`python -m devstack.corestore`).
 - `AgentProcess`: a child that connects to a stand-in Cloudly with a generated config file —
   the agent itself (`python -m agent run --config F`) or the pass-through baseline
   (`python -m bench._staging_passthrough --config F`). Its stderr (JSON logs) goes to a file.
-- `BenchObject`: one object for `agent.devstack.driver` (`CycledObject`, a driver `ObjectSpec`
+- `BenchObject`: one object for `devstack.driver` (`CycledObject`, a driver `ObjectSpec`
   whose bytes cycle a few pre-made blocks) with its sha256 and the sha256 of each Corestore
   chunk (handed to the baseline so it need not hash), all computed before any timing.
 - `plan_for()`: the driver's `RestorePlan` for one restore of one object; `forward_body()`: the
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from agent.devstack.cloudly import StandInCloudly
-from agent.devstack.driver import BLOCK_SIZE, MappingSpec, ObjectSpec, RestorePlan, fake_grant
+from devstack.cloudly import StandInCloudly
+from devstack.driver import BLOCK_SIZE, MappingSpec, ObjectSpec, RestorePlan, fake_grant
 
 __all__ = [
     "BEARER",
@@ -76,7 +76,7 @@ async def corestore_process(work: Path, log: IO[bytes]) -> AsyncIterator[Coresto
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "agent.devstack.corestore",
+        "devstack.corestore",
         "--data-dir",
         str(data_dir),
         "--bearer-file",

@@ -4,7 +4,7 @@ Measures the full path a stream chunk takes: building the `##VirtualStream##` fr
 (`encode_chunk` + `encode_envelope`) and reading it back (`decode_envelope` + `decode_chunk`).
 The index-object form (`{"0":..}`, a JSON-serialised Uint8Array) is only ever received, so only
 its decode is measured. The `buffer-orjson` row decodes the Buffer form with the simdjson fast
-path switched off (`agent.protocol.fastframe`), as the agent does when simdjson is missing.
+path switched off (`agent.protocol.chunk_frames`), as the agent does when simdjson is missing.
 
     .venv/bin/python bench/codec.py [--size-mib 1] [--rounds 20]
 """
@@ -19,10 +19,10 @@ from functools import partial
 
 import orjson
 
-from agent.protocol import fastframe
+from agent.protocol import chunk_frames
 from agent.protocol.chunks import ChunkForm, decode_chunk, encode_chunk
 from agent.protocol.envelope import decode_envelope, encode_envelope
-from agent.protocol.streampkg import StreamPackage, stream_frame
+from agent.protocol.stream_frames import StreamPackage, stream_frame
 
 
 def frame_for(chunk_data: object) -> bytes:
@@ -75,12 +75,12 @@ def main() -> None:
         dec = rate(size, args.rounds, partial(decode, frame))
         print(f"{form:<14}{len(frame):>14}{enc:>14.1f}{dec:>14.1f}")
     frame = frame_for(encode_chunk(data, "buffer"))
-    accelerator, fastframe.simdjson = fastframe.simdjson, None
+    accelerator, chunk_frames.simdjson = chunk_frames.simdjson, None
     try:
         assert decode(frame) == data
         dec = rate(size, args.rounds, partial(decode, frame))
     finally:
-        fastframe.simdjson = accelerator
+        chunk_frames.simdjson = accelerator
     print(f"{'buffer-orjson':<14}{len(frame):>14}{'n/a':>14}{dec:>14.1f}")
     frame = frame_for({str(i): b for i, b in enumerate(data)})
     assert decode(frame) == data

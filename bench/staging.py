@@ -19,7 +19,7 @@ One run, on this machine, four figures:
    and during an extra `--status-mib` MiB stage in `--status-form`; p50/p99/max ms and count.
 4. Durable CAS mutations/s of the revision store (bench/cas.py's `measure`).
 
-Cloudly's side is `agent.devstack.driver.RestoreDriver` on a `StandInCloudly` in this process
+Cloudly's side is `devstack.driver.RestoreDriver` on a `StandInCloudly` in this process
 (objects: `_staging_world.CycledObject`); the reference Corestore and the agent (or the
 baseline) run as their own processes, all on 127.0.0.1. The work directory (configs, logs,
 state, Corestore data) goes under `--dir` (default: the system temp dir), never the repository.
@@ -45,8 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from agent.corestore.client import CorestoreClient
-from agent.devstack.cloudly import StandInCloudly, cluster_document
-from agent.devstack.driver import RestoreDriver, RestorePlan
 from agent.log import configure_logging
 from agent.secret import Secret
 from agent.session.peer import PeerSettings
@@ -73,6 +71,8 @@ from bench._staging_world import (
     plan_for,
 )
 from bench.cas import measure as measure_cas
+from devstack.cloudly import StandInCloudly, cluster_document
+from devstack.driver import RestoreDriver, RestorePlan
 
 __all__ = ["main"]
 

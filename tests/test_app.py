@@ -13,11 +13,11 @@ import pytest
 
 from agent import app
 from agent.config import Config, Secrets
-from agent.devstack.cloudly import StandInCloudly, cluster_document
 from agent.errors import AgentError, CallFailed, ConfigError, SessionClosed
 from agent.session.client import CloudlySession
 from agent.session.peer import RequestContext
 from agent.status import AgentStatus, SessionState, StatusSnapshot
+from devstack.cloudly import StandInCloudly, cluster_document
 
 TOKEN = "machine-token-a1b2c3d4e5f60718"
 

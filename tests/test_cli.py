@@ -330,21 +330,3 @@ def test_keyboard_interrupt_exits_130(config_path: Path, monkeypatch: pytest.Mon
 
     install_app(monkeypatch, run)
     assert main(["run", "--config", str(config_path)]) == 130
-
-
-# --- demo ---------------------------------------------------------------------------------------
-
-
-def test_demo_gets_its_arguments_verbatim(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`demo ...` hands every following argument, options included, to the demo's main."""
-    received: list[list[str]] = []
-
-    def demo_main(argv: list[str]) -> int:
-        received.append(argv)
-        return 7
-
-    module = types.ModuleType("agent.devstack.demo")
-    module.main = demo_main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "agent.devstack.demo", module)
-    assert main(["demo", "--restores", "2", "-v", "extra"]) == 7
-    assert received == [["--restores", "2", "-v", "extra"]]

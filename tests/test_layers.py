@@ -3,8 +3,10 @@
 - The pure core (contracts, the protocol, the restore state machine and its pure helpers, the
   Corestore route descriptions, errors, secrets, config) imports no I/O library and no asyncio.
 - Each I/O library has one adapter home: aiohttp in `agent/corestore/transport.py`, websockets in
-  `agent/session/transport.py`, aiosqlite in `agent/store/` (the dev stand-ins may use them too).
-- Only the CLI and the demo import the composition root `agent.app`.
+  `agent/session/transport.py`, aiosqlite in `agent/store/`.
+- Only the CLI imports the composition root `agent.app`.
+- The product holds only the daemon: nothing in `agent/` imports the stand-ins (`devstack`) or
+  the tests' helpers.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ PURE = [
 IO_LIBRARIES = {"asyncio", "aiohttp", "aiosqlite", "websockets"}
 
 ADAPTER_HOMES = {
-    "aiohttp": {"corestore/transport.py", "devstack/"},
-    "websockets": {"session/transport.py", "devstack/"},
+    "aiohttp": {"corestore/transport.py"},
+    "websockets": {"session/transport.py"},
     "aiosqlite": {"store/"},
 }
 
@@ -83,11 +85,22 @@ def test_each_io_library_stays_in_its_adapter(library: str) -> None:
     assert strays == set()
 
 
-def test_only_the_entry_points_import_the_composition_root() -> None:
-    """`agent.app` is wired by the CLI (and the demo that runs the real agent), nothing else."""
+def test_only_the_cli_imports_the_composition_root() -> None:
+    """`agent.app` is wired by the CLI, nothing else in the product."""
     importers = {
         _relative(path)
         for path in AGENT.rglob("*.py")
         if any(name == "agent.app" for name in _imported_roots(path))
     }
-    assert importers == {"cli.py", "devstack/demo.py"}
+    assert importers == {"cli.py"}
+
+
+def test_the_product_imports_no_stand_in_and_no_test_helper() -> None:
+    """No module of `agent/` imports `devstack` (stand-ins, demo) or `tests`."""
+    strays = {
+        _relative(path): name
+        for path in AGENT.rglob("*.py")
+        for name in _imported_roots(path)
+        if name.split(".")[0] in ("devstack", "tests")
+    }
+    assert strays == {}

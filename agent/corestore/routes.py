@@ -3,7 +3,7 @@
 Pure: no I/O, no asyncio. `build_*` functions turn typed arguments into a `RouteRequest` (method,
 encoded path, query, body, the grant to carry); `parse_answer` turns a 2xx body into a small frozen
 model; `classify_answer` decides what any status means. The client (`client.py`) sends what this
-module builds, and the reference server (`agent/devstack/corestore/`) registers `ROUTES` and parses
+module builds, and the reference server (`devstack/corestore/`) registers `ROUTES` and parses
 bodies with the same models, so the two cannot drift.
 
 Request bodies are exact (`extra="forbid"`); answers tolerate fields a newer Corestore adds.

@@ -6,7 +6,7 @@ factory, and returns frames to send. Modules:
 - `chunks`: binary `chunkData` forms and the closing bit;
 - `markers`: stream markers inside payloads, the `_OBMITTED_VIRTUAL_STREAM` echo;
 - `calls`: the table of outgoing calls (ids, deadlines, `retry`);
-- `streampkg`: the stream package inside `##VirtualStream##` frames;
+- `stream_frames`: the stream package inside `##VirtualStream##` frames;
 - `stream_responder` / `stream_initiator`: one stream, seen from each role;
 - `streams`: the registry routing stream frames of one connection;
 - `ids`: `uni_` ids.

@@ -10,7 +10,7 @@ Sent: the Buffer form by default, the only one a plain `JSON.parse` TS peer turn
 bytes; `"base64"` sends EncodedBuffer, which only a smartjson-parsing peer revives.
 
 Speed (bench/codec.py): a Buffer-form frame arriving as bytes has its int array parsed natively
-by `fastframe` (simdjson), which hands `decode_chunk` a `DecodedBuffer`; any other frame is
+by `chunk_frames` (simdjson), which hands `decode_chunk` a `DecodedBuffer`; any other frame is
 parsed by orjson as a whole and `bytes(list)` builds the chunk. Measured pure-Python
 alternatives (slicing the array text and parsing it with orjson, `split` plus a lookup table,
 regexes) were slower than orjson, so there is no hand-written parser to get wrong.

@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 
 from agent.errors import RemoteProtocolError
+from agent.protocol.chunk_frames import decode_buffer_frame
 from agent.protocol.chunks import DecodedBuffer
-from agent.protocol.fastframe import decode_buffer_frame
 from agent.protocol.markers import omit_markers
 
 __all__ = [
@@ -109,7 +109,7 @@ def parse_frame(frame: bytes | str) -> dict[str, Any]:
     """The JSON object of one text frame; raises `RemoteProtocolError` if it is none.
 
     A `##VirtualStream##` frame in bytes with a Buffer-form chunk comes back with
-    `request.chunkData` as a `DecodedBuffer` (see `fastframe`); `decode_chunk` reads it.
+    `request.chunkData` as a `DecodedBuffer` (see `chunk_frames`); `decode_chunk` reads it.
     """
     if isinstance(frame, bytes):
         fast = decode_buffer_frame(frame, STREAM_METHOD)

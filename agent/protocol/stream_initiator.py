@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
 from agent.protocol.chunks import CLOSING, ChunkForm, Closing, decode_chunk, encode_chunk
+from agent.protocol.stream_frames import StreamPackage
 from agent.protocol.stream_responder import Role
-from agent.protocol.streampkg import StreamPackage
 
 __all__ = ["TRANSITIONS", "InitiatorState", "InitiatorStream"]
 

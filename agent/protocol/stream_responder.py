@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
 from agent.protocol.chunks import CLOSING, ChunkForm, Closing, decode_chunk, encode_chunk
 from agent.protocol.envelope import Envelope
-from agent.protocol.streampkg import Purpose, StreamPackage, stream_reply
+from agent.protocol.stream_frames import Purpose, StreamPackage, stream_reply
 
 __all__ = ["TRANSITIONS", "ResponderStream", "Role", "StreamState"]
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from agent.errors import InvalidState, RemoteProtocolError
 from agent.protocol.chunks import ChunkForm
 from agent.protocol.envelope import Envelope
+from agent.protocol.stream_frames import package_from_json, stream_frame
 from agent.protocol.stream_initiator import InitiatorStream
 from agent.protocol.stream_responder import ResponderStream, Role
-from agent.protocol.streampkg import package_from_json, stream_frame
 
 __all__ = ["FrameResult", "StreamRegistry", "StreamSettings"]
 

@@ -61,14 +61,14 @@ from agent.contracts.isolatedrestore import (
 from agent.corestore.client import CorestoreClient, CorestoreClients
 from agent.errors import CorestoreError, ObjectNotInManifest, RestoreNotFound, TransferError
 from agent.restore import progress as p
+from agent.restore.background import Observer, WorkOwner
 from agent.restore.grants import check_grant
+from agent.restore.jobs import Job, run_cleanup, run_execute
 from agent.restore.machine import Op, decide
-from agent.restore.policy import EngineSettings, Sleep, retrying
 from agent.restore.replay import Verdict, check_expected_revision, request_digest
 from agent.restore.routing import check_preparable, locate
+from agent.restore.settings import EngineSettings, Sleep, retrying
 from agent.restore.staging import ByteSource, StagingJob, stage_object
-from agent.restore.tasks import Observer, WorkOwner
-from agent.restore.work import Job, run_cleanup, run_execute
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore, StoredState
 

@@ -33,7 +33,7 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts, RetryPolicy
 from agent.restore.engine import IsolatedRestoreEngine
-from agent.restore.policy import EngineSettings
+from agent.restore.settings import EngineSettings
 from agent.restore.staging import ByteSource
 from agent.session.peer import Handler, Router
 from agent.store import RevisionStore

@@ -44,7 +44,7 @@ from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import ChunkRecord
 from agent.errors import AgentError, CorestoreUnavailable, IntegrityError, StreamBroken
-from agent.restore.policy import EngineSettings, Sleep
+from agent.restore.settings import EngineSettings, Sleep
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore
 

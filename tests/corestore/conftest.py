@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from agent.corestore import CorestoreClient, CorestoreTimeouts, PreparedRestore, RetryPolicy
-from agent.devstack.corestore import CorestoreHandle, start
 from agent.secret import Secret
+from devstack.corestore import CorestoreHandle, start
 
 BEARER = "corestore-bearer-3b9f1c2d7e8a4f60"
 # Shaped like a compact RS256 JWS; the reference server checks the shape only.

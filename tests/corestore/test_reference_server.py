@@ -13,8 +13,8 @@ import pytest
 from agent.corestore import CorestoreClient
 from agent.corestore.routes import HEADER_CHUNK_SHA256, HEADER_RESTORE_GRANT
 from agent.corestore.shapes import MAX_CHUNK_SIZE
-from agent.devstack.corestore import start
 from agent.secret import Secret
+from devstack.corestore import start
 
 DUMP = "snap-db-1/dump.bson"
 

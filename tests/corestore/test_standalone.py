@@ -1,4 +1,4 @@
-"""`python -m agent.devstack.corestore`: the reference Corestore as its own process."""
+"""`python -m devstack.corestore`: the reference Corestore as its own process."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ async def _launch(data_dir: Path, bearer_file: Path) -> tuple[asyncio.subprocess
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "agent.devstack.corestore",
+        "devstack.corestore",
         "--data-dir",
         str(data_dir),
         "--port",

@@ -38,10 +38,12 @@ import structlog
 from agent import app
 from agent.config import Config
 from agent.corestore.routes import RouteName
-from agent.devstack.cloudly import StandInCloudly, cluster_document
-from agent.devstack.corestore import CorestoreHandle, start
-from agent.devstack.corestore.storage import Storage
-from agent.devstack.driver import (
+from agent.log import configure_logging
+from agent.status import AgentStatus, SessionState
+from devstack.cloudly import StandInCloudly, cluster_document
+from devstack.corestore import CorestoreHandle, start
+from devstack.corestore.storage import Storage
+from devstack.driver import (
     GRANT_MARK,
     MappingSpec,
     ObjectSpec,
@@ -49,8 +51,6 @@ from agent.devstack.driver import (
     RestorePlan,
     stand_in_settings,
 )
-from agent.log import configure_logging
-from agent.status import AgentStatus, SessionState
 
 TOKEN = "e2e-machine-token-SENTINEL-0c9d1e42"
 BEARER = "e2e-corestore-bearer-SENTINEL-77ab3f"

@@ -15,9 +15,9 @@ import pytest
 
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
 from agent.corestore.routes import RouteName
-from agent.devstack.driver import RestorePlan
 from agent.errors import SessionClosed
 from agent.store import DB_NAME, RestoreKey, RevisionStore
+from devstack.driver import RestorePlan
 
 pytestmark = pytest.mark.slow
 

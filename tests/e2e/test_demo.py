@@ -1,4 +1,4 @@
-"""`restore-agent demo`: one isolated restore against the embedded stack, then nothing left."""
+"""`python -m devstack.demo`: one isolated restore against the embedded stack, then nothing left."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 import structlog
 
-from agent.cli import main as cli_main
-from agent.devstack import demo
+from devstack import demo
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +36,7 @@ def test_the_demo_restores_verifies_and_cleans_up_leaving_nothing_behind(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`demo --json`: exit 0, every status up to cleaned, sha256 verified, the workdir removed."""
-    code = cli_main(["demo", "--size", "3MiB", "--json"])
+    code = demo.main(["--size", "3MiB", "--json"])
     out, err = capsys.readouterr()
     events = _events(out)
     assert (code, err) == (0, "")

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from agent.corestore.routes import RouteName
-from agent.devstack.driver import Progress, RestorePlan, Retrying
 from agent.errors import CallFailed, SessionClosed
+from devstack.driver import Progress, RestorePlan, Retrying
 
 KiB, MiB = 1024, 1024 * 1024
 VOLUME = "snap-vol/volume.img"

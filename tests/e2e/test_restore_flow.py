@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
-from agent.devstack.driver import RestorePlan, StateSeen
+from devstack.driver import RestorePlan, StateSeen
 
 MiB = 1024 * 1024
 

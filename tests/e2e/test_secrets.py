@@ -10,9 +10,9 @@ import pytest
 
 from agent.contracts.isolatedrestore import METHOD_GET_STATUS
 from agent.corestore.routes import RouteName
-from agent.devstack.driver import GRANT_MARK, RestorePlan
 from agent.errors import CallFailed, SessionClosed
 from agent.store import DB_NAME
+from devstack.driver import GRANT_MARK, RestorePlan
 
 KiB = 1024
 VOLUME = "snap-vol/volume.img"

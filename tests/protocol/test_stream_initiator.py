@@ -8,9 +8,9 @@ import pytest
 
 from agent.errors import InvalidState, StreamBroken
 from agent.protocol.chunks import CLOSING, CLOSING_BIT, encode_chunk
+from agent.protocol.stream_frames import StreamPackage
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 from agent.protocol.stream_responder import Role
-from agent.protocol.streampkg import StreamPackage
 
 WINDOW = 2
 

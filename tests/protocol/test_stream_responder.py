@@ -9,8 +9,8 @@ import pytest
 from agent.errors import InvalidState, StreamBroken
 from agent.protocol.chunks import CLOSING, CLOSING_BIT, encode_chunk
 from agent.protocol.envelope import Envelope
+from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
 from agent.protocol.stream_responder import ResponderStream, Role, StreamState
-from agent.protocol.streampkg import StreamPackage, package_from_json, stream_frame
 
 WINDOW = 2
 

@@ -35,14 +35,14 @@ from agent.contracts.isolatedrestore import (
     METHOD_STAGE,
 )
 from agent.corestore import CorestoreClients, CorestoreTimeouts, RetryPolicy
-from agent.devstack.corestore import CorestoreHandle, start
 from agent.errors import StreamBroken
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.handlers import build_handlers
-from agent.restore.policy import EngineSettings
+from agent.restore.settings import EngineSettings
 from agent.secret import Secret
 from agent.session.peer import Handler
 from agent.store import RestoreKey, RevisionStore, StoredState
+from devstack.corestore import CorestoreHandle, start
 
 BEARER = "corestore-bearer-SENTINEL-5c1e9a77"
 GRANT_MARK = "R1JBTlRTRU5USU5FTA"  # base64url of "GRANTSENTINEL", in every grant's payload

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.restore.tasks import WorkOwner
+from agent.restore.background import WorkOwner
 from agent.store import RevisionStore
 
 

@@ -11,7 +11,7 @@ import pytest
 from agent.config import CorestoreConfig
 from agent.corestore.routes import RouteName
 from agent.errors import CorestoreUnavailable, InvalidState
-from agent.restore.policy import EngineSettings
+from agent.restore.settings import EngineSettings
 
 DUMP = "snap-db/dump.bson"
 TRANSFER_TIMEOUT = 0.2

@@ -21,7 +21,7 @@ from agent.contracts.isolatedrestore import (
 from agent.errors import CallFailed, SessionClosed
 from agent.restore.handlers import register_handlers
 from agent.session.peer import Peer, PeerSettings, Router
-from agent.session.peer_memory import transport_pair
+from tests.memory import transport_pair
 
 FAST = PeerSettings(keepalive_interval=0.05, keepalive_timeout=2.0, backpressure_probe=0.005)
 

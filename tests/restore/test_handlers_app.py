@@ -10,9 +10,9 @@ from typing import Any
 from agent import app
 from agent.config import Config
 from agent.contracts.isolatedrestore import METHOD_GET_STATUS, METHOD_PREPARE, METHOD_STAGE
-from agent.devstack.cloudly import StandInCloudly, cluster_document
 from agent.status import AgentStatus, SessionState
 from agent.store import RevisionStore
+from devstack.cloudly import StandInCloudly, cluster_document
 
 TOKEN = "machine-token-9f8e7d6c5b4a3921"
 

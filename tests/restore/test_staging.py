@@ -13,7 +13,7 @@ from agent.contracts.isolatedrestore import METHOD_STAGE
 from agent.corestore import CorestoreTimeouts
 from agent.corestore.routes import RouteName
 from agent.errors import CorestoreUnavailable, IntegrityError, StreamBroken
-from agent.restore.policy import EngineSettings
+from agent.restore.settings import EngineSettings
 from agent.restore.staging import rechunk
 
 DUMP = "snap-db/dump.bson"  # 3 full chunks and 123 bytes: 4 chunk PUTs

@@ -14,8 +14,8 @@ import pytest
 from agent.errors import SessionClosed
 from agent.session.client import CloudlySession
 from agent.session.peer import Peer, PeerSettings, Router
-from agent.session.peer_memory import MemoryTransport, transport_pair
 from agent.status import SessionState, StatusSnapshot
+from tests.memory import MemoryTransport, transport_pair
 
 __all__ = ["FAST", "is_connected", "peers", "running"]
 

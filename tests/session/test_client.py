@@ -12,12 +12,12 @@ import pytest
 import structlog
 
 from agent.contracts.base import StreamMarker
-from agent.devstack.cloudly import ABSENT, StandInCloudly, cluster_document
 from agent.errors import CallFailed, SessionClosed
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
 from agent.session.peer import RequestContext
 from agent.status import AgentStatus, SessionState
+from devstack.cloudly import ABSENT, StandInCloudly, cluster_document
 from tests.session._helpers import is_connected, running
 
 TOKEN = "machine-token-7f3a9c2e51d04b6a"

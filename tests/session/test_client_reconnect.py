@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from agent.devstack.cloudly import StandInCloudly, cluster_document
 from agent.secret import Secret
 from agent.session.backoff import BackoffPolicy
 from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus, SessionState
+from devstack.cloudly import StandInCloudly, cluster_document
 from tests.session._helpers import is_connected, running
 
 TOKEN = "machine-token-5b8e0d1f2a3c4e6f"

@@ -8,12 +8,12 @@ from typing import Any
 
 import structlog
 
-from agent.devstack.cloudly import AgentConnection, StandInCloudly, cluster_document
 from agent.errors import AuthenticationFailed
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
 from agent.session.peer import RequestContext, Router
 from agent.status import AgentStatus
+from devstack.cloudly import AgentConnection, StandInCloudly, cluster_document
 
 TOKEN = "machine-token-5e2b7c4d19a08f3e"
 

@@ -15,11 +15,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from agent.devstack.cloudly import StandInCloudly, cluster_document
 from agent.errors import SessionClosed
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus, SessionState
+from devstack.cloudly import StandInCloudly, cluster_document
 from tests.session._helpers import is_connected, running
 
 TOKEN = "machine-token-9d8c7b6a5f4e3d2c"

@@ -12,7 +12,7 @@ import pytest
 from agent.contracts.base import WireModel
 from agent.errors import CallFailed, CallTimeout, InvalidState, RestoreNotFound, SessionClosed
 from agent.session.peer import Peer, PeerSettings, RequestContext, Router
-from agent.session.peer_memory import MemoryTransport, transport_pair
+from tests.memory import MemoryTransport, transport_pair
 from tests.session._helpers import FAST, peers
 
 

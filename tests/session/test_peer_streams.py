@@ -13,7 +13,7 @@ import pytest
 from agent.contracts.base import StreamMarker
 from agent.errors import SessionClosed, StreamBroken
 from agent.session.peer import ByteSink, Peer, PeerSettings, RequestContext, Router
-from agent.session.peer_memory import transport_pair
+from tests.memory import transport_pair
 from tests.session._helpers import FAST, peers
 
 MIB = 1 << 20

@@ -12,7 +12,7 @@ sha256 is computed in one streaming pass (`compute_sha256`) before a manifest ne
 Mappings follow the reference Corestore's snapshot layout (docs/corestore-api.md): a mapping's
 snapshot is the manifest objects under `<source.snapshotId>/`. `fake_grant()` makes a fresh
 compact-JWS-shaped grant, recognisable by `GRANT_MARK` so a test can search logs and databases
-for it. Pure: no I/O. `agent.devstack.driver` re-exports every name here.
+for it. Pure: no I/O. `devstack.driver` re-exports every name here.
 """
 
 from __future__ import annotations

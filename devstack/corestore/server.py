@@ -31,15 +31,15 @@ from agent.corestore.shapes import (
     is_compact_jws,
     sha256_problem,
 )
-from agent.devstack.corestore.faults import Faults
-from agent.devstack.corestore.scratch import Scratch
-from agent.devstack.corestore.storage import Storage, refuse
 from agent.errors import CorestoreRefused
 from agent.secret import Secret
+from devstack.corestore.faults import Faults
+from devstack.corestore.scratch import Scratch
+from devstack.corestore.storage import Storage, refuse
 
 __all__ = ["Jobs", "create_app"]
 
-_log = structlog.get_logger("agent.devstack.corestore")
+_log = structlog.get_logger("devstack.corestore")
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # How many bytes of the body the "truncate" fault drops.
 _TRUNCATE = web.RequestKey("truncate", int)

@@ -10,7 +10,7 @@
     await driver.cleanup()
     await driver.wait_until({"cleaned", "cleanup-failed"})
 
-The plan and its objects are `agent.devstack.archive`'s (deterministic bytes streamed in
+The plan and its objects are `devstack.archive`'s (deterministic bytes streamed in
 pieces, never whole in memory; re-exported here). Every call carries a fresh fake compact JWS
 grant (`fake_grant()`: recognisable by `GRANT_MARK`, kept in `issued_grants` so a test can
 search logs and databases for them). Refusals raise `CallFailed` (`.error_data`). Object
@@ -39,7 +39,9 @@ from agent.contracts.isolatedrestore import (
     METHOD_PREPARE,
     METHOD_STAGE,
 )
-from agent.devstack.archive import (
+from agent.errors import CallFailed, CallTimeout, SessionClosed, StreamBroken
+from agent.session.peer import ByteSink, PeerSettings
+from devstack.archive import (
     BLOCK_SIZE,
     GRANT_MARK,
     MappingSpec,
@@ -49,9 +51,7 @@ from agent.devstack.archive import (
     demo_plan,
     fake_grant,
 )
-from agent.devstack.cloudly import StandInCloudly
-from agent.errors import CallFailed, CallTimeout, SessionClosed, StreamBroken
-from agent.session.peer import ByteSink, PeerSettings
+from devstack.cloudly import StandInCloudly
 
 __all__ = [
     "BLOCK_SIZE",

@@ -8,7 +8,7 @@
 
 Standalone (for the demo and crash tests; the bearer is read from a file, never argv):
 
-    python -m agent.devstack.corestore --data-dir D --port P --bearer-file F
+    python -m devstack.corestore --data-dir D --port P --bearer-file F
 
 prints one JSON line `{"url": "http://127.0.0.1:P"}` once it listens, and stops on SIGTERM or
 SIGINT. What it checks and what it does not (it does not verify the grant's signature) is in
@@ -24,11 +24,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agent.devstack.corestore.faults import FaultRule, Faults
-from agent.devstack.corestore.scratch import Scratch
-from agent.devstack.corestore.server import Jobs, create_app
-from agent.devstack.corestore.storage import Storage
 from agent.secret import Secret
+from devstack.corestore.faults import FaultRule, Faults
+from devstack.corestore.scratch import Scratch
+from devstack.corestore.server import Jobs, create_app
+from devstack.corestore.storage import Storage
 
 __all__ = ["CorestoreHandle", "FaultRule", "Faults", "start"]
 

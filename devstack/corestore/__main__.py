@@ -1,4 +1,4 @@
-"""`python -m agent.devstack.corestore --data-dir D --port P --bearer-file F [--host H]`.
+"""`python -m devstack.corestore --data-dir D --port P --bearer-file F [--host H]`.
 
 Prints `{"url": ...}` on one line when listening; stops cleanly on SIGTERM/SIGINT (exit 0).
 Logs go to stderr (JSON lines, `--log-level`, default warning) so stdout carries only that line:
@@ -14,13 +14,13 @@ import signal
 import sys
 from pathlib import Path
 
-from agent.devstack.corestore import start
 from agent.log import configure_logging
 from agent.secret import Secret
+from devstack.corestore import start
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m agent.devstack.corestore")
+    parser = argparse.ArgumentParser(prog="python -m devstack.corestore")
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--host", default="127.0.0.1")

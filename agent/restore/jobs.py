@@ -42,13 +42,13 @@ from agent.corestore.models import ResourceStatus
 from agent.errors import AgentError, CorestoreError, CorestoreUnavailable, TransferError
 from agent.restore import progress as p
 from agent.restore.machine import Op
-from agent.restore.policy import EngineSettings, Sleep, retrying
+from agent.restore.settings import EngineSettings, Sleep, retrying
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore, StoredState
 
 __all__ = ["Job", "run_cleanup", "run_execute"]
 
-_log = structlog.get_logger("agent.restore.work")
+_log = structlog.get_logger("agent.restore.jobs")
 _VERIFICATION_FAILED = "verification-failed"
 _RESTORE_FAILED = "restore-failed"
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.corestore.models import PrepareRestoreBody, ResourceMapping
-from agent.devstack.corestore.storage import (
+from devstack.corestore.storage import (
     Storage,
     read_json,
     refuse,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from agent.errors import RemoteProtocolError
-from agent.protocol import fastframe
+from agent.protocol import chunk_frames
 from agent.protocol.chunks import CLOSING, DecodedBuffer, decode_chunk, encode_chunk
 from agent.protocol.envelope import (
     STREAM_METHOD,
@@ -19,7 +19,7 @@ from agent.protocol.envelope import (
     encode_envelope,
     parse_frame,
 )
-from agent.protocol.streampkg import StreamPackage, package_from_json, stream_frame
+from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
 
 HEAD = (
     b'{"method":"##VirtualStream##","request":{"streamId":"uni_a","cycleId":"uni_b",'
@@ -37,7 +37,7 @@ def chunk_frame(data: bytes) -> bytes:
 
 
 def fast(frame: bytes) -> dict[str, Any] | None:
-    return fastframe.decode_buffer_frame(frame, STREAM_METHOD)
+    return chunk_frames.decode_buffer_frame(frame, STREAM_METHOD)
 
 
 def assert_same_as_orjson(frame: bytes) -> bytes:
@@ -205,7 +205,7 @@ def test_text_frames_take_the_orjson_path() -> None:
 
 def test_without_simdjson_the_orjson_path_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """With simdjson missing the fast path is off and frames still decode."""
-    monkeypatch.setattr(fastframe, "simdjson", None)
+    monkeypatch.setattr(chunk_frames, "simdjson", None)
     frame = chunk_frame(b"\x01\x02")
     assert fast(frame) is None
     assert parse_frame(frame)["request"]["chunkData"] == {"type": "Buffer", "data": [1, 2]}

@@ -32,12 +32,17 @@ from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+import structlog
+
 from agent import app
 from agent.config import load_config
-from agent.devstack.cloudly import StandInCloudly, cluster_document
-from agent.devstack.corestore import CorestoreHandle, start
-from agent.devstack.corestore.storage import Storage, sha256_file
-from agent.devstack.driver import (
+from agent.errors import AgentError, CallFailed
+from agent.log import configure_logging
+from agent.status import AgentStatus, SessionState
+from devstack.cloudly import StandInCloudly, cluster_document
+from devstack.corestore import CorestoreHandle, start
+from devstack.corestore.storage import Storage, sha256_file
+from devstack.driver import (
     Progress,
     RestoreDriver,
     RestorePlan,
@@ -47,13 +52,12 @@ from agent.devstack.driver import (
     demo_plan,
     stand_in_settings,
 )
-from agent.errors import AgentError, CallFailed
-from agent.log import configure_logging
-from agent.status import AgentStatus, SessionState
 
 __all__ = ["main"]
 
-_PROG: Final = "restore-agent demo"
+_log = structlog.get_logger("devstack.demo")
+
+_PROG: Final = "python -m devstack.demo"
 MiB: Final = 1024 * 1024
 _UNITS: Final = {"": 1, "k": 1024, "m": MiB, "g": 1024 * MiB}
 
@@ -97,10 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     out = _Output(sys.stdout, as_json=arguments.json)
     try:
         asyncio.run(_demo(arguments, out))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  # the top of the demo process: report once
         failure = _known_failure(exc)
         if failure is None:
-            raise  # a bug: the CLI logs it with its traceback and exits 1
+            # A bug: logged once with its traceback through the agent's redacting logger.
+            if not structlog.is_configured():
+                configure_logging()
+            _log.critical("demo_crashed", exc_info=True)
+            return 1
         reason = " ".join((str(failure) or type(failure).__name__).split())
         if isinstance(failure, CallFailed):
             reason = f"{reason} ({failure.error_data.get('code', 'no code')})"
@@ -428,3 +436,7 @@ def _verify_on_disk(data_dir: Path, plan: RestorePlan) -> int:
         if sha256_file(file) != (spec.size, spec.sha256):
             raise DemoFailed(f"{spec.path} on Corestore's disk does not match its sha256")
     return len(plan.objects)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
