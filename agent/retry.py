@@ -1,0 +1,103 @@
+"""The one retry policy of the agent: exponential backoff with full jitter, and `retrying()`.
+
+Who retries what (one layer each, so a budget is never multiplied by another):
+
+- the Cloudly session reconnects for ever, waiting `Backoff.delay(n)` after the n-th consecutive
+  failed attempt (`agent.session.client`);
+- the Corestore client resends one *idempotent* call while Corestore is unavailable, at most
+  `RetryPolicy.attempts` sends in all (`agent.corestore.transport`). Nothing above it resends
+  the same call again: the engine's work fails its step when the client gives up, and Cloudly's
+  replay (or the next cleanup request) resumes it.
+
+Full jitter (delay = U(0, min(cap, base * factor**n))) spreads a fleet of agents that lost the
+same peer at the same moment over the whole window instead of retrying in lockstep.
+
+Considered and not taken: `stamina` (its waits cannot be injected per call, only switched off
+globally for tests) and `tenacity` (its stop/wait/retry objects are a larger surface than the
+forty lines here, and neither models the session's "reset after a stable connection").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+import structlog
+
+from agent.clock import Clock
+
+__all__ = ["Backoff", "RetryPolicy", "retrying"]
+
+_T = TypeVar("_T")
+# factor**_MAX_EXPONENT * base is far above any sane cap; clamping keeps the float finite.
+_MAX_EXPONENT: Final = 62
+_log = structlog.get_logger("agent.retry")
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """The shape of the wait before a retry (seconds)."""
+
+    base: float = 1.0
+    cap: float = 60.0
+    factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not (self.base > 0 and self.cap >= self.base and self.factor >= 1):
+            raise ValueError("backoff needs 0 < base <= cap and factor >= 1")
+
+    def window(self, failures: int) -> float:
+        """The longest wait after `failures` consecutive failures (1-based)."""
+        exponent = min(max(failures - 1, 0), _MAX_EXPONENT)
+        return float(min(self.cap, self.base * self.factor**exponent))
+
+    def delay(self, failures: int, fraction: float) -> float:
+        """The wait after `failures` consecutive failures; `fraction` is a draw from U(0, 1)."""
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError("the random draw must be in [0, 1]")
+        return fraction * self.window(failures)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """`attempts` tries in all (1 means no retry), waiting by `backoff` in between."""
+
+    attempts: int = 4
+    backoff: Backoff = field(default_factory=lambda: Backoff(base=0.25, cap=5.0))
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("attempts must be at least 1")
+
+
+async def retrying(
+    step: Callable[[], Awaitable[_T]],
+    *,
+    policy: RetryPolicy,
+    retry_on: type[Exception] | tuple[type[Exception], ...],
+    clock: Clock,
+    rng: Callable[[], float],
+    what: str,
+) -> _T:
+    """`await step()`, again after a backoff while it raises `retry_on`, `policy.attempts` in all.
+
+    The last attempt's error propagates. `what` names the step in the log (never a secret).
+    """
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return await step()
+        except retry_on as exc:
+            if attempt >= policy.attempts:
+                raise
+            delay = policy.backoff.delay(attempt, rng())
+            _log.warning(
+                "retrying",
+                step=what,
+                attempt=attempt,
+                of=policy.attempts,
+                delay_s=round(delay, 3),
+                error=type(exc).__name__,
+            )
+            await clock.sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns or raises")
