@@ -1,13 +1,17 @@
 """The composition root: `run(config)` builds everything, runs it, and shuts it down in order.
 
-    secrets (files) -> AgentStatus -> CloudlySession -> build_handlers() (the engine's hook)
-    one TaskGroup: the session; SIGTERM/SIGINT set the stop event
-    shutdown, each step bounded: stop intake -> drain in-flight work (shutdown.drain_timeout_s)
-                                 -> close the socket with 1001 -> close everything else
+    secrets (read once, registered with the log redactor) -> AgentStatus
+    -> RevisionStore -> CorestoreClients -> IsolatedRestoreEngine -> its routes
+    -> CloudlySession (the agent's routes plus its own)
+    one TaskGroup: the engine's background work and the session; SIGTERM/SIGINT set `stop`
+    shutdown, each step bounded: stop intake -> drain in-flight requests (drain_timeout_s)
+        -> close the socket with 1001 -> stop the engine's background work
+        -> close the Corestore clients -> close the store
 
-Nothing is built anywhere else: the parts take their collaborators as arguments. Cancellation
-is never swallowed: a step that overruns its bound is abandoned (logged) and the next one runs;
-a crash of the session propagates out of the TaskGroup and out of `run()`.
+Nothing is built anywhere else: every part takes its collaborators as arguments, and every
+long-lived task belongs to the one TaskGroup here. Cancellation is never swallowed: a step that
+overruns its bound is abandoned (logged) and the next one runs; a crash of the session or of
+the engine propagates out of the TaskGroup and out of `run()`.
 """
 
 from __future__ import annotations
@@ -17,62 +21,29 @@ import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
-from typing import Protocol
 
 import structlog
 
 from agent.config import Config, Secrets, load_secrets
-from agent.session.backoff import BackoffPolicy
+from agent.corestore.client import CorestoreClients, CorestoreTimeouts, RetryPolicy
+from agent.log import register_secret
+from agent.protocol.connection import ConnectionSettings
+from agent.protocol.routes import Routes
+from agent.restore.engine import IsolatedRestoreEngine
+from agent.restore.routes import isolated_restore_routes
+from agent.restore.settings import EngineSettings
+from agent.retry import Backoff
 from agent.session.client import CloudlySession, SessionSettings
-from agent.session.peer import PeerSettings
 from agent.status import AgentStatus
+from agent.store import RevisionStore
 
-__all__ = ["HandlerHook", "build_handlers", "run", "session_settings"]
+__all__ = ["run", "session_settings"]
 
 log = structlog.get_logger("agent.app")
 
 # A step may overrun its own deadline by this much before it is abandoned (the drain deadline
 # is enforced by the peer itself; this bound only guards against a step that hangs).
 _GRACE_S = 1.0
-
-
-class HandlerHook(Protocol):
-    """The signature of `build_handlers` (injectable for tests)."""
-
-    async def __call__(
-        self,
-        *,
-        config: Config,
-        secrets: Secrets,
-        session: CloudlySession,
-        status: AgentStatus,
-        resources: AsyncExitStack,
-    ) -> None: ...
-
-
-async def build_handlers(
-    *,
-    config: Config,
-    secrets: Secrets,
-    session: CloudlySession,
-    status: AgentStatus,
-    resources: AsyncExitStack,
-) -> None:
-    """HOOK (restore engine): open what the handlers need and register them on the router.
-
-    Fill in here: open the revision store and the Corestore client with `config` (and
-    `secrets.corestore_credential`), push each onto `resources` (`enter_async_context` /
-    `push_async_callback`) so shutdown closes them after the socket, and register the
-    handlers with `session.router.register(method, handler)`. Handlers read the current
-    cluster with `session.cluster_view`, call Cloudly with `session.call(...)`, and open
-    outgoing streams with `session.open_send_stream()`. Runs once, before the session
-    connects.
-    """
-    # The isolated-restore engine: store, Corestore clients, engine.run()/close(), handlers.
-    from agent.restore.handlers import install
-
-    del status  # the engine reports through its own log events
-    await install(config=config, secrets=secrets, session=session, resources=resources)
 
 
 def session_settings(config: Config) -> SessionSettings:
@@ -90,16 +61,13 @@ def session_settings(config: Config) -> SessionSettings:
         close_timeout=config.shutdown.close_timeout_s,
         call_timeout=cloudly.call_timeout_s,
         identity_renew_margin_s=cloudly.identity_renew_margin_s,
-        backoff=BackoffPolicy(
-            base=cloudly.backoff_base_s,
-            cap=cloudly.backoff_cap_s,
-            stable_after=cloudly.stable_after_s,
-        ),
-        peer=PeerSettings(
+        backoff=Backoff(base=cloudly.backoff_base_s, cap=cloudly.backoff_cap_s),
+        stable_after=cloudly.stable_after_s,
+        connection=ConnectionSettings(
             stream_window=streams.window,
             keepalive_timeout=streams.keepalive_timeout_s,
-            default_call_timeout=cloudly.call_timeout_s,
             chunk_form=streams.chunk_form,
+            max_concurrent_requests=cloudly.max_concurrent_requests,
         ),
     )
 
@@ -107,49 +75,76 @@ def session_settings(config: Config) -> SessionSettings:
 async def run(
     config: Config,
     *,
+    secrets: Secrets | None = None,
     stop: asyncio.Event | None = None,
     status: AgentStatus | None = None,
-    install: HandlerHook = build_handlers,
+    extra_routes: Routes | None = None,
 ) -> None:
-    """Run the agent until SIGTERM/SIGINT (or `stop` is set), then shut down in order."""
-    secrets = load_secrets(config)
+    """Run the agent until SIGTERM/SIGINT (or `stop` is set), then shut down in order.
+
+    `secrets` are read from the files `config` names unless the caller read them already (the
+    CLI does, to fail with exit code 2 before anything starts). `extra_routes` are served next
+    to the agent's own (tests and benchmarks extend the daemon with them).
+    """
+    secrets = secrets if secrets is not None else load_secrets(config)
+    for secret in secrets.all():
+        register_secret(secret)
     status = status if status is not None else AgentStatus()
-    session = CloudlySession(session_settings(config), secrets.machine_token, status)
     stop = stop if stop is not None else asyncio.Event()
-    resources = AsyncExitStack()
-    try:
-        await install(
-            config=config, secrets=secrets, session=session, status=status, resources=resources
+    drain_s, close_s = config.shutdown.drain_timeout_s, config.shutdown.close_timeout_s
+    async with AsyncExitStack() as resources:
+        store = await RevisionStore.open(config.state.directory)
+        resources.push_async_callback(_step, "close the store", store.aclose, close_s)
+        settings = EngineSettings.from_config(config.corestore)
+        corestore = config.corestore
+        clients = CorestoreClients(
+            timeouts=CorestoreTimeouts(
+                connect=corestore.connect_timeout_s,
+                control=corestore.request_timeout_s,
+                transfer=settings.transfer_timeout,
+            ),
+            retry=RetryPolicy(attempts=corestore.retries + 1),
+        )
+        resources.push_async_callback(_step, "close the Corestore clients", clients.close, close_s)
+        engine = IsolatedRestoreEngine(
+            store=store,
+            clients=clients,
+            credential=secrets.corestore_credential,
+            # The session is built next (it serves the engine's routes); the engine reads its
+            # cluster view only while handling a request, when the session exists.
+            cluster_view=lambda: session.cluster_view,
+            settings=settings,
+        )
+        routes = isolated_restore_routes(engine) + (extra_routes or Routes())
+        session = CloudlySession(
+            session_settings(config), secrets.machine_token, status, routes=routes
         )
         with _stop_on_signals(stop):
             async with asyncio.TaskGroup() as group:
+                engine_task = group.create_task(engine.run(), name="isolated-restore-engine")
                 session_task = group.create_task(session.run(), name="cloudly-session")
                 stop_task = group.create_task(stop.wait(), name="stop-signal")
                 await asyncio.wait({session_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
                 stop_task.cancel()
                 log.info("agent_stopping", in_flight=status.snapshot().in_flight)
-                await _shutdown_session(session, session_task, config)
-    finally:
-        await _step("close resources", resources.aclose(), config.shutdown.close_timeout_s)
+                session.stop_intake()
+                await _step("drain in-flight work", lambda: session.drain(drain_s), drain_s)
+                if not await _step("close the Cloudly socket", lambda: session.close(0.0), close_s):
+                    session_task.cancel()  # the TaskGroup awaits it
+                if not await _step(
+                    "stop the engine's work", lambda: engine.close(close_s), close_s
+                ):
+                    engine_task.cancel()
     log.info("agent_stopped")
 
 
-async def _shutdown_session(
-    session: CloudlySession, session_task: asyncio.Task[None], config: Config
-) -> None:
-    drain_s, close_s = config.shutdown.drain_timeout_s, config.shutdown.close_timeout_s
-    session.stop_intake()
-    await _step("drain in-flight work", session.drain(drain_s), drain_s + _GRACE_S)
-    if not await _step("close the Cloudly socket", session.close(0.0), close_s + _GRACE_S):
-        session_task.cancel()  # the TaskGroup awaits it
-
-
-async def _step(name: str, work: Awaitable[None], bound_s: float) -> bool:
-    """Await `work` for at most `bound_s` seconds; log and return False if it overran."""
+async def _step(name: str, work: Callable[[], Awaitable[None]], bound_s: float) -> bool:
+    """Await `work()` for at most `bound_s` (+ grace) seconds; log and return False if it
+    overran."""
     started = asyncio.get_running_loop().time()
     try:
-        async with asyncio.timeout(bound_s):
-            await work
+        async with asyncio.timeout(bound_s + _GRACE_S):
+            await work()
     except TimeoutError:
         # Expected outcome of a hung step, not a crash: no traceback, the step name says it.
         log.error("shutdown_step_overran", step=name, bound_s=bound_s)  # noqa: TRY400

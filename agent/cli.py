@@ -22,7 +22,7 @@ import structlog
 from agent import __version__
 from agent.config import Config, load_config, load_secrets
 from agent.errors import ConfigError
-from agent.log import configure_logging
+from agent.log import configure_logging, register_secret
 
 __all__ = ["EXIT_CONFIG", "EXIT_CRASH", "EXIT_OK", "main"]
 
@@ -128,10 +128,13 @@ def _summary(config: Config) -> list[str]:
 
 def _run(namespace: argparse.Namespace) -> int:
     config = load_config(namespace.config)
-    # Read now so a bad secret file stops start-up with exit code 2 before anything connects.
-    load_secrets(config)
+    # Read now, once, so a bad secret file stops start-up with exit code 2 before anything
+    # connects; the composition root gets them and registers them with the log redactor.
+    secrets = load_secrets(config)
+    for secret in secrets.all():
+        register_secret(secret)  # from here on no log line can carry them
     configure_logging(config.log.format, config.log.level)
     app = importlib.import_module("agent.app")
-    run: Callable[[Config], Coroutine[Any, Any, None]] = app.run
-    asyncio.run(run(config))
+    run: Callable[..., Coroutine[Any, Any, None]] = app.run
+    asyncio.run(run(config, secrets=secrets))
     return EXIT_OK

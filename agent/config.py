@@ -35,7 +35,6 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from agent.errors import ConfigError
-from agent.log import register_secret
 from agent.protocol.chunks import ChunkForm
 from agent.secret import Secret
 
@@ -115,6 +114,7 @@ class CloudlyConfig(_Section):
     identity_renew_margin_s: NonNegativeSeconds = 300.0
     tag_name: Annotated[str, Field(min_length=1)] = "restore-agent"
     tag_payload: Mapping[str, Any] = Field(default_factory=dict)
+    max_concurrent_requests: Annotated[int, Field(ge=1, le=4096)] = 64
 
     @field_validator("url")
     @classmethod
@@ -328,8 +328,8 @@ def read_secret_file(path: Path, key: str) -> Secret:
     """The one-line secret in the file at `path`; `key` names the config key for errors.
 
     Refuses a missing, non-regular, empty, multi-line or oversized file and one that group or
-    others may access. One trailing newline is stripped. The value is registered with the log
-    redactor (`agent.log.register_secret`) so it cannot appear in log output.
+    others may access. One trailing newline is stripped. The composition root registers the
+    value with the log redactor (`agent.app.run`), so it cannot appear in log output.
     """
     try:
         # O_NONBLOCK: a FIFO put there by mistake must not hang start-up.
@@ -356,7 +356,6 @@ def read_secret_file(path: Path, key: str) -> Secret:
     if text != text.strip():
         raise ConfigError(key, f"{path}: has leading or trailing whitespace")
     secret = Secret(text)
-    register_secret(secret)
     return secret
 
 
@@ -388,6 +387,10 @@ class Secrets:
 
     machine_token: Secret
     corestore_credential: Secret
+
+    def all(self) -> tuple[Secret, ...]:
+        """Every secret, for the log redactor."""
+        return (self.machine_token, self.corestore_credential)
 
 
 def load_secrets(config: Config) -> Secrets:

@@ -37,7 +37,9 @@ from websockets.asyncio.server import ServerConnection, serve
 from agent.contracts.base import StreamMarker, WireModel
 from agent.errors import SessionClosed, StreamBroken
 from agent.log import configure_logging
-from agent.session.peer import Peer, PeerSettings, RequestContext, Router
+from agent.protocol.connection import ConnectionSettings
+from agent.protocol.routes import RequestContext, Route, Routes
+from agent.session.peer import Peer
 from agent.session.transport import WebsocketTransport, quiet_websocket_logger
 
 __all__ = ["main"]
@@ -49,15 +51,26 @@ class BenchUpload(WireModel):
     archive: StreamMarker
 
 
+class BenchResult(WireModel):
+    """What arrived."""
+
+    field: str
+    stream_id: str
+    status: str
+    bytes: int
+    chunks: int
+    sha256: str
+    seconds: float
+
+
 def emit(obj: Mapping[str, Any]) -> None:
     """One JSON line on stdout."""
     sys.stdout.buffer.write(orjson.dumps(obj) + b"\n")
     sys.stdout.buffer.flush()
 
 
-async def bench_upload(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+async def bench_upload(body: BenchUpload, ctx: RequestContext) -> BenchResult:
     """Drain the stream, hashing it; answer with what arrived."""
-    body = BenchUpload.model_validate(request, by_alias=True, by_name=False)
     digest = hashlib.sha256()
     size = chunks = 0
     status = "complete"
@@ -72,23 +85,22 @@ async def bench_upload(request: Mapping[str, Any], ctx: RequestContext) -> Mappi
     except StreamBroken:
         status = "broken"
     seconds = 0.0 if first is None else time.perf_counter() - first
-    record = {
-        "field": "archive",
-        "streamId": body.archive.stream_id,
-        "status": status,
-        "bytes": size,
-        "chunks": chunks,
-        "sha256": digest.hexdigest(),
-        "seconds": seconds,
-    }
-    emit({"event": "stream", **record})
+    record = BenchResult(
+        field="archive",
+        stream_id=body.archive.stream_id,
+        status=status,
+        bytes=size,
+        chunks=chunks,
+        sha256=digest.hexdigest(),
+        seconds=seconds,
+    )
+    emit({"event": "stream", **record.to_wire()})
     return record
 
 
-async def serve_forever(port: int, settings: PeerSettings, max_frame: int) -> None:
+async def serve_forever(port: int, settings: ConnectionSettings, max_frame: int) -> None:
     """Serve until SIGTERM/SIGINT."""
-    router = Router()
-    router.register("benchUpload", bench_upload)
+    router = Routes([Route("benchUpload", BenchUpload, bench_upload)])
 
     async def one_connection(websocket: ServerConnection) -> None:
         peer = Peer(WebsocketTransport(websocket), router, settings=settings)
@@ -116,13 +128,13 @@ def main() -> None:
     """Parse the flags and serve."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--window", type=int, default=PeerSettings().stream_window)
+    parser.add_argument("--window", type=int, default=ConnectionSettings().stream_window)
     parser.add_argument("--max-frame-mib", type=int, default=64)
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--profile", type=Path, help="write cProfile stats here at exit")
     args = parser.parse_args()
     configure_logging("json", args.log_level, sys.stderr)
-    settings = PeerSettings(stream_window=args.window)
+    settings = ConnectionSettings(stream_window=args.window)
     work = serve_forever(args.port, settings, args.max_frame_mib * 2**20)
     if args.profile is None:
         asyncio.run(work)

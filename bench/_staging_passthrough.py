@@ -1,8 +1,8 @@
 """The pass-through baseline of bench/staging.py: the agent's session, a trivial forwarding handler.
 
 Runs `agent.app.run()` — the same composition root, Cloudly session, Peer, stream window and
-Corestore client as the agent — with an install hook that registers ONE handler instead of the
-engine: `benchForward {archive: <stream>, endpoint, grant, stagingArchiveId, path, size, sha256,
+Corestore client as the agent — with ONE extra route the engine does not use:
+`benchForward {archive: <stream>, endpoint, grant, stagingArchiveId, path, size, sha256,
 chunkDigests}`. It re-cuts the stream into `[corestore] chunk_size` chunks with the engine's own
 `rechunk()` and PUTs each to the reference Corestore's chunk route through `CorestoreClient`,
 `max_in_flight` chunks queued between reader and uploader exactly like the engine — but it
@@ -21,21 +21,16 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Mapping
-from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
 
 from agent import app
-from agent.config import Config, Secrets, load_config
+from agent.config import Config, Secrets, load_config, load_secrets
 from agent.contracts.base import StreamMarker, WireModel
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts, RetryPolicy
 from agent.log import configure_logging
+from agent.protocol.routes import RequestContext, Route, Routes
 from agent.restore.staging import rechunk
 from agent.secret import Secret
-from agent.session.client import CloudlySession
-from agent.session.peer import RequestContext
-from agent.status import AgentStatus
 
 __all__ = ["METHOD_FORWARD", "main"]
 
@@ -55,30 +50,21 @@ class ForwardRequest(WireModel):
     chunk_digests: list[str]
 
 
-async def install(
-    *,
-    config: Config,
-    secrets: Secrets,
-    session: CloudlySession,
-    status: AgentStatus,
-    resources: AsyncExitStack,
-) -> None:
-    """The hook `app.run()` calls: Corestore clients like the engine's, one handler."""
-    del status
+class ForwardResult(WireModel):
+    """`benchForward`'s answer."""
+
+    bytes: int
+    chunks: int
+    forward_seconds: float
+    commit_seconds: float
+
+
+def forward_route(config: Config, secrets: Secrets, clients: CorestoreClients) -> Routes:
+    """`benchForward`, over Corestore clients made like the engine's."""
     corestore = config.corestore
-    clients = CorestoreClients(
-        timeouts=CorestoreTimeouts(
-            connect=corestore.connect_timeout_s,
-            control=corestore.request_timeout_s,
-            transfer=max(corestore.request_timeout_s, 300.0),
-        ),
-        retry=RetryPolicy(attempts=corestore.retries + 1),
-    )
-    resources.push_async_callback(clients.close)
     credential = secrets.corestore_credential
 
-    async def forward(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
-        body = ForwardRequest.from_wire(dict(request))
+    async def forward(body: ForwardRequest, ctx: RequestContext) -> ForwardResult:
         client = clients.client_for(body.endpoint, credential)
         grant = Secret(body.grant)
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=corestore.max_in_flight)
@@ -109,14 +95,33 @@ async def install(
             body.staging_archive_id, body.path, body.size, body.sha256, grant
         )
         committed = time.perf_counter()
-        return {
-            "bytes": sent,
-            "chunks": chunks,
-            "forwardSeconds": forwarded - started,
-            "commitSeconds": committed - forwarded,
-        }
+        return ForwardResult(
+            bytes=sent,
+            chunks=chunks,
+            forward_seconds=forwarded - started,
+            commit_seconds=committed - forwarded,
+        )
 
-    session.router.register(METHOD_FORWARD, forward)
+    return Routes([Route(METHOD_FORWARD, ForwardRequest, forward)])
+
+
+async def serve(config: Config) -> None:
+    """The agent, serving `benchForward` too, until SIGTERM/SIGINT."""
+    secrets = load_secrets(config)
+    corestore = config.corestore
+    clients = CorestoreClients(
+        timeouts=CorestoreTimeouts(
+            connect=corestore.connect_timeout_s,
+            control=corestore.request_timeout_s,
+            transfer=max(corestore.request_timeout_s, 300.0),
+        ),
+        retry=RetryPolicy(attempts=corestore.retries + 1),
+    )
+    try:
+        routes = forward_route(config, secrets, clients)
+        await app.run(config, secrets=secrets, extra_routes=routes)
+    finally:
+        await clients.close()
 
 
 def main() -> None:
@@ -126,7 +131,7 @@ def main() -> None:
     args = parser.parse_args()
     config = load_config(args.config)
     configure_logging(config.log.format, config.log.level, sys.stderr)
-    asyncio.run(app.run(config, install=install))
+    asyncio.run(serve(config))
 
 
 if __name__ == "__main__":

@@ -42,12 +42,13 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agent.corestore.client import CorestoreClient
 from agent.log import configure_logging
+from agent.protocol.chunks import ChunkForm
+from agent.protocol.connection import ConnectionSettings
 from agent.secret import Secret
-from agent.session.peer import PeerSettings
 from bench._procstat import machine_facts, memory_kib
 from bench._staging_report import report
 from bench._staging_runs import (
@@ -146,7 +147,9 @@ async def cloudly_for(corestore: Corestore, form: str) -> AsyncIterator[StandInC
     """A stand-in Cloudly sending stream chunks in `form`, serving one cluster of one node."""
     document = cluster_document(CLUSTER, {NODE: corestore.url})
     async with StandInCloudly(
-        token=TOKEN, cluster=document, peer_settings=PeerSettings(chunk_form=form)
+        token=TOKEN,
+        cluster=document,
+        peer_settings=ConnectionSettings(chunk_form=cast(ChunkForm, form)),
     ) as cloudly:
         yield cloudly
 

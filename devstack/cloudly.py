@@ -36,8 +36,18 @@ from typing import Any, Self
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 
+from agent.contracts.base import PassThroughModel, WireModel
+from agent.contracts.cluster import (
+    METHOD_GET_CLUSTER_CONFIG,
+    METHOD_GET_IDENTITY_BY_TOKEN,
+    GetClusterConfigRequest,
+    GetIdentityByTokenRequest,
+)
 from agent.errors import AuthenticationFailed, SessionClosed
-from agent.session.peer import ByteSink, Peer, PeerSettings, RequestContext, Router
+from agent.protocol.connection import ConnectionSettings
+from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
+from agent.session.client import METHOD_SET_TAG
+from agent.session.peer import Peer
 from agent.session.transport import WebsocketTransport, quiet_websocket_logger
 
 __all__ = ["ABSENT", "AgentConnection", "CloudlyEvent", "StandInCloudly", "cluster_document"]
@@ -88,10 +98,24 @@ class AgentConnection:
     """One connected agent."""
 
     number: int
-    peer: Peer
+    peer: Peer | None
     transport: WebsocketTransport
     websocket: ServerConnection
     tags: dict[str, Any] = field(default_factory=dict)
+
+
+class Document(PassThroughModel):
+    """Any JSON object, kept verbatim: the stand-in's answers (and what a test wants sent)."""
+
+
+class SetTagRequest(WireModel):
+    """`__typedsocket_setTag {name, payload}` (typedsocket 4.x)."""
+
+    name: str
+    payload: Any = None
+
+
+AnswerEdit = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def _b64url(data: bytes) -> str:
@@ -109,7 +133,7 @@ class StandInCloudly:
         services: Sequence[Mapping[str, Any]] = (),
         identity_lifetime_s: float = 3600.0,
         clock: Callable[[], float] = time.time,
-        peer_settings: PeerSettings | None = None,
+        peer_settings: ConnectionSettings | None = None,
         max_frame_bytes: int = _DEFAULT_MAX_FRAME,
         accept_tags: bool = True,
         ssl_context: ssl.SSLContext | None = None,
@@ -122,7 +146,10 @@ class StandInCloudly:
         self.identity_lifetime_s = identity_lifetime_s
         self.accept_tags = accept_tags
         self._clock = clock
-        self._peer_settings = peer_settings or PeerSettings()
+        self._peer_settings = peer_settings or ConnectionSettings()
+        # method -> how to change the stand-in's answer before it is sent (a test makes Cloudly
+        # answer in a shape it would not, e.g. without `services`)
+        self.answer_edits: dict[str, AnswerEdit] = {}
         self._max_frame = max_frame_bytes
         self._ssl = ssl_context
         self._stalled: set[int] = set()  # connections that no longer read: stop() cuts them
@@ -216,7 +243,9 @@ class StandInCloudly:
     @property
     def agent_peer(self) -> Peer:
         """The `Peer` of the most recent open connection."""
-        return self.connection.peer
+        peer = self.connection.peer
+        assert peer is not None  # set before the connection is listed
+        return peer
 
     async def call_agent(
         self,
@@ -229,7 +258,8 @@ class StandInCloudly:
 
     def open_send_stream(self) -> tuple[dict[str, Any], ByteSink]:
         """A stream Cloudly initiates towards the agent: (marker for a request, sink)."""
-        return self.agent_peer.open_send_stream()
+        marker, sink = self.agent_peer.open_send_stream()
+        return marker.to_wire(), sink
 
     async def push_cluster_config(
         self,
@@ -292,10 +322,9 @@ class StandInCloudly:
     async def _serve(self, websocket: ServerConnection) -> None:
         number = next(self._numbers)
         transport = WebsocketTransport(websocket)
-        router = Router()
-        peer = Peer(transport, router, settings=self._peer_settings)
-        connection = AgentConnection(number, peer, transport, websocket)
-        self._route(router, connection)
+        connection = AgentConnection(number, None, transport, websocket)
+        peer = Peer(transport, self._routes(connection), settings=self._peer_settings)
+        connection.peer = peer
         self._connections[number] = connection
         offered = (
             websocket.request.headers.get("Sec-WebSocket-Extensions") if websocket.request else None
@@ -313,51 +342,58 @@ class StandInCloudly:
                 code, reason = websocket.close_code, websocket.close_reason or ""
             self._record("disconnected", number, code=code, reason=reason)
 
-    def _route(self, router: Router, connection: AgentConnection) -> None:
+    def _routes(self, connection: AgentConnection) -> Routes:
+        def answer(method: str, body: dict[str, Any]) -> Document:
+            edit = self.answer_edits.get(method)
+            return Document.model_validate(edit(body) if edit is not None else body)
+
         async def get_identity_by_token(
-            request: Mapping[str, Any], ctx: RequestContext
-        ) -> Mapping[str, Any]:
-            if request.get("token") != self._token or not isinstance(request.get("token"), str):
+            request: GetIdentityByTokenRequest, ctx: RequestContext
+        ) -> Document:
+            if request.token.reveal() != self._token:
                 self._record("identity-refused", connection.number)
                 raise AuthenticationFailed("the machine token is not valid")
             expires_at = int((self._clock() + self.identity_lifetime_s) * 1000)
             jwt = self._issue_jwt(expires_at)
             self._record("identity-issued", connection.number, expires_at=expires_at)
-            return {
-                "identity": {
-                    "name": "cluster-machine",
-                    "userId": "machine-user-1",
-                    "type": "machine",
-                    "role": "cluster",
-                    "expiresAt": expires_at,
-                    "jwt": jwt,
-                }
+            identity = {
+                "name": "cluster-machine",
+                "userId": "machine-user-1",
+                "type": "machine",
+                "role": "cluster",
+                "expiresAt": expires_at,
+                "jwt": jwt,
             }
+            return answer(METHOD_GET_IDENTITY_BY_TOKEN, {"identity": identity})
 
-        async def set_tag(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
-            name = request.get("name")
-            if not isinstance(name, str) or not self.accept_tags:
+        async def set_tag(request: SetTagRequest, ctx: RequestContext) -> Document:
+            if not self.accept_tags:
                 self._record("tag-refused", connection.number)
-                return {"success": False}
-            connection.tags[name] = request.get("payload")
-            self._record("tag-set", connection.number, name=name, payload=request.get("payload"))
-            return {"success": True}
+                return answer(METHOD_SET_TAG, {"success": False})
+            connection.tags[request.name] = request.payload
+            self._record("tag-set", connection.number, name=request.name, payload=request.payload)
+            return answer(METHOD_SET_TAG, {"success": True})
 
         async def get_cluster_config(
-            request: Mapping[str, Any], ctx: RequestContext
-        ) -> Mapping[str, Any]:
-            identity = request.get("identity")
-            jwt = identity.get("jwt") if isinstance(identity, Mapping) else None
-            expires_at = self._jwts.get(jwt) if isinstance(jwt, str) else None
+            request: GetClusterConfigRequest, ctx: RequestContext
+        ) -> Document:
+            expires_at = self._jwts.get(request.identity.jwt.reveal())
             if expires_at is None or expires_at <= self._clock() * 1000:
                 self._record("cluster-config-refused", connection.number)
                 raise AuthenticationFailed("the identity is not valid or has expired")
             self._record("cluster-config-read", connection.number)
-            return {"configData": self.cluster, "services": list(self.services)}
+            body = {"configData": self.cluster, "services": list(self.services)}
+            return answer(METHOD_GET_CLUSTER_CONFIG, body)
 
-        router.register("getIdentityByToken", get_identity_by_token)
-        router.register("__typedsocket_setTag", set_tag)
-        router.register("getClusterConfig", get_cluster_config)
+        return Routes(
+            [
+                Route(
+                    METHOD_GET_IDENTITY_BY_TOKEN, GetIdentityByTokenRequest, get_identity_by_token
+                ),
+                Route(METHOD_SET_TAG, SetTagRequest, set_tag),
+                Route(METHOD_GET_CLUSTER_CONFIG, GetClusterConfigRequest, get_cluster_config),
+            ]
+        )
 
     def _issue_jwt(self, expires_at_ms: int) -> str:
         header = _b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())

@@ -21,7 +21,7 @@ Retries (`retries=N`): a retryable refusal (`error.data.retryable`) is re-sent a
 reconnected and read its cluster document. Each attempt is the same request with a fresh grant
 (and, for a stage, a fresh stream) at the same `expectedRevision`: the agent's exact-replay rule
 makes that safe when the lost attempt did succeed. The chunk form is the stand-in's
-(`PeerSettings.chunk_form`, see `stand_in_settings()`); the piece size is the driver's.
+(`ConnectionSettings.chunk_form`, see `stand_in_settings()`); the piece size is the driver's.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from agent.contracts.isolatedrestore import (
     METHOD_STAGE,
 )
 from agent.errors import CallFailed, CallTimeout, SessionClosed, StreamBroken
-from agent.session.peer import ByteSink, PeerSettings
+from agent.protocol.connection import ConnectionSettings
+from agent.protocol.routes import ByteSink
 from devstack.archive import (
     BLOCK_SIZE,
     GRANT_MARK,
@@ -73,9 +74,9 @@ __all__ = [
 
 def stand_in_settings(
     chunk_form: Literal["buffer", "base64"] = "buffer", *, stream_window: int = 16
-) -> PeerSettings:
+) -> ConnectionSettings:
     """Peer settings for a `StandInCloudly` sending stream chunks in `chunk_form`."""
-    return PeerSettings(chunk_form=chunk_form, stream_window=stream_window)
+    return ConnectionSettings(chunk_form=chunk_form, stream_window=stream_window)
 
 
 # --- progress ----------------------------------------------------------------------------------

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import signal
-from collections.abc import AsyncIterator, Awaitable, Mapping
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from agent import app
-from agent.config import Config, Secrets
+from agent.config import Config
 from agent.errors import AgentError, CallFailed, ConfigError, SessionClosed
-from agent.session.client import CloudlySession
-from agent.session.peer import RequestContext
+from agent.log import scrub_text
+from agent.protocol.routes import RequestContext, Routes
+from agent.secret import MASK
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 from devstack.cloudly import StandInCloudly, cluster_document
+from tests.session._helpers import body_route
 
 TOKEN = "machine-token-a1b2c3d4e5f60718"
 
@@ -28,7 +31,13 @@ def _secret_file(path: Path, value: str) -> Path:
     return path
 
 
-def _config(tmp_path: Path, cloudly: StandInCloudly, *, drain_s: float = 10.0) -> Config:
+def _config(
+    tmp_path: Path,
+    cloudly: StandInCloudly,
+    *,
+    drain_s: float = 10.0,
+    credential: str = "corestore-cred-1",
+) -> Config:
     return Config.model_validate(
         {
             "cloudly": {
@@ -36,7 +45,7 @@ def _config(tmp_path: Path, cloudly: StandInCloudly, *, drain_s: float = 10.0) -
                 "token_file": str(_secret_file(tmp_path / "token", TOKEN)),
             },
             "corestore": {
-                "credential_file": str(_secret_file(tmp_path / "corestore", "corestore-cred-1")),
+                "credential_file": str(_secret_file(tmp_path / "corestore", credential)),
             },
             "state": {"directory": str(tmp_path / "state")},
             "shutdown": {"drain_timeout_s": drain_s, "close_timeout_s": 2.0},
@@ -56,30 +65,15 @@ def _connected(snapshot: StatusSnapshot) -> bool:
 
 
 class _SlowWork:
-    """A handler hook: registers `slow`, which waits for `release`, and records cleanup."""
+    """An extra route `slow`, which waits for `release`."""
 
     def __init__(self) -> None:
         self.started = asyncio.Event()
         self.release = asyncio.Event()
         self.cancelled = False
-        self.closed_resources: list[str] = []
 
-    async def __call__(
-        self,
-        *,
-        config: Config,
-        secrets: Secrets,
-        session: CloudlySession,
-        status: AgentStatus,
-        resources: AsyncExitStack,
-    ) -> None:
-        async def close_store() -> None:
-            # Resources close after the socket: by then the session has stopped.
-            self.closed_resources.append(status.snapshot().state.value)
-
-        resources.push_async_callback(close_store)
-
-        async def slow(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    def routes(self) -> Routes:
+        async def slow(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
             self.started.set()
             try:
                 await self.release.wait()
@@ -88,7 +82,20 @@ class _SlowWork:
                 raise
             return {"done": True}
 
-        session.router.register("slow", slow)
+        return Routes([body_route("slow", slow)])
+
+
+SHUTDOWN_ORDER = [
+    "drain in-flight work",
+    "close the Cloudly socket",
+    "stop the engine's work",
+    "close the Corestore clients",
+    "close the store",
+]
+
+
+def _steps(logs: list[dict[str, Any]]) -> list[str]:
+    return [entry["step"] for entry in logs if entry["event"] == "shutdown_step_done"]
 
 
 @pytest.fixture
@@ -103,24 +110,27 @@ async def test_stop_drains_in_flight_work_then_closes_with_going_away(
 ) -> None:
     """On stop: new requests are refused `shutting-down`, running ones finish, then 1001."""
     stop, status, hook = asyncio.Event(), AgentStatus(), _SlowWork()
-    async with asyncio.TaskGroup() as group:
-        agent = group.create_task(
-            app.run(_config(tmp_path, cloudly), stop=stop, status=status, install=hook)
-        )
-        await status.wait_until(_connected)
-        pending = group.create_task(cloudly.call_agent("slow", {}))
-        await hook.started.wait()
-        stop.set()
-        await status.wait_until(lambda s: s.state is SessionState.DRAINING)
-        with pytest.raises(CallFailed) as refused:
-            await cloudly.call_agent("slow", {})
-        hook.release.set()
+    with structlog.testing.capture_logs() as logs:
+        async with asyncio.TaskGroup() as group:
+            agent = group.create_task(
+                app.run(
+                    _config(tmp_path, cloudly), stop=stop, status=status, extra_routes=hook.routes()
+                )
+            )
+            await status.wait_until(_connected)
+            pending = group.create_task(cloudly.call_agent("slow", {}))
+            await hook.started.wait()
+            stop.set()
+            await status.wait_until(lambda s: s.state is SessionState.DRAINING)
+            with pytest.raises(CallFailed) as refused:
+                await cloudly.call_agent("slow", {})
+            hook.release.set()
     assert agent.result() is None
     assert pending.result() == {"done": True}
     assert refused.value.error_data == {"code": "shutting-down", "retryable": True}
     closed = await cloudly.wait_for("disconnected")
     assert closed.detail["code"] == 1001
-    assert hook.closed_resources == ["stopped"]
+    assert _steps(logs) == SHUTDOWN_ORDER  # resources close after the socket, the store last
     assert status.snapshot().state is SessionState.STOPPED
 
 
@@ -131,7 +141,9 @@ async def test_work_outliving_the_drain_deadline_is_cancelled(
     stop, status, hook = asyncio.Event(), AgentStatus(), _SlowWork()
     config = _config(tmp_path, cloudly, drain_s=0.2)
     async with asyncio.TaskGroup() as group:
-        agent = group.create_task(app.run(config, stop=stop, status=status, install=hook))
+        agent = group.create_task(
+            app.run(config, stop=stop, status=status, extra_routes=hook.routes())
+        )
         await status.wait_until(_connected)
         pending = group.create_task(_outcome(cloudly.call_agent("slow", {})))
         await hook.started.wait()
@@ -198,4 +210,19 @@ def test_session_settings_follow_the_configuration(tmp_path: Path) -> None:
     assert settings.url == "wss://cloudly.example"
     assert (settings.max_frame_bytes, settings.ping_interval) == (32 * 2**20, 7.0)
     assert settings.tag_payload == {"cluster": "c1"}
-    assert (settings.close_timeout, settings.peer.stream_window) == (3.0, 8)
+    assert (settings.close_timeout, settings.connection.stream_window) == (3.0, 8)
+
+
+async def test_the_secrets_it_reads_are_masked_in_every_log_line(
+    tmp_path: Path, cloudly: StandInCloudly
+) -> None:
+    """`run()` registers the secrets it read with the log redactor before anything runs."""
+    credential = "opaque-" + secrets.token_hex(12)
+    stop, status = asyncio.Event(), AgentStatus()
+    config = _config(tmp_path, cloudly, credential=credential)
+    async with asyncio.TaskGroup() as group:
+        agent = group.create_task(app.run(config, stop=stop, status=status))
+        await status.wait_until(_connected)
+        stop.set()
+    assert agent.result() is None
+    assert scrub_text(f"sending {credential} now") == f"sending {MASK} now"

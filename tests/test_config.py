@@ -23,8 +23,7 @@ from agent.config import (
     read_secret_file,
 )
 from agent.errors import ConfigError
-from agent.log import scrub_text
-from agent.secret import MASK, Secret
+from agent.secret import Secret
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "config.example.toml"
 
@@ -513,13 +512,6 @@ def test_fifo_as_secret_file_is_refused_without_blocking(tmp_path: Path) -> None
     os.mkfifo(fifo, 0o600)
     with pytest.raises(ConfigError, match="is not a regular file"):
         read_secret_file(fifo, "k")
-
-
-def test_secret_read_from_file_is_masked_in_log_text(tmp_path: Path) -> None:
-    """A secret read from its file is registered with the log redactor."""
-    value = "opaque-" + secrets.token_hex(12)
-    read_secret_file(write_secret(tmp_path / "t", value), "cloudly.token_file")
-    assert scrub_text(f"sending {value} now") == f"sending {MASK} now"
 
 
 def test_load_secrets_reads_both_files(tmp_path: Path) -> None:

@@ -6,18 +6,25 @@
   `agent/session/transport.py`, aiosqlite in `agent/store/`.
 - Only the CLI imports the composition root `agent.app`.
 - The product holds only the daemon: nothing in `agent/` imports the stand-ins (`devstack`) or
-  the tests' helpers.
+  the tests' helpers, and the wheel built from `pyproject.toml` holds `agent/` and nothing else.
+- The sans-I/O protocol (`agent/protocol/`) depends on nothing of the agent but the errors and
+  the contracts; no two modules of the product import each other (directly or around a circle).
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
+import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-AGENT = Path(__file__).resolve().parent.parent / "agent"
+ROOT = Path(__file__).resolve().parent.parent
+AGENT = ROOT / "agent"
 
 PURE = [
     *sorted((AGENT / "contracts").glob("*.py")),
@@ -104,3 +111,100 @@ def test_the_product_imports_no_stand_in_and_no_test_helper() -> None:
         if name.split(".")[0] in ("devstack", "tests")
     }
     assert strays == {}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(AGENT.rglob("*.py"))}
+
+
+def _product_imports(path: Path) -> set[str]:
+    """The product modules `path` imports, those only for type checking included."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in MODULES else node.module)
+    return {name for name in found if name in MODULES}
+
+
+def test_the_protocol_depends_only_on_errors_and_contracts() -> None:
+    """`agent/protocol/` imports, of the product, only itself, `agent.errors` and contracts."""
+    allowed = ("agent.protocol", "agent.errors", "agent.contracts")
+    strays = {
+        module: sorted(name for name in _product_imports(path) if not name.startswith(allowed))
+        for module, path in MODULES.items()
+        if module.startswith("agent.protocol")
+    }
+    assert {module: names for module, names in strays.items() if names} == {}
+
+
+def test_no_product_modules_import_each_other_in_a_circle() -> None:
+    """The import graph of `agent/` has no cycle, not even through imports made only for type
+    checking (as the old peer <-> peer_types one was)."""
+    graph = {module: _product_imports(path) - {module} for module, path in MODULES.items()}
+    # A package's __init__ re-exporting its submodules is not a circle with them.
+    for module in graph:
+        graph[module] = {name for name in graph[module] if not module.startswith(name + ".")}
+    done: set[str] = set()
+
+    def visit(module: str, trail: list[str]) -> list[str] | None:
+        if module in trail:
+            return [*trail[trail.index(module) :], module]
+        if module in done:
+            return None
+        for target in sorted(graph[module]):
+            cycle = visit(target, [*trail, module])
+            if cycle is not None:
+                return cycle
+        done.add(module)
+        return None
+
+    cycles = [cycle for module in sorted(graph) if (cycle := visit(module, [])) is not None]
+    assert cycles == []
+
+
+def test_the_wheel_holds_the_daemon_and_nothing_else(tmp_path: Path) -> None:
+    """Built from this checkout's pyproject.toml, the wheel has `agent/` files only: no
+    stand-in, fake, demo, test or benchmark."""
+    source = tmp_path / "source"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "node_modules", "build", "dist", "*.egg-info", "__pycache__", ".*cache"
+        ),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(source),
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "--wheel-dir",
+            str(tmp_path / "dist"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    [wheel] = (tmp_path / "dist").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    packaged = {name.split("/")[0] for name in names if ".dist-info/" not in name}
+    assert packaged == {"agent"}
+    sources = {name for name in names if name.endswith(".py")}
+    expected = {path.relative_to(ROOT).as_posix() for path in AGENT.rglob("*.py")}
+    assert sources == expected
+    assert "agent/py.typed" in names

@@ -10,6 +10,13 @@
 - `read_cluster_view()`: the routing view the engine uses: node id -> validated endpoint or the
   reasons there is none. Never a guessed endpoint.
 
+What the agent USES of Cloudly's answers is read with tolerant models (`TokenAnswer`,
+`TagAnswer`, `ClusterConfigAnswer`, `ClusterConfigPush`): exactly the fields the agent needs are
+required and typed, anything else may be missing or extra. The exact seed shapes
+(`GetIdentityByTokenResponse`, `GetClusterConfigResponse`, ...) stay, to name how an answer
+deviates from the contract (`contract_deviation()`), which the session logs once: a Cloudly
+that leaves out `services`, which the agent does not use, must not keep it from working.
+
 Decisions:
 
 - `Identity` ignores fields it does not know instead of refusing them: the seed defines it exactly,
@@ -29,10 +36,10 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import ada_url
-from pydantic import ConfigDict
+from pydantic import ConfigDict, ValidationError
 
 from agent.contracts.backup import Identifier, PassThroughDocument
-from agent.contracts.base import NonNegativeSafeInt, WireModel
+from agent.contracts.base import NonNegativeSafeInt, WireModel, first_problem
 from agent.contracts.relay import Service
 from agent.errors import NodeWithoutCorestore, UnknownNode
 from agent.secret import Secret
@@ -42,6 +49,8 @@ __all__ = [
     "METHOD_GET_CLUSTER_CONFIG",
     "METHOD_GET_IDENTITY_BY_TOKEN",
     "METHOD_PUSH_CLUSTER_CONFIG",
+    "ClusterConfigAnswer",
+    "ClusterConfigPush",
     "ClusterData",
     "ClusterDocument",
     "ClusterView",
@@ -56,6 +65,10 @@ __all__ = [
     "NodeView",
     "PushClusterConfigRequest",
     "PushClusterConfigResponse",
+    "TagAnswer",
+    "TokenAnswer",
+    "UsedIdentity",
+    "contract_deviation",
     "read_cluster_view",
     "validate_cluster_node_corestore",
 ]
@@ -162,6 +175,63 @@ class PushClusterConfigRequest(WireModel):
 
 class PushClusterConfigResponse(WireModel):
     """`pushClusterConfig` response: `{}`."""
+
+
+# --- what the agent uses of Cloudly's answers ---------------------------------------------------
+
+
+class _Used(WireModel):
+    """The fields the agent reads; any other field may be missing or extra (and is dropped)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class UsedIdentity(_Used):
+    """What the agent uses of an identity: the JWT it sends back, and when it expires."""
+
+    expires_at: NonNegativeSafeInt
+    jwt: Secret
+
+    def credential(self) -> IdentityCredential:
+        """The JWT-only credential `getClusterConfig` takes."""
+        return IdentityCredential(jwt=self.jwt)
+
+
+class TokenAnswer(_Used):
+    """What the agent uses of the `getIdentityByToken` answer."""
+
+    identity: UsedIdentity
+
+
+class TagAnswer(_Used):
+    """What the agent uses of the `__typedsocket_setTag` answer."""
+
+    success: bool
+
+
+class ClusterConfigAnswer(_Used):
+    """What the agent uses of the `getClusterConfig` answer: the cluster document."""
+
+    config_data: ClusterDocument
+
+
+class ClusterConfigPush(PassThroughDocument):
+    """What the agent uses of a `pushClusterConfig` request: the cluster document (the rest is
+    kept, so the session can name how the request deviates from the contract)."""
+
+    config_data: ClusterDocument
+
+
+def contract_deviation(contract: type[WireModel], data: Any) -> tuple[str, str] | None:
+    """How `data` deviates from the exact `contract` shape (field path, reason), or None.
+
+    The reason never quotes the value (it may be a credential).
+    """
+    try:
+        contract.from_wire(data)
+    except ValidationError as exc:
+        return first_problem(exc, root="answer")
+    return None
 
 
 # --- the Corestore endpoint rule (seed 001 `validateClusterNodeCorestore`) ----------------------

@@ -1,9 +1,10 @@
 """Outgoing calls: fresh correlation ids, absolute deadlines, `retry` bookkeeping (wire.md §1.4).
 
-Pure: the driver passes `now` from its injected clock and acts on the returned outcomes. A call
-is sent, then either answered (`Completed`/`Failed`), asked to wait and resend the IDENTICAL
-frame, same correlation id (`Resend`, at most `max_attempts` sends in all), or expires
-(`expire(now)`). Replies for ids we do not know are reported as `Unmatched` and dropped.
+Pure: the connection passes `now` and acts on the returned outcomes. A call is encoded once
+(`PendingCall.wire`), sent, then either answered (`Completed`/`Failed`), asked to wait and send
+the IDENTICAL bytes again, same correlation id (`Resend`; `due_resends(now)` hands them out when
+their time comes, at most `max_attempts` sends in all), or expires (`expire(now)`). Replies for
+ids we do not know are reported as `Unmatched` and dropped.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.errors import CallFailed, CallTimeout, InvalidState
-from agent.protocol.envelope import Correlation, Envelope
+from agent.errors import CallFailed, CallTimeout, InvalidState, SessionClosed
+from agent.protocol.envelope import Correlation, Envelope, encode_envelope
 
 __all__ = ["CallTable", "Completed", "Failed", "Outcome", "PendingCall", "Resend", "Unmatched"]
 
@@ -25,6 +26,7 @@ class PendingCall:
     call_id: str
     method: str
     frame: Envelope
+    wire: bytes  # the frame encoded once: every resend is byte-identical
     timeout: float
     deadline: float
     sends: int = 1
@@ -41,10 +43,11 @@ class Completed:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The call is over without a response: `error` reply, retry limit, or deadline."""
+    """The call is over without a response: `error` reply, retry limit, deadline, or the
+    session closed."""
 
     call_id: str
-    error: CallFailed | CallTimeout
+    error: CallFailed | CallTimeout | SessionClosed
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,10 @@ class CallTable:
     def start(
         self, method: str, request: Mapping[str, Any], *, now: float, timeout: float
     ) -> PendingCall:
-        """Register a call; the returned `frame` is what to send."""
+        """Register a call; the returned `wire` is what to send.
+
+        Raises `TypeError` when `request` holds something JSON cannot carry (a `Secret`).
+        """
         if timeout <= 0:
             raise InvalidState(f"call timeout must be positive, got {timeout!r}")
         call_id = self.new_id()
@@ -92,7 +98,7 @@ class CallTable:
             response=None,
             correlation=Correlation(call_id, "request"),
         )
-        call = PendingCall(call_id, method, frame, timeout, now + timeout)
+        call = PendingCall(call_id, method, frame, encode_envelope(frame), timeout, now + timeout)
         self._calls[call_id] = call
         return call
 
@@ -131,9 +137,22 @@ class CallTable:
             del self._calls[call.call_id]
         return [Failed(call.call_id, CallTimeout(call.method, call.timeout)) for call in expired]
 
+    def due_resends(self, now: float) -> list[PendingCall]:
+        """Calls whose advised resend time has come (each is handed out once per `retry`)."""
+        due = [
+            call
+            for call in self._calls.values()
+            if call.resend_at is not None and now >= call.resend_at
+        ]
+        for call in due:
+            call.resend_at = None
+        return due
+
     def next_deadline(self) -> float | None:
-        """The earliest deadline, if any call is pending."""
-        return min((call.deadline for call in self._calls.values()), default=None)
+        """The earliest deadline or advised resend time, if any call is pending."""
+        times = [call.deadline for call in self._calls.values()]
+        times += [call.resend_at for call in self._calls.values() if call.resend_at is not None]
+        return min(times, default=None)
 
     def cancel(self, call_id: str) -> None:
         """Forget a call (its caller gave up); a later reply is `Unmatched`."""

@@ -42,6 +42,7 @@ __all__ = [
     "error_reply",
     "parse_frame",
     "reply",
+    "retry_reply",
 ]
 
 STREAM_METHOD = "##VirtualStream##"
@@ -199,6 +200,15 @@ def reply(env: Envelope, response: Any) -> Envelope:
 def error_reply(env: Envelope, text: str, data: Mapping[str, Any]) -> Envelope:
     """The error reply to request `env`: `response` null, `error {text, data}`, never `retry`."""
     return replace(reply(env, None), error=ErrorInfo(text, dict(data)))
+
+
+def retry_reply(env: Envelope, wait_for_ms: float, reason: str) -> Envelope:
+    """The answer asking the caller of request `env` to send it again after `wait_for_ms`.
+
+    `response` null and no `error`: a typedrequest caller that sees `retry` without `error`
+    waits and resends the identical request (wire.md §1.4); with both it would crash.
+    """
+    return replace(reply(env, None), retry=RetryAdvice(wait_for_ms, reason))
 
 
 def _revive(value: Any) -> Any:

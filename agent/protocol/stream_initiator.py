@@ -160,7 +160,12 @@ class InitiatorStream:
         )
 
     def next_wakeup(self) -> float | None:
-        """The next time `poll` has something timed to do (None: only events matter)."""
+        """The next time `poll` has something timed to do (None: only events matter).
+
+        A time it reports is one at which `poll` acts, so a driver that wakes then never finds
+        the same time reported again: the data pause counts only while a data frame could go
+        out (the events that change that, a write or a take, make the driver poll anyway).
+        """
         if self.state is not InitiatorState.OPEN:
             return None
         times = [self._last_ok + self._timeout]
@@ -168,9 +173,19 @@ class InitiatorStream:
             times.append(self._keepalive_at)
         if self._data_cycle is not None:
             times.append(self._data_sent_at + self._timeout)
-        elif self._not_before > 0:
+        elif self._not_before > 0 and self._could_send_data():
             times.append(self._not_before)
         return min(times)
+
+    def _could_send_data(self) -> bool:
+        if self.role is Role.RECEIVE:
+            return len(self._queue) < self._window
+        return self._remote_backpressured or bool(self._queue)
+
+    @property
+    def finished(self) -> bool:
+        """Over and said so: nothing more will be polled out of this stream."""
+        return self.done and (self._farewell_sent or not self._armed)
 
     def _check_timeouts(self, now: float) -> None:
         if self.state is not InitiatorState.OPEN:

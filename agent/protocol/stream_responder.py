@@ -112,6 +112,11 @@ class ResponderStream:
         return stream_reply(env, self._package(package, "feedback"), echo_request=True)
 
     @property
+    def done(self) -> bool:
+        """Whether the stream is over (ENDED or BROKEN)."""
+        return self.state is not StreamState.OPEN
+
+    @property
     def keep_alive(self) -> bool:
         """The flag we answer: false once nothing more will move."""
         return self.state is StreamState.OPEN and not self._abandoned
@@ -254,10 +259,12 @@ class ResponderStream:
             return self._release_parked()
         return None
 
-    def next_wakeup(self) -> float | None:
-        """When `expire` may next have something to do."""
+    def next_wakeup(self, linger: float) -> float | None:
+        """When `expire` (or `finished` with `linger`) may next have something to do."""
         if self.state is not StreamState.OPEN:
-            return None if self._parked is None else self._parked.deadline
+            if self._parked is not None:
+                return self._parked.deadline
+            return self._linger_end(linger) if self._drained() else None
         idle = self.last_seen + self._idle_timeout
         return idle if self._parked is None else min(idle, self._parked.deadline)
 
@@ -265,8 +272,14 @@ class ResponderStream:
         """Whether the registration may go: over, drained, and quiet for `linger` seconds."""
         if self.closed_at is None or self._parked is not None:
             return False
-        drained = not self._queue or self._abandoned or self.role is Role.SEND
-        return drained and now - max(self.closed_at, self.last_seen) >= linger
+        return self._drained() and now >= self._linger_end(linger)
+
+    def _drained(self) -> bool:
+        return not self._queue or self._abandoned or self.role is Role.SEND
+
+    def _linger_end(self, linger: float) -> float:
+        assert self.closed_at is not None
+        return max(self.closed_at, self.last_seen) + linger
 
     def _move(self, to: StreamState, now: float) -> None:
         if to not in TRANSITIONS[self.state]:

@@ -6,14 +6,23 @@ Stream frames carry no correlation (wire.md §4.3). An incoming `##VirtualStream
   serve it (TS echoes frames for unknown streams, and a 3.3.0 responder answers `read` with
   `response: null`), so that stream breaks;
 - otherwise a REQUEST for a stream we answer for; unknown stream ids are echoed back unchanged
-  with `localData: null`, as the TS router does.
+  with `localData: null`, as the TS router does, ONCE per cycle id.
 Anything else is malformed and dropped (stream frames cannot carry an `error`).
+
+Echo suppression: a peer that echoes frames for unknown streams (typedrequest 3.3.0 does, and
+so do we) sends our echo straight back, and two such peers would bounce one stray frame for
+ever (thousands of frames a second). So an unknown-stream frame gets at most one answer, and a
+frame whose cycle id we already echoed is our own answer coming back: it is never answered.
+The memory of echoed cycle ids is bounded (`ECHO_MEMORY`, oldest forgotten first); a peer
+flooding more distinct stray ids than that in one round trip gets one echo per frame it sends,
+never more.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Final
 
 from agent.errors import InvalidState, RemoteProtocolError
 from agent.protocol.chunks import ChunkForm
@@ -22,7 +31,9 @@ from agent.protocol.stream_frames import package_from_json, stream_frame
 from agent.protocol.stream_initiator import InitiatorStream
 from agent.protocol.stream_responder import ResponderStream, Role
 
-__all__ = ["FrameResult", "StreamRegistry", "StreamSettings"]
+__all__ = ["ECHO_MEMORY", "FrameResult", "StreamRegistry", "StreamSettings"]
+
+ECHO_MEMORY: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +65,7 @@ class StreamRegistry:
     responders: dict[str, ResponderStream] = field(default_factory=dict)
     initiators: dict[str, InitiatorStream] = field(default_factory=dict)
     _cycles: dict[str, str] = field(default_factory=dict)  # cycle id -> initiator stream id
+    _echoed: dict[str, None] = field(default_factory=dict)  # cycle ids we echoed, oldest first
 
     def open_responder(self, stream_id: str, role: Role, now: float) -> ResponderStream:
         """Register a stream we answer for; raises `RemoteProtocolError` on a duplicate id."""
@@ -111,9 +123,17 @@ class StreamRegistry:
             return FrameResult(dropped="stream request with cycle response")
         responder = self.responders.get(package.stream_id)
         if responder is None:
-            echo = Envelope(env.method, env.request, env.response, is_reply=True)
-            return FrameResult(reply=echo, stream_id=package.stream_id, dropped="unknown stream")
+            return self._echo_once(env, package.cycle_id)
         return FrameResult(reply=responder.handle(env, package, now), stream_id=responder.stream_id)
+
+    def _echo_once(self, env: Envelope, cycle_id: str) -> FrameResult:
+        if cycle_id in self._echoed:
+            return FrameResult(dropped="our echo of an unknown stream's frame came back")
+        self._echoed[cycle_id] = None
+        if len(self._echoed) > ECHO_MEMORY:
+            del self._echoed[next(iter(self._echoed))]
+        echo = Envelope(env.method, env.request, env.response, is_reply=True)
+        return FrameResult(reply=echo, dropped="unknown stream, echoed once")
 
     def _on_answer(self, env: Envelope, now: float) -> FrameResult:
         try:
@@ -148,9 +168,14 @@ class StreamRegistry:
         return changed
 
     def next_wakeup(self) -> float | None:
-        """The earliest responder timer."""
-        times = [t for s in self.responders.values() if (t := s.next_wakeup()) is not None]
+        """The earliest responder timer (idle timeout, parked read, end of lingering)."""
+        linger = self.settings.keepalive_timeout
+        times = [t for s in self.responders.values() if (t := s.next_wakeup(linger)) is not None]
         return min(times, default=None)
+
+    def forget_responder(self, stream_id: str) -> None:
+        """Drop a stream we answer for (a request that registered it was refused)."""
+        self.responders.pop(stream_id, None)
 
     def forget_initiator(self, stream_id: str) -> None:
         """Drop a finished stream we drove, and its outstanding cycles."""

@@ -1,6 +1,7 @@
 """`CloudlySession`: the agent's one outbound websocket session to Cloudly.
 
-One connection at a time, each driven by a fresh `Peer` over the same `Router`:
+One connection at a time, each driven by a fresh `Peer` over the same `Routes` (the agent's
+routes, given by the composition root, plus the session's own `pushClusterConfig`):
 
     connecting -> authenticating (getIdentityByToken, __typedsocket_setTag, getClusterConfig)
                -> connected (handlers served, identity renewed before it expires)
@@ -13,7 +14,14 @@ every (re)connect and on `pushClusterConfig`, and published as a `ClusterView` t
 `AgentStatus`; a node whose Corestore endpoint is absent or invalid is logged with the
 validator's reasons, never guessed.
 
-Time goes through an injected `Clock` (renewal and backoff waits), randomness through an
+Cloudly's answers are read for exactly what the agent uses (`TokenAnswer`, `TagAnswer`,
+`ClusterConfigAnswer`); a deviation from the seed's exact shape in anything else is logged once
+at warning (`cloudly_answer_deviates`, the field path, never the value) and tolerated. An answer
+the agent cannot use at all ends the connection with an error-level line saying why
+(`cloudly_answer_unusable`), recorded as the status's last error, and the session reconnects
+with backoff (Cloudly may be fixed meanwhile).
+
+Time goes through the injected `Clock` (renewal and backoff waits), randomness through an
 injected source, so tests drive both without sleeping.
 """
 
@@ -25,23 +33,30 @@ import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from pydantic import ValidationError
 
-from agent.contracts.base import first_problem
+from agent.clock import SYSTEM_CLOCK, Clock
+from agent.contracts.base import StreamMarker, WireModel, first_problem
 from agent.contracts.cluster import (
     METHOD_GET_CLUSTER_CONFIG,
     METHOD_GET_IDENTITY_BY_TOKEN,
     METHOD_PUSH_CLUSTER_CONFIG,
+    ClusterConfigAnswer,
+    ClusterConfigPush,
     ClusterView,
     GetClusterConfigRequest,
     GetClusterConfigResponse,
     GetIdentityByTokenRequest,
     GetIdentityByTokenResponse,
-    Identity,
     PushClusterConfigRequest,
+    PushClusterConfigResponse,
+    TagAnswer,
+    TokenAnswer,
+    UsedIdentity,
+    contract_deviation,
     read_cluster_view,
 )
 from agent.errors import (
@@ -55,9 +70,12 @@ from agent.errors import (
     SessionError,
 )
 from agent.log import scrub_text
+from agent.protocol.connection import ConnectionSettings
+from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
+from agent.retry import Backoff
 from agent.secret import MASK, Secret
-from agent.session.backoff import Backoff, BackoffPolicy, Clock, SystemClock, renew_delay
-from agent.session.peer import ByteSink, Peer, PeerSettings, RequestContext, Router
+from agent.session.peer import Peer
+from agent.session.reconnect import Reconnects, renew_delay
 from agent.session.transport import (
     GOING_AWAY,
     WebsocketTransport,
@@ -68,6 +86,8 @@ from agent.session.transport import (
 from agent.status import AgentStatus, SessionState
 
 __all__ = ["METHOD_SET_TAG", "CloudlySession", "SessionSettings"]
+
+_Model = TypeVar("_Model", bound=WireModel)
 
 METHOD_SET_TAG = "__typedsocket_setTag"
 NORMAL_CLOSURE = 1000
@@ -100,8 +120,9 @@ class SessionSettings:
     close_timeout: float = 5.0
     call_timeout: float = 30.0
     identity_renew_margin_s: float = 300.0
-    backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
-    peer: PeerSettings = field(default_factory=PeerSettings)
+    backoff: Backoff = field(default_factory=Backoff)
+    stable_after: float = 60.0
+    connection: ConnectionSettings = field(default_factory=ConnectionSettings)
 
 
 class CloudlySession:
@@ -113,21 +134,23 @@ class CloudlySession:
         token: Secret,
         status: AgentStatus,
         *,
-        clock: Clock | None = None,
+        routes: Routes | None = None,
+        clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._settings = settings
         self._token = token
         self._status = status
-        self._clock: Clock = clock or SystemClock()
-        self._backoff = Backoff(settings.backoff, rng=rng)
+        self._clock = clock
+        self._reconnects = Reconnects(settings.backoff, stable_after=settings.stable_after, rng=rng)
         self._url = websocket_url(settings.url)
         self._ssl = ssl_context or tls_context(self._url, settings.ca_file)
-        self.router = Router()
-        self.router.register(METHOD_PUSH_CLUSTER_CONFIG, self._on_push_cluster_config)
+        own = Route(METHOD_PUSH_CLUSTER_CONFIG, ClusterConfigPush, self._on_push_cluster_config)
+        self.routes = Routes([own]) + (routes or Routes())
         self._peer: Peer | None = None  # set only while authenticated and connected
-        self._identity: Identity | None = None
+        self._identity: UsedIdentity | None = None
+        self._deviations: set[tuple[str, str]] = set()  # (method, field path) logged once
         self._view: ClusterView | None = None
         self._connected_at: float | None = None
         self._stopping = asyncio.Event()
@@ -161,7 +184,7 @@ class CloudlySession:
         """Call `method` on Cloudly; raises `CallFailed`, `CallTimeout`, `SessionClosed`."""
         return await self._live_peer().call(method, request, timeout=timeout)
 
-    def open_send_stream(self) -> tuple[dict[str, Any], ByteSink]:
+    def open_send_stream(self) -> tuple[StreamMarker, ByteSink]:
         """A stream we initiate on the current connection: (marker for the request, sink)."""
         return self._live_peer().open_send_stream()
 
@@ -242,14 +265,16 @@ class CloudlySession:
                 return
             self._report(error)
             self._enter(SessionState.BACKING_OFF)
-            delay = self._backoff.next_delay(self._session_lasted())
-            log.info("cloudly_backing_off", delay_s=round(delay, 3), attempt=self._backoff.attempt)
+            delay = self._reconnects.next_delay(self._session_lasted())
+            log.info(
+                "cloudly_backing_off", delay_s=round(delay, 3), attempt=self._reconnects.attempt
+            )
             await self._sleep_unless_stopping(delay)
 
     def _session_lasted(self) -> float:
         # 0 for an attempt that never got connected: it must grow the backoff window.
         connected_at = self._connected_at
-        return 0.0 if connected_at is None else self._clock.now() - connected_at
+        return 0.0 if connected_at is None else self._clock.monotonic() - connected_at
 
     def _report(self, error: AgentError) -> None:
         # Cloudly's error texts are foreign and may echo what we sent (the token, a JWT): the
@@ -261,6 +286,12 @@ class CloudlySession:
                 "cloudly_authentication_failed",
                 error=text,
                 hint="check the machine token file; retrying with backoff",
+            )
+        elif isinstance(error, RemoteProtocolError):
+            log.error(
+                "cloudly_answer_unusable",
+                error=text,
+                hint="Cloudly answered in a shape the agent cannot use; retrying with backoff",
             )
         else:
             log.warning("cloudly_session_lost", error=text, error_type=type(error).__name__)
@@ -287,7 +318,7 @@ class CloudlySession:
         )
         close_code, reason = INTERNAL_ERROR, "internal error"  # unless a known loss below
         try:
-            peer = Peer(transport, self.router, settings=settings.peer)
+            peer = Peer(transport, self.routes, settings=settings.connection, clock=self._clock)
             async with asyncio.TaskGroup() as group:
                 group.create_task(peer.run(), name="cloudly-peer")
                 group.create_task(self._close_on_stop(transport), name="cloudly-stop")
@@ -319,7 +350,7 @@ class CloudlySession:
         self._peer = peer
         if self._draining:  # stop_intake() came while we were authenticating
             peer.stop_intake()
-        self._connected_at = self._clock.now()
+        self._connected_at = self._clock.monotonic()
         self._status.bind_in_flight(lambda: peer.in_flight)
         self._enter(SessionState.CONNECTED)
         view = self._view
@@ -341,7 +372,7 @@ class CloudlySession:
 
     # --- the authentication sequence --------------------------------------------------------
 
-    async def _authenticate(self, peer: Peer) -> Identity:
+    async def _authenticate(self, peer: Peer) -> UsedIdentity:
         body = GetIdentityByTokenRequest(token=self._token).revealed_wire()
         try:
             reply = await peer.call(
@@ -351,15 +382,12 @@ class CloudlySession:
             raise AuthenticationFailed(
                 f"Cloudly refused the machine token: {self._scrub(exc.text)}"
             ) from exc
-        try:
-            identity = GetIdentityByTokenResponse.model_validate(reply).identity
-        except ValidationError as exc:
-            # from None: the validation error quotes its input, which holds the JWT.
-            raise RemoteProtocolError(
-                f"getIdentityByToken returned no usable identity (field {first_problem(exc)[0]})"
-            ) from None
+        identity = self._read(
+            METHOD_GET_IDENTITY_BY_TOKEN, reply, TokenAnswer, GetIdentityByTokenResponse
+        ).identity
         # Refuse an identity that is expired on arrival (raises) before anything relies on it.
-        renew_delay(identity.expires_at, self._clock.now(), self._settings.identity_renew_margin_s)
+        margin = self._settings.identity_renew_margin_s
+        renew_delay(identity.expires_at, self._clock.time(), margin)
         self._identity = identity
         self._status.set_identity_expiry(identity.expires_at)
         return identity
@@ -372,30 +400,57 @@ class CloudlySession:
         name = self._settings.tag_name
         body = {"name": name, "payload": self._settings.tag_payload}
         reply = await peer.call(METHOD_SET_TAG, body, timeout=self._settings.call_timeout)
-        if reply.get("success") is not True:
+        if not self._read(METHOD_SET_TAG, reply, TagAnswer, TagAnswer).success:
             raise SessionError(f"Cloudly did not accept the connection tag {name}")
 
-    async def _read_cluster(self, peer: Peer, identity: Identity) -> None:
+    async def _read_cluster(self, peer: Peer, identity: UsedIdentity) -> None:
         body = GetClusterConfigRequest(identity=identity.credential()).revealed_wire()
         reply = await peer.call(
             METHOD_GET_CLUSTER_CONFIG, body, timeout=self._settings.call_timeout
         )
-        try:
-            document = GetClusterConfigResponse.model_validate(reply).config_data
-        except ValidationError as exc:
-            # from None: the validation error quotes the document, which may hold secrets.
-            raise RemoteProtocolError(
-                f"getClusterConfig returned an unusable cluster document (field "
-                f"{first_problem(exc)[0]})"
-            ) from None
-        self._publish(read_cluster_view(document), source=METHOD_GET_CLUSTER_CONFIG)
+        answer = self._read(
+            METHOD_GET_CLUSTER_CONFIG, reply, ClusterConfigAnswer, GetClusterConfigResponse
+        )
+        self._publish(read_cluster_view(answer.config_data), source=METHOD_GET_CLUSTER_CONFIG)
 
-    async def _keep_identity_fresh(self, peer: Peer, identity: Identity) -> None:
+    async def _keep_identity_fresh(self, peer: Peer, identity: UsedIdentity) -> None:
         margin = self._settings.identity_renew_margin_s
         while True:
-            await self._clock.sleep(renew_delay(identity.expires_at, self._clock.now(), margin))
+            await self._clock.sleep(renew_delay(identity.expires_at, self._clock.time(), margin))
             identity = await self._authenticate(peer)
             log.info("cloudly_identity_renewed", expires_at_ms=identity.expires_at)
+
+    def _read(
+        self,
+        method: str,
+        data: dict[str, Any],
+        used: type[_Model],
+        contract: type[WireModel],
+    ) -> _Model:
+        """What the agent uses of `data`; a deviation in anything else is logged once."""
+        try:
+            model = used.from_wire(data)
+        except ValidationError as exc:
+            # from None: the validation error quotes the answer, which may hold secrets.
+            path, reason = first_problem(exc, root="answer")
+            raise RemoteProtocolError(
+                f"the {method} answer is unusable: {path}: {reason}", field=path
+            ) from None
+        self._note_deviation(method, contract_deviation(contract, data))
+        return model
+
+    def _note_deviation(self, method: str, deviation: tuple[str, str] | None) -> None:
+        """Log a tolerated deviation from the contract once per method and field path."""
+        if deviation is None or (method, deviation[0]) in self._deviations:
+            return
+        self._deviations.add((method, deviation[0]))
+        log.warning(
+            "cloudly_answer_deviates",
+            method=method,
+            field=deviation[0],
+            reason=deviation[1],
+            consequence="tolerated: the agent does not use this field",
+        )
 
     # --- cluster knowledge ------------------------------------------------------------------
 
@@ -422,15 +477,11 @@ class CloudlySession:
                 )
 
     async def _on_push_cluster_config(
-        self, request: Mapping[str, Any], ctx: RequestContext
-    ) -> Mapping[str, Any]:
+        self, request: ClusterConfigPush, ctx: RequestContext
+    ) -> PushClusterConfigResponse:
         del ctx
-        try:
-            document = PushClusterConfigRequest.model_validate(request).config_data
-        except ValidationError as exc:
-            log.warning("push_cluster_config_refused", field=first_problem(exc)[0])
-            raise  # the peer answers invalid-request naming the field
-        view = read_cluster_view(document)
+        deviation = contract_deviation(PushClusterConfigRequest, request.to_wire())
+        view = read_cluster_view(request.config_data)
         current = self._view
         if current is not None and current.cluster_id != view.cluster_id:
             log.warning(
@@ -443,8 +494,9 @@ class CloudlySession:
                 f"pushed cluster {view.cluster_id} is not the session's cluster "
                 f"{current.cluster_id}"
             )
+        self._note_deviation(METHOD_PUSH_CLUSTER_CONFIG, deviation)
         self._publish(view, source=METHOD_PUSH_CLUSTER_CONFIG)
-        return {}
+        return PushClusterConfigResponse()
 
 
 def _is_session_loss(exc: BaseException) -> bool:

@@ -29,6 +29,7 @@ import pytest
 
 from agent.app import session_settings
 from agent.config import load_config, read_secret_file
+from agent.protocol.routes import Route, Routes
 from agent.session.client import CloudlySession
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 
@@ -265,11 +266,21 @@ close_timeout_s = 2.0
         )
         self.config = load_config(config_file)
         self.status = AgentStatus()
+        self._routes: list[Route[Any, Any]] = []
+        self.session = self._session()
+
+    def serve(self, route: Route[Any, Any]) -> None:
+        """Serve `route` too (before `running()`: a session's routes are fixed when it is made)."""
+        self._routes.append(route)
+        self.session = self._session()
+
+    def _session(self) -> CloudlySession:
         # A fixed draw: every backoff delay is half its (small, configured) window.
-        self.session = CloudlySession(
+        return CloudlySession(
             session_settings(self.config),
             read_secret_file(self.config.cloudly.token_file, "cloudly.token_file"),
             self.status,
+            routes=Routes(self._routes),
             rng=lambda: 0.5,
         )
 

@@ -7,14 +7,14 @@ library produces or accepts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from agent.contracts.base import NonNegativeSafeInt, WireModel
 from agent.errors import CallFailed, RevisionConflict
-from agent.session.peer import UNKNOWN_METHOD_TEXT, RequestContext
+from agent.protocol.connection import UNKNOWN_METHOD_TEXT
+from agent.protocol.routes import RequestContext, Route
 
 if TYPE_CHECKING:
     from tests.interop.conftest import AgentUnderTest, NodeCloudly
@@ -31,25 +31,37 @@ class DescribeNode(WireModel):
     since_revision: NonNegativeSafeInt
 
 
-async def describe_node(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+class NodeDescription(WireModel):
+    node_id: str
+    next_revision: NonNegativeSafeInt
+    method: str
+
+
+class Nothing(WireModel):
+    pass
+
+
+async def describe_node(request: DescribeNode, ctx: RequestContext) -> NodeDescription:
     """Answers with facts derived from the validated request."""
-    body = DescribeNode.model_validate(request, by_alias=True, by_name=False)
-    return {"nodeId": body.node_id, "nextRevision": body.since_revision + 1, "method": ctx.method}
+    return NodeDescription(
+        node_id=request.node_id, next_revision=request.since_revision + 1, method=ctx.method
+    )
 
 
-async def refuse_with_conflict(
-    request: Mapping[str, Any], ctx: RequestContext
-) -> Mapping[str, Any]:
+async def refuse_with_conflict(request: Nothing, ctx: RequestContext) -> Nothing:
     """Always refuses the way the restore engine does on a stale expectedRevision."""
     del request, ctx
     raise RevisionConflict(expected=3, current=5, status="staged")
+
+
+DESCRIBE_NODE = Route("describeNode", DescribeNode, describe_node)
 
 
 async def test_cloudly_call_reaches_agent_handler_and_gets_typed_reply(
     cloudly: NodeCloudly, agent: AgentUnderTest
 ) -> None:
     """TypedRequest.fire from Node is routed to the agent's handler; the reply comes back typed."""
-    agent.session.router.register("describeNode", describe_node)
+    agent.serve(DESCRIBE_NODE)
     async with agent.running():
         reply = await cloudly.command(
             "fire", method="describeNode", request={"nodeId": "node-1", "sinceRevision": 41}
@@ -75,7 +87,7 @@ async def test_agent_refusal_reaches_cloudly_as_typed_response_error(
     cloudly: NodeCloudly, agent: AgentUnderTest
 ) -> None:
     """An AgentError in a handler is a TypedResponseError in Node: errorText and errorData.code."""
-    agent.session.router.register("mutateRestore", refuse_with_conflict)
+    agent.serve(Route("mutateRestore", Nothing, refuse_with_conflict))
     async with agent.running():
         reply = await cloudly.command("fire", method="mutateRestore", request={})
     assert reply["ok"] is False
@@ -92,7 +104,7 @@ async def test_invalid_request_reaches_cloudly_naming_the_field(
     cloudly: NodeCloudly, agent: AgentUnderTest
 ) -> None:
     """A request failing the contract is refused as invalid-request naming the camelCase field."""
-    agent.session.router.register("describeNode", describe_node)
+    agent.serve(DESCRIBE_NODE)
     async with agent.running():
         reply = await cloudly.command(
             "fire", method="describeNode", request={"nodeId": "node-1", "sinceRevision": "41"}

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from agent.contracts.base import StreamMarker, WireModel
-from agent.session.peer import RequestContext
+from agent.protocol.routes import RequestContext, Route
 from tests.interop.conftest import AgentUnderTest, deterministic_bytes
 
 if TYPE_CHECKING:
@@ -37,16 +36,27 @@ class ArchiveUpload(WireModel):
     label: str
 
 
-async def receive_archive(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+class ArchiveReceived(WireModel):
+    label: str
+    bytes: int
+    chunks: int
+    sha256: str
+
+
+async def receive_archive(request: ArchiveUpload, ctx: RequestContext) -> ArchiveReceived:
     """Reads the whole stream and answers with what arrived."""
-    body = ArchiveUpload.model_validate(request, by_alias=True, by_name=False)
     digest = hashlib.sha256()
     size = chunks = 0
-    async for chunk in ctx.receive_stream(body.archive):
+    async for chunk in ctx.receive_stream(request.archive):
         digest.update(chunk)
         size += len(chunk)
         chunks += 1
-    return {"label": body.label, "bytes": size, "chunks": chunks, "sha256": digest.hexdigest()}
+    return ArchiveReceived(
+        label=request.label, bytes=size, chunks=chunks, sha256=digest.hexdigest()
+    )
+
+
+RECEIVE_ARCHIVE = Route("receiveArchive", ArchiveUpload, receive_archive)
 
 
 def sha256_of(seed: str, size: int) -> str:
@@ -77,7 +87,7 @@ async def test_cloudly_streams_64_mib_buffer_form_into_the_agent(
     cloudly: NodeCloudly, agent: AgentUnderTest
 ) -> None:
     """64 MiB of Node Buffers ({"type":"Buffer"} form) arrive intact: same sha256 on both sides."""
-    agent.session.router.register("receiveArchive", receive_archive)
+    agent.serve(RECEIVE_ARCHIVE)
     async with agent.running():
         reply = await send_from_cloudly(
             cloudly, seed="c2a-buffer", size=BIG, chunk_size=MiB, encoding="buffer"
@@ -100,7 +110,7 @@ async def test_cloudly_streams_indexed_object_form_into_the_agent(
 ) -> None:
     """Uint8Arrays ({"0":..,"1":..} form, ~10x slower in Node) arrive intact too."""
     size = 2 * MiB + 12_345  # a short last chunk
-    agent.session.router.register("receiveArchive", receive_archive)
+    agent.serve(RECEIVE_ARCHIVE)
     async with agent.running():
         reply = await send_from_cloudly(
             cloudly, seed="c2a-indexed", size=size, chunk_size=256 * 1024, encoding="uint8array"
@@ -115,7 +125,7 @@ async def test_agent_reply_to_a_streamed_call_does_not_echo_the_marker(
     cloudly: NodeCloudly, agent: AgentUnderTest
 ) -> None:
     """The reply omits the request's stream marker, so the library starts no phantom stream."""
-    agent.session.router.register("receiveArchive", receive_archive)
+    agent.serve(RECEIVE_ARCHIVE)
     async with agent.running():
         reply = await send_from_cloudly(
             cloudly, seed="c2a-echo", size=300_000, chunk_size=100_000, encoding="buffer"
@@ -149,7 +159,7 @@ async def stream_to_cloudly(agent: AgentUnderTest, data: bytes, piece: int) -> d
 
     async with asyncio.TaskGroup() as group:
         call = group.create_task(
-            agent.session.call("uploadStream", {"archive": marker}, timeout=150)
+            agent.session.call("uploadStream", {"archive": marker.to_wire()}, timeout=150)
         )
         group.create_task(write_all())
     return call.result()

@@ -36,11 +36,11 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.corestore import CorestoreClients, CorestoreTimeouts, RetryPolicy
 from agent.errors import StreamBroken
+from agent.protocol.routes import Routes
 from agent.restore.engine import IsolatedRestoreEngine
-from agent.restore.handlers import build_handlers
+from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
-from agent.session.peer import Handler
 from agent.store import RestoreKey, RevisionStore, StoredState
 from devstack.corestore import CorestoreHandle, start
 
@@ -160,7 +160,7 @@ class World:
     state_dir: Path
     settings: EngineSettings
     engine: IsolatedRestoreEngine = field(init=False)
-    handlers: dict[str, Handler] = field(init=False)
+    routes: Routes = field(init=False)
     objects: dict[str, bytes] = field(default_factory=dict)
     cluster_loaded: bool = True
     issued: list[str] = field(default_factory=list)  # every grant handed out
@@ -188,7 +188,7 @@ class World:
             sleep=self.sleeps,
         )
         await self.engine.__aenter__()
-        self.handlers = build_handlers(self.engine)
+        self.routes = isolated_restore_routes(self.engine)
         return self.engine
 
     async def restart(self) -> IsolatedRestoreEngine:
@@ -268,8 +268,12 @@ class World:
     async def call(
         self, method: str, body: Mapping[str, Any], source: ChunkSource | None = None
     ) -> dict[str, Any]:
-        """Call one handler as the session would (a fake context carrying `source`)."""
-        return dict(await self.handlers[method](body, FakeContext(source)))  # type: ignore[arg-type]
+        """Call one route as the session would: parse, handle (a fake context carrying
+        `source`), serialise."""
+        route = self.routes.get(method)
+        assert route is not None
+        response = await route.handler(route.parse(body), FakeContext(source))
+        return dict(response.to_wire())
 
     async def state_of(
         self, method: str, body: Mapping[str, Any], source: ChunkSource | None = None
@@ -348,7 +352,7 @@ def settings() -> EngineSettings:
 @pytest.fixture
 def corestore_timeouts(settings: EngineSettings) -> CorestoreTimeouts:
     """The Corestore client's timeouts; `transfer` is the settings' `transfer_timeout`, as
-    `handlers.install` wires it (a test module may override this fixture)."""
+    the composition root wires it (a test module may override this fixture)."""
     return CorestoreTimeouts(connect=2.0, control=2.0, transfer=settings.transfer_timeout)
 
 

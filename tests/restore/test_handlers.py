@@ -1,4 +1,4 @@
-"""The five handlers through two real `Peer`s (in-memory transport): what Cloudly sees."""
+"""The five routes through two real `Peer`s (in-memory transport): what Cloudly sees."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
 
 from agent.contracts.isolatedrestore import (
     METHOD_CLEANUP,
@@ -18,21 +17,22 @@ from agent.contracts.isolatedrestore import (
     METHOD_PREPARE,
     METHOD_STAGE,
 )
-from agent.errors import CallFailed, SessionClosed
-from agent.restore.handlers import register_handlers
-from agent.session.peer import Peer, PeerSettings, Router
+from agent.errors import CallFailed, InvalidRequest, SessionClosed
+from agent.protocol.connection import ConnectionSettings
+from agent.protocol.routes import Routes
+from agent.restore.routes import isolated_restore_routes
+from agent.session.peer import Peer
 from tests.memory import transport_pair
 
-FAST = PeerSettings(keepalive_interval=0.05, keepalive_timeout=2.0, backpressure_probe=0.005)
+FAST = ConnectionSettings(keepalive_interval=0.05, keepalive_timeout=2.0, backpressure_probe=0.005)
 
 
 @asynccontextmanager
 async def cloudly_and_agent(world: Any) -> AsyncIterator[Peer]:
-    """A Cloudly-side peer connected to an agent-side peer serving the engine's handlers."""
-    router = Router()
-    register_handlers(router, world.engine)
+    """A Cloudly-side peer connected to an agent-side peer serving the engine's routes."""
+    routes = isolated_restore_routes(world.engine)
     ta, tb = transport_pair()
-    cloudly, agent = Peer(ta, Router(), settings=FAST), Peer(tb, router, settings=FAST)
+    cloudly, agent = Peer(ta, Routes(), settings=FAST), Peer(tb, routes, settings=FAST)
     runs = [asyncio.create_task(cloudly.run()), asyncio.create_task(agent.run())]
     try:
         yield cloudly
@@ -46,7 +46,7 @@ async def cloudly_and_agent(world: Any) -> AsyncIterator[Peer]:
 async def _stage(cloudly: Peer, world: Any, path: str, revision: int) -> dict[str, Any]:
     """Stage `path` the way Cloudly does: a stream it sends, its marker in the request."""
     marker, sink = cloudly.open_send_stream()
-    body = {**world.stage_body(path, revision), "archive": marker}
+    body = {**world.stage_body(path, revision), "archive": marker.to_wire()}
     call = asyncio.create_task(cloudly.call(METHOD_STAGE, body, timeout=10))
     data = world.objects[path]
     for start in range(0, len(data), 1000):
@@ -89,7 +89,7 @@ async def test_status_is_answered_while_a_stage_of_the_same_restore_streams(
         prepared = (await cloudly.call(METHOD_PREPARE, world.prepare_body(), timeout=10))["state"]
         path = "snap-db/dump.bson"
         marker, sink = cloudly.open_send_stream()
-        body = {**world.stage_body(path, prepared["revision"]), "archive": marker}
+        body = {**world.stage_body(path, prepared["revision"]), "archive": marker.to_wire()}
         stage = asyncio.create_task(cloudly.call(METHOD_STAGE, body, timeout=10))
         data = world.objects[path]
         await sink.write(data[:1000])
@@ -128,11 +128,12 @@ async def test_a_request_with_an_unknown_field_is_invalid_request_naming_it(
 
 
 async def test_snake_case_field_names_are_refused(world: Any) -> None:
-    """Only the wire's camelCase names validate."""
+    """Only the wire's camelCase names validate: a snake_case name is refused, named."""
     body = world.status_body()
     body["restore_id"] = body.pop("restoreId")
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidRequest) as caught:
         await world.call(METHOD_GET_STATUS, body)
+    assert caught.value.data["field"] == "restoreId"
 
 
 async def test_a_grant_of_the_wrong_type_is_invalid_request_without_its_value(

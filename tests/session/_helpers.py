@@ -6,31 +6,50 @@ Test modules import from here (conftest.py cannot be imported in importlib mode)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
+from agent.contracts.base import PassThroughModel
 from agent.errors import SessionClosed
+from agent.protocol.connection import ConnectionSettings
+from agent.protocol.routes import RequestContext, Route, Routes
 from agent.session.client import CloudlySession
-from agent.session.peer import Peer, PeerSettings, Router
+from agent.session.peer import Peer
 from agent.status import SessionState, StatusSnapshot
 from tests.memory import MemoryTransport, transport_pair
 
-__all__ = ["FAST", "is_connected", "peers", "running"]
+__all__ = ["FAST", "Body", "body_route", "is_connected", "peers", "running"]
 
-FAST = PeerSettings(keepalive_interval=0.05, keepalive_timeout=0.5, backpressure_probe=0.005)
+FAST = ConnectionSettings(keepalive_interval=0.05, keepalive_timeout=0.5, backpressure_probe=0.005)
+
+
+class Body(PassThroughModel):
+    """Any JSON object, kept verbatim: for routes whose shape is not what a test is about."""
+
+
+def body_route(
+    method: str, handler: Callable[[dict[str, Any], RequestContext], Awaitable[dict[str, Any]]]
+) -> Route[Body, Body]:
+    """A route taking and answering plain objects (`handler(body, ctx) -> body`)."""
+
+    async def handle(request: Body, ctx: RequestContext) -> Body:
+        return Body.model_validate(await handler(request.to_wire(), ctx))
+
+    return Route(method, Body, handle)
 
 
 @asynccontextmanager
 async def peers(
-    left_router: Router, right_router: Router, settings: PeerSettings = FAST
+    left_routes: Routes, right_routes: Routes, settings: ConnectionSettings = FAST
 ) -> AsyncIterator[tuple[Peer, Peer, MemoryTransport, MemoryTransport]]:
     """Two running peers; the connection closes on exit and both runs end SessionClosed."""
     ta, tb = transport_pair()
     left, right = (
-        Peer(ta, left_router, settings=settings),
-        Peer(tb, right_router, settings=settings),
+        Peer(ta, left_routes, settings=settings),
+        Peer(tb, right_routes, settings=settings),
     )
     runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
     try:

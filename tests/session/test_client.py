@@ -13,12 +13,12 @@ import structlog
 
 from agent.contracts.base import StreamMarker
 from agent.errors import CallFailed, SessionClosed
+from agent.protocol.routes import RequestContext, Routes
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
-from agent.session.peer import RequestContext
 from agent.status import AgentStatus, SessionState
 from devstack.cloudly import ABSENT, StandInCloudly, cluster_document
-from tests.session._helpers import is_connected, running
+from tests.session._helpers import body_route, is_connected, running
 
 TOKEN = "machine-token-7f3a9c2e51d04b6a"
 NODES: Mapping[str, Any] = {
@@ -41,9 +41,14 @@ def _settings(cloudly: StandInCloudly, **overrides: Any) -> SessionSettings:
     return SessionSettings(**values)
 
 
-def _session(cloudly: StandInCloudly, status: AgentStatus, token: str = TOKEN) -> CloudlySession:
+def _session(
+    cloudly: StandInCloudly,
+    status: AgentStatus,
+    token: str = TOKEN,
+    routes: Routes | None = None,
+) -> CloudlySession:
     # rng 0: every backoff delay is 0, reconnects happen at once.
-    return CloudlySession(_settings(cloudly), Secret(token), status, rng=lambda: 0.0)
+    return CloudlySession(_settings(cloudly), Secret(token), status, routes=routes, rng=lambda: 0.0)
 
 
 @pytest.fixture
@@ -193,15 +198,14 @@ async def test_secrets_never_reach_the_logs(
         assert secret not in text
 
 
-async def test_registered_handlers_answer_cloudly(cloudly: StandInCloudly) -> None:
-    """A handler registered on the router before `run()` answers Cloudly's calls."""
+async def test_the_agents_routes_answer_cloudly(cloudly: StandInCloudly) -> None:
+    """The routes the session is built with answer Cloudly's calls on every connection."""
     status = AgentStatus()
-    session = _session(cloudly, status)
 
-    async def echo(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    async def echo(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         return {"echoed": request["value"], "method": ctx.method}
 
-    session.router.register("echo", echo)
+    session = _session(cloudly, status, routes=Routes([body_route("echo", echo)]))
     async with running(session, drain_timeout=2.0):
         await status.wait_until(is_connected)
         reply = await cloudly.call_agent("echo", {"value": "hi"})
@@ -211,16 +215,15 @@ async def test_registered_handlers_answer_cloudly(cloudly: StandInCloudly) -> No
 async def test_cloudly_streams_bytes_into_a_handler(cloudly: StandInCloudly) -> None:
     """Cloudly as initiator writes a stream while its call is pending; the handler reads it."""
     status = AgentStatus()
-    session = _session(cloudly, status)
 
-    async def ingest(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    async def ingest(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         digest, size = hashlib.sha256(), 0
-        async for chunk in ctx.receive_stream(StreamMarker.model_validate(request["data"])):
+        async for chunk in ctx.receive_stream(StreamMarker.from_wire(request["data"])):
             digest.update(chunk)
             size += len(chunk)
         return {"size": size, "sha256": digest.hexdigest()}
 
-    session.router.register("ingest", ingest)
+    session = _session(cloudly, status, routes=Routes([body_route("ingest", ingest)]))
     chunks = [bytes([n]) * (64 * 1024 + n) for n in range(5)]
     async with running(session, drain_timeout=2.0):
         await status.wait_until(is_connected)
@@ -259,15 +262,14 @@ async def test_session_call_goes_to_cloudly_and_fails_when_disconnected(
 async def test_close_drains_in_flight_work_and_says_going_away(cloudly: StandInCloudly) -> None:
     """close(): new requests get `shutting-down`, the running one finishes, then close 1001."""
     status = AgentStatus()
-    session = _session(cloudly, status)
     started, release = asyncio.Event(), asyncio.Event()
 
-    async def slow(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    async def slow(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         started.set()
         await release.wait()
         return {"done": True}
 
-    session.router.register("slow", slow)
+    session = _session(cloudly, status, routes=Routes([body_route("slow", slow)]))
     task = asyncio.create_task(session.run())
     await status.wait_until(is_connected)
     async with asyncio.TaskGroup() as group:

@@ -2,64 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from agent.clock import SYSTEM_CLOCK
+from agent.retry import Backoff
 from agent.secret import Secret
-from agent.session.backoff import BackoffPolicy
 from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
+from tests.clock import ManualClock
 from tests.session._helpers import is_connected, running
 
 TOKEN = "machine-token-5b8e0d1f2a3c4e6f"
-
-
-class ManualClock:
-    """Wall time that moves only when the test says so; sleepers wake when it passes them."""
-
-    def __init__(self) -> None:
-        # Starts at the real time, so identities the stand-in issues on its own clock are valid;
-        # a whole second, so epoch milliseconds convert back without rounding.
-        self.start = float(int(time.time()))
-        self._now = self.start
-        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
-        self._sleeping = asyncio.Event()
-
-    def now(self) -> float:
-        return self._now
-
-    async def sleep(self, seconds: float) -> None:
-        if seconds <= 0:
-            return
-        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (self._now + seconds, wake)
-        self._sleepers.append(entry)
-        self._sleeping.set()
-        try:
-            await wake
-        finally:
-            if entry in self._sleepers:
-                self._sleepers.remove(entry)
-
-    async def next_wakeup(self) -> float:
-        """The earliest deadline anyone sleeps until (waits until someone sleeps)."""
-        while not self._sleepers:
-            self._sleeping.clear()
-            await self._sleeping.wait()
-        return min(deadline for deadline, _ in self._sleepers)
-
-    def advance(self, seconds: float) -> None:
-        self._now += seconds
-        due = [entry for entry in self._sleepers if entry[0] <= self._now]
-        for entry in due:
-            self._sleepers.remove(entry)
-            if not entry[1].done():
-                entry[1].set_result(None)
 
 
 def _session(
@@ -78,9 +35,12 @@ def _session(
         close_timeout=2.0,
         call_timeout=10.0,
         identity_renew_margin_s=margin,
-        backoff=BackoffPolicy(base=1.0, cap=60.0, stable_after=60.0),
+        backoff=Backoff(base=1.0, cap=60.0),
+        stable_after=60.0,
     )
-    return CloudlySession(settings, Secret(TOKEN), status, clock=clock, rng=lambda: rng_value)
+    return CloudlySession(
+        settings, Secret(TOKEN), status, clock=clock or SYSTEM_CLOCK, rng=lambda: rng_value
+    )
 
 
 def _reconnected(times: int) -> Any:
@@ -146,9 +106,9 @@ async def test_unreachable_cloudly_is_retried_after_the_backoff_delay(
         first = await clock.next_wakeup()
         backing_off = status.snapshot()
         await cloudly.start()
-        clock.advance(first - clock.now())
+        clock.advance(first - clock.monotonic())
         await status.wait_until(is_connected)
-    assert first == clock.start + 0.5  # half of the first 1 s window
+    assert first == 0.5  # half of the first 1 s window
     assert backing_off.state is SessionState.BACKING_OFF
     assert backing_off.last_error is not None
     assert "could not reach Cloudly" in backing_off.last_error
@@ -162,9 +122,7 @@ async def test_backoff_window_grows_while_attempts_keep_failing(cloudly: StandIn
     waits: list[float] = []
     async with running(_session(cloudly, status, clock=clock, rng_value=1.0)):
         for _ in range(3):
-            deadline = await clock.next_wakeup()
-            waits.append(deadline - clock.now())
-            clock.advance(deadline - clock.now())
+            waits.append(await clock.run_until_sleeping())
         await clock.next_wakeup()
     assert waits == [1.0, 2.0, 4.0]
 
@@ -176,18 +134,18 @@ async def test_identity_is_renewed_the_margin_before_it_expires() -> None:
     status = AgentStatus()
     async with (
         StandInCloudly(
-            token=TOKEN, cluster=document, identity_lifetime_s=600.0, clock=clock.now
+            token=TOKEN, cluster=document, identity_lifetime_s=600.0, clock=clock.time
         ) as cloudly,
         running(_session(cloudly, status, clock=clock, margin=60.0)),
     ):
         first = await status.wait_until(is_connected)
         wakeup = await clock.next_wakeup()
-        clock.advance(wakeup - clock.now())
+        clock.advance(wakeup - clock.monotonic())
         second = await cloudly.wait_for("identity-issued", count=2)
         renewed = await status.wait_until(
             lambda s: s.identity_expires_at_ms == second.detail["expires_at"]
         )
-    assert wakeup == clock.start + 540.0
+    assert wakeup == 540.0
     assert first.identity_expires_at_ms == int((clock.start + 600.0) * 1000)
     assert second.detail["expires_at"] == int((clock.start + 1140.0) * 1000)
     assert second.connection == 1  # renewed in place, no reconnect

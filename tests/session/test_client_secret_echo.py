@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any
 
 import structlog
 
+from agent.contracts.cluster import GetClusterConfigRequest
 from agent.errors import AuthenticationFailed
+from agent.protocol.routes import RequestContext, Route, Routes
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
-from agent.session.peer import RequestContext, Router
 from agent.status import AgentStatus
-from devstack.cloudly import AgentConnection, StandInCloudly, cluster_document
+from devstack.cloudly import AgentConnection, Document, StandInCloudly, cluster_document
 
 TOKEN = "machine-token-5e2b7c4d19a08f3e"
 
@@ -21,21 +20,18 @@ TOKEN = "machine-token-5e2b7c4d19a08f3e"
 class _EchoingCloudly(StandInCloudly):
     """A Cloudly whose `getClusterConfig` refusal quotes the JWT it was sent."""
 
-    def _route(self, router: Router, connection: AgentConnection) -> None:
-        standard = Router()
-        super()._route(standard, connection)
-        for method in ("getIdentityByToken", "__typedsocket_setTag"):
-            handler = standard.get(method)
-            assert handler is not None
-            router.register(method, handler)
-
+    def _routes(self, connection: AgentConnection) -> Routes:
         async def get_cluster_config(
-            request: Mapping[str, Any], ctx: RequestContext
-        ) -> Mapping[str, Any]:
+            request: GetClusterConfigRequest, ctx: RequestContext
+        ) -> Document:
             self._record("cluster-config-refused", connection.number)
-            raise AuthenticationFailed(f"identity {request['identity']['jwt']} is not accepted")
+            jwt = request.identity.jwt.reveal()
+            raise AuthenticationFailed(f"identity {jwt} is not accepted")
 
-        router.register("getClusterConfig", get_cluster_config)
+        standard = [r for r in super()._routes(connection) if r.method != "getClusterConfig"]
+        return Routes(
+            [*standard, Route("getClusterConfig", GetClusterConfigRequest, get_cluster_config)]
+        )
 
 
 async def test_a_jwt_echoed_in_a_cloudly_error_is_masked_in_status_and_log() -> None:

@@ -1,9 +1,9 @@
-"""Two `Peer`s over an in-memory transport pair: calls both ways, errors, retry, shutdown."""
+"""The asyncio driver: two `Peer`s over an in-memory transport, calls both ways, typed routes,
+errors, retry, concurrency bound, shutdown."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -11,25 +11,24 @@ import pytest
 
 from agent.contracts.base import WireModel
 from agent.errors import CallFailed, CallTimeout, InvalidState, RestoreNotFound, SessionClosed
-from agent.session.peer import Peer, PeerSettings, RequestContext, Router
+from agent.protocol.connection import ConnectionSettings
+from agent.protocol.routes import RequestContext, Route, Routes
+from agent.session.peer import Peer
 from tests.memory import MemoryTransport, transport_pair
-from tests.session._helpers import FAST, peers
+from tests.session._helpers import FAST, body_route, peers
 
 
-async def echo(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+async def echo(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
     return {"echoed": request.get("value"), "method": ctx.method}
 
 
-def router_with(**handlers: Any) -> Router:
-    router = Router()
-    for name, handler in handlers.items():
-        router.register(name, handler)
-    return router
+def routes_with(**handlers: Any) -> Routes:
+    return Routes([body_route(name, handler) for name, handler in handlers.items()])
 
 
 async def test_call_returns_the_response() -> None:
     """A call gets the handler's response object."""
-    async with peers(Router(), router_with(echo=echo)) as (left, _, _, _):
+    async with peers(Routes(), routes_with(echo=echo)) as (left, _, _, _):
         assert await left.call("echo", {"value": "hi"}, timeout=2) == {
             "echoed": "hi",
             "method": "echo",
@@ -38,7 +37,7 @@ async def test_call_returns_the_response() -> None:
 
 async def test_calls_work_in_both_directions() -> None:
     """Either peer may call the other on the same connection."""
-    async with peers(router_with(echo=echo), router_with(echo=echo)) as (left, right, _, _):
+    async with peers(routes_with(echo=echo), routes_with(echo=echo)) as (left, right, _, _):
         a, b = await asyncio.gather(
             left.call("echo", {"value": 1}, timeout=2), right.call("echo", {"value": 2}, timeout=2)
         )
@@ -47,7 +46,7 @@ async def test_calls_work_in_both_directions() -> None:
 
 async def test_unknown_method_answers_unknown_method_error() -> None:
     """A method nobody registered fails with the TS text and code unknown-method."""
-    async with peers(Router(), Router()) as (left, _, _, _):
+    async with peers(Routes(), Routes()) as (left, _, _, _):
         with pytest.raises(CallFailed) as caught:
             await left.call("nope", {}, timeout=2)
     assert caught.value.text == "There is no available method for this call on the server side"
@@ -57,10 +56,10 @@ async def test_unknown_method_answers_unknown_method_error() -> None:
 async def test_agent_error_becomes_error_with_its_code() -> None:
     """A handler's AgentError travels as error {text, data.code}."""
 
-    async def refuse(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    async def refuse(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         raise RestoreNotFound("no restore r1 on node n1")
 
-    async with peers(Router(), router_with(get=refuse)) as (left, _, _, _):
+    async with peers(Routes(), routes_with(get=refuse)) as (left, _, _, _):
         with pytest.raises(CallFailed) as caught:
             await left.call("get", {}, timeout=2)
     assert caught.value.text == "no restore r1 on node n1"
@@ -75,28 +74,62 @@ class _Outer(WireModel):
     object_ref: _Body
 
 
-async def test_validation_error_names_the_first_camel_case_path() -> None:
-    """A pydantic ValidationError becomes invalid-request naming objectRef.sha256."""
+class _Empty(WireModel):
+    pass
 
-    async def strict(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
-        _Outer.model_validate(request)
-        return {}
 
-    async with peers(Router(), router_with(stage=strict)) as (left, _, _, _):
+async def test_a_body_failing_the_route_model_is_invalid_request_naming_the_path() -> None:
+    """The route's model refuses the body: invalid-request naming objectRef.sha256."""
+    called = False
+
+    async def strict(request: _Outer, ctx: RequestContext) -> _Empty:
+        nonlocal called
+        called = True
+        return _Empty()
+
+    async with peers(Routes(), Routes([Route("stage", _Outer, strict)])) as (left, _, _, _):
         with pytest.raises(CallFailed) as caught:
             await left.call("stage", {"objectRef": {"sha256": 5}}, timeout=2)
     assert caught.value.error_data["code"] == "invalid-request"
     assert caught.value.error_data["field"] == "objectRef.sha256"
     assert caught.value.text.startswith("objectRef.sha256: ")
+    assert not called
+
+
+async def test_the_handler_gets_the_parsed_model_and_its_answer_is_serialised() -> None:
+    """Validation and wire serialisation happen once, at the route: models in, camelCase out."""
+    seen: list[_Outer] = []
+
+    async def typed(request: _Outer, ctx: RequestContext) -> _Outer:
+        seen.append(request)
+        return _Outer(object_ref=_Body(sha256=request.object_ref.sha256 + "!"))
+
+    async with peers(Routes(), Routes([Route("stage", _Outer, typed)])) as (left, _, _, _):
+        reply = await left.call("stage", {"objectRef": {"sha256": "ab"}}, timeout=2)
+    assert seen == [_Outer(object_ref=_Body(sha256="ab"))]
+    assert reply == {"objectRef": {"sha256": "ab!"}}
+
+
+async def test_a_validation_error_inside_the_handler_is_internal_not_the_callers_fault() -> None:
+    """Only the request body's validation is invalid-request; the handler's own is a bug."""
+
+    async def buggy(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+        _Outer.model_validate({"objectRef": {"sha256": 5}})
+        return {}
+
+    async with peers(Routes(), routes_with(stage=buggy)) as (left, _, _, _):
+        with pytest.raises(CallFailed) as caught:
+            await left.call("stage", {}, timeout=2)
+    assert caught.value.error_data == {"code": "internal", "retryable": True}
 
 
 async def test_unexpected_exception_becomes_internal_without_details() -> None:
     """Any other exception answers code internal with a generic text."""
 
-    async def crash(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    async def crash(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         raise RuntimeError("secret-ish detail")
 
-    async with peers(Router(), router_with(boom=crash)) as (left, _, _, _):
+    async with peers(Routes(), routes_with(boom=crash)) as (left, _, _, _):
         with pytest.raises(CallFailed) as caught:
             await left.call("boom", {}, timeout=2)
     assert caught.value.error_data == {"code": "internal", "retryable": True}
@@ -107,11 +140,11 @@ async def test_call_without_reply_times_out() -> None:
     """A call whose reply never comes raises CallTimeout."""
     never = asyncio.Event()
 
-    async def hang(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    async def hang(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         await never.wait()
         return {}
 
-    async with peers(Router(), router_with(hang=hang)) as (left, _, _, _):
+    async with peers(Routes(), routes_with(hang=hang)) as (left, _, _, _):
         with pytest.raises(CallTimeout):
             await left.call("hang", {}, timeout=0.05)
 
@@ -119,7 +152,7 @@ async def test_call_without_reply_times_out() -> None:
 async def test_retry_resends_the_identical_frame_then_succeeds() -> None:
     """A retry reply makes the caller resend byte-identical frames until answered."""
     ta, tb = transport_pair()
-    left = Peer(ta, Router(), settings=FAST)
+    left = Peer(ta, Routes(), settings=FAST)
     ta.record = True
     run = asyncio.create_task(left.run())
     call = asyncio.create_task(left.call("slow", {"n": 1}, timeout=2))
@@ -142,7 +175,7 @@ async def test_retry_resends_the_identical_frame_then_succeeds() -> None:
 async def test_transport_close_fails_pending_calls_with_session_closed() -> None:
     """Closing the transport fails every pending call with SessionClosed."""
     ta, tb = transport_pair()
-    left = Peer(ta, Router(), settings=FAST)
+    left = Peer(ta, Routes(), settings=FAST)
     run = asyncio.create_task(left.run())
     call = asyncio.create_task(left.call("x", {}, timeout=5))
     await tb.recv()
@@ -156,7 +189,7 @@ async def test_transport_close_fails_pending_calls_with_session_closed() -> None
 async def test_retry_limit_fails_the_call() -> None:
     """A peer that keeps answering retry makes the call fail after max_retry_attempts sends."""
     ta, tb = transport_pair()
-    left = Peer(ta, Router(), settings=PeerSettings(max_retry_attempts=2))
+    left = Peer(ta, Routes(), settings=ConnectionSettings(max_retry_attempts=2))
     run = asyncio.create_task(left.run())
     call = asyncio.create_task(left.call("slow", {}, timeout=2))
     for _ in range(2):
@@ -171,10 +204,12 @@ async def test_retry_limit_fails_the_call() -> None:
         await run
 
 
-async def serve_raw(router: Router) -> tuple[Peer, MemoryTransport, asyncio.Task[None]]:
+async def serve_raw(
+    routes: Routes, settings: ConnectionSettings = FAST
+) -> tuple[Peer, MemoryTransport, asyncio.Task[None]]:
     """A running peer and the raw other end of its transport."""
     ta, tb = transport_pair()
-    peer = Peer(ta, router, settings=FAST)
+    peer = Peer(ta, routes, settings=settings)
     return peer, tb, asyncio.create_task(peer.run())
 
 
@@ -186,7 +221,7 @@ async def stop(end: MemoryTransport, run: asyncio.Task[None]) -> None:
 
 async def test_malformed_request_with_method_and_id_is_answered() -> None:
     """A request frame with a bad envelope field gets an invalid-request error reply."""
-    _, raw, run = await serve_raw(router_with(echo=echo))
+    _, raw, run = await serve_raw(routes_with(echo=echo))
     raw_request = {"method": "echo", "request": {}, "retry": 5}
     await raw.send(orjson.dumps(raw_request | {"correlation": {"id": "c1", "phase": "request"}}))
     out = orjson.loads(await raw.recv())
@@ -197,7 +232,7 @@ async def test_malformed_request_with_method_and_id_is_answered() -> None:
 
 async def test_garbage_and_weird_frames_are_dropped_and_the_session_goes_on() -> None:
     """Non-JSON and phase-less frames get no answer and do not end the session."""
-    _, raw, run = await serve_raw(router_with(echo=echo))
+    _, raw, run = await serve_raw(routes_with(echo=echo))
     await raw.send(b"\x00 not json")
     await raw.send(b'{"method": "echo", "request": {}}')
     request = {"method": "echo", "request": {"value": 3}, "response": None}
@@ -209,7 +244,7 @@ async def test_garbage_and_weird_frames_are_dropped_and_the_session_goes_on() ->
 
 async def test_request_that_is_no_object_is_refused() -> None:
     """request must be a JSON object: anything else answers invalid-request."""
-    _, raw, run = await serve_raw(router_with(echo=echo))
+    _, raw, run = await serve_raw(routes_with(echo=echo))
     frame = {"method": "echo", "request": [1], "correlation": {"id": "c3", "phase": "request"}}
     await raw.send(orjson.dumps(frame))
     assert orjson.loads(await raw.recv())["error"]["data"]["code"] == "invalid-request"
@@ -218,7 +253,7 @@ async def test_request_that_is_no_object_is_refused() -> None:
 
 async def test_stopped_intake_answers_shutting_down() -> None:
     """After stop_intake() every new request is refused with shutting-down, retryable."""
-    peer, raw, run = await serve_raw(router_with(echo=echo))
+    peer, raw, run = await serve_raw(routes_with(echo=echo))
     peer.stop_intake()
     frame = {"method": "echo", "request": {}, "correlation": {"id": "c4", "phase": "request"}}
     await raw.send(orjson.dumps(frame))
@@ -231,12 +266,12 @@ async def test_drain_waits_for_handlers_then_cancels_and_answers_the_rest() -> N
     """drain() lets quick handlers finish, cancels slow ones and answers them shutting-down."""
     started, never = asyncio.Event(), asyncio.Event()
 
-    async def slow(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    async def slow(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         started.set()
         await never.wait()
         return {}
 
-    peer, raw, run = await serve_raw(router_with(slow=slow))
+    peer, raw, run = await serve_raw(routes_with(slow=slow))
     frame = {"method": "slow", "request": {}, "correlation": {"id": "c5", "phase": "request"}}
     await raw.send(orjson.dumps(frame))
     await started.wait()
@@ -252,7 +287,7 @@ async def test_closing_the_transport_cancels_running_handlers() -> None:
     """Handler tasks belong to run(): they are cancelled when the session ends."""
     started, cancelled = asyncio.Event(), asyncio.Event()
 
-    async def slow(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    async def slow(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         started.set()
         try:
             await asyncio.Event().wait()
@@ -261,7 +296,7 @@ async def test_closing_the_transport_cancels_running_handlers() -> None:
             raise
         return {}
 
-    _, raw, run = await serve_raw(router_with(slow=slow))
+    _, raw, run = await serve_raw(routes_with(slow=slow))
     frame = {"method": "slow", "request": {}, "correlation": {"id": "c6", "phase": "request"}}
     await raw.send(orjson.dumps(frame))
     await started.wait()
@@ -272,7 +307,7 @@ async def test_closing_the_transport_cancels_running_handlers() -> None:
 async def test_cancelling_run_fails_pending_calls_with_session_closed() -> None:
     """run() cancelled from outside still fails pending calls instead of leaving them hanging."""
     ta, tb = transport_pair()
-    peer = Peer(ta, Router(), settings=FAST)
+    peer = Peer(ta, Routes(), settings=FAST)
     run = asyncio.create_task(peer.run())
     call = asyncio.create_task(peer.call("x", {}, timeout=5))
     await tb.recv()
@@ -283,8 +318,36 @@ async def test_cancelling_run_fails_pending_calls_with_session_closed() -> None:
         await call
 
 
-def test_a_method_is_registered_once() -> None:
-    """Registering a second handler for the same method is refused."""
-    router = router_with(echo=echo)
-    with pytest.raises(InvalidState):
-        router.register("echo", echo)
+def test_a_method_is_routed_once() -> None:
+    """A route table naming one method twice is refused."""
+    with pytest.raises(InvalidState, match="routed twice"):
+        Routes([body_route("echo", echo), body_route("echo", echo)])
+
+
+async def test_a_request_flood_runs_no_more_handlers_than_the_bound() -> None:
+    """Beyond `max_concurrent_requests` running handlers, requests are answered `retry`."""
+    release, running = asyncio.Event(), 0
+    most = 0
+
+    async def slow(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await release.wait()
+        running -= 1
+        return {}
+
+    settings = ConnectionSettings(max_concurrent_requests=4, busy_retry_ms=100)
+    peer, raw, run = await serve_raw(routes_with(slow=slow), settings)
+    for number in range(50):
+        frame = {"method": "slow", "request": {}, "response": None}
+        frame["correlation"] = {"id": f"f{number}", "phase": "request"}
+        await raw.send(orjson.dumps(frame))
+    answers = [orjson.loads(await raw.recv()) for _ in range(46)]
+    assert {answer["retry"]["waitForMs"] for answer in answers} == {100}
+    assert peer.in_flight == 4
+    release.set()
+    done = [orjson.loads(await raw.recv()) for _ in range(4)]
+    assert all(answer["response"] == {} for answer in done)
+    assert most == 4
+    await stop(raw, run)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from agent.contracts.base import StreamMarker
+from agent.contracts.base import StreamMarker, WireModel
 from agent.errors import SessionClosed, StreamBroken
-from agent.session.peer import ByteSink, Peer, PeerSettings, RequestContext, Router
+from agent.protocol.connection import ConnectionSettings
+from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
+from agent.session.peer import Peer
 from tests.memory import transport_pair
-from tests.session._helpers import FAST, peers
+from tests.session._helpers import FAST, body_route, peers
 
 MIB = 1 << 20
 
@@ -26,43 +27,55 @@ def pattern(size: int) -> bytes:
     return seed * reps + seed[:rest]
 
 
-def upload_router(digests: list[str]) -> Router:
+class Upload(WireModel):
+    data: StreamMarker
+
+
+class Size(WireModel):
+    size: int
+
+
+class Nothing(WireModel):
+    pass
+
+
+class Download(WireModel):
+    data: StreamMarker
+
+
+def upload_router(digests: list[str]) -> Routes:
     """`upload {data: marker}` -> `{size}`; records the sha256 of what arrived."""
 
-    async def upload(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
-        source = ctx.receive_stream(StreamMarker.model_validate(request["data"]))
+    async def upload(request: Upload, ctx: RequestContext) -> Size:
+        source = ctx.receive_stream(request.data)
         digest, size = hashlib.sha256(), 0
         async for chunk in source:
             digest.update(chunk)
             size += len(chunk)
         digests.append(digest.hexdigest())
-        return {"size": size}
+        return Size(size=size)
 
-    router = Router()
-    router.register("upload", upload)
-    return router
+    return Routes([Route("upload", Upload, upload)])
 
 
-def download_router(payload: bytes, chunk: int) -> Router:
+def download_router(payload: bytes, chunk: int) -> Routes:
     """`download {}` -> `{data: marker}`; a producer writes `payload` after the reply."""
 
-    async def download(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    async def download(request: Nothing, ctx: RequestContext) -> Download:
         async def produce(sink: ByteSink) -> None:
             for start in range(0, len(payload), chunk):
                 await sink.write(payload[start : start + chunk])
 
         marker, _ = ctx.open_send_stream(produce)
-        return {"data": marker}
+        return Download(data=marker)
 
-    router = Router()
-    router.register("download", download)
-    return router
+    return Routes([Route("download", Nothing, download)])
 
 
 async def upload(left: Peer, payload: bytes, chunk: int) -> dict[str, Any]:
     """Send `payload` to the right peer's `upload` in chunks; returns its reply."""
     marker, sink = left.open_send_stream()
-    call = asyncio.create_task(left.call("upload", {"data": marker}, timeout=60))
+    call = asyncio.create_task(left.call("upload", {"data": marker.to_wire()}, timeout=60))
     for start in range(0, len(payload), chunk):
         await sink.write(payload[start : start + chunk])
     await sink.close()
@@ -72,7 +85,7 @@ async def upload(left: Peer, payload: bytes, chunk: int) -> dict[str, Any]:
 async def download(left: Peer) -> tuple[str, int]:
     """Call `download` and read its stream; returns (sha256, size)."""
     reply = await left.call("download", {}, timeout=5)
-    source = left.receive_stream(StreamMarker.model_validate(reply["data"]))
+    source = left.receive_stream(StreamMarker.from_wire(reply["data"]))
     digest, size = hashlib.sha256(), 0
     async for piece in source:
         digest.update(piece)
@@ -90,7 +103,7 @@ async def test_small_upload_arrives_intact() -> None:
     """Bytes the caller streams in its request arrive in order at the handler."""
     digests: list[str] = []
     payload = os.urandom(100_000)
-    async with peers(Router(), upload_router(digests)) as (left, _, _, _):
+    async with peers(Routes(), upload_router(digests)) as (left, _, _, _):
         assert await upload(left, payload, 4096) == {"size": len(payload)}
     assert digests == [hashlib.sha256(payload).hexdigest()]
 
@@ -98,7 +111,7 @@ async def test_small_upload_arrives_intact() -> None:
 async def test_small_download_arrives_intact() -> None:
     """Bytes a handler streams in its response arrive in order at the caller (read)."""
     payload = os.urandom(100_000)
-    async with peers(Router(), download_router(payload, 4096)) as (left, _, _, _):
+    async with peers(Routes(), download_router(payload, 4096)) as (left, _, _, _):
         assert await download(left) == (hashlib.sha256(payload).hexdigest(), len(payload))
 
 
@@ -107,8 +120,8 @@ async def test_64_mib_upload_keeps_its_sha256(form: str) -> None:
     """64 MiB sent initiator -> responder in 1 MiB chunks arrive with the same sha256."""
     payload = pattern(64 * MIB)
     digests: list[str] = []
-    settings = PeerSettings(keepalive_interval=0.2, keepalive_timeout=10, chunk_form=form)
-    async with peers(Router(), upload_router(digests), settings) as (left, _, _, _):
+    settings = ConnectionSettings(keepalive_interval=0.2, keepalive_timeout=10, chunk_form=form)
+    async with peers(Routes(), upload_router(digests), settings) as (left, _, _, _):
         assert await upload(left, payload, MIB) == {"size": len(payload)}
     assert digests == [hashlib.sha256(payload).hexdigest()]
 
@@ -117,8 +130,8 @@ async def test_64_mib_upload_keeps_its_sha256(form: str) -> None:
 async def test_64_mib_download_keeps_its_sha256(form: str) -> None:
     """64 MiB sent responder -> initiator (read) arrive with the same sha256."""
     payload = pattern(64 * MIB)
-    settings = PeerSettings(keepalive_interval=0.2, keepalive_timeout=10, chunk_form=form)
-    async with peers(Router(), download_router(payload, MIB), settings) as (left, _, _, _):
+    settings = ConnectionSettings(keepalive_interval=0.2, keepalive_timeout=10, chunk_form=form)
+    async with peers(Routes(), download_router(payload, MIB), settings) as (left, _, _, _):
         assert await download(left) == (hashlib.sha256(payload).hexdigest(), len(payload))
 
 
@@ -127,23 +140,22 @@ async def test_transport_closing_mid_upload_breaks_both_ends() -> None:
     handler_saw: list[BaseException] = []
     first_chunk = asyncio.Event()
 
-    async def upload(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
-        source = ctx.receive_stream(StreamMarker.model_validate(request["data"]))
+    async def upload(request: Upload, ctx: RequestContext) -> Size:
+        source = ctx.receive_stream(request.data)
         try:
             async for _ in source:
                 first_chunk.set()
         except (StreamBroken, asyncio.CancelledError) as exc:
             handler_saw.append(exc)
             raise
-        return {}
+        return Size(size=0)
 
-    router = Router()
-    router.register("upload", upload)
+    router = Routes([Route("upload", Upload, upload)])
     ta, tb = transport_pair()
-    left, right = Peer(ta, Router(), settings=FAST), Peer(tb, router, settings=FAST)
+    left, right = Peer(ta, Routes(), settings=FAST), Peer(tb, router, settings=FAST)
     runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
     marker, sink = left.open_send_stream()
-    call = asyncio.create_task(left.call("upload", {"data": marker}, timeout=5))
+    call = asyncio.create_task(left.call("upload", {"data": marker.to_wire()}, timeout=5))
     await sink.write(b"x" * 1000)
     await first_chunk.wait()
     ta.close()
@@ -162,12 +174,12 @@ async def test_transport_closing_mid_download_breaks_the_reader() -> None:
     payload = os.urandom(64 * 1024)
     ta, tb = transport_pair()
     left, right = (
-        Peer(ta, Router(), settings=FAST),
+        Peer(ta, Routes(), settings=FAST),
         Peer(tb, download_router(payload, 1024), settings=FAST),
     )
     runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
     reply = await left.call("download", {}, timeout=5)
-    source = left.receive_stream(StreamMarker.model_validate(reply["data"]))
+    source = left.receive_stream(StreamMarker.from_wire(reply["data"]))
     received = bytearray()
 
     async def read_then_close() -> None:
@@ -187,16 +199,15 @@ async def test_transport_closing_mid_download_breaks_the_reader() -> None:
 async def test_upload_to_unknown_stream_breaks_the_writer() -> None:
     """A responder that never registered the stream echoes its frames: the sink breaks."""
 
-    async def ignore(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    async def ignore(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         return {}
 
-    router = Router()
-    router.register("ignore", ignore)
-    async with peers(Router(), router) as (left, _, _, _):
+    router = Routes([body_route("ignore", ignore)])
+    async with peers(Routes(), router) as (left, _, _, _):
         marker, sink = left.open_send_stream()
         await left.call("ignore", {"note": "no stream here", "data": {"other": 1}}, timeout=2)
         # the marker was never announced: arm it by hand through a second call carrying it
-        await left.call("ignore", {"data": marker}, timeout=2)
+        await left.call("ignore", {"data": marker.to_wire()}, timeout=2)
         with pytest.raises(StreamBroken):
             await write_forever(sink)
 
@@ -204,10 +215,10 @@ async def test_upload_to_unknown_stream_breaks_the_writer() -> None:
 async def test_responder_that_stops_answering_breaks_the_writer_after_the_timeout() -> None:
     """No stream answer within keepalive_timeout: the initiator's sink raises StreamBroken."""
     digests: list[str] = []
-    async with peers(Router(), upload_router(digests)) as (left, _, _, tb):
+    async with peers(Routes(), upload_router(digests)) as (left, _, _, tb):
         tb.on_send = lambda frame: None if b"##VirtualStream##" in frame else frame
         marker, sink = left.open_send_stream()
-        call = asyncio.create_task(left.call("upload", {"data": marker}, timeout=5))
+        call = asyncio.create_task(left.call("upload", {"data": marker.to_wire()}, timeout=5))
         with pytest.raises(StreamBroken, match="no answer"):
             await write_forever(sink)
         call.cancel()
@@ -220,14 +231,13 @@ async def test_handler_send_stream_missing_from_the_response_is_aborted() -> Non
     """A stream the handler opened but did not announce breaks its writer."""
     sinks: list[ByteSink] = []
 
-    async def forgetful(request: Mapping[str, Any], ctx: RequestContext) -> Mapping[str, Any]:
+    async def forgetful(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         _, sink = ctx.open_send_stream()
         sinks.append(sink)
         return {}
 
-    router = Router()
-    router.register("forgetful", forgetful)
-    async with peers(Router(), router) as (left, _, _, _):
+    router = Routes([body_route("forgetful", forgetful)])
+    async with peers(Routes(), router) as (left, _, _, _):
         assert await left.call("forgetful", {}, timeout=2) == {}
         with pytest.raises(StreamBroken):
             await sinks[0].write(b"late")

@@ -8,11 +8,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from agent.errors import AuthenticationFailed
-from agent.session.backoff import Backoff, BackoffPolicy, renew_delay
+from agent.retry import Backoff
+from agent.session.reconnect import Reconnects, renew_delay
 
 
-def _always(value: float) -> Backoff:
-    return Backoff(BackoffPolicy(base=1.0, cap=60.0, stable_after=60.0), rng=lambda: value)
+def _always(value: float) -> Reconnects:
+    return Reconnects(Backoff(base=1.0, cap=60.0), stable_after=60.0, rng=lambda: value)
 
 
 def test_window_doubles_from_base_up_to_cap() -> None:
@@ -71,24 +72,24 @@ def test_out_of_range_random_source_is_refused() -> None:
 def test_inconsistent_policy_is_refused(base: float, cap: float, stable_after: float) -> None:
     """A policy with a non-positive base, a cap below the base or negative stability is refused."""
     with pytest.raises(ValueError, match="backoff needs"):
-        BackoffPolicy(base=base, cap=cap, stable_after=stable_after)
+        Reconnects(Backoff(base=base, cap=cap), stable_after=stable_after)
 
 
 @given(seed=st.integers(min_value=0, max_value=2**32), failures=st.integers(1, 200))
 def test_delays_always_lie_inside_zero_and_the_cap(seed: int, failures: int) -> None:
     """Whatever the draws, every delay is within [0, min(cap, base * 2**attempt)]."""
     rng = random.Random(seed)
-    policy = BackoffPolicy()
-    backoff = Backoff(policy, rng=rng.random)
+    policy = Backoff()
+    reconnects = Reconnects(policy, rng=rng.random)
     for attempt in range(failures):
-        delay = backoff.next_delay()
+        delay = reconnects.next_delay()
         assert 0.0 <= delay <= min(policy.cap, policy.base * 2**attempt)
 
 
 def test_seeded_rng_gives_reproducible_delays() -> None:
     """The same seed yields the same delay sequence (no hidden randomness)."""
-    first = Backoff(rng=random.Random(7).random)
-    second = Backoff(rng=random.Random(7).random)
+    first = Reconnects(rng=random.Random(7).random)
+    second = Reconnects(rng=random.Random(7).random)
     assert [first.next_delay() for _ in range(10)] == [second.next_delay() for _ in range(10)]
 
 

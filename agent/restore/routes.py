@@ -1,0 +1,70 @@
+"""The five isolated-restore routes Cloudly calls, bound to one engine.
+
+Each route names its exact request model (camelCase only; a body that fails it is refused with
+`invalid-request` naming the field, never the value, before the engine sees it) and answers the
+response model. Refusals are the engine's `AgentError`s, turned into `error {text, data: {code,
+retryable, ...}}` by the session.
+"""
+
+from __future__ import annotations
+
+from agent.contracts.isolatedrestore import (
+    METHOD_CLEANUP,
+    METHOD_EXECUTE,
+    METHOD_GET_STATUS,
+    METHOD_PREPARE,
+    METHOD_STAGE,
+    CleanupIsolatedRestoreRequest,
+    ExecuteIsolatedRestoreRequest,
+    GetIsolatedRestoreStatusRequest,
+    IsolatedRestoreStateResponse,
+    IsolatedRestoreStatusResponse,
+    PrepareIsolatedRestoreRequest,
+    StageIsolatedRestoreArchiveRequest,
+)
+from agent.protocol.routes import ByteSource, RequestContext, Route, Routes
+from agent.restore.engine import IsolatedRestoreEngine
+
+__all__ = ["isolated_restore_routes"]
+
+
+def isolated_restore_routes(engine: IsolatedRestoreEngine) -> Routes:
+    """The routes of prepare, stage, get-status, execute and cleanup, served by `engine`."""
+
+    async def prepare(
+        request: PrepareIsolatedRestoreRequest, ctx: RequestContext
+    ) -> IsolatedRestoreStateResponse:
+        return IsolatedRestoreStateResponse(state=await engine.prepare(request))
+
+    async def stage(
+        request: StageIsolatedRestoreArchiveRequest, ctx: RequestContext
+    ) -> IsolatedRestoreStateResponse:
+        def open_source() -> ByteSource:
+            return ctx.receive_stream(request.archive)
+
+        return IsolatedRestoreStateResponse(state=await engine.stage(request, open_source))
+
+    async def status(
+        request: GetIsolatedRestoreStatusRequest, ctx: RequestContext
+    ) -> IsolatedRestoreStatusResponse:
+        return await engine.status(request)
+
+    async def execute(
+        request: ExecuteIsolatedRestoreRequest, ctx: RequestContext
+    ) -> IsolatedRestoreStateResponse:
+        return IsolatedRestoreStateResponse(state=await engine.execute(request))
+
+    async def cleanup(
+        request: CleanupIsolatedRestoreRequest, ctx: RequestContext
+    ) -> IsolatedRestoreStateResponse:
+        return IsolatedRestoreStateResponse(state=await engine.cleanup(request))
+
+    return Routes(
+        [
+            Route(METHOD_PREPARE, PrepareIsolatedRestoreRequest, prepare),
+            Route(METHOD_STAGE, StageIsolatedRestoreArchiveRequest, stage),
+            Route(METHOD_GET_STATUS, GetIsolatedRestoreStatusRequest, status),
+            Route(METHOD_EXECUTE, ExecuteIsolatedRestoreRequest, execute),
+            Route(METHOD_CLEANUP, CleanupIsolatedRestoreRequest, cleanup),
+        ]
+    )

@@ -1,0 +1,153 @@
+"""The asyncio faces of VirtualStreams: `Signal`, and the `ByteSource`/`ByteSink` of a `Peer`.
+
+A source or sink wraps one stream machine of the peer's `Connection`. It reads the machine's
+state directly (read-only) and changes it only through the connection, then lets the peer
+flush what that produced. It waits on its `Signal`, which the peer fires for every
+`StreamChanged` event of its stream; waiters always re-check the machine, so no wake-up is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from agent.errors import StreamBroken
+from agent.protocol.chunks import CLOSING
+from agent.protocol.connection import MAX_CHUNK, Connection, Stream
+from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
+
+__all__ = ["Signal", "Sink", "Source", "StreamOwner"]
+
+
+class Signal:
+    """A broadcast wake-up: `fire()` wakes every current waiter."""
+
+    def __init__(self) -> None:
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    def fire(self) -> None:
+        """Wake every waiter."""
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    async def wait(self, within: float | None = None) -> None:
+        """Wait for the next `fire()`, or at most `within` seconds."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            if within is None:
+                await waiter
+            else:
+                async with asyncio.timeout(max(within, 0.0)):
+                    await waiter
+        except TimeoutError:
+            pass
+        finally:
+            self._waiters.discard(waiter)
+
+
+class StreamOwner(Protocol):
+    """What a source or sink needs of its peer."""
+
+    @property
+    def connection(self) -> Connection: ...
+
+    def now(self) -> float: ...
+
+    async def flush(self) -> None: ...
+
+    def watch(self, stream_id: str) -> Signal: ...
+
+    def unwatch(self, stream_id: str) -> None: ...
+
+
+class Source:
+    """`ByteSource`: iterate to receive chunks; ends at the closing bit."""
+
+    def __init__(self, owner: StreamOwner, stream: Stream) -> None:
+        self.stream_id = stream.stream_id
+        self._owner = owner
+        self._stream = stream
+        self._signal = owner.watch(stream.stream_id)
+        self._finished = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._finished:
+            raise StopAsyncIteration
+        owner = self._owner
+        while True:
+            try:
+                item = owner.connection.take(self._stream, owner.now())
+            except StreamBroken:
+                self._finish()
+                raise
+            if item is None:
+                await self._signal.wait()
+                continue
+            await owner.flush()  # a `read` we drive may go out now that there is room
+            if item is CLOSING:
+                self._finish()
+                raise StopAsyncIteration
+            assert isinstance(item, bytes)
+            return item
+
+    async def aclose(self) -> None:
+        """Stop reading before the end: the rest of the stream is discarded."""
+        if not self._finished:
+            self._owner.connection.stop_reading(self._stream, self._owner.now())
+            self._finish()
+            await self._owner.flush()
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._owner.unwatch(self.stream_id)
+
+
+class Sink:
+    """`ByteSink`: `write` waits while the window is full; `close` sends the closing bit."""
+
+    def __init__(self, owner: StreamOwner, stream: Stream) -> None:
+        self.stream_id = stream.stream_id
+        self._owner = owner
+        self._stream = stream
+        self._signal = owner.watch(stream.stream_id)
+
+    async def write(self, data: bytes) -> None:
+        """Queue `data` (in chunks of at most `MAX_CHUNK`), waiting for room in the window."""
+        view = memoryview(data)
+        for start in range(0, len(view), MAX_CHUNK):
+            await self._wait_for_space()
+            piece = bytes(view[start : start + MAX_CHUNK])
+            self._owner.connection.write(self._stream, piece, self._owner.now())
+            await self._owner.flush()
+
+    async def close(self) -> None:
+        """Queue the closing bit; on a stream we drive, return once the responder took it."""
+        await self._wait_for_space()
+        stream, owner = self._stream, self._owner
+        try:
+            owner.connection.close_stream(stream, owner.now())
+            await owner.flush()
+            if isinstance(stream, InitiatorStream):
+                while not stream.done:
+                    await self._signal.wait()
+                if stream.state is InitiatorState.BROKEN:
+                    raise StreamBroken(f"stream {stream.stream_id} broke: {stream.broken_reason}")
+        finally:
+            owner.unwatch(self.stream_id)
+
+    async def abort(self) -> None:
+        """Stop without a closing bit; the peer sees the stream break."""
+        self._owner.connection.abort_stream(self._stream, "the sender aborted", self._owner.now())
+        self._owner.unwatch(self.stream_id)
+        await self._owner.flush()
+
+    async def _wait_for_space(self) -> None:
+        while not self._stream.has_space() and not self._stream.done:
+            await self._signal.wait()

@@ -1,0 +1,510 @@
+"""The sans-I/O connection: intake rules, calls, streams and time, with no transport at all.
+
+Every test feeds frames and `now` into `Connection`s and reads what comes out
+(`data_to_send()`, `events_received()`); two connections are joined by `Wire`, which moves
+frames between them until both are quiet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from itertools import count
+from typing import Any
+
+import orjson
+import pytest
+
+from agent.errors import (
+    CallFailed,
+    CallTimeout,
+    InvalidState,
+    LocalProtocolError,
+    RestoreNotFound,
+    SessionClosed,
+    StreamBroken,
+)
+from agent.protocol.chunks import CLOSING
+from agent.protocol.connection import (
+    Completed,
+    Connection,
+    ConnectionSettings,
+    ConnectionState,
+    Failed,
+    RequestReceived,
+    Stream,
+    StreamChanged,
+)
+from agent.protocol.stream_initiator import InitiatorState
+from agent.protocol.streams import ECHO_MEMORY
+
+SETTINGS = ConnectionSettings(keepalive_interval=1.0, keepalive_timeout=10.0, stream_window=4)
+
+
+def connection(
+    methods: tuple[str, ...] = ("echo",), prefix: str = "id", **changes: Any
+) -> Connection:
+    numbers = count(1)
+    settings = ConnectionSettings(**{**_fields(SETTINGS), **changes})
+    return Connection(methods, settings, new_id=lambda: f"{prefix}{next(numbers)}")
+
+
+def _fields(settings: ConnectionSettings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in settings.__dataclass_fields__}
+
+
+def request(method: str, body: Any, corr: str = "c1") -> bytes:
+    frame = {"method": method, "request": body, "response": None}
+    return orjson.dumps(frame | {"correlation": {"id": corr, "phase": "request"}})
+
+
+def sent(conn: Connection) -> list[dict[str, Any]]:
+    return [orjson.loads(frame) for frame in conn.data_to_send()]
+
+
+def requests(conn: Connection) -> list[RequestReceived]:
+    return [e for e in conn.events_received() if isinstance(e, RequestReceived)]
+
+
+def marker(stream_id: str) -> dict[str, Any]:
+    return {"_isVirtualStream": True, "streamId": stream_id}
+
+
+def stray(stream_id: str = "nobody", cycle_id: str = "k1") -> bytes:
+    """A keep-alive for a stream nobody registered."""
+    package = {
+        "streamId": stream_id,
+        "cycleId": cycle_id,
+        "cycle": "request",
+        "mainPurpose": "keepAlive",
+        "keepAlive": True,
+    }
+    return orjson.dumps({"method": "##VirtualStream##", "request": package, "response": None})
+
+
+class Wire:
+    """Two connections joined in memory; `handle` answers the right side's requests."""
+
+    def __init__(
+        self,
+        left: Connection,
+        right: Connection,
+        handle: Callable[[Connection, RequestReceived], None] | None = None,
+    ) -> None:
+        self.left, self.right = left, right
+        self.handle = handle
+        self.moved = 0
+        self.events: dict[int, list[Any]] = {id(left): [], id(right): []}
+
+    def pump(self, now: float, *, limit: int = 100_000) -> int:
+        """Move frames both ways until neither side has anything to send; frames moved."""
+        moved = 0
+        while True:
+            progress = False
+            for source, target in ((self.left, self.right), (self.right, self.left)):
+                for frame in source.data_to_send():
+                    target.receive(frame, now)
+                    moved += 1
+                    progress = True
+                for conn in (self.left, self.right):
+                    for event in conn.events_received():
+                        if isinstance(event, RequestReceived) and self.handle is not None:
+                            self.handle(conn, event)
+                        else:
+                            self.events[id(conn)].append(event)
+            if not progress:
+                self.moved += moved
+                return moved
+            assert moved < limit, "the two connections never went quiet"
+
+
+class TestIntake:
+    def test_a_routed_request_becomes_a_request_received_event(self) -> None:
+        """A request for a routed method is handed out, and nothing is answered yet."""
+        conn = connection()
+        conn.receive(request("echo", {"value": 1}), 0.0)
+        assert requests(conn) == [RequestReceived(1, "echo", {"value": 1}, ())]
+        assert conn.data_to_send() == []
+        assert conn.in_flight == 1
+
+    def test_respond_sends_the_reply_as_the_typedrequest_router_does(self) -> None:
+        """The reply echoes the request, flips the phase, sets the response and localData null."""
+        conn = connection()
+        conn.receive(request("echo", {"value": 1}), 0.0)
+        [event] = requests(conn)
+        assert conn.respond(event.request_id, {"echoed": 1}) == []
+        assert sent(conn) == [
+            {
+                "method": "echo",
+                "request": {"value": 1},
+                "response": {"echoed": 1},
+                "correlation": {"id": "c1", "phase": "response"},
+                "localData": None,
+            }
+        ]
+        assert conn.in_flight == 0
+
+    def test_refuse_sends_the_errors_text_and_wire_data(self) -> None:
+        """An AgentError ends the request with error {text, data: {code, retryable}}."""
+        conn = connection()
+        conn.receive(request("echo", {}), 0.0)
+        [event] = requests(conn)
+        conn.refuse(event.request_id, RestoreNotFound("no restore r1 on node n1"))
+        [out] = sent(conn)
+        assert (out["response"], out["error"]) == (
+            None,
+            {
+                "text": "no restore r1 on node n1",
+                "data": {"code": "restore-not-found", "retryable": False},
+            },
+        )
+
+    def test_an_unrouted_method_gets_the_typedrequest_text_and_unknown_method(self) -> None:
+        """No route: the TS router's text, code unknown-method, no event."""
+        conn = connection()
+        conn.receive(request("nope", {}), 0.0)
+        [out] = sent(conn)
+        assert out["error"] == {
+            "text": "There is no available method for this call on the server side",
+            "data": {"code": "unknown-method", "retryable": False},
+        }
+        assert requests(conn) == []
+
+    def test_a_request_body_that_is_no_object_is_refused(self) -> None:
+        """`request` must be a JSON object: anything else is invalid-request."""
+        conn = connection()
+        conn.receive(request("echo", [1]), 0.0)
+        assert sent(conn)[0]["error"]["data"] == {"code": "invalid-request", "retryable": False}
+
+    def test_after_stop_intake_new_requests_are_shutting_down_and_running_ones_answer(
+        self,
+    ) -> None:
+        """Stopped intake refuses new requests, retryable; one already running still answers."""
+        conn = connection()
+        conn.receive(request("echo", {}, "running"), 0.0)
+        [running] = requests(conn)
+        conn.stop_intake()
+        conn.receive(request("echo", {}, "late"), 0.0)
+        conn.respond(running.request_id, {})
+        late, answered = sent(conn)
+        assert late["error"]["data"] == {"code": "shutting-down", "retryable": True}
+        assert (answered["correlation"]["id"], answered["response"]) == ("running", {})
+
+    def test_a_request_beyond_the_concurrency_bound_is_asked_to_retry(self) -> None:
+        """At `max_concurrent_requests` in flight, one more is answered `retry`, never `error`."""
+        conn = connection(max_concurrent_requests=2, busy_retry_ms=250)
+        for corr in ("c1", "c2", "c3"):
+            conn.receive(request("echo", {}, corr), 0.0)
+        assert [event.request_id for event in requests(conn)] == [1, 2]
+        [busy] = sent(conn)
+        assert busy["correlation"] == {"id": "c3", "phase": "response"}
+        assert (busy["response"], "error" in busy) == (None, False)
+        assert busy["retry"]["waitForMs"] == 250
+
+    def test_a_flood_holds_no_more_requests_than_the_bound(self) -> None:
+        """Ten thousand requests at once: the bound holds, each extra one gets one small answer."""
+        conn = connection(max_concurrent_requests=8)
+        for number in range(10_000):
+            conn.receive(request("echo", {"n": number}, f"c{number}"), 0.0)
+        assert conn.in_flight == 8
+        answers = sent(conn)
+        assert len(answers) == 10_000 - 8
+        assert all("retry" in answer for answer in answers)
+
+    def test_ending_a_request_frees_its_slot(self) -> None:
+        """Once a request is answered, the next one is handled again."""
+        conn = connection(max_concurrent_requests=1)
+        conn.receive(request("echo", {}, "c1"), 0.0)
+        [first] = requests(conn)
+        conn.respond(first.request_id, {})
+        conn.receive(request("echo", {}, "c2"), 0.0)
+        assert [event.request_id for event in requests(conn)] == [2]
+
+    def test_a_malformed_envelope_that_names_method_and_id_is_answered(self) -> None:
+        """A request frame with a bad envelope field gets an invalid-request answer."""
+        conn = connection()
+        frame = {"method": "echo", "request": {}, "retry": 5}
+        conn.receive(orjson.dumps(frame | {"correlation": {"id": "c9", "phase": "request"}}), 0.0)
+        [out] = sent(conn)
+        assert out["correlation"] == {"id": "c9", "phase": "response"}
+        assert out["error"]["data"]["code"] == "invalid-request"
+
+    @pytest.mark.parametrize(
+        "frame",
+        [b"\x00 not json", b"[1, 2]", b'{"method": "echo", "request": {}}', b'{"request": {}}'],
+        ids=["garbage", "not-an-object", "no-phase", "no-method"],
+    )
+    def test_a_frame_that_cannot_be_answered_is_dropped(self, frame: bytes) -> None:
+        """Garbage and phase-less frames get no answer and no event; the connection goes on."""
+        conn = connection()
+        conn.receive(frame, 0.0)
+        assert (conn.data_to_send(), conn.events_received()) == ([], [])
+        conn.receive(request("echo", {}), 0.0)
+        assert len(requests(conn)) == 1
+
+
+class TestRequestStreams:
+    def test_each_marker_in_a_request_registers_a_stream_its_handler_reads(self) -> None:
+        """The event lists the request's stream ids; the handler opens each once."""
+        conn = connection()
+        conn.receive(request("echo", {"a": marker("s1"), "b": [marker("s2")]}), 0.0)
+        [event] = requests(conn)
+        assert event.stream_ids == ("s1", "s2")
+        assert conn.request_stream(event.request_id, "s1").stream_id == "s1"
+        with pytest.raises(LocalProtocolError, match="not an unopened stream"):
+            conn.request_stream(event.request_id, "s1")
+
+    def test_a_duplicate_stream_id_refuses_the_request_and_unregisters_its_streams(self) -> None:
+        """Rollback: a request whose second marker repeats an id leaves no stream behind."""
+        conn = connection()
+        conn.receive(request("echo", {"a": marker("s1")}, "c1"), 0.0)
+        conn.receive(request("echo", {"a": marker("s2"), "b": marker("s1")}, "c2"), 0.0)
+        assert len(requests(conn)) == 1
+        [refused] = sent(conn)
+        assert refused["error"]["data"]["code"] == "invalid-request"
+        conn.receive(stray("s2", "k1"), 0.0)  # s2 must be unknown again: its frame is echoed
+        [echo] = sent(conn)
+        assert echo["request"]["streamId"] == "s2"
+
+    def test_ending_a_request_releases_its_streams(self) -> None:
+        """After the answer nobody reads the request's streams: keep-alives answer false."""
+        conn = connection()
+        conn.receive(request("echo", {"a": marker("s1")}), 0.0)
+        [event] = requests(conn)
+        conn.respond(event.request_id, {})
+        conn.data_to_send()
+        conn.receive(stray("s1", "k1"), 0.0)
+        [answer] = sent(conn)
+        assert answer["response"]["keepAlive"] is False
+
+    def test_only_reply_streams_announced_in_the_response_start(self) -> None:
+        """`respond` returns the announced reply streams and aborts the one left out."""
+        conn = connection()
+        conn.receive(request("echo", {}), 0.0)
+        [event] = requests(conn)
+        kept = conn.open_reply_stream(event.request_id)
+        forgotten = conn.open_reply_stream(event.request_id)
+        assert conn.respond(event.request_id, {"data": marker(kept.stream_id)}) == [kept]
+        assert not kept.done
+        assert forgotten.done
+        with pytest.raises(StreamBroken):
+            conn.write(forgotten, b"late", 0.0)
+
+    def test_a_refused_request_aborts_its_reply_streams(self) -> None:
+        """A request that ends in an error announces nothing: its reply streams break."""
+        conn = connection()
+        conn.receive(request("echo", {}), 0.0)
+        [event] = requests(conn)
+        stream = conn.open_reply_stream(event.request_id)
+        conn.refuse(event.request_id, RestoreNotFound("gone"))
+        assert stream.done
+
+
+class TestEchoSuppression:
+    def test_a_frame_for_an_unknown_stream_is_echoed_once_as_typedrequest_does(self) -> None:
+        """The first stray frame comes back unchanged with localData null."""
+        conn = connection()
+        conn.receive(stray(), 0.0)
+        assert sent(conn) == [orjson.loads(stray()) | {"localData": None}]
+
+    def test_our_echo_coming_back_is_never_answered(self) -> None:
+        """The same cycle id again is our own answer returning: no second answer."""
+        conn = connection()
+        conn.receive(stray(), 0.0)
+        conn.data_to_send()
+        conn.receive(stray(), 0.0)
+        assert conn.data_to_send() == []
+
+    def test_two_echoing_peers_stop_after_one_round_trip(self) -> None:
+        """The loop a stray keep-alive used to start between two echoing peers ends at once."""
+        left, right = connection(prefix="l"), connection(prefix="r")
+        wire = Wire(left, right)
+        right.receive(stray(), 0.0)  # as if the left side had sent it
+        assert wire.pump(0.0) <= 2
+
+    def test_the_echo_memory_is_bounded(self) -> None:
+        """Distinct stray ids are remembered up to ECHO_MEMORY; the oldest go first."""
+        conn = connection()
+        for number in range(ECHO_MEMORY + 1):
+            conn.receive(stray(cycle_id=f"k{number}"), 0.0)
+        conn.data_to_send()
+        conn.receive(stray(cycle_id=f"k{ECHO_MEMORY}"), 0.0)  # remembered: no answer
+        assert conn.data_to_send() == []
+        conn.receive(stray(cycle_id="k0"), 0.0)  # forgotten: answered once more
+        assert len(conn.data_to_send()) == 1
+
+
+class TestCalls:
+    def test_a_call_completes_on_its_response(self) -> None:
+        """The request frame goes out; the matching response becomes a Completed event."""
+        conn = connection(prefix="u")
+        call_id = conn.call("echo", {"v": 1}, now=0.0, timeout=5.0)
+        [out] = sent(conn)
+        assert out["correlation"] == {"id": call_id, "phase": "request"}
+        answer = out | {"correlation": {"id": call_id, "phase": "response"}, "response": {"ok": 1}}
+        conn.receive(orjson.dumps(answer), 1.0)
+        assert conn.events_received() == [Completed(call_id, {"ok": 1})]
+
+    def test_a_call_fails_with_call_timeout_when_time_passes_its_deadline(self) -> None:
+        """No answer by `timeout`: advance() ends the call with CallTimeout."""
+        conn = connection()
+        call_id = conn.call("echo", {}, now=0.0, timeout=5.0)
+        assert conn.next_deadline() == 5.0
+        conn.advance(4.9)
+        assert conn.events_received() == []
+        conn.advance(5.0)
+        [event] = conn.events_received()
+        assert isinstance(event, Failed)
+        assert (event.call_id, type(event.error)) == (call_id, CallTimeout)
+        assert conn.next_deadline() is None
+
+    def test_retry_advice_sends_the_identical_bytes_again_when_due(self) -> None:
+        """A `retry` answer schedules the byte-identical frame for `waitForMs` later."""
+        conn = connection()
+        call_id = conn.call("echo", {"v": 1}, now=0.0, timeout=5.0)
+        [first] = conn.data_to_send()
+        answer = orjson.loads(first) | {
+            "correlation": {"id": call_id, "phase": "response"},
+            "retry": {"waitForMs": 250, "reason": "busy"},
+        }
+        conn.receive(orjson.dumps(answer), 1.0)
+        assert conn.next_deadline() == 1.25
+        conn.advance(1.2)
+        assert conn.data_to_send() == []
+        conn.advance(1.25)
+        assert conn.data_to_send() == [first]
+
+    def test_closing_fails_every_pending_call_with_session_closed(self) -> None:
+        """The transport gone: pending calls end SessionClosed, nothing more is sent."""
+        conn = connection()
+        first = conn.call("echo", {}, now=0.0, timeout=5.0)
+        second = conn.call("echo", {}, now=0.0, timeout=5.0)
+        conn.close(SessionClosed(1006, "gone"))
+        events = conn.events_received()
+        assert [(e.call_id, type(e.error)) for e in events if isinstance(e, Failed)] == [
+            (first, SessionClosed),
+            (second, SessionClosed),
+        ]
+        assert conn.data_to_send() == []
+        assert conn.state is ConnectionState.CLOSED
+
+    def test_nothing_can_be_started_on_a_closed_connection(self) -> None:
+        """After close, a call or a stream raises SessionClosed instead of queueing frames."""
+        conn = connection()
+        conn.close(SessionClosed(1000, "bye"))
+        with pytest.raises(SessionClosed):
+            conn.call("echo", {}, now=0.0, timeout=1.0)
+        with pytest.raises(SessionClosed):
+            conn.open_send_stream()
+
+    def test_an_error_answer_fails_the_call_with_its_text_and_data(self) -> None:
+        """error {text, data} becomes CallFailed carrying both."""
+        conn = connection()
+        call_id = conn.call("echo", {}, now=0.0, timeout=5.0)
+        [out] = sent(conn)
+        answer = out | {
+            "correlation": {"id": call_id, "phase": "response"},
+            "error": {"text": "gone", "data": {"code": "x"}},
+        }
+        conn.receive(orjson.dumps(answer), 0.5)
+        [event] = conn.events_received()
+        assert isinstance(event, Failed)
+        assert isinstance(event.error, CallFailed)
+        assert (event.error.text, event.error.error_data) == ("gone", {"code": "x"})
+
+
+class Uploads:
+    """A handler for the right side: opens each request's stream and keeps it to be read."""
+
+    def __init__(self) -> None:
+        self.readers: list[tuple[Connection, int, Stream]] = []
+
+    def __call__(self, conn: Connection, event: RequestReceived) -> None:
+        stream = conn.request_stream(event.request_id, event.stream_ids[0])
+        self.readers.append((conn, event.request_id, stream))
+
+
+class TestStreams:
+    def test_stream_frames_never_overtake_the_request_carrying_the_marker(self) -> None:
+        """A sender that wrote before the call: the request frame is first in the outbox."""
+        conn = connection(prefix="l")
+        stream = conn.open_send_stream()
+        conn.write(stream, b"early", 0.0)
+        assert conn.data_to_send() == []  # PENDING until the marker goes out
+        conn.call("upload", {"data": marker(stream.stream_id)}, now=0.0, timeout=5.0)
+        methods = [orjson.loads(frame)["method"] for frame in conn.data_to_send()]
+        assert methods[0] == "upload"
+        assert set(methods[1:]) == {"##VirtualStream##"}
+
+    def test_bytes_cross_a_pair_intact_and_the_request_is_answered(self) -> None:
+        """200 KB through the codec, initiator to responder, end to end without a transport."""
+        payload = hashlib.sha256(b"x").digest() * 6400
+        uploads = Uploads()
+        left, right = connection(prefix="l"), connection(("upload",), prefix="r")
+        wire = Wire(left, right, uploads)
+        sender = left.open_send_stream()
+        call_id = left.call("upload", {"data": marker(sender.stream_id)}, now=0.0, timeout=60.0)
+        pieces = [payload[i : i + 10_000] for i in range(0, len(payload), 10_000)]
+        got = bytearray()
+        now, closed = 0.0, False
+        while True:
+            while pieces and sender.has_space():
+                left.write(sender, pieces.pop(0), now)
+            if not pieces and not closed and sender.has_space():
+                left.close_stream(sender, now)
+                closed = True
+            wire.pump(now)
+            [(conn, request_id, reader)] = uploads.readers
+            while (item := conn.take(reader, now)) not in (None, CLOSING):
+                assert isinstance(item, bytes)
+                got += item
+            if item is CLOSING:
+                conn.respond(request_id, {"size": len(got)})
+                wire.pump(now)
+                break
+            now += 0.01
+            left.advance(now)
+            right.advance(now)
+            assert now < 30, "the transfer stalled"
+        assert bytes(got) == payload
+        assert Completed(call_id, {"size": len(payload)}) in wire.events[id(left)]
+
+    def test_a_stream_change_is_reported_for_its_waiters(self) -> None:
+        """Closing a stream we send on reports it changed (its sink waits on that)."""
+        conn = connection()
+        stream = conn.open_send_stream()
+        conn.close_stream(stream, 0.0)
+        assert StreamChanged(stream.stream_id) in conn.events_received()
+
+    def test_take_on_a_stream_we_send_on_is_a_local_error(self) -> None:
+        """Misuse of the local side raises InvalidState and changes nothing."""
+        conn = connection()
+        stream = conn.open_send_stream()
+        with pytest.raises(InvalidState):
+            conn.take(stream, 0.0)
+        assert stream.state is InitiatorState.PENDING
+
+
+class TestTime:
+    def test_an_idle_connection_has_no_deadline(self) -> None:
+        """Nothing pending, nothing streaming: no timer is needed."""
+        assert connection().next_deadline() is None
+
+    def test_advance_consumes_every_deadline_it_reaches(self) -> None:
+        """After advance(now), the next deadline lies after now: a driver never spins."""
+        left, right = connection(prefix="l"), connection(("upload",), prefix="r")
+        wire = Wire(left, right, lambda conn, event: None)
+        sender = left.open_send_stream()
+        left.call("upload", {"data": marker(sender.stream_id)}, now=0.0, timeout=30.0)
+        now = 0.0
+        for _ in range(200):
+            wire.pump(now)
+            deadline = left.next_deadline()
+            assert deadline is not None
+            now = deadline
+            left.advance(now)
+            right.advance(now)
+            after = left.next_deadline()
+            assert after is None or after > now
+            if after is None:
+                break
