@@ -41,7 +41,7 @@ from agent.protocol.connection import (
 from agent.protocol.ids import new_uni_id
 from agent.protocol.routes import ByteSink, ByteSource, Producer, Route, Routes
 from agent.protocol.stream_responder import ResponderStream
-from agent.session.streams import Signal, Sink, Source
+from agent.session.streams import HandlerContext, Signal, Sink, Source, marker_of
 
 __all__ = ["FrameTransport", "Peer"]
 
@@ -159,7 +159,7 @@ class Peer:
     def open_send_stream(self) -> tuple[StreamMarker, ByteSink]:
         """A stream to send on: put the marker into a `call()` request, then write the sink."""
         stream = self.connection.open_send_stream()
-        return _marker(stream.stream_id), Sink(self, stream)
+        return marker_of(stream.stream_id), Sink(self, stream)
 
     def receive_stream(self, marker: StreamMarker) -> ByteSource:
         """Read the stream whose marker came in a call's response (stop early: `aclose()`)."""
@@ -221,7 +221,7 @@ class Peer:
     async def _serve(self, route: Route[Any, Any], event: RequestReceived) -> None:
         """Run one route and end its request: response, or `error {text, data}`."""
         request_id, method = event.request_id, event.method
-        context = _Context(self, event)
+        context = HandlerContext(self, event.method, event.request_id)
         try:
             response = (await route.handler(route.parse(event.request), context)).to_wire()
             started = self.connection.respond(request_id, response)
@@ -269,26 +269,3 @@ class Peer:
         self._children.add(task)
         task.add_done_callback(self._children.discard)
         return task
-
-
-class _Context:
-    """`RequestContext` of one request being served."""
-
-    def __init__(self, peer: Peer, event: RequestReceived) -> None:
-        self.method = event.method
-        self.producers: dict[str, Producer | None] = {}
-        self._peer = peer
-        self._request_id = event.request_id
-
-    def receive_stream(self, marker: StreamMarker) -> ByteSource:
-        stream = self._peer.connection.request_stream(self._request_id, marker.stream_id)
-        return Source(self._peer, stream)
-
-    def open_send_stream(self, producer: Producer | None = None) -> tuple[StreamMarker, ByteSink]:
-        stream = self._peer.connection.open_reply_stream(self._request_id)
-        self.producers[stream.stream_id] = producer
-        return _marker(stream.stream_id), Sink(self._peer, stream)
-
-
-def _marker(stream_id: str) -> StreamMarker:
-    return StreamMarker(is_virtual_stream=True, stream_id=stream_id)

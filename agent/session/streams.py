@@ -1,4 +1,5 @@
-"""The asyncio faces of VirtualStreams: `Signal`, and the `ByteSource`/`ByteSink` of a `Peer`.
+"""The asyncio faces of VirtualStreams: `Signal`, a `Peer`'s `ByteSource`/`ByteSink`, and the
+`RequestContext` its handlers get (`HandlerContext`).
 
 A source or sink wraps one stream machine of the peer's `Connection`. It reads the machine's
 state directly (read-only) and changes it only through the connection, then lets the peer
@@ -12,12 +13,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from agent.contracts.base import StreamMarker
 from agent.errors import StreamBroken
 from agent.protocol.chunks import CLOSING
 from agent.protocol.connection import MAX_CHUNK, Connection, Stream
+from agent.protocol.routes import ByteSink, ByteSource, Producer
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 
-__all__ = ["Signal", "Sink", "Source", "StreamOwner"]
+__all__ = ["HandlerContext", "Signal", "Sink", "Source", "StreamOwner", "marker_of"]
 
 
 class Signal:
@@ -151,3 +154,27 @@ class Sink:
     async def _wait_for_space(self) -> None:
         while not self._stream.has_space() and not self._stream.done:
             await self._signal.wait()
+
+
+class HandlerContext:
+    """`RequestContext` of one request being served."""
+
+    def __init__(self, owner: StreamOwner, method: str, request_id: int) -> None:
+        self.method = method
+        self.producers: dict[str, Producer | None] = {}
+        self._owner = owner
+        self._request_id = request_id
+
+    def receive_stream(self, marker: StreamMarker) -> ByteSource:
+        stream = self._owner.connection.request_stream(self._request_id, marker.stream_id)
+        return Source(self._owner, stream)
+
+    def open_send_stream(self, producer: Producer | None = None) -> tuple[StreamMarker, ByteSink]:
+        stream = self._owner.connection.open_reply_stream(self._request_id)
+        self.producers[stream.stream_id] = producer
+        return marker_of(stream.stream_id), Sink(self._owner, stream)
+
+
+def marker_of(stream_id: str) -> StreamMarker:
+    """The marker of stream `stream_id`, to put into a payload."""
+    return StreamMarker(is_virtual_stream=True, stream_id=stream_id)
