@@ -102,6 +102,21 @@ class AgentConnection:
     transport: WebsocketTransport
     websocket: ServerConnection
     tags: dict[str, Any] = field(default_factory=dict)
+    stream_frames_received: int = 0  # `##VirtualStream##` frames the agent sent us
+
+
+class _CountingTransport(WebsocketTransport):
+    """Counts the stream frames a connection receives (a loop shows up as a growing count)."""
+
+    def __init__(self, websocket: ServerConnection, connection: AgentConnection) -> None:
+        super().__init__(websocket)
+        self._agent = connection
+
+    async def recv(self) -> bytes:
+        frame = await super().recv()
+        if b'"##VirtualStream##"' in frame[:64]:
+            self._agent.stream_frames_received += 1
+        return frame
 
 
 class Document(PassThroughModel):
@@ -321,8 +336,8 @@ class StandInCloudly:
 
     async def _serve(self, websocket: ServerConnection) -> None:
         number = next(self._numbers)
-        transport = WebsocketTransport(websocket)
-        connection = AgentConnection(number, None, transport, websocket)
+        connection = AgentConnection(number, None, WebsocketTransport(websocket), websocket)
+        transport = connection.transport = _CountingTransport(websocket, connection)
         peer = Peer(transport, self._routes(connection), settings=self._peer_settings)
         connection.peer = peer
         self._connections[number] = connection

@@ -9,6 +9,7 @@ I/O errors are not corruption: they raise `StoreError` and the file stays where 
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,6 +28,15 @@ _log = structlog.get_logger(__name__)
 
 _MIN_SQLITE: Final = (3, 35, 0)  # RETURNING
 _CORRUPT_CODES: Final = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes)
+
+
+def quiet_sqlite_logger() -> logging.Logger:
+    """aiosqlite's stdlib logger, kept at INFO or above: at DEBUG it logs every call with its
+    SQL and parameters, which carry whole node states and manifests (up to kilobytes a line)."""
+    logger = logging.getLogger("aiosqlite")
+    if logger.level < logging.INFO:  # NOTSET (0) would inherit a DEBUG root
+        logger.setLevel(logging.INFO)
+    return logger
 
 
 async def open_database(
@@ -49,6 +59,7 @@ async def open_database(
         ensure_private_file(path)
     except OSError as exc:
         raise StoreError(f"cannot prepare the state database {path}: {exc.strerror}") from exc
+    quiet_sqlite_logger()
     try:
         db = await aiosqlite.connect(path, isolation_level=None)
     except sqlite3.Error as exc:

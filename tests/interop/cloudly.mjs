@@ -460,6 +460,13 @@ const commands = {
     for (const peer of peers.values()) addOverrideHandler(peer.router, method);
     return {};
   },
+  'raw-send': async (msg) => {
+    // one frame exactly as given, bypassing the library (e.g. a stray ##VirtualStream## frame)
+    if (!msg.frame || typeof msg.frame !== 'object') throw new Error('"frame" must be an object');
+    const peer = pickPeer(msg);
+    peer.send(msg.frame);
+    return { conn: peer.id };
+  },
   'cluster-config': async () => ({ clusterConfig }),
   'set-cluster-config': async (msg) => {
     clusterConfig = { configData: msg.configData ?? clusterConfig.configData, services: msg.services ?? clusterConfig.services };

@@ -234,7 +234,14 @@ class Spawn(Protocol):
 class AgentUnderTest:
     """The agent's real session code, configured from a temporary TOML file."""
 
-    def __init__(self, directory: Path, url: str, *, chunk_form: str = "buffer") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        url: str,
+        *,
+        chunk_form: str = "buffer",
+        max_concurrent_requests: int = 64,
+    ) -> None:
         token_file = directory / "machine-token"
         credential_file = directory / "corestore-credential"
         for path, secret in ((token_file, TOKEN), (credential_file, "corestore-secret")):
@@ -250,6 +257,7 @@ call_timeout_s = 30.0
 backoff_base_s = 0.05
 backoff_cap_s = 0.2
 tag_payload = {{ role = "relay", node = "{NODE_ID}" }}
+max_concurrent_requests = {max_concurrent_requests}
 
 [corestore]
 credential_file = "{credential_file.name}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -289,3 +290,102 @@ async def test_close_drains_in_flight_work_and_says_going_away(cloudly: StandInC
     closed = await cloudly.wait_for("disconnected")
     assert closed.detail["code"] == 1001
     assert status.snapshot().state is SessionState.STOPPED
+
+
+# --- what the agent uses of Cloudly's answers ---------------------------------------------------
+
+
+def _without(field: str) -> Any:
+    return lambda body: {key: value for key, value in body.items() if key != field}
+
+
+async def test_a_cluster_answer_without_services_connects_and_is_noted_once(
+    cloudly: StandInCloudly,
+) -> None:
+    """`services` (unused by the agent) missing: connected, one warning naming the field,
+    however often it is read again."""
+    cloudly.answer_edits["getClusterConfig"] = _without("services")
+    status = AgentStatus()
+    with structlog.testing.capture_logs() as logs:
+        async with running(_session(cloudly, status), drain_timeout=2.0):
+            await status.wait_until(is_connected)
+            await cloudly.drop_connections()
+            await status.wait_until(lambda s: is_connected(s) and s.reconnect_count == 1)
+    noted = [entry for entry in logs if entry["event"] == "cloudly_answer_deviates"]
+    assert [(entry["method"], entry["field"], entry["log_level"]) for entry in noted] == [
+        ("getClusterConfig", "services", "warning")
+    ]
+    assert cloudly.count("cluster-config-read") == 2
+
+
+async def test_an_identity_without_the_fields_the_agent_does_not_use_is_accepted(
+    cloudly: StandInCloudly,
+) -> None:
+    """An identity with only `jwt` and `expiresAt` authenticates (the rest is not used)."""
+    cloudly.answer_edits["getIdentityByToken"] = lambda body: {
+        "identity": {key: body["identity"][key] for key in ("jwt", "expiresAt")}
+    }
+    status = AgentStatus()
+    async with running(_session(cloudly, status), drain_timeout=2.0):
+        snapshot = await status.wait_until(is_connected)
+    assert snapshot.identity_expires_at_ms is not None
+
+
+async def test_an_unusable_cluster_answer_is_an_error_with_its_reason_and_retried(
+    cloudly: StandInCloudly,
+) -> None:
+    """No `configData`: an error-level line and the status name the field; the session keeps
+    trying with backoff (Cloudly may be fixed) instead of connecting without a cluster."""
+    cloudly.answer_edits["getClusterConfig"] = _without("configData")
+    status = AgentStatus()
+    with structlog.testing.capture_logs() as logs:
+        async with running(_session(cloudly, status), drain_timeout=2.0):
+            await cloudly.wait_for("cluster-config-read", count=2)
+            snapshot = await status.wait_until(lambda s: s.last_error is not None)
+    assert snapshot.state is not SessionState.CONNECTED
+    assert snapshot.last_error == (
+        "the getClusterConfig answer is unusable: configData: Field required"
+    )
+    unusable = [entry for entry in logs if entry["event"] == "cloudly_answer_unusable"]
+    assert unusable
+    assert {entry["log_level"] for entry in unusable} == {"error"}
+
+
+async def test_a_push_without_services_is_accepted(cloudly: StandInCloudly) -> None:
+    """Cloudly pushing only `configData` is answered `{}` and republishes the view."""
+    status = AgentStatus()
+    with structlog.testing.capture_logs() as logs:
+        async with running(_session(cloudly, status), drain_timeout=2.0):
+            await status.wait_until(is_connected)
+            fixed = cluster_document("cluster-1", {"node-1": "http://10.20.0.99:3000"})
+            reply = await cloudly.call_agent("pushClusterConfig", {"configData": fixed})
+            snapshot = status.snapshot()
+    assert reply == {}
+    assert snapshot.cluster is not None
+    assert snapshot.cluster.nodes[0].corestore_endpoint == "http://10.20.0.99:3000"
+    noted = [entry["field"] for entry in logs if entry["event"] == "cloudly_answer_deviates"]
+    assert noted == ["services"]
+
+
+async def test_a_stray_stream_frame_from_cloudly_gets_one_answer(cloudly: StandInCloudly) -> None:
+    """A keepAlive for a stream nobody knows: the agent echoes it once and never answers the
+    echo the stand-in sends back (no frame loop on the session)."""
+    status = AgentStatus()
+    stray = {
+        "method": "##VirtualStream##",
+        "request": {
+            "streamId": "nobody",
+            "cycleId": "stray-1",
+            "cycle": "request",
+            "mainPurpose": "keepAlive",
+            "keepAlive": True,
+        },
+        "response": None,
+    }
+    async with running(_session(cloudly, status), drain_timeout=2.0):
+        await status.wait_until(is_connected)
+        await cloudly.connection.transport.send(json.dumps(stray).encode())
+        for _ in range(3):  # round trips on the same socket: a loop would show up in between
+            assert await cloudly.push_cluster_config() == {}
+        received = cloudly.connection.stream_frames_received
+    assert received == 1
