@@ -13,12 +13,12 @@ raises `InvalidState` and changes nothing.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.errors import InvalidState
 
 __all__ = [
@@ -182,10 +182,10 @@ def _no_work() -> int:
 class AgentStatus:
     """The mutable holder behind the snapshots. Single event loop; no locking needed."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock.time
         self._state = SessionState.STARTING
-        self._state_since = clock()
+        self._state_since = clock.time()
         self._connected_since: float | None = None
         self._reconnect_count = 0
         self._last_error: str | None = None

@@ -28,7 +28,6 @@ import itertools
 import json
 import secrets
 import ssl
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -36,6 +35,7 @@ from typing import Any, Self
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.base import PassThroughModel, WireModel
 from agent.contracts.cluster import (
     METHOD_GET_CLUSTER_CONFIG,
@@ -147,7 +147,7 @@ class StandInCloudly:
         cluster: Mapping[str, Any],
         services: Sequence[Mapping[str, Any]] = (),
         identity_lifetime_s: float = 3600.0,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
         peer_settings: ConnectionSettings | None = None,
         max_frame_bytes: int = _DEFAULT_MAX_FRAME,
         accept_tags: bool = True,
@@ -368,7 +368,7 @@ class StandInCloudly:
             if request.token.reveal() != self._token:
                 self._record("identity-refused", connection.number)
                 raise AuthenticationFailed("the machine token is not valid")
-            expires_at = int((self._clock() + self.identity_lifetime_s) * 1000)
+            expires_at = int((self._clock.time() + self.identity_lifetime_s) * 1000)
             jwt = self._issue_jwt(expires_at)
             self._record("identity-issued", connection.number, expires_at=expires_at)
             identity = {
@@ -393,7 +393,7 @@ class StandInCloudly:
             request: GetClusterConfigRequest, ctx: RequestContext
         ) -> Document:
             expires_at = self._jwts.get(request.identity.jwt.reveal())
-            if expires_at is None or expires_at <= self._clock() * 1000:
+            if expires_at is None or expires_at <= self._clock.time() * 1000:
                 self._record("cluster-config-refused", connection.number)
                 raise AuthenticationFailed("the identity is not valid or has expired")
             self._record("cluster-config-read", connection.number)

@@ -11,14 +11,7 @@ import pytest
 
 from agent.errors import InvalidState
 from agent.status import TRANSITIONS, AgentStatus, SessionState
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import ManualClock
 
 
 @dataclass(frozen=True)
@@ -73,10 +66,10 @@ def test_stopped_is_final() -> None:
 
 def test_connected_since_is_set_on_connect_and_cleared_on_loss() -> None:
     """`connected_since` is the time the session reached `connected`, None once it is lost."""
-    clock = _Clock()
+    clock = ManualClock(start=1000.0)
     status = AgentStatus(clock=clock)
     status.move_to(SessionState.CONNECTING)
-    clock.now = 1005.0
+    clock.advance(5.0)
     status.move_to(SessionState.AUTHENTICATING)
     status.move_to(SessionState.CONNECTED)
     assert status.snapshot().connected_since == 1005.0
@@ -96,10 +89,10 @@ def test_reconnect_count_counts_attempts_after_backing_off() -> None:
 
 def test_last_error_keeps_text_and_time() -> None:
     """The last error is kept as text with the time it was recorded."""
-    clock = _Clock()
+    clock = ManualClock(start=1000.0)
     status = AgentStatus(clock=clock)
     status.record_error("session closed with code 1006")
-    clock.now = 2000.0
+    clock.advance(1000.0)
     status.record_error("getIdentityByToken failed: no")
     snap = status.snapshot()
     assert (snap.last_error, snap.last_error_at) == ("getIdentityByToken failed: no", 2000.0)
@@ -166,7 +159,7 @@ def test_snapshot_is_immutable_and_detached() -> None:
 
 def test_to_dict_is_plain_camel_case_data() -> None:
     """The health form uses the state's wire value and camelCase keys."""
-    status = AgentStatus(clock=_Clock())
+    status = AgentStatus(clock=ManualClock(start=1000.0))
     status.move_to(SessionState.CONNECTING)
     status.move_to(SessionState.BACKING_OFF)
     status.publish_cluster(_View("c1", {"n1": _Node("http://10.0.0.1:3000")}))

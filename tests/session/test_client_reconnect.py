@@ -134,7 +134,7 @@ async def test_identity_is_renewed_the_margin_before_it_expires() -> None:
     status = AgentStatus()
     async with (
         StandInCloudly(
-            token=TOKEN, cluster=document, identity_lifetime_s=600.0, clock=clock.time
+            token=TOKEN, cluster=document, identity_lifetime_s=600.0, clock=clock
         ) as cloudly,
         running(_session(cloudly, status, clock=clock, margin=60.0)),
     ):
