@@ -24,6 +24,7 @@ Typical use by the engine:
 
 from agent.corestore.client import CorestoreClient, CorestoreClients, CorestoreTimeouts, RetryPolicy
 from agent.corestore.models import (
+    CheckAnswer,
     ChunkAccepted,
     DeleteOutcome,
     Health,
@@ -31,13 +32,13 @@ from agent.corestore.models import (
     ObjectProgress,
     PreparedRestore,
     ResourceStatus,
-    ResourceVerification,
-    VerificationCheck,
+    VerificationAnswer,
 )
 from agent.corestore.shapes import MAX_CHUNK_SIZE
 
 __all__ = [
     "MAX_CHUNK_SIZE",
+    "CheckAnswer",
     "ChunkAccepted",
     "CorestoreClient",
     "CorestoreClients",
@@ -48,7 +49,6 @@ __all__ = [
     "ObjectProgress",
     "PreparedRestore",
     "ResourceStatus",
-    "ResourceVerification",
     "RetryPolicy",
-    "VerificationCheck",
+    "VerificationAnswer",
 ]

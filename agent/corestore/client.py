@@ -34,7 +34,7 @@ from agent.corestore.models import (
     ObjectProgress,
     PreparedRestore,
     ResourceStatus,
-    ResourceVerification,
+    VerificationAnswer,
 )
 from agent.corestore.routes import AnswerKind, RouteRequest, SupportsToWire
 from agent.corestore.sanitize import sanitize_code, sanitize_text
@@ -227,10 +227,10 @@ class CorestoreClient:
 
     async def verify_resource(
         self, restore_id: str, mapping_id: str, grant: Secret
-    ) -> ResourceVerification:
+    ) -> VerificationAnswer:
         """Run Corestore's checks on one restored resource (`IIsolatedRestoreVerificationCheck`)."""
         request = routes.build_verify_resource(restore_id, mapping_id, grant)
-        return await self._ok(request, ResourceVerification)
+        return await self._ok(request, VerificationAnswer)
 
     async def delete_resource(
         self, restore_id: str, mapping_id: str, grant: Secret

@@ -23,7 +23,7 @@ from agent.contracts.isolatedrestore import (
     PrepareIsolatedRestoreRequest,
     ResourceMapping,
 )
-from agent.corestore.models import ResourceVerification as CorestoreVerification
+from agent.corestore.models import VerificationAnswer
 
 __all__ = [
     "STAGING_ENTRY",
@@ -142,7 +142,7 @@ def with_verification_started(state: Mapping[str, Any], now: int) -> State:
 
 
 def verification_result(
-    mapping: ResourceMapping, answer: CorestoreVerification, now: int
+    mapping: ResourceMapping, answer: VerificationAnswer, now: int
 ) -> dict[str, Any]:
     """Corestore's checks of one resource as an `IIsolatedRestoreResourceVerification`."""
     checks = []

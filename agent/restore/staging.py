@@ -42,7 +42,7 @@ import structlog
 
 from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
-from agent.corestore.models import ChunkRecord
+from agent.corestore.models import VerifiedChunk
 from agent.errors import AgentError, CorestoreUnavailable, IntegrityError, StreamBroken
 from agent.restore.settings import EngineSettings, Sleep
 from agent.secret import Secret
@@ -112,7 +112,7 @@ def _hash_chunk(whole: Any, chunk: bytes) -> str:
 class _Transfer:
     """One pass over the incoming stream (state shared by the reader and the uploader)."""
 
-    def __init__(self, job: StagingJob, verified: Sequence[ChunkRecord]) -> None:
+    def __init__(self, job: StagingJob, verified: Sequence[VerifiedChunk]) -> None:
         self.job = job
         self.verified = {chunk.offset: chunk for chunk in verified}
         self.verified_end = max((c.offset + c.length for c in verified), default=0)
@@ -246,7 +246,7 @@ async def stage_object(job: StagingJob, open_source: Callable[[], ByteSource]) -
     return StageOutcome(transfer.sent, transfer.skipped, transfer.chunks_sent, stream_opened=True)
 
 
-async def _align_records(job: StagingJob, verified: Sequence[ChunkRecord]) -> None:
+async def _align_records(job: StagingJob, verified: Sequence[VerifiedChunk]) -> None:
     """Forget the store's chunk records of this object when Corestore does not confirm them."""
     recorded = await job.store.verified_chunks(job.key, job.entry.path)
     confirmed = {(c.offset, c.length, c.sha256) for c in verified}

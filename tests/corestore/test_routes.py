@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agent.corestore import routes
-from agent.corestore.models import ObjectProgress, ResourceVerification
+from agent.corestore.models import ObjectProgress, VerificationAnswer
 from agent.corestore.routes import ROUTES, AnswerKind, RouteName
 from agent.corestore.shapes import MAX_CHUNK_SIZE
 from agent.errors import GrantInvalid, LocalProtocolError
@@ -225,7 +225,7 @@ def test_answers_ignore_fields_a_newer_corestore_adds() -> None:
 def test_a_verification_answer_holds_the_contract_checks() -> None:
     """Checks parse into {code, status, message?} as IIsolatedRestoreVerificationCheck."""
     answer = routes.parse_answer(
-        ResourceVerification,
+        VerificationAnswer,
         b'{"mappingId":"m","resourceType":"volume","status":"failed",'
         b'"checks":[{"code":"c1","status":"passed"},{"code":"c2","status":"failed","message":"x"}]}',
     )
