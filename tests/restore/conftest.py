@@ -3,9 +3,10 @@
 Test modules cannot import this file (importlib mode), so everything travels as fixtures:
 
 - `world`: a `World` — the reference Corestore (127.0.0.1, port 0, tmp_path), the revision
-  store (SQLite in tmp_path), the Corestore clients, the cluster view, a running engine, its
-  handlers, and one restore's facts (two mappings, three objects) with request builders.
-  `world.restart()` closes the engine and opens a new one on the same store (an agent restart).
+  store (SQLite in tmp_path), the Corestore clients, the cluster view, a running engine (its
+  `run()` in a task the world owns, awaited after `close()`), its handlers, and one restore's
+  facts (two mappings, three objects) with request builders. `world.restart()` closes the
+  engine and runs a new one on the same store (an agent restart).
 - `source_factory`: fake `ByteSource`s (`ChunkSource`) fed from bytes, optionally breaking.
 
 Secrets are recognisable so leak tests can search for them: `BEARER`, and grants built by
@@ -14,6 +15,7 @@ Secrets are recognisable so leak tests can search for them: `BEARER`, and grants
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import itertools
@@ -95,8 +97,6 @@ class Sleeps:
     delays: list[float] = field(default_factory=list)
 
     async def __call__(self, seconds: float) -> None:
-        import asyncio
-
         self.delays.append(seconds)
         await asyncio.sleep(0)
 
@@ -160,6 +160,7 @@ class World:
     state_dir: Path
     settings: EngineSettings
     engine: IsolatedRestoreEngine = field(init=False)
+    engine_run: asyncio.Task[None] = field(init=False)
     handlers: dict[str, Handler] = field(init=False)
     objects: dict[str, bytes] = field(default_factory=dict)
     cluster_loaded: bool = True
@@ -187,13 +188,19 @@ class World:
             now_ms=self.clock.ms,
             sleep=self.sleeps,
         )
-        await self.engine.__aenter__()
+        self.engine_run = asyncio.create_task(self.engine.run(), name="isolated-restore-engine")
+        await self.engine.started()
         self.handlers = build_handlers(self.engine)
         return self.engine
 
-    async def restart(self) -> IsolatedRestoreEngine:
-        """Close the engine (its work is cancelled, the store stays) and start a new one."""
+    async def stop_engine(self) -> None:
+        """Close the engine (its work is cancelled, the store stays); `run()` has returned."""
         await self.engine.close()
+        await self.engine_run
+
+    async def restart(self) -> IsolatedRestoreEngine:
+        """Stop the engine and start a new one on the same store."""
+        await self.stop_engine()
         return await self.start_engine()
 
     # --- the restore's facts ------------------------------------------------------------------
@@ -379,7 +386,7 @@ async def world(
     try:
         yield world
     finally:
-        await world.engine.close()
+        await world.stop_engine()
         await clients.close()
         await store.aclose()
 
