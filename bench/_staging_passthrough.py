@@ -29,9 +29,10 @@ from typing import Any
 from agent import app
 from agent.config import Config, Secrets, load_config
 from agent.contracts.base import StreamMarker, WireModel
-from agent.corestore.client import CorestoreClients, CorestoreTimeouts, RetryPolicy
+from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.log import configure_logging
 from agent.restore.staging import rechunk
+from agent.retry import RetryPolicy
 from agent.secret import Secret
 from agent.session.client import CloudlySession
 from agent.session.peer import RequestContext

@@ -27,11 +27,11 @@ makes that safe when the lost attempt did succeed. The chunk form is the stand-i
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.isolatedrestore import (
     METHOD_CLEANUP,
     METHOD_EXECUTE,
@@ -113,7 +113,6 @@ class Retrying:
 
 
 Progress = StageProgress | StateSeen | Retrying
-Sleep = Callable[[float], Awaitable[None]]
 
 _SESSION_ERRORS: Final = (SessionClosed, CallTimeout, StreamBroken)
 
@@ -133,7 +132,7 @@ class RestoreDriver:
     retries: int = 0
     retry_delay: float = 0.05
     reconnect_timeout: float = 30.0
-    sleep: Sleep = asyncio.sleep
+    clock: Clock = SYSTEM_CLOCK  # waits between polls and retries; times the stage progress
     on_progress: Callable[[Progress], None] | None = None
     revision: int = 0
     state: dict[str, Any] | None = None
@@ -224,7 +223,7 @@ class RestoreDriver:
                 state = await self.status()
                 if state is not None and state["status"] in statuses:
                     return state
-                await self.sleep(self.poll_interval)
+                await self.clock.sleep(self.poll_interval)
 
     # --- calls ----------------------------------------------------------------------------
 
@@ -263,13 +262,13 @@ class RestoreDriver:
                 if number > self.retries or not exc.error_data.get("retryable"):
                     raise
                 self._report(Retrying(method, number, str(exc.error_data.get("code"))))
-                await self.sleep(self.retry_delay)
+                await self.clock.sleep(self.retry_delay)
             except _SESSION_ERRORS as exc:
                 if number > self.retries:
                     raise
                 self._report(Retrying(method, number, type(exc).__name__))
                 if connection and self._connection_number() == connection:
-                    await self.sleep(self.retry_delay)  # the session survived (a timeout)
+                    await self.clock.sleep(self.retry_delay)  # the session survived (a timeout)
                 else:
                     await self._reconnected(after=connection)
             else:
@@ -299,7 +298,7 @@ class RestoreDriver:
         self, body: dict[str, Any], spec: ObjectSpec, pieces: Iterator[bytes]
     ) -> dict[str, Any]:
         """The stage call with its stream written concurrently; the call's outcome decides."""
-        started, sent = time.monotonic(), 0
+        started, sent = self.clock.monotonic(), 0
 
         async def write(sink: ByteSink) -> None:
             nonlocal sent
@@ -307,7 +306,7 @@ class RestoreDriver:
                 for piece in pieces:
                     await sink.write(piece)
                     sent += len(piece)
-                    elapsed = time.monotonic() - started
+                    elapsed = self.clock.monotonic() - started
                     self._report(StageProgress(spec.path, sent, spec.size, elapsed))
                 await sink.close()
             except asyncio.CancelledError:
@@ -327,7 +326,7 @@ class RestoreDriver:
             for task in (call, writer):
                 task.cancel()
             await asyncio.gather(call, writer, return_exceptions=True)
-        elapsed = time.monotonic() - started
+        elapsed = self.clock.monotonic() - started
         self._report(StageProgress(spec.path, sent, spec.size, elapsed, answered=True))
         return answer
 

@@ -36,13 +36,12 @@ their states in flight for a later replay.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
 
+from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
 from agent.contracts.cluster import ClusterView
 from agent.contracts.isolatedrestore import (
     METHOD_CLEANUP,
@@ -67,7 +66,7 @@ from agent.restore.jobs import Job, run_cleanup, run_execute
 from agent.restore.machine import Op, decide
 from agent.restore.replay import Verdict, check_expected_revision, request_digest
 from agent.restore.routing import check_preparable, locate
-from agent.restore.settings import EngineSettings, Sleep, retrying
+from agent.restore.settings import EngineSettings
 from agent.restore.staging import ByteSource, StagingJob, stage_object
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore, StoredState
@@ -75,10 +74,6 @@ from agent.store import RestoreKey, RevisionStore, StoredState
 __all__ = ["IsolatedRestoreEngine", "Observer"]
 
 _log = structlog.get_logger("agent.restore.engine")
-
-
-def _wall_ms() -> int:
-    return round(time.time() * 1000)
 
 
 class IsolatedRestoreEngine(WorkOwner):
@@ -92,18 +87,16 @@ class IsolatedRestoreEngine(WorkOwner):
         credential: Secret | Callable[[], Secret],
         cluster_view: Callable[[], ClusterView | None],
         settings: EngineSettings | None = None,
-        now_ms: Callable[[], int] = _wall_ms,
-        sleep: Sleep = asyncio.sleep,
-        monotonic: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """`clock` is the engine's one source of time: state timestamps, waits between status
+        reads, the pace of the staging progress log."""
         super().__init__(store)
         self._clients = clients
         self._credential = credential if callable(credential) else (lambda: credential)
         self._cluster_view = cluster_view
         self._settings = settings or EngineSettings()
-        self._now = now_ms
-        self._sleep = sleep
-        self._monotonic = monotonic
+        self._clock = clock
 
     @property
     def settings(self) -> EngineSettings:
@@ -131,7 +124,7 @@ class IsolatedRestoreEngine(WorkOwner):
                     key,
                     0,
                     Op.PREPARE,
-                    p.initial_state(request, self._now()),
+                    p.initial_state(request, epoch_ms(self._clock)),
                     private=p.private_fields(request),
                     digest=digest,
                 )
@@ -169,8 +162,7 @@ class IsolatedRestoreEngine(WorkOwner):
                         request.object,
                         grant,
                         self._settings,
-                        self._sleep,
-                        self._monotonic,
+                        self._clock,
                     ),
                     open_source,
                 )
@@ -288,25 +280,20 @@ class IsolatedRestoreEngine(WorkOwner):
         """Ask Corestore to prepare (idempotent), then settle `prepared` or `failed`."""
         state = stored.state
         try:
-            await retrying(
-                lambda: client.prepare_restore(
-                    stored.key.restore_id,
-                    scratch_namespace_id=state["scratchNamespaceId"],
-                    staging_archive_id=state["stagingArchiveId"],
-                    resource_mappings=list(p.private_mappings(stored.private)),
-                    archive_manifest=p.private_manifest(stored.private),
-                    grant=grant,
-                ),
-                settings=self._settings,
-                sleep=self._sleep,
-                what="prepare-restore",
+            await client.prepare_restore(
+                stored.key.restore_id,
+                scratch_namespace_id=state["scratchNamespaceId"],
+                staging_archive_id=state["stagingArchiveId"],
+                resource_mappings=list(p.private_mappings(stored.private)),
+                archive_manifest=p.private_manifest(stored.private),
+                grant=grant,
             )
         except (CorestoreError, TransferError) as exc:
             failed = p.with_error(state, exc.code, str(exc))
             await self._mutate(stored.key, stored.revision, Op.PREPARE_FAILED, failed)
             _log.warning("prepare_failed", restore_id=stored.key.restore_id, code=exc.code)
             raise
-        prepared = p.with_prepared(state, self._now())
+        prepared = p.with_prepared(state, epoch_ms(self._clock))
         return await self._mutate(stored.key, stored.revision, Op.PREPARE_SUCCEEDED, prepared)
 
     async def _written(self, key: RestoreKey, path: str) -> bool:
@@ -333,8 +320,7 @@ class IsolatedRestoreEngine(WorkOwner):
             stored.key,
             grant,
             self._settings,
-            self._sleep,
-            self._now,
+            self._clock,
             self._notify,
             stored,
         )

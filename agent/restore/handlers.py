@@ -33,10 +33,11 @@ from agent.contracts.isolatedrestore import (
     PrepareIsolatedRestoreRequest,
     StageIsolatedRestoreArchiveRequest,
 )
-from agent.corestore.client import CorestoreClients, CorestoreTimeouts, RetryPolicy
+from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.settings import EngineSettings
 from agent.restore.staging import ByteSource
+from agent.retry import RetryPolicy
 from agent.session.peer import Handler, Router
 from agent.store import RevisionStore
 

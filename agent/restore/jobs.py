@@ -1,28 +1,31 @@
 """The engine's background work: executing a restore and cleaning it up, step by durable step.
 
 `run_execute()` and `run_cleanup()` run in tasks the engine owns (`IsolatedRestoreEngine.run`).
-Each step is one Corestore call (retried by `policy.retrying` while Corestore is unavailable)
-followed by one mutation of the node state, so a restart finds exactly the steps that finished:
+Each step is one Corestore call (which the Corestore client alone resends while Corestore is
+unavailable, `agent.retry`) followed by one mutation of the node state, so a restart finds
+exactly the steps that finished:
 
     execute: restoring  -- restore mapping m (start, poll until done) --> progress (+ m completed)
              restoring  -- every mapping completed -------------------> verifying (running)
              verifying  -- verify mapping m ---------------------------> progress (+ m's result)
              verifying  -- every result passed ------------------------> ready, else failed
-    cleanup: cleaning   -- per entry (each resource, then the staging archive):
+    cleanup: cleaning   -- per entry (each resource, then the staging archive), one try each:
                            running (attempts + 1) -> succeeded | failed (errorCode, errorMessage)
              cleaning   -- every entry succeeded, then Corestore forgot the prepared restore
                            (DELETE /v1/isolated-restores/{id}) -> cleaned
              cleaning   -- an entry failed, or forgetting the restore failed -> cleanup-failed
 
 Forgetting the prepared restore is not a progress entry (the contract's entries are the mappings
-and the staging archive): it is the one step between "every entry succeeded" and `cleaned`,
-retried like any step while Corestore is unavailable. When it fails, the state says
+and the staging archive): it is the one step between "every entry succeeded" and `cleaned`.
+When it fails, the state says
 `cleanup-failed` with every entry `succeeded` and the failure in `lastErrorCode` /
 `lastErrorMessage`; the next cleanup request finds no entry pending and only forgets again.
 
 Steps already recorded are skipped when the work resumes (after a restart, on an exact replay of
-the request that started it). A Corestore or integrity failure ends the work in `failed` /
-`cleanup-failed` with `lastErrorCode` (its wire code) and `lastErrorMessage`. Any other error
+the request that started it). A Corestore or integrity failure (`CorestoreUnavailable` included:
+the client already spent its retries) ends the work in `failed` / `cleanup-failed` with
+`lastErrorCode` (its wire code) and `lastErrorMessage`; Cloudly's replay of execute, or its next
+cleanup request, takes it up again. Any other error
 (the store failed, the agent is shutting down, the state moved under the work) leaves the state
 in flight as it is: it resumes on the next replay.
 """
@@ -30,19 +33,19 @@ in flight as it is: it resumes on the next replay.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from agent.clock import Clock, epoch_ms
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import ResourceStatus
 from agent.errors import AgentError, CorestoreError, CorestoreUnavailable, TransferError
 from agent.restore import progress as p
 from agent.restore.machine import Op
-from agent.restore.settings import EngineSettings, Sleep, retrying
+from agent.restore.settings import EngineSettings
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore, StoredState
 
@@ -62,10 +65,13 @@ class Job:
     key: RestoreKey
     grant: Secret = field(repr=False)
     settings: EngineSettings
-    sleep: Sleep
-    now: Callable[[], int]  # epoch milliseconds
+    clock: Clock
     notify: Callable[[StoredState], None]
     stored: StoredState  # the latest state this job wrote or started from
+
+    def now(self) -> int:
+        """The clock's wall time in epoch milliseconds (the state's timestamps)."""
+        return epoch_ms(self.clock)
 
     @property
     def state(self) -> dict[str, Any]:
@@ -120,12 +126,7 @@ async def _restore_all(job: Job) -> None:
     for mapping in mappings:
         if mapping.id in job.state.get("completedResourceMappingIds", []):
             continue
-        status = await retrying(
-            functools.partial(_restore_one, job, mapping.id),
-            settings=job.settings,
-            sleep=job.sleep,
-            what="restore-resource",
-        )
+        status = await _restore_one(job, mapping.id)
         if status.state != "succeeded":
             code = status.error.code if status.error is not None else status.state
             message = f"Corestore could not restore resource mapping {mapping.id}: {code}"
@@ -143,7 +144,7 @@ async def _restore_one(job: Job, mapping_id: str) -> ResourceStatus:
         async with asyncio.timeout(timeout):
             status = await job.client.restore_resource(restore_id, mapping_id, job.grant)
             while status.state == "running":
-                await job.sleep(job.settings.poll_interval)
+                await job.clock.sleep(job.settings.poll_interval)
                 status = await job.client.resource_restore_status(restore_id, mapping_id, job.grant)
     except TimeoutError as exc:
         raise CorestoreUnavailable(
@@ -158,14 +159,7 @@ async def _verify_all(job: Job) -> None:
     for mapping in mappings:
         if mapping.id in done:
             continue
-        answer = await retrying(
-            functools.partial(
-                job.client.verify_resource, job.key.restore_id, mapping.id, job.grant
-            ),
-            settings=job.settings,
-            sleep=job.sleep,
-            what="verify-resource",
-        )
+        answer = await job.client.verify_resource(job.key.restore_id, mapping.id, job.grant)
         result = p.verification_result(mapping, answer, job.now())
         await job.mutate(Op.PROGRESS, p.with_verification_result(job.state, result))
     results = job.state["verification"]["results"]
@@ -213,12 +207,7 @@ async def run_cleanup(job: Job) -> None:
 async def _forget_restore(job: Job) -> None:
     """Every entry is clean: Corestore forgets the prepared restore, then `cleaned`."""
     try:
-        await retrying(
-            functools.partial(job.client.delete_restore, job.key.restore_id, job.grant),
-            settings=job.settings,
-            sleep=job.sleep,
-            what="delete-restore",
-        )
+        await job.client.delete_restore(job.key.restore_id, job.grant)
     except CorestoreError as exc:
         message = f"forgetting the prepared restore failed: {exc}"
         await job.mutate(Op.CLEANUP_FAILED, p.with_error(job.state, exc.code, message))
@@ -229,31 +218,25 @@ async def _forget_restore(job: Job) -> None:
 
 
 async def _clean_one(job: Job, entry_id: str | None) -> None:
-    """Delete one resource (or the staging archive), `attempts` times while unavailable."""
-    attempts = job.settings.attempts
-    for attempt in range(1, attempts + 1):
-        running = p.with_cleanup_entry(
-            job.state, entry_id, status="running", now=job.now(), attempt=True
-        )
-        await job.mutate(Op.PROGRESS, running)
-        try:
-            if entry_id is p.STAGING_ENTRY:
-                outcome = await job.client.delete_staging_archive(
-                    job.state["stagingArchiveId"], job.grant
-                )
-            else:
-                outcome = await job.client.delete_resource(job.key.restore_id, entry_id, job.grant)
-        except CorestoreError as exc:
-            error = (exc.code, str(exc))
-            failed = p.with_cleanup_entry(
-                job.state, entry_id, status="failed", now=job.now(), error=error
+    """Delete one resource (or the staging archive): one try, recorded before and after."""
+    running = p.with_cleanup_entry(
+        job.state, entry_id, status="running", now=job.now(), attempt=True
+    )
+    await job.mutate(Op.PROGRESS, running)
+    try:
+        if entry_id is p.STAGING_ENTRY:
+            outcome = await job.client.delete_staging_archive(
+                job.state["stagingArchiveId"], job.grant
             )
-            await job.mutate(Op.PROGRESS, failed)
-            if not isinstance(exc, CorestoreUnavailable) or attempt >= attempts:
-                return
-            await job.sleep(job.settings.delay(attempt))
-            continue
-        done = p.with_cleanup_entry(job.state, entry_id, status="succeeded", now=job.now())
-        await job.mutate(Op.PROGRESS, done)
-        _log.info("cleanup_entry_done", **job.log_fields(), outcome=outcome.value)
+        else:
+            outcome = await job.client.delete_resource(job.key.restore_id, entry_id, job.grant)
+    except CorestoreError as exc:
+        error = (exc.code, str(exc))
+        failed = p.with_cleanup_entry(
+            job.state, entry_id, status="failed", now=job.now(), error=error
+        )
+        await job.mutate(Op.PROGRESS, failed)
         return
+    done = p.with_cleanup_entry(job.state, entry_id, status="succeeded", now=job.now())
+    await job.mutate(Op.PROGRESS, done)
+    _log.info("cleanup_entry_done", **job.log_fields(), outcome=outcome.value)

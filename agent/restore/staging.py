@@ -33,18 +33,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
+from agent.clock import Clock
 from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import VerifiedChunk
 from agent.errors import AgentError, CorestoreUnavailable, IntegrityError, StreamBroken
-from agent.restore.settings import EngineSettings, Sleep
+from agent.restore.settings import EngineSettings
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore
 
@@ -72,8 +72,7 @@ class StagingJob:
     entry: BackupArchiveObject
     grant: Secret
     settings: EngineSettings
-    sleep: Sleep
-    monotonic: Callable[[], float] = time.monotonic
+    clock: Clock  # its monotonic time paces the progress log
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +124,7 @@ class _Transfer:
         self.queue: asyncio.Queue[tuple[int, bytes, str] | None] = asyncio.Queue(
             maxsize=job.settings.max_in_flight
         )
-        self._last_log = job.monotonic()
+        self._last_log = job.clock.monotonic()
         self._started = self._last_log
 
     async def read(self, source: ByteSource) -> None:
@@ -190,7 +189,7 @@ class _Transfer:
 
     def log_progress(self, *, final: bool = False) -> None:
         job = self.job
-        now = job.monotonic()
+        now = job.clock.monotonic()
         if not final and now - self._last_log < job.settings.progress_interval:
             return
         self._last_log = now
@@ -255,7 +254,12 @@ async def _align_records(job: StagingJob, verified: Sequence[VerifiedChunk]) -> 
 
 
 async def _commit(job: StagingJob) -> None:
-    """Have Corestore re-hash and count the object; after an unknown outcome, ask its progress."""
+    """Have Corestore re-hash and count the object; after an unknown outcome, ask its progress.
+
+    Not an availability retry (the client does those, and never resends a commit): the commit
+    is sent again only when Corestore's progress answer says every byte is there but the object
+    is not committed, at most `commit_attempts` commits in all.
+    """
     client, entry = job.client, job.entry
     for attempt in range(1, job.settings.commit_attempts + 1):
         try:
@@ -276,7 +280,7 @@ async def _commit(job: StagingJob) -> None:
             if progress.state == "absent" or progress.verified_bytes < entry.size:
                 await job.store.forget_object(job.key, entry.path)
                 raise
-            await job.sleep(job.settings.delay(attempt))
+            # Every byte is there and Corestore just answered: commit again at once.
 
 
 async def _discard(job: StagingJob) -> None:

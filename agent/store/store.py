@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +37,7 @@ from typing import Any, Final
 
 import aiosqlite
 
+from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
 from agent.errors import (
     IllegalTransition,
     InvalidState,
@@ -111,13 +111,11 @@ _UPDATES: Final = {op: statement for op in Op if (statement := _update_statement
 class RevisionStore:
     """The durable node states, their revisions and resumable staging progress."""
 
-    def __init__(
-        self, db: aiosqlite.Connection, path: Path, wall_clock: Callable[[], float]
-    ) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: Path, clock: Clock) -> None:
         """Use `await RevisionStore.open(directory)`."""
         self._db: aiosqlite.Connection | None = db
         self._path = path
-        self._wall_clock = wall_clock
+        self._clock = clock
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -127,17 +125,18 @@ class RevisionStore:
         *,
         name: str = DB_NAME,
         busy_timeout: float = 5.0,
-        wall_clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> RevisionStore:
         """Open (creating, checking and migrating) `directory/name`.
 
         Raises `StoreCorrupt` after moving a damaged file aside, `StoreError` for anything else
         (unwritable directory, a schema newer than this agent, SQLite older than 3.35).
-        `busy_timeout` is how long a call waits for another connection's write lock.
+        `busy_timeout` is how long a call waits for another connection's write lock. `clock`'s
+        wall time stamps every mutation (`updated_at`) and a moved-aside file.
         """
         path = directory / name
-        db = await open_database(path, busy_timeout=busy_timeout, wall_clock=wall_clock)
-        return cls(db, path, wall_clock)
+        db = await open_database(path, busy_timeout=busy_timeout, clock=clock)
+        return cls(db, path, clock)
 
     @property
     def path(self) -> Path:
@@ -328,7 +327,7 @@ class RevisionStore:
     # --- plumbing ---------------------------------------------------------------------------
 
     def _now_ms(self) -> int:
-        return round(self._wall_clock() * 1000)
+        return epoch_ms(self._clock)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[aiosqlite.Connection]:

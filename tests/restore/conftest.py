@@ -7,6 +7,8 @@ Test modules cannot import this file (importlib mode), so everything travels as 
   `run()` in a task the world owns, awaited after `close()`), its handlers, and one restore's
   facts (two mappings, three objects) with request builders. `world.restart()` closes the
   engine and runs a new one on the same store (an agent restart).
+- `clock`: the one `ManualClock` of the engine, its store and its Corestore clients, moved by
+  `tests.clock.advancing` so backoffs and poll intervals end at once; `clock.slept` lists them.
 - `source_factory`: fake `ByteSource`s (`ChunkSource`) fed from bytes, optionally breaking.
 
 Secrets are recognisable so leak tests can search for them: `BEARER`, and grants built by
@@ -36,28 +38,31 @@ from agent.contracts.isolatedrestore import (
     METHOD_PREPARE,
     METHOD_STAGE,
 )
-from agent.corestore import CorestoreClients, CorestoreTimeouts, RetryPolicy
+from agent.corestore import CorestoreClients, CorestoreTimeouts
 from agent.errors import StreamBroken
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.handlers import build_handlers
 from agent.restore.settings import EngineSettings
+from agent.retry import Backoff, RetryPolicy
 from agent.secret import Secret
 from agent.session.peer import Handler
 from agent.store import RestoreKey, RevisionStore, StoredState
 from devstack.corestore import CorestoreHandle, start
+from tests.clock import ManualClock, advancing
 
 BEARER = "corestore-bearer-SENTINEL-5c1e9a77"
 GRANT_MARK = "R1JBTlRTRU5USU5FTA"  # base64url of "GRANTSENTINEL", in every grant's payload
 CLUSTER, NODE, RESTORE = "cluster-1", "node-1", "restore-1"
 KEY = RestoreKey(CLUSTER, NODE, RESTORE)
 CHUNK = 4096
+START = 1_700_000_000.0  # the clock's wall time: 2023-11-14T22:13:20Z
+
+# Two sends of an idempotent Corestore call; the full-jitter draw is pinned to the window's top.
+CLIENT_RETRY = RetryPolicy(attempts=2, backoff=Backoff(base=0.01, cap=0.02))
 
 FAST = EngineSettings(
     chunk_size=CHUNK,
     max_in_flight=2,
-    attempts=2,
-    first_delay=0.01,
-    max_delay=0.05,
     poll_interval=0.002,
     progress_interval=0.0,
     transfer_timeout=2.0,
@@ -75,30 +80,6 @@ def pattern(size: int, seed: str) -> bytes:
     """Deterministic, seed-specific bytes."""
     block = hashlib.sha256(seed.encode()).digest()
     return (block * (size // len(block) + 1))[:size]
-
-
-class Clock:
-    """A wall clock that advances one millisecond per reading (store: seconds, engine: ms)."""
-
-    def __init__(self) -> None:
-        self._ticks = itertools.count(1_700_000_000_000)
-
-    def ms(self) -> int:
-        return next(self._ticks)
-
-    def seconds(self) -> float:
-        return next(self._ticks) / 1000
-
-
-@dataclass
-class Sleeps:
-    """An injected sleep: records each delay and returns at once (after one loop turn)."""
-
-    delays: list[float] = field(default_factory=list)
-
-    async def __call__(self, seconds: float) -> None:
-        self.delays.append(seconds)
-        await asyncio.sleep(0)
 
 
 class ChunkSource:
@@ -155,8 +136,7 @@ class World:
     corestore: CorestoreHandle
     store: RevisionStore
     clients: CorestoreClients
-    clock: Clock
-    sleeps: Sleeps
+    clock: ManualClock
     state_dir: Path
     settings: EngineSettings
     engine: IsolatedRestoreEngine = field(init=False)
@@ -185,8 +165,7 @@ class World:
             credential=Secret(BEARER),
             cluster_view=self.view,
             settings=self.settings,
-            now_ms=self.clock.ms,
-            sleep=self.sleeps,
+            clock=self.clock,
         )
         self.engine_run = asyncio.create_task(self.engine.run(), name="isolated-restore-engine")
         await self.engine.started()
@@ -334,9 +313,10 @@ class World:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    """The shared fake wall clock."""
-    return Clock()
+async def clock() -> AsyncIterator[ManualClock]:
+    """The engine's, the store's and the clients' clock; every sleep on it ends at once."""
+    async with advancing(ManualClock(start=START)) as clock:
+        yield clock
 
 
 @pytest.fixture
@@ -363,20 +343,17 @@ def corestore_timeouts(settings: EngineSettings) -> CorestoreTimeouts:
 async def world(
     tmp_path: Path,
     corestore: CorestoreHandle,
-    clock: Clock,
+    clock: ManualClock,
     settings: EngineSettings,
     corestore_timeouts: CorestoreTimeouts,
 ) -> AsyncIterator[World]:
     """A running engine over the reference Corestore and a real store, with one restore's facts."""
-    sleeps = Sleeps()
     state_dir = tmp_path / "state"
-    store = await RevisionStore.open(state_dir, wall_clock=clock.seconds)
+    store = await RevisionStore.open(state_dir, clock=clock)
     clients = CorestoreClients(
-        timeouts=corestore_timeouts,
-        retry=RetryPolicy(attempts=2, first_delay=0.01, max_delay=0.02, jitter=0.0),
-        sleep=sleeps,
+        timeouts=corestore_timeouts, retry=CLIENT_RETRY, clock=clock, rng=lambda: 1.0
     )
-    world = World(corestore, store, clients, clock, sleeps, state_dir, settings)
+    world = World(corestore, store, clients, clock, state_dir, settings)
     world.objects = {
         "snap-db/dump.bson": pattern(3 * CHUNK + 123, "dump"),
         "snap-db/meta/indexes.json": b'{"indexes": ["_id"]}',

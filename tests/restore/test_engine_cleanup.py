@@ -64,19 +64,22 @@ async def test_cleanup_of_a_restore_never_executed_succeeds(world: Any) -> None:
 async def test_cleanup_failed_is_retryable_and_converges_once_corestore_recovers(
     world: Any,
 ) -> None:
-    """Deletes fail: cleanup-failed with per-entry errors; a new cleanup retries only those."""
+    """Deletes fail: one try per entry (the client's two sends, no engine retry on top), then
+    cleanup-failed with per-entry errors; a new cleanup retries only the failed entries."""
     revision = await _ready(world)
     faults = world.corestore.faults
     faults.fail_next(RouteName.DELETE_RESOURCE, status=503, times=100)
+    waited = len(world.clock.slept)
     await world.cleanup(revision)
     failed = (await world.until("cleaned", "cleanup-failed")).state
     assert failed["status"] == "cleanup-failed"
     assert failed["lastErrorCode"] == "corestore-unavailable"
     for entry in failed["cleanup"]["resources"]:
-        assert (entry["status"], entry["attempts"]) == ("failed", 2)
+        assert (entry["status"], entry["attempts"]) == ("failed", 1)
         assert entry["errorCode"] == "corestore-unavailable"
     assert failed["cleanup"]["stagingArchive"]["status"] == "succeeded"
-    assert faults.hits[RouteName.DELETE_RESOURCE] == 2 * 2 * 2  # mappings x engine x client
+    assert faults.hits[RouteName.DELETE_RESOURCE] == 2 * 2  # mappings x client sends
+    assert world.clock.slept[waited:] == [0.01, 0.01]  # one client backoff per mapping
 
     faults.clear()
     archive_deletes = faults.hits[RouteName.DELETE_STAGING_ARCHIVE]
@@ -85,7 +88,7 @@ async def test_cleanup_failed_is_retryable_and_converges_once_corestore_recovers
     cleaned = (await world.until("cleaned", "cleanup-failed")).state
     assert cleaned["status"] == "cleaned"
     for entry in cleaned["cleanup"]["resources"]:
-        assert (entry["status"], entry["attempts"]) == ("succeeded", 3)
+        assert (entry["status"], entry["attempts"]) == ("succeeded", 2)
         assert "errorCode" not in entry
     assert cleaned["cleanup"]["stagingArchive"]["attempts"] == 1
     assert faults.hits[RouteName.DELETE_STAGING_ARCHIVE] == archive_deletes
@@ -153,7 +156,7 @@ async def test_forgetting_the_restore_failing_ends_cleanup_failed_with_every_ent
     assert "forgetting the prepared restore failed" in failed["lastErrorMessage"]
     entries = [*failed["cleanup"]["resources"], failed["cleanup"]["stagingArchive"]]
     assert all((e["status"], e["attempts"]) == ("succeeded", 1) for e in entries)
-    assert faults.hits[RouteName.DELETE_RESTORE] == 2 * 2  # engine x client attempts
+    assert faults.hits[RouteName.DELETE_RESTORE] == 2  # the client's sends, nothing on top
     assert (world.corestore.data_dir / "restores" / "restore-1.json").exists()
 
     faults.clear()

@@ -37,14 +37,18 @@ async def test_a_failed_verification_ends_failed_with_verification_failed(world:
     assert "readyAt" not in state
 
 
-async def test_corestore_unavailable_ends_failed_after_bounded_retries(world: Any) -> None:
-    """Every attempt answers 503: client attempts x engine attempts, then failed."""
+async def test_corestore_unavailable_ends_failed_after_the_clients_retries(world: Any) -> None:
+    """Every send answers 503: the client's two sends with one backoff between them, no engine
+    retry on top, then failed with corestore-unavailable."""
     world.corestore.faults.fail_next(RouteName.RESTORE_RESOURCE, status=503, times=100)
-    state = (await _execute_until_settled(world)).state
+    revision = await world.ready_to_execute()
+    waited = len(world.clock.slept)
+    assert (await world.execute(revision))["status"] == "restoring"
+    state = (await world.until("ready", "failed")).state
     assert state["status"] == "failed"
     assert state["lastErrorCode"] == "corestore-unavailable"
-    assert world.corestore.faults.hits[RouteName.RESTORE_RESOURCE] == 2 * 2
-    assert world.engine.settings.first_delay in world.sleeps.delays  # the engine's backoff
+    assert world.corestore.faults.hits[RouteName.RESTORE_RESOURCE] == 2
+    assert world.clock.slept[waited:] == [0.01]  # the client's one backoff
     assert state["completedResourceMappingIds"] == []
 
 

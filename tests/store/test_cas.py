@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.clock import epoch_ms
 from agent.errors import IllegalTransition, InvalidState, RevisionConflict, StoreError
 from agent.restore.machine import Op
 from agent.store import RestoreKey, RevisionStore, StoredState
+from tests.clock import ManualClock
 
 KEY = RestoreKey("cluster-1", "node-1", "restore-1")
 DIGEST_A = "a" * 64
@@ -146,7 +147,7 @@ async def test_private_fields_are_kept_unless_replaced(store: RevisionStore) -> 
 
 
 async def test_the_row_owns_key_revision_status_and_updated_at(
-    store: RevisionStore, clock: Callable[[], float]
+    store: RevisionStore, clock: ManualClock
 ) -> None:
     """Stale values for store-owned fields in the given state are replaced from the row."""
     given = _state(revision=99, status="ready", updatedAt=1)
@@ -160,7 +161,10 @@ async def test_the_row_owns_key_revision_status_and_updated_at(
         "status": "preparing",
         "updatedAt": stored.updated_at,
     }
-    assert stored.updated_at > 1_700_000_000_000
+    assert stored.updated_at == epoch_ms(clock)
+    clock.advance(2.5)
+    later = await store.mutate(KEY, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state=given)
+    assert later.updated_at == stored.updated_at + 2500
 
 
 async def test_a_state_naming_another_key_is_refused(store: RevisionStore) -> None:
