@@ -229,9 +229,9 @@ class ResourceStatus(_Answer):
 
 class CheckAnswer(_Answer):
     """One check in Corestore's verification answer (becomes an
-    `IIsolatedRestoreVerificationCheck` of the node state)."""
+    `IIsolatedRestoreVerificationCheck` of the node state, whose code is never empty)."""
 
-    code: str
+    code: str = Field(min_length=1)
     status: Literal["passed", "failed"]
     message: str | None = None
 

@@ -59,7 +59,7 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.corestore.client import CorestoreClient, CorestoreClients
 from agent.errors import CorestoreError, ObjectNotInManifest, RestoreNotFound, TransferError
-from agent.restore import progress as p
+from agent.restore import state as s
 from agent.restore.background import Observer, WorkOwner
 from agent.restore.grants import check_grant
 from agent.restore.jobs import Job, run_cleanup, run_execute
@@ -116,7 +116,7 @@ class IsolatedRestoreEngine(WorkOwner):
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
                 assert stored is not None
                 if stored.status != "preparing":
-                    return p.to_model(stored.state)
+                    return stored.state
             else:
                 current = (None, 0) if stored is None else (stored.status, stored.revision)
                 decide(current[0], Op.PREPARE, revision=current[1])
@@ -124,11 +124,11 @@ class IsolatedRestoreEngine(WorkOwner):
                     key,
                     0,
                     Op.PREPARE,
-                    p.initial_state(request, epoch_ms(self._clock)),
-                    private=p.private_fields(request),
+                    s.initial_state(request, epoch_ms(self._clock)),
+                    plan=s.plan_of(request),
                     digest=digest,
                 )
-            return p.to_model((await self._finish_prepare(stored, client, grant)).state)
+            return (await self._finish_prepare(stored, client, grant)).state
 
     async def stage(
         self,
@@ -147,7 +147,7 @@ class IsolatedRestoreEngine(WorkOwner):
             verdict = self._verdict(request.expected_revision, stored, digest)
             if verdict is Verdict.PROCEED:
                 decide(stored.status, Op.STAGE, revision=stored.revision)
-            if not p.private_manifest(stored.private).contains(request.object):
+            if not stored.plan.archive_manifest.contains(request.object):
                 raise ObjectNotInManifest(
                     f"object {request.object.path} with this size and sha256 is not in the "
                     f"archive manifest of restore {key.restore_id}"
@@ -158,7 +158,7 @@ class IsolatedRestoreEngine(WorkOwner):
                         client,
                         self._store,
                         key,
-                        stored.state["stagingArchiveId"],
+                        stored.state.staging_archive_id,
                         request.object,
                         grant,
                         self._settings,
@@ -175,9 +175,9 @@ class IsolatedRestoreEngine(WorkOwner):
                     skipped_bytes=outcome.skipped_bytes,
                 )
             if verdict is Verdict.REPLAY:
-                return p.to_model(stored.state)
+                return stored.state
             stored = await self._mutate(key, stored.revision, Op.STAGE, stored.state, digest=digest)
-            return p.to_model(stored.state)
+            return stored.state
 
     async def status(
         self, request: GetIsolatedRestoreStatusRequest
@@ -188,7 +188,7 @@ class IsolatedRestoreEngine(WorkOwner):
         stored = await self._store.get(key)
         if stored is None:
             return IsolatedRestoreStatusResponse(found=False)
-        return IsolatedRestoreStatusResponse(found=True, state=p.to_model(stored.state))
+        return IsolatedRestoreStatusResponse(found=True, state=stored.state)
 
     async def execute(self, request: ExecuteIsolatedRestoreRequest) -> IsolatedRestoreNodeState:
         """`coreflowExecuteIsolatedRestore`: `restoring` at once; the engine's task goes on."""
@@ -201,14 +201,14 @@ class IsolatedRestoreEngine(WorkOwner):
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
                 if stored.status in ("restoring", "verifying") and not self.working(key):
                     self._start(run_execute, stored, client, grant)
-                return p.to_model(stored.state)
+                return stored.state
             complete = await self._staging_complete(stored)
             decide(stored.status, Op.EXECUTE, revision=stored.revision, staging_complete=complete)
             stored = await self._mutate(
                 key, stored.revision, Op.EXECUTE, stored.state, digest=digest
             )
             self._start(run_execute, stored, client, grant)
-            return p.to_model(stored.state)
+            return stored.state
 
     async def cleanup(self, request: CleanupIsolatedRestoreRequest) -> IsolatedRestoreNodeState:
         """`coreflowCleanupIsolatedRestore`: `cleaning` at once; the engine's task goes on."""
@@ -221,12 +221,12 @@ class IsolatedRestoreEngine(WorkOwner):
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
                 if stored.status == "cleaning" and not self.working(key):
                     self._start(run_cleanup, stored, client, grant)
-                return p.to_model(stored.state)
+                return stored.state
             decide(stored.status, Op.CLEANUP, revision=stored.revision)
-            plan = p.with_cleanup_plan(stored.state, p.private_mappings(stored.private))
-            stored = await self._mutate(key, stored.revision, Op.CLEANUP, plan, digest=digest)
+            planned = s.with_cleanup_plan(stored.state, stored.plan.resource_mappings)
+            stored = await self._mutate(key, stored.revision, Op.CLEANUP, planned, digest=digest)
             self._start(run_cleanup, stored, client, grant)
-            return p.to_model(stored.state)
+            return stored.state
 
     # --- internals ----------------------------------------------------------------------------
 
@@ -258,9 +258,9 @@ class IsolatedRestoreEngine(WorkOwner):
         key: RestoreKey,
         expected: int,
         op: Op,
-        state: dict[str, Any],
+        state: IsolatedRestoreNodeState,
         *,
-        private: dict[str, Any] | None = None,
+        plan: s.PreparedPlan | None = None,
         digest: str | None = None,
     ) -> StoredState:
         stored = await self._store.mutate(
@@ -268,7 +268,7 @@ class IsolatedRestoreEngine(WorkOwner):
             expected_revision=expected,
             op=op,
             state=state,
-            private=private,
+            plan=plan,
             request_digest=digest,
         )
         self._notify(stored)
@@ -282,18 +282,18 @@ class IsolatedRestoreEngine(WorkOwner):
         try:
             await client.prepare_restore(
                 stored.key.restore_id,
-                scratch_namespace_id=state["scratchNamespaceId"],
-                staging_archive_id=state["stagingArchiveId"],
-                resource_mappings=list(p.private_mappings(stored.private)),
-                archive_manifest=p.private_manifest(stored.private),
+                scratch_namespace_id=state.scratch_namespace_id,
+                staging_archive_id=state.staging_archive_id,
+                resource_mappings=list(stored.plan.resource_mappings),
+                archive_manifest=stored.plan.archive_manifest,
                 grant=grant,
             )
         except (CorestoreError, TransferError) as exc:
-            failed = p.with_error(state, exc.code, str(exc))
+            failed = s.with_error(state, exc.code, str(exc))
             await self._mutate(stored.key, stored.revision, Op.PREPARE_FAILED, failed)
             _log.warning("prepare_failed", restore_id=stored.key.restore_id, code=exc.code)
             raise
-        prepared = p.with_prepared(state, epoch_ms(self._clock))
+        prepared = s.with_prepared(state, epoch_ms(self._clock))
         return await self._mutate(stored.key, stored.revision, Op.PREPARE_SUCCEEDED, prepared)
 
     async def _written(self, key: RestoreKey, path: str) -> bool:
@@ -303,7 +303,7 @@ class IsolatedRestoreEngine(WorkOwner):
         written = {
             (o.object_path, o.size, o.sha256) for o in await self._store.written_objects(stored.key)
         }
-        manifest = p.private_manifest(stored.private)
+        manifest = stored.plan.archive_manifest
         return all((o.path, o.size, o.sha256) in written for o in manifest.objects)
 
     def _start(

@@ -35,15 +35,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 
 from agent.clock import Clock, epoch_ms
+from agent.contracts.isolatedrestore import IsolatedRestoreNodeState, ResourceCleanupProgress
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import ResourceStatus
 from agent.errors import AgentError, CorestoreError, CorestoreUnavailable, TransferError
-from agent.restore import progress as p
+from agent.restore import state as s
 from agent.restore.machine import Op
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
@@ -74,11 +74,11 @@ class Job:
         return epoch_ms(self.clock)
 
     @property
-    def state(self) -> dict[str, Any]:
-        """The latest wire state (a fresh copy is made by every transform)."""
+    def state(self) -> IsolatedRestoreNodeState:
+        """The latest node state (frozen; every transform makes a new one)."""
         return self.stored.state
 
-    async def mutate(self, op: Op, state: dict[str, Any]) -> StoredState:
+    async def mutate(self, op: Op, state: IsolatedRestoreNodeState) -> StoredState:
         """Persist `state` with `op` at the revision this job knows; the request digest stays."""
         self.stored = await self.store.mutate(
             self.key, expected_revision=self.stored.revision, op=op, state=state
@@ -114,27 +114,26 @@ async def run_execute(job: Job) -> None:
         op = Op.RESTORE_FAILED if job.stored.status == "restoring" else Op.VERIFY_FAILED
         state = job.state
         if op is Op.VERIFY_FAILED:
-            state = p.with_verification_finished(state, passed=False, now=job.now())
-        await job.mutate(op, p.with_error(state, exc.code, str(exc)))
+            state = s.with_verification_finished(state, passed=False, now=job.now())
+        await job.mutate(op, s.with_error(state, exc.code, str(exc)))
         _log.warning("restore_failed", **job.log_fields(), code=exc.code)
         return
     _log.info("restore_work_finished", **job.log_fields(), status=job.stored.status)
 
 
 async def _restore_all(job: Job) -> None:
-    mappings = p.private_mappings(job.stored.private)
-    for mapping in mappings:
-        if mapping.id in job.state.get("completedResourceMappingIds", []):
+    for mapping in job.stored.plan.resource_mappings:
+        if mapping.id in job.state.completed_resource_mapping_ids:
             continue
         status = await _restore_one(job, mapping.id)
         if status.state != "succeeded":
             code = status.error.code if status.error is not None else status.state
             message = f"Corestore could not restore resource mapping {mapping.id}: {code}"
-            await job.mutate(Op.RESTORE_FAILED, p.with_error(job.state, _RESTORE_FAILED, message))
+            await job.mutate(Op.RESTORE_FAILED, s.with_error(job.state, _RESTORE_FAILED, message))
             _log.warning("restore_failed", **job.log_fields(), code=_RESTORE_FAILED)
             return
-        await job.mutate(Op.PROGRESS, p.with_completed_mapping(job.state, mapping.id))
-    await job.mutate(Op.RESTORE_SUCCEEDED, p.with_verification_started(job.state, job.now()))
+        await job.mutate(Op.PROGRESS, s.with_completed_mapping(job.state, mapping.id))
+    await job.mutate(Op.RESTORE_SUCCEEDED, s.with_verification_started(job.state, job.now()))
 
 
 async def _restore_one(job: Job, mapping_id: str) -> ResourceStatus:
@@ -154,27 +153,25 @@ async def _restore_one(job: Job, mapping_id: str) -> ResourceStatus:
 
 
 async def _verify_all(job: Job) -> None:
-    mappings = p.private_mappings(job.stored.private)
-    done = {r["resourceMappingId"] for r in job.state["verification"].get("results", [])}
-    for mapping in mappings:
+    done = {result.resource_mapping_id for result in job.state.verification.results}
+    for mapping in job.stored.plan.resource_mappings:
         if mapping.id in done:
             continue
         answer = await job.client.verify_resource(job.key.restore_id, mapping.id, job.grant)
-        result = p.verification_result(mapping, answer, job.now())
-        await job.mutate(Op.PROGRESS, p.with_verification_result(job.state, result))
-    results = job.state["verification"]["results"]
-    failed = [r for r in results if r["status"] != "passed"]
+        result = s.verification_result(mapping, answer, job.now())
+        await job.mutate(Op.PROGRESS, s.with_verification_result(job.state, result))
+    failed = [result for result in job.state.verification.results if result.status != "passed"]
     now = job.now()
     if not failed:
-        await job.mutate(Op.VERIFY_PASSED, p.with_ready(job.state, now))
+        await job.mutate(Op.VERIFY_PASSED, s.with_ready(job.state, now))
         return
-    checks = sorted({c["code"] for r in failed for c in r["checks"] if c["status"] != "passed"})
-    ids = ", ".join(r["resourceMappingId"] for r in failed)
+    checks = sorted({c.code for r in failed for c in r.checks if c.status != "passed"})
+    ids = ", ".join(result.resource_mapping_id for result in failed)
     message = f"verification failed for resource mapping(s) {ids}: " + (
         ", ".join(checks) or "no passing result"
     )
-    state = p.with_verification_finished(job.state, passed=False, now=now)
-    await job.mutate(Op.VERIFY_FAILED, p.with_error(state, _VERIFICATION_FAILED, message))
+    state = s.with_verification_finished(job.state, passed=False, now=now)
+    await job.mutate(Op.VERIFY_FAILED, s.with_error(state, _VERIFICATION_FAILED, message))
     _log.warning("restore_failed", **job.log_fields(), code=_VERIFICATION_FAILED)
 
 
@@ -185,21 +182,24 @@ async def run_cleanup(job: Job) -> None:
     """Delete every entry not yet cleaned; ends `cleaned` or `cleanup-failed`."""
     _log.info("cleanup_work_started", **job.log_fields())
     try:
-        for entry_id in p.cleanup_pending(job.state):
+        for entry_id in s.cleanup_pending(job.state):
             await _clean_one(job, entry_id)
-        if p.cleanup_complete(job.state):
+        if s.cleanup_complete(job.state):
             await _forget_restore(job)
             return
-        failed = [p.cleanup_entry(job.state, entry_id) for entry_id in p.cleanup_pending(job.state)]
-        first = failed[0]
-        what = first.get("resourceMappingId", first.get("stagingArchiveId"))
-        state = p.with_error(
+        first = s.cleanup_entry(job.state, s.cleanup_pending(job.state)[0])
+        what = (
+            first.resource_mapping_id
+            if isinstance(first, ResourceCleanupProgress)
+            else first.staging_archive_id
+        )
+        state = s.with_error(
             job.state,
-            first.get("errorCode", "internal"),
-            f"cleanup of {what} failed: {first.get('errorMessage', 'no answer')}",
+            first.error_code or "internal",
+            f"cleanup of {what} failed: {first.error_message or 'no answer'}",
         )
         await job.mutate(Op.CLEANUP_FAILED, state)
-        _log.warning("cleanup_failed", **job.log_fields(), code=first.get("errorCode"))
+        _log.warning("cleanup_failed", **job.log_fields(), code=first.error_code)
     except AgentError as exc:
         _log.warning("cleanup_work_interrupted", **job.log_fields(), code=exc.code)
 
@@ -210,7 +210,7 @@ async def _forget_restore(job: Job) -> None:
         await job.client.delete_restore(job.key.restore_id, job.grant)
     except CorestoreError as exc:
         message = f"forgetting the prepared restore failed: {exc}"
-        await job.mutate(Op.CLEANUP_FAILED, p.with_error(job.state, exc.code, message))
+        await job.mutate(Op.CLEANUP_FAILED, s.with_error(job.state, exc.code, message))
         _log.warning("cleanup_failed", **job.log_fields(), code=exc.code)
         return
     await job.mutate(Op.CLEANUP_SUCCEEDED, job.state)
@@ -219,24 +219,24 @@ async def _forget_restore(job: Job) -> None:
 
 async def _clean_one(job: Job, entry_id: str | None) -> None:
     """Delete one resource (or the staging archive): one try, recorded before and after."""
-    running = p.with_cleanup_entry(
+    running = s.with_cleanup_entry(
         job.state, entry_id, status="running", now=job.now(), attempt=True
     )
     await job.mutate(Op.PROGRESS, running)
     try:
-        if entry_id is p.STAGING_ENTRY:
+        if entry_id is s.STAGING_ENTRY:
             outcome = await job.client.delete_staging_archive(
-                job.state["stagingArchiveId"], job.grant
+                job.state.staging_archive_id, job.grant
             )
         else:
             outcome = await job.client.delete_resource(job.key.restore_id, entry_id, job.grant)
     except CorestoreError as exc:
         error = (exc.code, str(exc))
-        failed = p.with_cleanup_entry(
+        failed = s.with_cleanup_entry(
             job.state, entry_id, status="failed", now=job.now(), error=error
         )
         await job.mutate(Op.PROGRESS, failed)
         return
-    done = p.with_cleanup_entry(job.state, entry_id, status="succeeded", now=job.now())
+    done = s.with_cleanup_entry(job.state, entry_id, status="succeeded", now=job.now())
     await job.mutate(Op.PROGRESS, done)
     _log.info("cleanup_entry_done", **job.log_fields(), outcome=outcome.value)

@@ -238,6 +238,16 @@ def test_a_verification_answer_holds_the_contract_checks() -> None:
     ]
 
 
+def test_a_verification_answer_with_an_empty_check_code_is_another_shape() -> None:
+    """The node state's check code is never empty, so Corestore's may not be either."""
+    with pytest.raises(ValueError, match=r"checks\.0\.code"):
+        routes.parse_answer(
+            VerificationAnswer,
+            b'{"mappingId":"m","resourceType":"volume","status":"failed",'
+            b'"checks":[{"code":"","status":"failed"}]}',
+        )
+
+
 def test_commit_body_is_the_whole_object_size_and_digest() -> None:
     """Commit sends `{size, sha256}` and nothing else."""
     digest = hashlib.sha256(b"x").hexdigest()

@@ -291,6 +291,10 @@ class World:
         """Wait (on the engine's change notifications) until the state reaches one of them."""
         return await self.engine.wait_for(KEY, lambda stored: stored.status in statuses)
 
+    async def settled(self, *statuses: str) -> dict[str, Any]:
+        """`until(*statuses)`, as the wire state Cloudly's status call would read."""
+        return (await self.until(*statuses)).state.to_wire()
+
     async def ready_to_execute(self) -> int:
         """Prepare and stage everything; returns the revision to execute at."""
         prepared = await self.prepare()

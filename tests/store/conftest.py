@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from agent.restore.machine import Op
-from agent.store import RestoreKey, RevisionStore
+from agent.store import RevisionStore
 from tests.clock import ManualClock
+from tests.store.states import KEY, node_state, plan
 
-KEY = RestoreKey("cluster-1", "node-1", "restore-1")
 NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 
 
@@ -45,9 +45,14 @@ async def store(state_dir: Path, clock: ManualClock) -> AsyncIterator[RevisionSt
 @pytest.fixture
 async def prepared_store(store: RevisionStore) -> RevisionStore:
     """`store` holding KEY at revision 2 in status prepared."""
-    state = {"sourceBackupId": "backup-1", "completedResourceMappingIds": []}
+    state = node_state()
     await store.mutate(
-        KEY, expected_revision=0, op=Op.PREPARE, state=state, request_digest="a" * 64
+        KEY,
+        expected_revision=0,
+        op=Op.PREPARE,
+        state=state,
+        plan=plan(),
+        request_digest="a" * 64,
     )
     await store.mutate(KEY, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state=state)
     return store

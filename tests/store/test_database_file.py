@@ -16,6 +16,7 @@ from agent.store import DB_NAME, RestoreKey, RevisionStore
 from agent.store.schema import MIGRATIONS, SCHEMA_VERSION, split_statements
 from agent.store.startup import open_database
 from tests.clock import ManualClock
+from tests.store.states import node_state, plan
 
 KEY = RestoreKey("cluster-1", "node-1", "restore-1")
 STAMP = "20231114T221320Z"  # conftest NOW in UTC
@@ -52,7 +53,7 @@ def open_umask() -> Iterator[None]:
 async def test_directory_is_0700_and_database_files_0600(state_dir: Path) -> None:
     """Whatever the umask, the directory and every database file are private."""
     async with await RevisionStore.open(state_dir) as store:
-        await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state={})
+        await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=node_state(), plan=plan())
         assert _mode(state_dir) == 0o700
         files = _names(state_dir)
         assert files == [DB_NAME, f"{DB_NAME}-shm", f"{DB_NAME}-wal"]
@@ -92,7 +93,13 @@ async def test_connection_uses_wal_full_sync_foreign_keys_and_busy_timeout(
 async def test_reopening_keeps_data_and_applies_no_migration_twice(state_dir: Path) -> None:
     """Migrations run once; a reopened store sees the same rows and the same version."""
     async with await RevisionStore.open(state_dir) as store:
-        created = await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state={"x": 1})
+        created = await store.mutate(
+            KEY,
+            expected_revision=0,
+            op=Op.PREPARE,
+            state=node_state(last_error_code="x"),
+            plan=plan(x=1),
+        )
     for _ in range(2):
         async with await RevisionStore.open(state_dir) as store:
             assert await store.get(KEY) == created
@@ -107,7 +114,7 @@ async def test_a_later_migration_is_applied_on_top_of_an_existing_database(
 ) -> None:
     """Only the missing migrations run, in order, on an older database."""
     async with await RevisionStore.open(state_dir) as store:
-        await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state={})
+        await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=node_state(), plan=plan())
     newer = (*MIGRATIONS, "CREATE TABLE extra (x INTEGER); INSERT INTO extra VALUES (7);")
     db = await open_database(state_dir / DB_NAME, busy_timeout=1, clock=clock, migrations=newer)
     try:
@@ -197,7 +204,13 @@ async def test_a_database_with_a_damaged_page_is_moved_aside(
     async with await RevisionStore.open(state_dir) as store:
         for n in range(300):
             key = RestoreKey("cluster-1", "node-1", f"restore-{n:04}")
-            await store.mutate(key, expected_revision=0, op=Op.PREPARE, state={"pad": "x" * 200})
+            await store.mutate(
+                key,
+                expected_revision=0,
+                op=Op.PREPARE,
+                state=node_state(key, last_error_message="x" * 200),
+                plan=plan(),
+            )
     path = state_dir / DB_NAME
     with path.open("r+b") as raw:
         raw.seek(4096 * 4)
@@ -214,7 +227,9 @@ async def test_integrity_errors_in_a_readable_database_are_corruption(
     async with await RevisionStore.open(state_dir) as store:
         for n in range(3):
             key = RestoreKey("cluster-1", "node-1", f"restore-{n}")
-            await store.mutate(key, expected_revision=0, op=Op.PREPARE, state={})
+            await store.mutate(
+                key, expected_revision=0, op=Op.PREPARE, state=node_state(key), plan=plan()
+            )
     raw = sqlite3.connect(state_dir / DB_NAME, isolation_level=None)
     raw.execute("PRAGMA writable_schema = ON")
     raw.execute(
