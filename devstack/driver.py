@@ -2,8 +2,9 @@
 
     plan = demo_plan(big_size=64 * MiB)             # or RestorePlan(...) with your own objects
     driver = RestoreDriver(cloudly, plan, on_progress=print)
-    await driver.prepare()                          # each call returns the node state dict
-    for spec in plan.objects:
+    await driver.prepare()                          # answered `preparing`; returns once the
+                                                    # agent settled it (`prepared` or `failed`)
+    for spec in plan.objects:                       # each call returns the node state dict
         await driver.stage(spec)                    # a real VirtualStream Cloudly -> agent
     await driver.execute()
     await driver.wait_until({"ready", "failed"})
@@ -149,8 +150,15 @@ class RestoreDriver:
             specs.append(spec)
         self.plan = replace(self.plan, objects=tuple(specs))
 
-    async def prepare(self, *, expected_revision: int | None = None) -> dict[str, Any]:
-        """`coreflowPrepareIsolatedRestore` with the plan's mappings and manifest."""
+    async def prepare(
+        self, *, expected_revision: int | None = None, settle: bool = True
+    ) -> dict[str, Any]:
+        """`coreflowPrepareIsolatedRestore` with the plan's mappings and manifest.
+
+        The agent answers `preparing` (the next revision) and asks Corestore in the background;
+        with `settle` (the default) this polls the status, as after execute and cleanup, until
+        the state is `prepared` or `failed`, and returns that state. `settle=False` returns the
+        answer itself."""
         await self.compute_digests()
         plan = self.plan
         fields = {
@@ -161,7 +169,10 @@ class RestoreDriver:
             "resourceMappings": [mapping.to_wire() for mapping in plan.mappings],
             "archiveManifest": {"objects": [spec.entry() for spec in plan.objects]},
         }
-        return await self._mutation(METHOD_PREPARE, expected_revision, fields)
+        answer = await self._mutation(METHOD_PREPARE, expected_revision, fields)
+        if not settle:
+            return answer
+        return await self.wait_until({"prepared", "failed"})
 
     async def stage(
         self,

@@ -12,22 +12,27 @@ Every request goes through the same gate, in this order, and a refusal changes n
 
 Then (docs/isolated-restore.md has the state machine):
 
-- prepare: writes `preparing` (rev 1) before asking Corestore, then `prepared` (rev 2) or
-  `failed` (the error is also raised to Cloudly). Synchronous.
+- prepare: writes `preparing` (revision `expectedRevision + 1`, i.e. 1) as a write-ahead intent
+  and answers it at once; the engine's task (`jobs.run_prepare`) asks Corestore and settles
+  `prepared` or `failed` (with `lastErrorCode`/`lastErrorMessage`): a refusal by Corestore is a
+  state Cloudly reads, not an error reply. What can be refused before anything is stored
+  (routing, the grant's shape, `check_preparable`, the contract's id rule) still is, at once.
 - stage: moves the object's bytes (`staging.stage_object`), and only once the object is proven
   and committed writes the `stage` mutation. A failed stage changes no revision, so Cloudly's
   retry of the same request proceeds and resumes after the chunks Corestore already verified.
-- execute: writes `restoring` and returns at once; the work (`work.run_execute`) runs in a task
+- execute: writes `restoring` and returns at once; the work (`jobs.run_execute`) runs in a task
   this engine owns, with the grant of the request that started it held in memory only.
-- cleanup: likewise returns at once with `cleaning`; `work.run_cleanup` finishes it
+- cleanup: likewise returns at once with `cleaning`; `jobs.run_cleanup` finishes it
   (`cleaned` or the retryable `cleanup-failed`). Background rather than synchronous because a
   cleanup may delete large resources and Corestore may be slow; Cloudly polls the status.
 - status: read-only, never locks, served while a stage of the same restore streams.
 
-An exact replay never redoes finished work; it answers the current state. It RESUMES work that
-is unfinished and has no running task (after a restart: `preparing`, `restoring`/`verifying`,
-`cleaning`) with the replay's fresh grant. Nothing is settled at start-up: unfinished states are
-logged (`restore_unfinished`) and stay visible in status until Cloudly repeats the request.
+Every mutating request answers the state it wrote: the next revision (seed 000). An exact replay
+never redoes finished work; it answers the current state. It RESUMES work that is unfinished and
+has no running task (after a restart: `preparing`, `restoring`/`verifying`, `cleaning`) with the
+replay's fresh grant; while the task runs, it only answers the current state. Nothing is
+settled at start-up: unfinished states are logged (`restore_unfinished`) and stay visible in
+status until Cloudly repeats the request.
 
 Mutating requests of one restore are serialised by a per-key lock (status takes none). The
 background tasks live in the TaskGroup of `run()`; `close()` cancels and awaits them, leaving
@@ -58,11 +63,11 @@ from agent.contracts.isolatedrestore import (
     StageIsolatedRestoreArchiveRequest,
 )
 from agent.corestore.client import CorestoreClient, CorestoreClients
-from agent.errors import CorestoreError, ObjectNotInManifest, RestoreNotFound, TransferError
+from agent.errors import ObjectNotInManifest, RestoreNotFound
 from agent.restore import state as s
 from agent.restore.background import Observer, WorkOwner
 from agent.restore.grants import check_grant
-from agent.restore.jobs import Job, run_cleanup, run_execute
+from agent.restore.jobs import Job, run_cleanup, run_execute, run_prepare
 from agent.restore.machine import Op, decide
 from agent.restore.replay import Verdict, check_expected_revision, request_digest
 from agent.restore.routing import check_preparable, locate
@@ -106,29 +111,31 @@ class IsolatedRestoreEngine(WorkOwner):
     # --- the five requests --------------------------------------------------------------------
 
     async def prepare(self, request: PrepareIsolatedRestoreRequest) -> IsolatedRestoreNodeState:
-        """`coreflowPrepareIsolatedRestore`: `preparing` -> Corestore -> `prepared` | `failed`."""
+        """`coreflowPrepareIsolatedRestore`: `preparing` at once; the engine's task goes on."""
         key, client = self._route(request)
         grant = check_grant(request.restore_grant)
         check_preparable(request)
         digest = request_digest(METHOD_PREPARE, request.to_wire())
+        self._check_running()
         async with self._key_lock(key):
             stored = await self._store.get(key)
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
                 assert stored is not None
-                if stored.status != "preparing":
-                    return stored.state
-            else:
-                current = (None, 0) if stored is None else (stored.status, stored.revision)
-                decide(current[0], Op.PREPARE, revision=current[1])
-                stored = await self._mutate(
-                    key,
-                    0,
-                    Op.PREPARE,
-                    s.initial_state(request, epoch_ms(self._clock)),
-                    plan=s.plan_of(request),
-                    digest=digest,
-                )
-            return (await self._finish_prepare(stored, client, grant)).state
+                if stored.status == "preparing" and not self.working(key):
+                    self._start(run_prepare, stored, client, grant)
+                return stored.state
+            current = (None, 0) if stored is None else (stored.status, stored.revision)
+            decide(current[0], Op.PREPARE, revision=current[1])
+            stored = await self._mutate(
+                key,
+                request.expected_revision,
+                Op.PREPARE,
+                s.initial_state(request, epoch_ms(self._clock)),
+                plan=s.plan_of(request),
+                digest=digest,
+            )
+            self._start(run_prepare, stored, client, grant)
+            return stored.state
 
     async def stage(
         self,
@@ -273,28 +280,6 @@ class IsolatedRestoreEngine(WorkOwner):
         )
         self._notify(stored)
         return stored
-
-    async def _finish_prepare(
-        self, stored: StoredState, client: CorestoreClient, grant: Secret
-    ) -> StoredState:
-        """Ask Corestore to prepare (idempotent), then settle `prepared` or `failed`."""
-        state = stored.state
-        try:
-            await client.prepare_restore(
-                stored.key.restore_id,
-                scratch_namespace_id=state.scratch_namespace_id,
-                staging_archive_id=state.staging_archive_id,
-                resource_mappings=list(stored.plan.resource_mappings),
-                archive_manifest=stored.plan.archive_manifest,
-                grant=grant,
-            )
-        except (CorestoreError, TransferError) as exc:
-            failed = s.with_error(state, exc.code, str(exc))
-            await self._mutate(stored.key, stored.revision, Op.PREPARE_FAILED, failed)
-            _log.warning("prepare_failed", restore_id=stored.key.restore_id, code=exc.code)
-            raise
-        prepared = s.with_prepared(state, epoch_ms(self._clock))
-        return await self._mutate(stored.key, stored.revision, Op.PREPARE_SUCCEEDED, prepared)
 
     async def _written(self, key: RestoreKey, path: str) -> bool:
         return any(o.object_path == path for o in await self._store.written_objects(key))

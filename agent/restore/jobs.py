@@ -1,10 +1,13 @@
-"""The engine's background work: executing a restore and cleaning it up, step by durable step.
+"""The engine's background work: preparing, executing and cleaning up a restore, step by step.
 
-`run_execute()` and `run_cleanup()` run in tasks the engine owns (`IsolatedRestoreEngine.run`).
+`run_prepare()`, `run_execute()` and `run_cleanup()` run in tasks the engine owns
+(`IsolatedRestoreEngine.run`).
 Each step is one Corestore call (which the Corestore client alone resends while Corestore is
 unavailable, `agent.retry`) followed by one mutation of the node state, so a restart finds
 exactly the steps that finished:
 
+    prepare: preparing  -- Corestore prepared the restore (idempotent) --> prepared (preparedAt)
+             preparing  -- Corestore refused it, or stayed unavailable --> failed
     execute: restoring  -- restore mapping m (start, poll until done) --> progress (+ m completed)
              restoring  -- every mapping completed -------------------> verifying (running)
              verifying  -- verify mapping m ---------------------------> progress (+ m's result)
@@ -49,7 +52,7 @@ from agent.restore.settings import EngineSettings
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore, StoredState
 
-__all__ = ["Job", "run_cleanup", "run_execute"]
+__all__ = ["Job", "run_cleanup", "run_execute", "run_prepare"]
 
 _log = structlog.get_logger("agent.restore.jobs")
 _VERIFICATION_FAILED = "verification-failed"
@@ -94,6 +97,37 @@ class Job:
 def _settles_as_failure(exc: AgentError) -> bool:
     """Failures of the work itself; anything else leaves the state in flight to resume."""
     return isinstance(exc, CorestoreError | TransferError)
+
+
+# --- prepare ------------------------------------------------------------------------------------
+
+
+async def run_prepare(job: Job) -> None:
+    """Have Corestore prepare the restore; ends `prepared` or `failed`.
+
+    Corestore's prepare is idempotent (the same body answers the same), so the replay that
+    resumes a `preparing` state left by a restart simply asks again.
+    """
+    _log.info("prepare_work_started", **job.log_fields())
+    plan = job.stored.plan
+    try:
+        await job.client.prepare_restore(
+            job.key.restore_id,
+            scratch_namespace_id=job.state.scratch_namespace_id,
+            staging_archive_id=job.state.staging_archive_id,
+            resource_mappings=list(plan.resource_mappings),
+            archive_manifest=plan.archive_manifest,
+            grant=job.grant,
+        )
+        await job.mutate(Op.PREPARE_SUCCEEDED, s.with_prepared(job.state, job.now()))
+    except AgentError as exc:
+        if not _settles_as_failure(exc):
+            _log.warning("prepare_work_interrupted", **job.log_fields(), code=exc.code)
+            return
+        await job.mutate(Op.PREPARE_FAILED, s.with_error(job.state, exc.code, str(exc)))
+        _log.warning("prepare_failed", **job.log_fields(), code=exc.code)
+        return
+    _log.info("prepare_work_finished", **job.log_fields(), status=job.stored.status)
 
 
 # --- execute ------------------------------------------------------------------------------------

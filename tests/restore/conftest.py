@@ -265,7 +265,10 @@ class World:
         return state
 
     async def prepare(self) -> dict[str, Any]:
-        return await self.state_of(METHOD_PREPARE, self.prepare_body())
+        """Prepare (answered `preparing`) and wait until the engine settled it: the `prepared`
+        (or `failed`) state."""
+        await self.state_of(METHOD_PREPARE, self.prepare_body())
+        return await self.settled("prepared", "failed")
 
     async def stage(self, path: str, expected: int, **source: Any) -> dict[str, Any]:
         chunks = ChunkSource(self.objects[path], **source)
