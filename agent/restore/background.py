@@ -7,7 +7,8 @@ reads on its own. What lives here:
   its own TaskGroup (`await engine.run()`), waits for `started()` before sending requests, and
   stops it with `close(timeout)`: no more work is taken, the running tasks are cancelled and
   awaited, and `run()` returns. There is no other way to run the engine, so one owner (the
-  caller's TaskGroup) sees its end.
+  caller's TaskGroup) sees its end. `running(engine)` is that pattern as an async context
+  manager, for a composition root that holds its resources on an exit stack.
 - `_spawn(key, coroutine)`: one background task per restore key; a crash of one is logged with
   its traceback and does not stop the others (its state stays in flight, resumable).
 - `_key_lock(key)`: mutating requests of one restore run one at a time.
@@ -20,17 +21,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
 from agent.errors import InvalidState, ShuttingDown
 from agent.store import RestoreKey, RevisionStore, StoredState
 
-__all__ = ["Observer", "WorkOwner"]
+__all__ = ["Observer", "WorkOwner", "running"]
 
 _log = structlog.get_logger("agent.restore.engine")
 Observer = Callable[[StoredState], None]
+_Owner = TypeVar("_Owner", bound="WorkOwner")
 
 
 class WorkOwner:
@@ -193,3 +195,19 @@ class WorkOwner:
                 del self._locks[key]
             else:
                 self._locks[key] = (lock, users - 1)
+
+
+@contextlib.asynccontextmanager
+async def running(owner: _Owner) -> AsyncIterator[_Owner]:
+    """`owner.run()` in a TaskGroup of its own while the block runs; closed when it ends.
+
+    Enter and leave it in one task (an exit stack the composition root closes itself): the
+    TaskGroup is the engine's one owner, and a crash of `run()` reaches that task.
+    """
+    async with asyncio.TaskGroup() as group:
+        group.create_task(owner.run(), name="isolated-restore-engine")
+        await owner.started()
+        try:
+            yield owner
+        finally:
+            await owner.close()

@@ -6,16 +6,15 @@ value), calls the engine, and returns the response model's wire form. Refusals a
 `AgentError`s, turned into `error {text, data: {code, retryable, ...}}` by the session.
 
 `install()` is what the composition root's hook (`agent.app.build_handlers`) calls: it opens the
-revision store and the Corestore clients, runs the engine (`engine.run()` in a TaskGroup held on
-the app's exit stack, `running()`), registers the handlers, and pushes everything onto that exit
-stack so shutdown closes them after the socket, engine first.
+revision store and the Corestore clients, runs the engine (`background.running`: `engine.run()`
+in a TaskGroup held on the app's exit stack), registers the handlers, and pushes everything onto
+that exit stack so shutdown closes them after the socket, engine first.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.contracts.base import StreamMarker
@@ -34,6 +33,7 @@ from agent.contracts.isolatedrestore import (
     StageIsolatedRestoreArchiveRequest,
 )
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
+from agent.restore.background import running
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.settings import EngineSettings
 from agent.restore.staging import ByteSource
@@ -44,7 +44,7 @@ from agent.store import RevisionStore
 if TYPE_CHECKING:
     from agent.config import Config, Secrets
 
-__all__ = ["StreamContext", "build_handlers", "install", "register_handlers", "running"]
+__all__ = ["StreamContext", "build_handlers", "install", "register_handlers"]
 
 
 class StreamContext(Protocol):
@@ -140,19 +140,3 @@ async def install(
     await resources.enter_async_context(running(engine))
     register_handlers(session.router, engine)
     return engine
-
-
-@asynccontextmanager
-async def running(engine: IsolatedRestoreEngine) -> AsyncIterator[IsolatedRestoreEngine]:
-    """`engine.run()` in a TaskGroup of its own while the block runs; closed when it ends.
-
-    Enter and leave it in one task (an exit stack the composition root closes itself): the
-    TaskGroup is the engine's one owner, and a crash of `run()` reaches that task.
-    """
-    async with asyncio.TaskGroup() as group:
-        group.create_task(engine.run(), name="isolated-restore-engine")
-        await engine.started()
-        try:
-            yield engine
-        finally:
-            await engine.close()

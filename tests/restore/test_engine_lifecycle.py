@@ -13,8 +13,8 @@ import pytest
 
 from agent.contracts.isolatedrestore import ExecuteIsolatedRestoreRequest
 from agent.errors import InvalidState, RestoreNotFound, ShuttingDown
+from agent.restore.background import running
 from agent.restore.engine import IsolatedRestoreEngine
-from agent.restore.handlers import running
 from agent.secret import Secret
 
 
@@ -75,7 +75,7 @@ async def test_an_engine_closed_before_it_ran_takes_no_work(world: Any) -> None:
 
 
 async def test_running_owns_the_engine_for_the_length_of_its_block(world: Any) -> None:
-    """`handlers.running()` (what install() enters): work inside the block, none after it."""
+    """`background.running()` (what install() enters): work inside the block, none after it."""
     engine = _engine(world)
     async with running(engine) as entered:
         assert entered is engine
