@@ -25,8 +25,11 @@ progress; resuming trusts Corestore's answer, and records it does not confirm ar
 The object counts as written only after the stream ended with exactly the manifest's size and
 sha256 AND Corestore's commit (which re-hashes it) succeeded; then `mark_object_written`. On any
 mismatch nothing counts: the partial object is deleted at Corestore, its records are forgotten
-and `IntegrityError` is raised. A stream that breaks mid-way raises `StreamBroken` after the
-chunks already queued were sent: they stay recorded, and the next stage resumes after them.
+and `IntegrityError` is raised. When the reader finds the mismatch, the chunk PUT in flight is
+finished first and nothing more is sent: a PUT cut mid-way could still be completed by Corestore
+after the delete, leaving part of the refused bytes behind. A stream that breaks mid-way raises
+`StreamBroken` after the chunks already queued were sent: they stay recorded, and the next stage
+resumes after them.
 """
 
 from __future__ import annotations
@@ -121,6 +124,7 @@ class _Transfer:
         self.chunks_sent = 0
         self.skipped = 0
         self.broken: StreamBroken | None = None
+        self.refused: AgentError | None = None  # the reader's own verdict on the bytes
         self.queue: asyncio.Queue[tuple[int, bytes, str] | None] = asyncio.Queue(
             maxsize=job.settings.max_in_flight
         )
@@ -150,6 +154,11 @@ class _Transfer:
                 await self.queue.put((offset, chunk, digest))
         except StreamBroken as exc:
             self.broken = exc  # what is queued still goes out: it stays resumable
+        except AgentError as exc:
+            # The bytes count for nothing. Not raised here: that would cancel the uploader in
+            # the middle of a PUT, which Corestore may still complete after the object was
+            # discarded. The uploader finishes the PUT in flight and sends nothing more.
+            self.refused = exc
         finally:
             await chunks.aclose()
         await self.queue.put(None)
@@ -165,6 +174,8 @@ class _Transfer:
     async def upload(self) -> None:
         job = self.job
         while (item := await self.queue.get()) is not None:
+            if self.refused is not None:
+                continue  # drain what the reader queued before it refused the bytes
             offset, chunk, digest = item
             for attempt in range(1, job.settings.chunk_attempts + 1):
                 try:
@@ -225,6 +236,7 @@ async def stage_object(job: StagingJob, open_source: Callable[[], ByteSource]) -
             await transfer.read(open_source())
     except* AgentError as caught:
         error = _first(caught)
+    error = error or transfer.refused
     if isinstance(error, IntegrityError):
         await _discard(job)
     if error is not None:
