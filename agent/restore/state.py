@@ -16,7 +16,7 @@ archive manifest (stage). Cloudly does not resend them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from agent.contracts.backup import BackupArchiveManifest
 from agent.contracts.base import WireModel
@@ -32,7 +32,10 @@ from agent.contracts.isolatedrestore import (
     StagingCleanupProgress,
     VerificationCheck,
 )
-from agent.corestore.models import VerificationAnswer
+
+if TYPE_CHECKING:
+    # Only a type here: the store imports this module and needs no HTTP client for it.
+    from agent.corestore.models import VerificationAnswer
 
 __all__ = [
     "STAGING_ENTRY",
