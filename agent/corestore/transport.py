@@ -20,10 +20,9 @@ server-side feature; the client logs none).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import io
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 from yarl import URL
@@ -154,7 +153,7 @@ class HttpTransport:
         try:
             return await retrying(
                 lambda: self._attempt(request),
-                policy=dataclasses.replace(self._retry, attempts=attempts),
+                policy=replace(self._retry, attempts=attempts),
                 retry_on=CorestoreUnavailable,
                 clock=self._clock,
                 rng=self._rng,

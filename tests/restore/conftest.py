@@ -3,10 +3,10 @@
 Test modules cannot import this file (importlib mode), so everything travels as fixtures:
 
 - `world`: a `World` — the reference Corestore (127.0.0.1, port 0, tmp_path), the revision
-  store (SQLite in tmp_path), the Corestore clients, the cluster view, a running engine (its
-  `run()` in a task the world owns, awaited after `close()`), its handlers, and one restore's
-  facts (two mappings, three objects) with request builders. `world.restart()` closes the
-  engine and runs a new one on the same store (an agent restart).
+  store (SQLite in tmp_path), the Corestore clients, the cluster view, a running engine (run as
+  the app runs it: `background.running()`, its TaskGroup held by one task the world owns), its
+  handlers, and one restore's facts (two mappings, three objects) with request builders.
+  `world.restart()` closes the engine and runs a new one on the same store (an agent restart).
 - `clock`: the one `ManualClock` of the engine, its store and its Corestore clients, moved by
   `tests.clock.advancing` so backoffs and poll intervals end at once; `clock.slept` lists them.
 - `source_factory`: fake `ByteSource`s (`ChunkSource`) fed from bytes, optionally breaking.
@@ -40,6 +40,7 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.corestore import CorestoreClients, CorestoreTimeouts
 from agent.errors import StreamBroken
+from agent.restore.background import running
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.handlers import build_handlers
 from agent.restore.settings import EngineSettings
@@ -140,7 +141,8 @@ class World:
     state_dir: Path
     settings: EngineSettings
     engine: IsolatedRestoreEngine = field(init=False)
-    engine_run: asyncio.Task[None] = field(init=False)
+    engine_owner: asyncio.Task[None] = field(init=False)
+    engine_stop: asyncio.Event = field(init=False)
     handlers: dict[str, Handler] = field(init=False)
     objects: dict[str, bytes] = field(default_factory=dict)
     cluster_loaded: bool = True
@@ -167,15 +169,18 @@ class World:
             settings=self.settings,
             clock=self.clock,
         )
-        self.engine_run = asyncio.create_task(self.engine.run(), name="isolated-restore-engine")
+        self.engine_stop = asyncio.Event()
+        self.engine_owner = asyncio.create_task(
+            _own(self.engine, self.engine_stop), name="engine-owner"
+        )
         await self.engine.started()
         self.handlers = build_handlers(self.engine)
         return self.engine
 
     async def stop_engine(self) -> None:
         """Close the engine (its work is cancelled, the store stays); `run()` has returned."""
-        await self.engine.close()
-        await self.engine_run
+        self.engine_stop.set()
+        await self.engine_owner
 
     async def restart(self) -> IsolatedRestoreEngine:
         """Stop the engine and start a new one on the same store."""
@@ -317,6 +322,14 @@ class World:
             if root.exists():
                 found += [path for path in root.rglob("*") if path.is_file()]
         return found
+
+
+async def _own(engine: IsolatedRestoreEngine, stop: asyncio.Event) -> None:
+    """Hold the engine's TaskGroup (`running`, as install() does) until `stop` is set.
+
+    One task enters and leaves it: a pytest fixture's set-up and tear-down may run in two."""
+    async with running(engine):
+        await stop.wait()
 
 
 @pytest.fixture
