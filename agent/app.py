@@ -25,14 +25,14 @@ from contextlib import AsyncExitStack
 import structlog
 
 from agent.config import Config, Secrets, load_secrets
-from agent.corestore.client import CorestoreClients, CorestoreTimeouts, RetryPolicy
+from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.log import register_secret
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import Routes
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
-from agent.retry import Backoff
+from agent.retry import Backoff, RetryPolicy
 from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus
 from agent.store import RevisionStore

@@ -1,9 +1,10 @@
 """The agent's one exception root, split by who is at fault.
 
 Every failure the agent raises on purpose is an `AgentError`. Each class carries the stable
-kebab-case `code` and the `retryable` flag that travel on the wire (`error.data`, see
-`docs/wire-notes.md` and the product decisions), so translating an exception into an
-error envelope is one function (`wire_error_data`) and nothing else re-decides it.
+kebab-case `code` and the `retryable` flag that travel on the wire (`error.data`; every code the
+agent sends is listed in docs/isolated-restore.md, "Wire error codes"), so translating an
+exception into an error envelope is one function (`wire_error_data`) and nothing else
+re-decides it.
 
     AgentError                       code            retryable   at fault
     ├── ConfigError                  internal        no          operator (bad config file)
@@ -19,7 +20,8 @@ error envelope is one function (`wire_error_data`) and nothing else re-decides i
     │   ├── CallFailed                                             (Cloudly answered with `error`)
     │   └── AuthenticationFailed                                   (machine token refused)
     ├── TransferError                internal        yes         bytes in flight
-    │   ├── StreamBroken                                           (VirtualStream died mid-way)
+    │   ├── StreamBroken             transfer-interrupted yes    (VirtualStream died or went
+    │   │                                                          silent mid-way: resend it)
     │   └── IntegrityError           integrity-mismatch  yes     sender or storage (size/sha256)
     ├── CorestoreError                                           the node's Corestore
     │   ├── CorestoreUnavailable     corestore-unavailable yes   (unreachable, timeout, 5xx)
@@ -200,7 +202,14 @@ class TransferError(AgentError):
 
 
 class StreamBroken(TransferError):
-    """A VirtualStream ended before its closing marker (keep-alive timeout, session lost)."""
+    """A VirtualStream ended before its closing marker (keep-alive timeout, session lost).
+
+    Not a bug of the agent: the bytes stopped coming. Cloudly resends the same request on a
+    fresh stream; a stage resumes after the chunks Corestore already verified.
+    """
+
+    code = "transfer-interrupted"
+    retryable = True
 
 
 class IntegrityError(TransferError):

@@ -5,7 +5,8 @@ Who retries what (one layer each, so a budget is never multiplied by another):
 - the Cloudly session reconnects for ever, waiting `Backoff.delay(n)` after the n-th consecutive
   failed attempt (`agent.session.client`);
 - the Corestore client resends one *idempotent* call while Corestore is unavailable, at most
-  `RetryPolicy.attempts` sends in all (`agent.corestore.transport`). Nothing above it resends
+  `RetryPolicy.attempts` sends in all (`agent.corestore.transport`; `[corestore] retries` + 1
+  in the configuration). Nothing above it resends
   the same call again: the engine's work fails its step when the client gives up, and Cloudly's
   replay (or the next cleanup request) resumes it.
 

@@ -26,10 +26,11 @@ from pathlib import Path
 from agent import app
 from agent.config import Config, Secrets, load_config, load_secrets
 from agent.contracts.base import StreamMarker, WireModel
-from agent.corestore.client import CorestoreClients, CorestoreTimeouts, RetryPolicy
+from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.log import configure_logging
 from agent.protocol.routes import RequestContext, Route, Routes
 from agent.restore.staging import rechunk
+from agent.retry import RetryPolicy
 from agent.secret import Secret
 
 __all__ = ["METHOD_FORWARD", "main"]

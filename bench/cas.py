@@ -18,40 +18,70 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
 from agent.restore.machine import Op
+from agent.restore.state import PreparedPlan
 from agent.store import RestoreKey, RevisionStore
 
 __all__ = ["main", "measure"]
 
-STATE = {
-    "sourceBackupId": "backup-1",
-    "sourceServiceId": "service-1",
-    "scratchNamespaceId": "scratch-1",
-    "stagingArchiveId": "staging-1",
-    "completedResourceMappingIds": ["mapping-1", "mapping-2"],
-    "verification": {"status": "pending", "results": []},
-}
+PLAN = PreparedPlan.from_wire(
+    {
+        "resourceMappings": [
+            {
+                "id": "mapping-1",
+                "type": "volume",
+                "source": {"snapshotId": "snap-1", "volumeName": "v", "mountPath": "/data"},
+                "target": {"volumeName": "v2", "mountPath": "/data"},
+            }
+        ],
+        "archiveManifest": {"objects": []},
+    }
+)
+
+
+def _state(key: RestoreKey) -> IsolatedRestoreNodeState:
+    """A typical state of `key` (the store replaces its revision, status and updatedAt)."""
+    return IsolatedRestoreNodeState.from_wire(
+        {
+            "restoreId": key.restore_id,
+            "clusterId": key.cluster_id,
+            "targetNodeName": key.node_name,
+            "sourceBackupId": "backup-1",
+            "sourceServiceId": "service-1",
+            "scratchNamespaceId": "scratch-1",
+            "stagingArchiveId": "staging-1",
+            "revision": 0,
+            "status": "preparing",
+            "completedResourceMappingIds": ["mapping-1", "mapping-2"],
+            "verification": {"status": "pending", "results": []},
+            "updatedAt": 0,
+        }
+    )
 
 
 async def measure(directory: Path, mutations: int) -> tuple[float, float]:
     """(sequential mutations/s on one key, 8 keys mutated concurrently: mutations/s)."""
     async with await RevisionStore.open(directory) as store:
         key = RestoreKey("cluster-1", "node-1", "bench")
-        await store.mutate(key, expected_revision=0, op=Op.PREPARE, state=STATE)
-        await store.mutate(key, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state=STATE)
+        state = _state(key)
+        await store.mutate(key, expected_revision=0, op=Op.PREPARE, state=state, plan=PLAN)
+        await store.mutate(key, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state=state)
         started = time.perf_counter()
         for revision in range(2, 2 + mutations):
-            await store.mutate(key, expected_revision=revision, op=Op.STAGE, state=STATE)
+            await store.mutate(key, expected_revision=revision, op=Op.STAGE, state=state)
         sequential = mutations / (time.perf_counter() - started)
 
         keys = [RestoreKey("cluster-1", "node-1", f"bench-{n}") for n in range(8)]
         for other in keys:
-            await store.mutate(other, expected_revision=0, op=Op.PREPARE, state=STATE)
-            await store.mutate(other, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state=STATE)
+            state = _state(other)
+            await store.mutate(other, expected_revision=0, op=Op.PREPARE, state=state, plan=PLAN)
+            await store.mutate(other, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state=state)
 
         async def drive(other: RestoreKey, count: int) -> None:
+            state = _state(other)
             for revision in range(2, 2 + count):
-                await store.mutate(other, expected_revision=revision, op=Op.STAGE, state=STATE)
+                await store.mutate(other, expected_revision=revision, op=Op.STAGE, state=state)
 
         per_key = mutations // len(keys)
         started = time.perf_counter()

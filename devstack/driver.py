@@ -2,8 +2,9 @@
 
     plan = demo_plan(big_size=64 * MiB)             # or RestorePlan(...) with your own objects
     driver = RestoreDriver(cloudly, plan, on_progress=print)
-    await driver.prepare()                          # each call returns the node state dict
-    for spec in plan.objects:
+    await driver.prepare()                          # answered `preparing`; returns once the
+                                                    # agent settled it (`prepared` or `failed`)
+    for spec in plan.objects:                       # each call returns the node state dict
         await driver.stage(spec)                    # a real VirtualStream Cloudly -> agent
     await driver.execute()
     await driver.wait_until({"ready", "failed"})
@@ -27,11 +28,11 @@ makes that safe when the lost attempt did succeed. The chunk form is the stand-i
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Literal
 
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.isolatedrestore import (
     METHOD_CLEANUP,
     METHOD_EXECUTE,
@@ -114,7 +115,6 @@ class Retrying:
 
 
 Progress = StageProgress | StateSeen | Retrying
-Sleep = Callable[[float], Awaitable[None]]
 
 _SESSION_ERRORS: Final = (SessionClosed, CallTimeout, StreamBroken)
 
@@ -134,7 +134,7 @@ class RestoreDriver:
     retries: int = 0
     retry_delay: float = 0.05
     reconnect_timeout: float = 30.0
-    sleep: Sleep = asyncio.sleep
+    clock: Clock = SYSTEM_CLOCK  # waits between polls and retries; times the stage progress
     on_progress: Callable[[Progress], None] | None = None
     revision: int = 0
     state: dict[str, Any] | None = None
@@ -151,8 +151,15 @@ class RestoreDriver:
             specs.append(spec)
         self.plan = replace(self.plan, objects=tuple(specs))
 
-    async def prepare(self, *, expected_revision: int | None = None) -> dict[str, Any]:
-        """`coreflowPrepareIsolatedRestore` with the plan's mappings and manifest."""
+    async def prepare(
+        self, *, expected_revision: int | None = None, settle: bool = True
+    ) -> dict[str, Any]:
+        """`coreflowPrepareIsolatedRestore` with the plan's mappings and manifest.
+
+        The agent answers `preparing` (the next revision) and asks Corestore in the background;
+        with `settle` (the default) this polls the status, as after execute and cleanup, until
+        the state is `prepared` or `failed`, and returns that state. `settle=False` returns the
+        answer itself."""
         await self.compute_digests()
         plan = self.plan
         fields = {
@@ -163,7 +170,10 @@ class RestoreDriver:
             "resourceMappings": [mapping.to_wire() for mapping in plan.mappings],
             "archiveManifest": {"objects": [spec.entry() for spec in plan.objects]},
         }
-        return await self._mutation(METHOD_PREPARE, expected_revision, fields)
+        answer = await self._mutation(METHOD_PREPARE, expected_revision, fields)
+        if not settle:
+            return answer
+        return await self.wait_until({"prepared", "failed"})
 
     async def stage(
         self,
@@ -225,7 +235,7 @@ class RestoreDriver:
                 state = await self.status()
                 if state is not None and state["status"] in statuses:
                     return state
-                await self.sleep(self.poll_interval)
+                await self.clock.sleep(self.poll_interval)
 
     # --- calls ----------------------------------------------------------------------------
 
@@ -264,13 +274,13 @@ class RestoreDriver:
                 if number > self.retries or not exc.error_data.get("retryable"):
                     raise
                 self._report(Retrying(method, number, str(exc.error_data.get("code"))))
-                await self.sleep(self.retry_delay)
+                await self.clock.sleep(self.retry_delay)
             except _SESSION_ERRORS as exc:
                 if number > self.retries:
                     raise
                 self._report(Retrying(method, number, type(exc).__name__))
                 if connection and self._connection_number() == connection:
-                    await self.sleep(self.retry_delay)  # the session survived (a timeout)
+                    await self.clock.sleep(self.retry_delay)  # the session survived (a timeout)
                 else:
                     await self._reconnected(after=connection)
             else:
@@ -300,7 +310,7 @@ class RestoreDriver:
         self, body: dict[str, Any], spec: ObjectSpec, pieces: Iterator[bytes]
     ) -> dict[str, Any]:
         """The stage call with its stream written concurrently; the call's outcome decides."""
-        started, sent = time.monotonic(), 0
+        started, sent = self.clock.monotonic(), 0
 
         async def write(sink: ByteSink) -> None:
             nonlocal sent
@@ -308,7 +318,7 @@ class RestoreDriver:
                 for piece in pieces:
                     await sink.write(piece)
                     sent += len(piece)
-                    elapsed = time.monotonic() - started
+                    elapsed = self.clock.monotonic() - started
                     self._report(StageProgress(spec.path, sent, spec.size, elapsed))
                 await sink.close()
             except asyncio.CancelledError:
@@ -328,7 +338,7 @@ class RestoreDriver:
             for task in (call, writer):
                 task.cancel()
             await asyncio.gather(call, writer, return_exceptions=True)
-        elapsed = time.monotonic() - started
+        elapsed = self.clock.monotonic() - started
         self._report(StageProgress(spec.path, sent, spec.size, elapsed, answered=True))
         return answer
 

@@ -2,7 +2,9 @@
 
 `sleep()` parks the caller until `advance()` moves the clock past its deadline;
 `next_wakeup()` waits until someone sleeps and says until when, so a test can step a waiting
-task forward without a real sleep. `monotonic()` and `time()` move together; wall time starts at
+task forward without a real sleep. `advancing(clock)` does that for every sleeper while a test
+drives something else: each sleep ends at once in virtual time, and `slept` keeps its delay.
+`monotonic()` and `time()` move together; wall time starts at
 the real time rounded down to a whole second (identities issued by a stand-in on its own clock
 are then valid, and epoch milliseconds convert back without rounding).
 """
@@ -10,9 +12,11 @@ are then valid, and epoch milliseconds convert back without rounding).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
-__all__ = ["ManualClock"]
+__all__ = ["ManualClock", "advancing"]
 
 
 class ManualClock:
@@ -77,3 +81,23 @@ class ManualClock:
         if self._sleeping is None:
             self._sleeping = asyncio.Event()
         return self._sleeping
+
+
+@contextlib.asynccontextmanager
+async def advancing(clock: ManualClock) -> AsyncIterator[ManualClock]:
+    """While the block runs, move `clock` to each sleeper's deadline as soon as it sleeps.
+
+    For code that waits through backoffs and poll intervals while the test waits on something
+    else (an observer, an answer): no real time passes, and `clock.slept` says what was waited.
+    """
+
+    async def advance_forever() -> None:
+        while True:
+            await clock.run_until_sleeping()
+
+    task = asyncio.create_task(advance_forever(), name="manual-clock-advancer")
+    try:
+        yield clock
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

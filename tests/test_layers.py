@@ -31,7 +31,7 @@ PURE = [
     *sorted((AGENT / "protocol").glob("*.py")),
     *(
         AGENT / "restore" / name
-        for name in ("machine.py", "replay.py", "progress.py", "grants.py", "routing.py")
+        for name in ("machine.py", "replay.py", "state.py", "grants.py", "routing.py")
     ),
     *(AGENT / "corestore" / name for name in ("routes.py", "shapes.py", "models.py")),
     AGENT / "errors.py",

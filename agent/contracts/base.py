@@ -10,14 +10,21 @@
 - Parse wire data with `Model.from_wire(data)`: it accepts the camelCase names only. Python code
   may construct models by their snake_case names; the wire may not use them ("requests are exact").
 - `SafeInt`: an integer JavaScript represents exactly (|n| <= 2^53 - 1).
+- `PathSegmentId`: THE rule for ids that become path segments elsewhere (Corestore URL paths,
+  directory names in the reference Corestore, SQLite keys): 1 to 256 characters, ASCII letters,
+  digits and `.`, `_`, `:`, `-` only, starting with a letter or a digit. So never `.`, `..`, a
+  `/` or `\\`, whitespace, control or non-ASCII characters. `path_segment_id_problem()` is its
+  plain form (the Corestore routes and the reference server use it too).
 - `StreamMarker`: the wire form of a VirtualStream inside a payload.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Self
+import re
+from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -30,19 +37,47 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "MAX_PATH_SEGMENT_ID_LENGTH",
     "MAX_SAFE_INTEGER",
     "NonNegativeSafeInt",
     "PassThroughModel",
+    "PathSegmentId",
     "SafeInt",
     "StreamMarker",
     "WireModel",
     "first_problem",
+    "path_segment_id_problem",
 ]
 
 MAX_SAFE_INTEGER = 2**53 - 1
 
 SafeInt = Annotated[int, Strict(), Field(ge=-MAX_SAFE_INTEGER, le=MAX_SAFE_INTEGER)]
 NonNegativeSafeInt = Annotated[int, Strict(), Field(ge=0, le=MAX_SAFE_INTEGER)]
+
+MAX_PATH_SEGMENT_ID_LENGTH: Final = 256
+# The first character excludes the dot so that `.` and `..` (and hidden names) cannot occur.
+_PATH_SEGMENT_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+
+
+def path_segment_id_problem(value: str) -> str | None:
+    """Why `value` cannot be an id that becomes a path segment elsewhere, or None."""
+    if not 0 < len(value) <= MAX_PATH_SEGMENT_ID_LENGTH:
+        return f"must be 1 to {MAX_PATH_SEGMENT_ID_LENGTH} characters"
+    if _PATH_SEGMENT_ID.fullmatch(value) is None:
+        return (
+            "must be ASCII letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
+        )
+    return None
+
+
+def _check_path_segment_id(value: str) -> str:
+    problem = path_segment_id_problem(value)
+    if problem is not None:
+        raise ValueError(problem)  # names the rule, never quotes the value
+    return value
+
+
+PathSegmentId = Annotated[str, AfterValidator(_check_path_segment_id)]
 
 
 class WireModel(BaseModel):

@@ -10,13 +10,19 @@ Decisions where the seeds are silent:
 
 - `restoreGrant` is a `Secret`; its shape is the engine's to check. `to_wire()` masks it;
   `revealed_wire()` is the one way to put it back on the wire (for whoever sends the request).
-- Ids (`clusterId`, `restoreId`, mapping ids, names...) must be non-empty; the seed's own readers
-  for names and mount paths are not shown, so nothing stricter is imposed. Mapping ids must be
-  unique within a prepare request: verification and cleanup progress are keyed by them.
-- `readScopedId` (for `databaseAllocation.rehearsalId`) is not shown in seed 001. Our rule:
-  1 to 256 characters of ASCII letters, digits and `.`, `_`, `:`, `-`, starting with a letter or a
-  digit — no whitespace, no control characters, no path separators, no non-ASCII. Corestore stays
-  the authority and re-reads it; this only refuses values that cannot be a scoped id.
+- Ids that become path segments elsewhere (`restoreId`, `scratchNamespaceId`,
+  `stagingArchiveId`, resource mapping `id`s and their `source.snapshotId`: Corestore URL paths,
+  directory names, SQLite keys) follow the one `PathSegmentId` rule of `base.py` on every
+  request, so `../../x` is refused as `invalid-request` before anything is stored. Other ids
+  (`clusterId`, `targetNodeName`, matched against Cloudly's cluster document; names and mount
+  paths, whose seed readers are not shown) must only be non-empty. Mapping ids must be unique
+  within a prepare request: verification and cleanup progress are keyed by them. The node state
+  the agent answers keeps the plain non-empty rule: it is read back from the agent's own store,
+  and a state written before this rule must stay readable (to be cleaned up).
+- `readScopedId` (for `databaseAllocation.rehearsalId`) is not shown in seed 001. Our rule is the
+  same `PathSegmentId` rule — no whitespace, no control characters, no path separators, no
+  non-ASCII. Corestore stays the authority and re-reads it; this only refuses values that cannot
+  be a scoped id.
 - `generation` is read as seed 001 does (a safe integer >= 1) but strictly: a JSON `1.0` is refused.
 - `revision`, `attempts` and timestamps are non-negative safe integers (a missing state has
   revision 0).
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, Strict, StringConstraints, TypeAdapter, model_validator
+from pydantic import Field, Strict, TypeAdapter, model_validator
 
 from agent.contracts.backup import (
     BackupArchiveManifest,
@@ -36,7 +42,13 @@ from agent.contracts.backup import (
     Identifier,
     Sha256Hex,
 )
-from agent.contracts.base import MAX_SAFE_INTEGER, NonNegativeSafeInt, StreamMarker, WireModel
+from agent.contracts.base import (
+    MAX_SAFE_INTEGER,
+    NonNegativeSafeInt,
+    PathSegmentId,
+    StreamMarker,
+    WireModel,
+)
 from agent.secret import Secret
 
 __all__ = [
@@ -108,7 +120,7 @@ VERIFICATION_STATUSES: tuple[VerificationStatus, ...] = get_args(VerificationSta
 CleanupProgressStatus = Literal["pending", "running", "succeeded", "failed"]
 CLEANUP_PROGRESS_STATUSES: tuple[CleanupProgressStatus, ...] = get_args(CleanupProgressStatus)
 
-ScopedId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")]
+ScopedId = PathSegmentId  # one rule for both (see the module docstring)
 _Generation = Annotated[int, Strict(), Field(ge=1, le=MAX_SAFE_INTEGER)]
 
 
@@ -116,7 +128,7 @@ _Generation = Annotated[int, Strict(), Field(ge=1, le=MAX_SAFE_INTEGER)]
 
 
 class VolumeMappingSource(WireModel):
-    snapshot_id: Identifier
+    snapshot_id: PathSegmentId
     volume_name: Identifier
     mount_path: Identifier
 
@@ -129,7 +141,7 @@ class VolumeMappingTarget(WireModel):
 class VolumeMapping(WireModel):
     """`IIsolatedRestoreVolumeMapping`."""
 
-    id: Identifier
+    id: PathSegmentId
     type: Literal["volume"]
     source: VolumeMappingSource
     target: VolumeMappingTarget
@@ -147,7 +159,7 @@ class DatabaseAllocationReference(WireModel):
 
 
 class DatabaseMappingSource(WireModel):
-    snapshot_id: Identifier
+    snapshot_id: PathSegmentId
     resource_name: Identifier
     database_name: Identifier
 
@@ -163,14 +175,14 @@ class DatabaseMappingTarget(WireModel):
 class DatabaseMapping(WireModel):
     """`IIsolatedRestoreDatabaseMapping`."""
 
-    id: Identifier
+    id: PathSegmentId
     type: Literal["database"]
     source: DatabaseMappingSource
     target: DatabaseMappingTarget
 
 
 class ObjectStorageMappingSource(WireModel):
-    snapshot_id: Identifier
+    snapshot_id: PathSegmentId
     resource_name: Identifier
     bucket_name: Identifier
 
@@ -183,7 +195,7 @@ class ObjectStorageMappingTarget(WireModel):
 class ObjectStorageMapping(WireModel):
     """`IIsolatedRestoreObjectStorageMapping`."""
 
-    id: Identifier
+    id: PathSegmentId
     type: Literal["objectstorage"]
     source: ObjectStorageMappingSource
     target: ObjectStorageMappingTarget
@@ -289,7 +301,7 @@ class IsolatedRestoreRequest(WireModel):
     restore_grant: Secret
     cluster_id: Identifier
     target_node_name: Identifier
-    restore_id: Identifier
+    restore_id: PathSegmentId
 
     def revealed_wire(self) -> dict[str, Any]:
         """The wire body with the grant itself: only for sending it to the party it is for."""
@@ -304,8 +316,8 @@ class PrepareIsolatedRestoreRequest(IsolatedRestoreRequest):
     expected_revision: NonNegativeSafeInt
     source_backup_id: Identifier
     source_service_id: Identifier
-    scratch_namespace_id: Identifier
-    staging_archive_id: Identifier
+    scratch_namespace_id: PathSegmentId
+    staging_archive_id: PathSegmentId
     resource_mappings: list[ResourceMapping]
     archive_manifest: BackupArchiveManifest
 

@@ -7,8 +7,11 @@ descriptor and a stream the agent reads) on Cloudly. Request and response bodies
 
 Assumptions where the seeds name a shape without defining it:
 
-- `IService` is a tolerant document: the agent reads `id` (non-empty) and keeps `data` and every
-  other field verbatim.
+- `IService` is a tolerant document: the agent reads `id` and keeps `data` and every other field
+  verbatim.
+- `backupId` and service ids (`IService.id`, `serviceId`) name archives and closures on the
+  node (Corestore paths, directories): they follow the one `PathSegmentId` rule of `base.py`.
+  `nodeId` stays a plain non-empty id: it is matched against Cloudly's cluster document.
 - `ICorestoreDatabaseClosureDescriptor` (decisions.md): `size` (safe integer >= 0), `sha256`
   (64 lower-case hex) and `receipt` (Corestore's opaque receipt, any JSON value but `null`) are
   required; everything else Corestore gives is kept verbatim.
@@ -30,7 +33,7 @@ from agent.contracts.backup import (
     PassThroughDocument,
     Sha256Hex,
 )
-from agent.contracts.base import NonNegativeSafeInt, StreamMarker, WireModel
+from agent.contracts.base import NonNegativeSafeInt, PathSegmentId, StreamMarker, WireModel
 
 __all__ = [
     "METHOD_BACKUP_CLUSTER_SERVICE",
@@ -66,7 +69,7 @@ METHOD_RESTORE_SERVICE_DATABASE_CLOSURE = "restoreServiceDatabaseClosure"
 class Service(PassThroughDocument):
     """`IService`: `id` is read, `data` and everything else passed on verbatim."""
 
-    id: Identifier
+    id: PathSegmentId
     data: dict[str, Any]
 
 
@@ -97,7 +100,7 @@ class BackupClusterServiceRequest(WireModel):
     """`backupClusterService` request."""
 
     node_id: Identifier
-    backup_id: Identifier
+    backup_id: PathSegmentId
     service: Service
     tags: dict[str, str] | None = None
     replication: ReplicationOption | None = None
@@ -114,7 +117,7 @@ class RestoreClusterServiceRequest(WireModel):
     """`restoreClusterService` request."""
 
     node_id: Identifier
-    backup_id: Identifier
+    backup_id: PathSegmentId
     service: Service
     snapshots: list[BackupSnapshot]
     clear: bool | None = None
@@ -149,8 +152,8 @@ class PruneClusterNodeArchiveResponse(WireModel):
 class BackupServiceDatabaseClosureRequest(WireModel):
     """`backupServiceDatabaseClosure` request: the agent sends the closure bytes on `closure`."""
 
-    backup_id: Identifier
-    service_id: Identifier
+    backup_id: PathSegmentId
+    service_id: PathSegmentId
     node_id: Identifier
     descriptor: DatabaseClosureDescriptor
     closure: StreamMarker
@@ -165,8 +168,8 @@ class BackupServiceDatabaseClosureResponse(WireModel):
 class RestoreServiceDatabaseClosureRequest(WireModel):
     """`restoreServiceDatabaseClosure` request."""
 
-    backup_id: Identifier
-    service_id: Identifier
+    backup_id: PathSegmentId
+    service_id: PathSegmentId
     node_id: Identifier
 
 

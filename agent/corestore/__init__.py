@@ -5,7 +5,8 @@
 - `routes`   THE place that knows paths, headers and what each status means (pure)
 - `ledger`   which chunk PUT counts, replays or is refused (pure)
 - `sanitize` Corestore's error text made safe for an exception message (pure)
-- `transport` the HTTP edge: one aiohttp session, timeouts, retries of idempotent routes only
+- `transport` the HTTP edge: one aiohttp session, timeouts, resends of idempotent routes only
+             (by `agent.retry`'s policy, waiting on an `agent.clock.Clock`)
 - `client`   `CorestoreClient` (typed calls, answers mapped to errors) and `CorestoreClients`
              (one client per node endpoint)
 
@@ -22,8 +23,9 @@ Typical use by the engine:
     await client.delete_resource(...); await client.delete_staging_archive(...)  # cleanup
 """
 
-from agent.corestore.client import CorestoreClient, CorestoreClients, CorestoreTimeouts, RetryPolicy
+from agent.corestore.client import CorestoreClient, CorestoreClients, CorestoreTimeouts
 from agent.corestore.models import (
+    CheckAnswer,
     ChunkAccepted,
     DeleteOutcome,
     Health,
@@ -31,13 +33,13 @@ from agent.corestore.models import (
     ObjectProgress,
     PreparedRestore,
     ResourceStatus,
-    ResourceVerification,
-    VerificationCheck,
+    VerificationAnswer,
 )
 from agent.corestore.shapes import MAX_CHUNK_SIZE
 
 __all__ = [
     "MAX_CHUNK_SIZE",
+    "CheckAnswer",
     "ChunkAccepted",
     "CorestoreClient",
     "CorestoreClients",
@@ -48,7 +50,5 @@ __all__ = [
     "ObjectProgress",
     "PreparedRestore",
     "ResourceStatus",
-    "ResourceVerification",
-    "RetryPolicy",
-    "VerificationCheck",
+    "VerificationAnswer",
 ]

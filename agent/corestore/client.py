@@ -11,7 +11,8 @@ timeout, retried with backoff only when its route is idempotent, and mapped at t
     404 with Corestore's not-found code on a
         delete                                  -> DeleteOutcome.ALREADY_ABSENT (cleaned)
 
-The HTTP edge (session, timeouts, retries, transport errors) is `transport.py`; this module
+The HTTP edge (session, timeouts, the resends of `agent.retry`, transport errors) is
+`transport.py`; this module
 decides what the answers mean. The bearer credential and the restore grant never reach a log
 line or an exception text, and no frame that raises holds them or Corestore's raw answer text
 as a local variable (see `transport.py`).
@@ -21,10 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.corestore import routes
 from agent.corestore.models import (
     ChunkAccepted,
@@ -34,15 +37,16 @@ from agent.corestore.models import (
     ObjectProgress,
     PreparedRestore,
     ResourceStatus,
-    ResourceVerification,
+    VerificationAnswer,
 )
 from agent.corestore.routes import AnswerKind, RouteRequest, SupportsToWire
 from agent.corestore.sanitize import sanitize_code, sanitize_text
-from agent.corestore.transport import CorestoreTimeouts, HttpTransport, Reply, RetryPolicy, Sleep
+from agent.corestore.transport import CorestoreTimeouts, HttpTransport, Reply
 from agent.errors import CorestoreRefused, CorestoreUnavailable, IntegrityError, ShuttingDown
+from agent.retry import RetryPolicy
 from agent.secret import Secret
 
-__all__ = ["CorestoreClient", "CorestoreClients", "CorestoreTimeouts", "RetryPolicy", "Sleep"]
+__all__ = ["CorestoreClient", "CorestoreClients", "CorestoreTimeouts"]
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -57,18 +61,21 @@ class CorestoreClient:
         *,
         timeouts: CorestoreTimeouts | None = None,
         retry: RetryPolicy | None = None,
-        sleep: Sleep = asyncio.sleep,
-        rng: random.Random | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: Callable[[], float] = random.random,
     ) -> None:
+        """`retry` bounds the sends of one idempotent call while Corestore is unavailable
+        (`agent.retry`'s default policy if None); its waits are `clock.sleep`s of a full-jitter
+        delay drawn with `rng` (a U(0, 1) source)."""
         self._endpoint = endpoint
-        self._sleep = sleep
+        self._clock = clock
         self._transport = HttpTransport(
             endpoint,
             credential,
             timeouts=timeouts or CorestoreTimeouts(),
             retry=retry or RetryPolicy(),
-            sleep=sleep,
-            rng=rng or random.Random(),
+            clock=clock,
+            rng=rng,
         )
 
     def __repr__(self) -> str:
@@ -216,7 +223,7 @@ class CorestoreClient:
             async with asyncio.timeout(max_wait):
                 status = await self.restore_resource(restore_id, mapping_id, grant)
                 while status.state == "running":
-                    await self._sleep(poll_interval)
+                    await self._clock.sleep(poll_interval)
                     status = await self.resource_restore_status(restore_id, mapping_id, grant)
         except TimeoutError as exc:
             raise CorestoreUnavailable(
@@ -227,10 +234,10 @@ class CorestoreClient:
 
     async def verify_resource(
         self, restore_id: str, mapping_id: str, grant: Secret
-    ) -> ResourceVerification:
+    ) -> VerificationAnswer:
         """Run Corestore's checks on one restored resource (`IIsolatedRestoreVerificationCheck`)."""
         request = routes.build_verify_resource(restore_id, mapping_id, grant)
-        return await self._ok(request, ResourceVerification)
+        return await self._ok(request, VerificationAnswer)
 
     async def delete_resource(
         self, restore_id: str, mapping_id: str, grant: Secret
@@ -307,11 +314,13 @@ class CorestoreClients:
         *,
         timeouts: CorestoreTimeouts | None = None,
         retry: RetryPolicy | None = None,
-        sleep: Sleep = asyncio.sleep,
+        clock: Clock = SYSTEM_CLOCK,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         self._timeouts = timeouts
         self._retry = retry
-        self._sleep = sleep
+        self._clock = clock
+        self._rng = rng
         self._clients: dict[str, CorestoreClient] = {}
         self._closed = False
 
@@ -328,7 +337,12 @@ class CorestoreClients:
         client = self._clients.get(endpoint)
         if client is None:
             client = CorestoreClient(
-                endpoint, credential, timeouts=self._timeouts, retry=self._retry, sleep=self._sleep
+                endpoint,
+                credential,
+                timeouts=self._timeouts,
+                retry=self._retry,
+                clock=self._clock,
+                rng=self._rng,
             )
             self._clients[endpoint] = client
         elif client.credential != credential:

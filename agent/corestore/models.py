@@ -19,8 +19,8 @@ from agent.corestore.shapes import archive_path_problem, id_problem, sha256_prob
 __all__ = [
     "ArchiveManifest",
     "ArchiveObject",
+    "CheckAnswer",
     "ChunkAccepted",
-    "ChunkRecord",
     "CommitObjectBody",
     "CorestoreId",
     "DeleteOutcome",
@@ -38,8 +38,8 @@ __all__ = [
     "ResourceState",
     "ResourceStatus",
     "ResourceType",
-    "ResourceVerification",
-    "VerificationCheck",
+    "VerificationAnswer",
+    "VerifiedChunk",
 ]
 
 
@@ -162,8 +162,8 @@ class PreparedRestore(_Answer):
     created: bool
 
 
-class ChunkRecord(_Answer):
-    """One chunk Corestore verified and counted."""
+class VerifiedChunk(_Answer):
+    """One chunk Corestore verified and counted (an entry of `ObjectProgress.chunks`)."""
 
     offset: int
     length: int
@@ -187,7 +187,7 @@ class ObjectProgress(_Answer):
     state: ObjectState
     size: int  # the manifest size
     verified_bytes: int  # contiguous bytes from offset 0 whose chunks were verified
-    chunks: tuple[ChunkRecord, ...] = ()
+    chunks: tuple[VerifiedChunk, ...] = ()
     sha256: str | None = None  # present once committed
 
 
@@ -227,18 +227,20 @@ class ResourceStatus(_Answer):
     error: ErrorDetail | None = None  # present when `failed`
 
 
-class VerificationCheck(_Answer):
-    """`IIsolatedRestoreVerificationCheck`."""
+class CheckAnswer(_Answer):
+    """One check in Corestore's verification answer (becomes an
+    `IIsolatedRestoreVerificationCheck` of the node state, whose code is never empty)."""
 
-    code: str
+    code: str = Field(min_length=1)
     status: Literal["passed", "failed"]
     message: str | None = None
 
 
-class ResourceVerification(_Answer):
-    """The checks of one restored resource; `status` is `passed` only if every check passed."""
+class VerificationAnswer(_Answer):
+    """Corestore's checks of one restored resource; `status` is `passed` only if every check
+    passed. The engine turns it into the node state's `IIsolatedRestoreResourceVerification`."""
 
     mapping_id: str
     resource_type: ResourceType
     status: Literal["passed", "failed"]
-    checks: tuple[VerificationCheck, ...]
+    checks: tuple[CheckAnswer, ...]

@@ -33,7 +33,7 @@ from agent.corestore.models import (
     PrepareRestoreBody,
     ResourceMapping,
     ResourceStatus,
-    ResourceVerification,
+    VerificationAnswer,
 )
 from agent.corestore.shapes import (
     MAX_CHUNK_SIZE,
@@ -169,7 +169,7 @@ ROUTES: Final[Mapping[RouteName, RouteSpec]] = dict(
         ),
         _spec(RouteName.RESOURCE_STATUS, "GET", _RESOURCE, ResourceStatus, idempotent=True),
         _spec(
-            RouteName.VERIFY_RESOURCE, "POST", _RESOURCE + "/verify", ResourceVerification,
+            RouteName.VERIFY_RESOURCE, "POST", _RESOURCE + "/verify", VerificationAnswer,
             idempotent=True, transfer=True,
         ),
         _spec(

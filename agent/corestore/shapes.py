@@ -10,6 +10,7 @@ import re
 from typing import Final
 
 from agent.contracts.backup import MAX_ARCHIVE_PATH_BYTES, archive_path_problem
+from agent.contracts.base import MAX_PATH_SEGMENT_ID_LENGTH, path_segment_id_problem
 from agent.errors import LocalProtocolError
 
 __all__ = [
@@ -28,7 +29,7 @@ __all__ = [
 
 # One chunk PUT carries at most this many bytes.
 MAX_CHUNK_SIZE: Final = 16 * 1024 * 1024
-MAX_ID_LENGTH: Final = 256
+MAX_ID_LENGTH: Final = MAX_PATH_SEGMENT_ID_LENGTH
 # HTTP servers cap one header line near 8 KiB (aiohttp: 8190 bytes); an RS256 grant binding
 # digests of the mappings and the manifest is 1-2 KiB.
 MAX_GRANT_LENGTH: Final = 8000
@@ -36,18 +37,15 @@ MAX_GRANT_LENGTH: Final = 8000
 _SHA256: Final = re.compile(r"[0-9a-f]{64}")
 _JWS_PART: Final = r"[A-Za-z0-9_-]+"
 _COMPACT_JWS: Final = re.compile(rf"{_JWS_PART}\.{_JWS_PART}\.{_JWS_PART}")
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def id_problem(value: str) -> str | None:
-    """Why `value` cannot be a restore, namespace, archive or mapping id in a URL path, or None."""
-    if not 0 < len(value) <= MAX_ID_LENGTH:
-        return f"must be 1 to {MAX_ID_LENGTH} characters"
-    if value in (".", ".."):
-        return "must not be a dot segment"
-    if _CONTROL.search(value):
-        return "must not contain control characters"
-    return None
+    """Why `value` cannot be a restore, namespace, archive, mapping or snapshot id, or None.
+
+    The contracts' one `PathSegmentId` rule (`agent.contracts.base`): what Cloudly may send is
+    exactly what the routes may carry, so a request the agent accepted never fails here.
+    """
+    return path_segment_id_problem(value)
 
 
 def sha256_problem(value: str) -> str | None:

@@ -2,9 +2,12 @@
 
 `HttpTransport.send(request)` sends one `RouteRequest` and returns its `Reply`, mapping every
 transport failure (connection refused or reset, timeout) and every 5xx/408/429 answer to
-`CorestoreUnavailable` (chained from the aiohttp or timeout error); it resends only requests whose
-route is idempotent, with exponential backoff and an injectable sleep. What a 2xx or 4xx answer
-means is the client's business (`client.py`).
+`CorestoreUnavailable` (chained from the aiohttp or timeout error). It resends only requests
+whose route is idempotent, while Corestore is unavailable, by the agent's one retry policy
+(`agent.retry.retrying`: full-jitter exponential backoff, waits on the injected `Clock`, draws
+from the injected `rng`). This is the only place a Corestore call is resent for availability:
+the engine above it never wraps a call in a second loop. What a 2xx or 4xx answer means is the
+client's business (`client.py`).
 
 Frames that raise hold no revealed secret and no raw answer text as a local variable, because
 traceback renderers that show locals (structlog's default) would print them: the headers are
@@ -18,14 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import io
-import random
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import aiohttp
-import structlog
 from yarl import URL
 
+from agent.clock import Clock
 from agent.corestore import routes
 from agent.corestore.routes import AnswerKind, RouteRequest
 from agent.corestore.sanitize import sanitize_code, sanitize_text
@@ -36,12 +38,10 @@ from agent.errors import (
     NodeWithoutCorestore,
     ShuttingDown,
 )
+from agent.retry import RetryPolicy, retrying
 from agent.secret import Secret
 
-__all__ = ["CorestoreTimeouts", "HttpTransport", "Reply", "RetryPolicy", "Sleep"]
-
-Sleep = Callable[[float], Awaitable[None]]
-_log = structlog.get_logger("agent.corestore.client")
+__all__ = ["CorestoreTimeouts", "HttpTransport", "Reply"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,22 +52,6 @@ class CorestoreTimeouts:
     connect: float = 5.0
     control: float = 30.0
     transfer: float = 300.0
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Exponential backoff for idempotent calls: `attempts` in total, jittered by `jitter`."""
-
-    attempts: int = 4
-    first_delay: float = 0.2
-    max_delay: float = 5.0
-    multiplier: float = 2.0
-    jitter: float = 0.1
-
-    def delay(self, retry: int, rng: random.Random) -> float:
-        """Seconds to wait before retry number `retry` (1-based)."""
-        base = min(self.max_delay, self.first_delay * self.multiplier ** (retry - 1))
-        return max(0.0, base * (1 + rng.uniform(-self.jitter, self.jitter)))
 
 
 def _canonical_origin(endpoint: str) -> URL:
@@ -133,15 +117,15 @@ class HttpTransport:
         *,
         timeouts: CorestoreTimeouts,
         retry: RetryPolicy,
-        sleep: Sleep,
-        rng: random.Random,
+        clock: Clock,
+        rng: Callable[[], float],
     ) -> None:
         self._origin = _canonical_origin(endpoint)
         self._endpoint = endpoint
         self._credential = _check_credential(credential)
         self._timeouts = timeouts
         self._retry = retry
-        self._sleep = sleep
+        self._clock = clock
         self._rng = rng
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
@@ -164,27 +148,21 @@ class HttpTransport:
             self._session = None
 
     async def send(self, request: RouteRequest) -> Reply:
-        """Send `request`, retrying idempotent routes while Corestore is unavailable."""
+        """Send `request`, resending an idempotent route while Corestore is unavailable."""
         attempts = self._retry.attempts if request.spec.idempotent else 1
-        for attempt in range(1, attempts + 1):
-            try:
-                return await self._attempt(request)
-            except CorestoreUnavailable as exc:
-                if attempt >= attempts:
-                    raise CorestoreUnavailable(
-                        f"{exc} (attempt {attempt} of {attempts})", **exc.data
-                    ) from exc
-                delay = self._retry.delay(attempt, self._rng)
-                _log.warning(
-                    "corestore.retry",
-                    endpoint=self._endpoint,
-                    route=str(request.spec.name),
-                    attempt=attempt,
-                    delay=round(delay, 3),
-                    reason=exc.message,
-                )
-                await self._sleep(delay)
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        try:
+            return await retrying(
+                lambda: self._attempt(request),
+                policy=replace(self._retry, attempts=attempts),
+                retry_on=CorestoreUnavailable,
+                clock=self._clock,
+                rng=self._rng,
+                what=f"corestore {request.spec.name} at {self._endpoint}",
+            )
+        except CorestoreUnavailable as exc:
+            raise CorestoreUnavailable(
+                f"{exc} (attempt {attempts} of {attempts})", **exc.data
+            ) from exc
 
     async def _attempt(self, request: RouteRequest) -> Reply:
         spec = request.spec

@@ -3,9 +3,12 @@
 The isolated-restore engine (`engine.py`) inherits this; it is split out so the request logic
 reads on its own. What lives here:
 
-- `run()` owns every background task in one `asyncio.TaskGroup`; `close(timeout)` stops taking
-  work, cancels the running tasks and waits for them. `async with engine:` runs `run()` in a
-  task of its own, for a composition root that has no TaskGroup to lend.
+- `run()` owns every background task in one `asyncio.TaskGroup`; its caller runs it as a task of
+  its own TaskGroup (`await engine.run()`), waits for `started()` before sending requests, and
+  stops it with `close(timeout)`: no more work is taken, the running tasks are cancelled and
+  awaited, and `run()` returns. There is no other way to run the engine, so one owner (the
+  caller's TaskGroup) sees its end. `running(engine)` is that pattern as an async context
+  manager, for a composition root that holds its resources on an exit stack.
 - `_spawn(key, coroutine)`: one background task per restore key; a crash of one is logged with
   its traceback and does not stop the others (its state stays in flight, resumable).
 - `_key_lock(key)`: mutating requests of one restore run one at a time.
@@ -18,18 +21,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
-from types import TracebackType
-from typing import Any, Self
+from typing import Any, TypeVar
 
 import structlog
 
 from agent.errors import InvalidState, ShuttingDown
 from agent.store import RestoreKey, RevisionStore, StoredState
 
-__all__ = ["Observer", "WorkOwner"]
+__all__ = ["Observer", "WorkOwner", "running"]
 
 _log = structlog.get_logger("agent.restore.engine")
 Observer = Callable[[StoredState], None]
+_Owner = TypeVar("_Owner", bound="WorkOwner")
 
 
 class WorkOwner:
@@ -49,9 +52,14 @@ class WorkOwner:
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Own the background work until `close()`; then cancel and await it."""
+        """Own the background work until `close()`; then cancel and await it.
+
+        Run it as a task of the caller's TaskGroup; it returns once `close()` was called and
+        every piece of work ended.
+        """
         if self._started.is_set():
             raise InvalidState("the isolated-restore engine may run once")
+        self._run_task = asyncio.current_task()
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
@@ -64,8 +72,16 @@ class WorkOwner:
             self._group = None
             self._stopped.set()
 
+    async def started(self) -> None:
+        """Wait until `run()` takes work (requests before that are refused `shutting-down`)."""
+        await self._started.wait()
+
     async def close(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109  # a shutdown bound
-        """Stop taking work, cancel the running work, wait at most `timeout` s for `run()`."""
+        """Stop taking work, cancel the running work, wait at most `timeout` s for `run()` to end.
+
+        A `run()` that overruns the bound (work that ignores its cancellation) is cancelled
+        itself, and waited for.
+        """
         self._closing.set()
         if not self._started.is_set():
             return
@@ -76,40 +92,7 @@ class WorkOwner:
             _log.error("restore_engine_close_overran", timeout_s=timeout)
             if self._run_task is not None:
                 self._run_task.cancel()
-        if self._run_task is not None:
-            try:
-                await self._run_task
-            except asyncio.CancelledError:
-                # The run task's own cancellation ends here; ours must go on.
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise
-
-    async def __aenter__(self) -> Self:
-        """Run `run()` in a task of its own; returns once the engine takes work."""
-        self._run_task = asyncio.create_task(self.run(), name="isolated-restore-engine")
-        started = asyncio.create_task(self._started.wait())
-        try:
-            done, _ = await asyncio.wait({self._run_task, started}, return_when="FIRST_COMPLETED")
-        except BaseException:
-            # Cancelled while starting: no `__aexit__` will run, so nobody else owns the tasks.
-            started.cancel()
-            self._run_task.cancel()
-            await asyncio.gather(started, self._run_task, return_exceptions=True)
-            raise
-        if started not in done:
-            started.cancel()
-            await asyncio.gather(started, return_exceptions=True)
-            self._run_task.result()  # run() ended before it started: raise its error
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+            await self._stopped.wait()
 
     # --- observation --------------------------------------------------------------------------
 
@@ -212,3 +195,19 @@ class WorkOwner:
                 del self._locks[key]
             else:
                 self._locks[key] = (lock, users - 1)
+
+
+@contextlib.asynccontextmanager
+async def running(owner: _Owner) -> AsyncIterator[_Owner]:
+    """`owner.run()` in a TaskGroup of its own while the block runs; closed when it ends.
+
+    Enter and leave it in one task (an exit stack the composition root closes itself): the
+    TaskGroup is the engine's one owner, and a crash of `run()` reaches that task.
+    """
+    async with asyncio.TaskGroup() as group:
+        group.create_task(owner.run(), name="isolated-restore-engine")
+        await owner.started()
+        try:
+            yield owner
+        finally:
+            await owner.close()

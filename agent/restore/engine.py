@@ -12,22 +12,27 @@ Every request goes through the same gate, in this order, and a refusal changes n
 
 Then (docs/isolated-restore.md has the state machine):
 
-- prepare: writes `preparing` (rev 1) before asking Corestore, then `prepared` (rev 2) or
-  `failed` (the error is also raised to Cloudly). Synchronous.
+- prepare: writes `preparing` (revision `expectedRevision + 1`, i.e. 1) as a write-ahead intent
+  and answers it at once; the engine's task (`jobs.run_prepare`) asks Corestore and settles
+  `prepared` or `failed` (with `lastErrorCode`/`lastErrorMessage`): a refusal by Corestore is a
+  state Cloudly reads, not an error reply. What can be refused before anything is stored
+  (routing, the grant's shape, `check_preparable`, the contract's id rule) still is, at once.
 - stage: moves the object's bytes (`staging.stage_object`), and only once the object is proven
   and committed writes the `stage` mutation. A failed stage changes no revision, so Cloudly's
   retry of the same request proceeds and resumes after the chunks Corestore already verified.
-- execute: writes `restoring` and returns at once; the work (`work.run_execute`) runs in a task
+- execute: writes `restoring` and returns at once; the work (`jobs.run_execute`) runs in a task
   this engine owns, with the grant of the request that started it held in memory only.
-- cleanup: likewise returns at once with `cleaning`; `work.run_cleanup` finishes it
+- cleanup: likewise returns at once with `cleaning`; `jobs.run_cleanup` finishes it
   (`cleaned` or the retryable `cleanup-failed`). Background rather than synchronous because a
   cleanup may delete large resources and Corestore may be slow; Cloudly polls the status.
 - status: read-only, never locks, served while a stage of the same restore streams.
 
-An exact replay never redoes finished work; it answers the current state. It RESUMES work that
-is unfinished and has no running task (after a restart: `preparing`, `restoring`/`verifying`,
-`cleaning`) with the replay's fresh grant. Nothing is settled at start-up: unfinished states are
-logged (`restore_unfinished`) and stay visible in status until Cloudly repeats the request.
+Every mutating request answers the state it wrote: the next revision (seed 000). An exact replay
+never redoes finished work; it answers the current state. It RESUMES work that is unfinished and
+has no running task (after a restart: `preparing`, `restoring`/`verifying`, `cleaning`) with the
+replay's fresh grant; while the task runs, it only answers the current state. Nothing is
+settled at start-up: unfinished states are logged (`restore_unfinished`) and stay visible in
+status until Cloudly repeats the request.
 
 Mutating requests of one restore are serialised by a per-key lock (status takes none). The
 background tasks live in the TaskGroup of `run()`; `close()` cancels and awaits them, leaving
@@ -36,13 +41,12 @@ their states in flight for a later replay.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import structlog
 
+from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
 from agent.contracts.cluster import ClusterView
 from agent.contracts.isolatedrestore import (
     METHOD_CLEANUP,
@@ -59,15 +63,15 @@ from agent.contracts.isolatedrestore import (
     StageIsolatedRestoreArchiveRequest,
 )
 from agent.corestore.client import CorestoreClient, CorestoreClients
-from agent.errors import CorestoreError, ObjectNotInManifest, RestoreNotFound, TransferError
-from agent.restore import progress as p
+from agent.errors import ObjectNotInManifest, RestoreNotFound
+from agent.restore import state as s
 from agent.restore.background import Observer, WorkOwner
 from agent.restore.grants import check_grant
-from agent.restore.jobs import Job, run_cleanup, run_execute
+from agent.restore.jobs import Job, run_cleanup, run_execute, run_prepare
 from agent.restore.machine import Op, decide
 from agent.restore.replay import Verdict, check_expected_revision, request_digest
 from agent.restore.routing import check_preparable, locate
-from agent.restore.settings import EngineSettings, Sleep, retrying
+from agent.restore.settings import EngineSettings
 from agent.restore.staging import ByteSource, StagingJob, stage_object
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore, StoredState
@@ -75,10 +79,6 @@ from agent.store import RestoreKey, RevisionStore, StoredState
 __all__ = ["IsolatedRestoreEngine", "Observer"]
 
 _log = structlog.get_logger("agent.restore.engine")
-
-
-def _wall_ms() -> int:
-    return round(time.time() * 1000)
 
 
 class IsolatedRestoreEngine(WorkOwner):
@@ -92,18 +92,16 @@ class IsolatedRestoreEngine(WorkOwner):
         credential: Secret | Callable[[], Secret],
         cluster_view: Callable[[], ClusterView | None],
         settings: EngineSettings | None = None,
-        now_ms: Callable[[], int] = _wall_ms,
-        sleep: Sleep = asyncio.sleep,
-        monotonic: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """`clock` is the engine's one source of time: state timestamps, waits between status
+        reads, the pace of the staging progress log."""
         super().__init__(store)
         self._clients = clients
         self._credential = credential if callable(credential) else (lambda: credential)
         self._cluster_view = cluster_view
         self._settings = settings or EngineSettings()
-        self._now = now_ms
-        self._sleep = sleep
-        self._monotonic = monotonic
+        self._clock = clock
 
     @property
     def settings(self) -> EngineSettings:
@@ -113,29 +111,31 @@ class IsolatedRestoreEngine(WorkOwner):
     # --- the five requests --------------------------------------------------------------------
 
     async def prepare(self, request: PrepareIsolatedRestoreRequest) -> IsolatedRestoreNodeState:
-        """`coreflowPrepareIsolatedRestore`: `preparing` -> Corestore -> `prepared` | `failed`."""
+        """`coreflowPrepareIsolatedRestore`: `preparing` at once; the engine's task goes on."""
         key, client = self._route(request)
         grant = check_grant(request.restore_grant)
         check_preparable(request)
         digest = request_digest(METHOD_PREPARE, request.to_wire())
+        self._check_running()
         async with self._key_lock(key):
             stored = await self._store.get(key)
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
                 assert stored is not None
-                if stored.status != "preparing":
-                    return p.to_model(stored.state)
-            else:
-                current = (None, 0) if stored is None else (stored.status, stored.revision)
-                decide(current[0], Op.PREPARE, revision=current[1])
-                stored = await self._mutate(
-                    key,
-                    0,
-                    Op.PREPARE,
-                    p.initial_state(request, self._now()),
-                    private=p.private_fields(request),
-                    digest=digest,
-                )
-            return p.to_model((await self._finish_prepare(stored, client, grant)).state)
+                if stored.status == "preparing" and not self.working(key):
+                    self._start(run_prepare, stored, client, grant)
+                return stored.state
+            current = (None, 0) if stored is None else (stored.status, stored.revision)
+            decide(current[0], Op.PREPARE, revision=current[1])
+            stored = await self._mutate(
+                key,
+                request.expected_revision,
+                Op.PREPARE,
+                s.initial_state(request, epoch_ms(self._clock)),
+                plan=s.plan_of(request),
+                digest=digest,
+            )
+            self._start(run_prepare, stored, client, grant)
+            return stored.state
 
     async def stage(
         self,
@@ -154,7 +154,7 @@ class IsolatedRestoreEngine(WorkOwner):
             verdict = self._verdict(request.expected_revision, stored, digest)
             if verdict is Verdict.PROCEED:
                 decide(stored.status, Op.STAGE, revision=stored.revision)
-            if not p.private_manifest(stored.private).contains(request.object):
+            if not stored.plan.archive_manifest.contains(request.object):
                 raise ObjectNotInManifest(
                     f"object {request.object.path} with this size and sha256 is not in the "
                     f"archive manifest of restore {key.restore_id}"
@@ -165,12 +165,11 @@ class IsolatedRestoreEngine(WorkOwner):
                         client,
                         self._store,
                         key,
-                        stored.state["stagingArchiveId"],
+                        stored.state.staging_archive_id,
                         request.object,
                         grant,
                         self._settings,
-                        self._sleep,
-                        self._monotonic,
+                        self._clock,
                     ),
                     open_source,
                 )
@@ -183,9 +182,9 @@ class IsolatedRestoreEngine(WorkOwner):
                     skipped_bytes=outcome.skipped_bytes,
                 )
             if verdict is Verdict.REPLAY:
-                return p.to_model(stored.state)
+                return stored.state
             stored = await self._mutate(key, stored.revision, Op.STAGE, stored.state, digest=digest)
-            return p.to_model(stored.state)
+            return stored.state
 
     async def status(
         self, request: GetIsolatedRestoreStatusRequest
@@ -196,7 +195,7 @@ class IsolatedRestoreEngine(WorkOwner):
         stored = await self._store.get(key)
         if stored is None:
             return IsolatedRestoreStatusResponse(found=False)
-        return IsolatedRestoreStatusResponse(found=True, state=p.to_model(stored.state))
+        return IsolatedRestoreStatusResponse(found=True, state=stored.state)
 
     async def execute(self, request: ExecuteIsolatedRestoreRequest) -> IsolatedRestoreNodeState:
         """`coreflowExecuteIsolatedRestore`: `restoring` at once; the engine's task goes on."""
@@ -209,14 +208,14 @@ class IsolatedRestoreEngine(WorkOwner):
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
                 if stored.status in ("restoring", "verifying") and not self.working(key):
                     self._start(run_execute, stored, client, grant)
-                return p.to_model(stored.state)
+                return stored.state
             complete = await self._staging_complete(stored)
             decide(stored.status, Op.EXECUTE, revision=stored.revision, staging_complete=complete)
             stored = await self._mutate(
                 key, stored.revision, Op.EXECUTE, stored.state, digest=digest
             )
             self._start(run_execute, stored, client, grant)
-            return p.to_model(stored.state)
+            return stored.state
 
     async def cleanup(self, request: CleanupIsolatedRestoreRequest) -> IsolatedRestoreNodeState:
         """`coreflowCleanupIsolatedRestore`: `cleaning` at once; the engine's task goes on."""
@@ -229,12 +228,12 @@ class IsolatedRestoreEngine(WorkOwner):
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
                 if stored.status == "cleaning" and not self.working(key):
                     self._start(run_cleanup, stored, client, grant)
-                return p.to_model(stored.state)
+                return stored.state
             decide(stored.status, Op.CLEANUP, revision=stored.revision)
-            plan = p.with_cleanup_plan(stored.state, p.private_mappings(stored.private))
-            stored = await self._mutate(key, stored.revision, Op.CLEANUP, plan, digest=digest)
+            planned = s.with_cleanup_plan(stored.state, stored.plan.resource_mappings)
+            stored = await self._mutate(key, stored.revision, Op.CLEANUP, planned, digest=digest)
             self._start(run_cleanup, stored, client, grant)
-            return p.to_model(stored.state)
+            return stored.state
 
     # --- internals ----------------------------------------------------------------------------
 
@@ -266,9 +265,9 @@ class IsolatedRestoreEngine(WorkOwner):
         key: RestoreKey,
         expected: int,
         op: Op,
-        state: dict[str, Any],
+        state: IsolatedRestoreNodeState,
         *,
-        private: dict[str, Any] | None = None,
+        plan: s.PreparedPlan | None = None,
         digest: str | None = None,
     ) -> StoredState:
         stored = await self._store.mutate(
@@ -276,38 +275,11 @@ class IsolatedRestoreEngine(WorkOwner):
             expected_revision=expected,
             op=op,
             state=state,
-            private=private,
+            plan=plan,
             request_digest=digest,
         )
         self._notify(stored)
         return stored
-
-    async def _finish_prepare(
-        self, stored: StoredState, client: CorestoreClient, grant: Secret
-    ) -> StoredState:
-        """Ask Corestore to prepare (idempotent), then settle `prepared` or `failed`."""
-        state = stored.state
-        try:
-            await retrying(
-                lambda: client.prepare_restore(
-                    stored.key.restore_id,
-                    scratch_namespace_id=state["scratchNamespaceId"],
-                    staging_archive_id=state["stagingArchiveId"],
-                    resource_mappings=list(p.private_mappings(stored.private)),
-                    archive_manifest=p.private_manifest(stored.private),
-                    grant=grant,
-                ),
-                settings=self._settings,
-                sleep=self._sleep,
-                what="prepare-restore",
-            )
-        except (CorestoreError, TransferError) as exc:
-            failed = p.with_error(state, exc.code, str(exc))
-            await self._mutate(stored.key, stored.revision, Op.PREPARE_FAILED, failed)
-            _log.warning("prepare_failed", restore_id=stored.key.restore_id, code=exc.code)
-            raise
-        prepared = p.with_prepared(state, self._now())
-        return await self._mutate(stored.key, stored.revision, Op.PREPARE_SUCCEEDED, prepared)
 
     async def _written(self, key: RestoreKey, path: str) -> bool:
         return any(o.object_path == path for o in await self._store.written_objects(key))
@@ -316,7 +288,7 @@ class IsolatedRestoreEngine(WorkOwner):
         written = {
             (o.object_path, o.size, o.sha256) for o in await self._store.written_objects(stored.key)
         }
-        manifest = p.private_manifest(stored.private)
+        manifest = stored.plan.archive_manifest
         return all((o.path, o.size, o.sha256) in written for o in manifest.objects)
 
     def _start(
@@ -333,8 +305,7 @@ class IsolatedRestoreEngine(WorkOwner):
             stored.key,
             grant,
             self._settings,
-            self._sleep,
-            self._now,
+            self._clock,
             self._notify,
             stored,
         )

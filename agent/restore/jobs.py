@@ -1,28 +1,34 @@
-"""The engine's background work: executing a restore and cleaning it up, step by durable step.
+"""The engine's background work: preparing, executing and cleaning up a restore, step by step.
 
-`run_execute()` and `run_cleanup()` run in tasks the engine owns (`IsolatedRestoreEngine.run`).
-Each step is one Corestore call (retried by `policy.retrying` while Corestore is unavailable)
-followed by one mutation of the node state, so a restart finds exactly the steps that finished:
+`run_prepare()`, `run_execute()` and `run_cleanup()` run in tasks the engine owns
+(`IsolatedRestoreEngine.run`).
+Each step is one Corestore call (which the Corestore client alone resends while Corestore is
+unavailable, `agent.retry`) followed by one mutation of the node state, so a restart finds
+exactly the steps that finished:
 
+    prepare: preparing  -- Corestore prepared the restore (idempotent) --> prepared (preparedAt)
+             preparing  -- Corestore refused it, or stayed unavailable --> failed
     execute: restoring  -- restore mapping m (start, poll until done) --> progress (+ m completed)
              restoring  -- every mapping completed -------------------> verifying (running)
              verifying  -- verify mapping m ---------------------------> progress (+ m's result)
              verifying  -- every result passed ------------------------> ready, else failed
-    cleanup: cleaning   -- per entry (each resource, then the staging archive):
+    cleanup: cleaning   -- per entry (each resource, then the staging archive), one try each:
                            running (attempts + 1) -> succeeded | failed (errorCode, errorMessage)
              cleaning   -- every entry succeeded, then Corestore forgot the prepared restore
                            (DELETE /v1/isolated-restores/{id}) -> cleaned
              cleaning   -- an entry failed, or forgetting the restore failed -> cleanup-failed
 
 Forgetting the prepared restore is not a progress entry (the contract's entries are the mappings
-and the staging archive): it is the one step between "every entry succeeded" and `cleaned`,
-retried like any step while Corestore is unavailable. When it fails, the state says
+and the staging archive): it is the one step between "every entry succeeded" and `cleaned`.
+When it fails, the state says
 `cleanup-failed` with every entry `succeeded` and the failure in `lastErrorCode` /
 `lastErrorMessage`; the next cleanup request finds no entry pending and only forgets again.
 
 Steps already recorded are skipped when the work resumes (after a restart, on an exact replay of
-the request that started it). A Corestore or integrity failure ends the work in `failed` /
-`cleanup-failed` with `lastErrorCode` (its wire code) and `lastErrorMessage`. Any other error
+the request that started it). A Corestore or integrity failure (`CorestoreUnavailable` included:
+the client already spent its retries) ends the work in `failed` / `cleanup-failed` with
+`lastErrorCode` (its wire code) and `lastErrorMessage`; Cloudly's replay of execute, or its next
+cleanup request, takes it up again. Any other error
 (the store failed, the agent is shutting down, the state moved under the work) leaves the state
 in flight as it is: it resumes on the next replay.
 """
@@ -30,23 +36,23 @@ in flight as it is: it resumes on the next replay.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import structlog
 
+from agent.clock import Clock, epoch_ms
+from agent.contracts.isolatedrestore import IsolatedRestoreNodeState, ResourceCleanupProgress
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import ResourceStatus
 from agent.errors import AgentError, CorestoreError, CorestoreUnavailable, TransferError
-from agent.restore import progress as p
+from agent.restore import state as s
 from agent.restore.machine import Op
-from agent.restore.settings import EngineSettings, Sleep, retrying
+from agent.restore.settings import EngineSettings
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore, StoredState
 
-__all__ = ["Job", "run_cleanup", "run_execute"]
+__all__ = ["Job", "run_cleanup", "run_execute", "run_prepare"]
 
 _log = structlog.get_logger("agent.restore.jobs")
 _VERIFICATION_FAILED = "verification-failed"
@@ -62,17 +68,20 @@ class Job:
     key: RestoreKey
     grant: Secret = field(repr=False)
     settings: EngineSettings
-    sleep: Sleep
-    now: Callable[[], int]  # epoch milliseconds
+    clock: Clock
     notify: Callable[[StoredState], None]
     stored: StoredState  # the latest state this job wrote or started from
 
+    def now(self) -> int:
+        """The clock's wall time in epoch milliseconds (the state's timestamps)."""
+        return epoch_ms(self.clock)
+
     @property
-    def state(self) -> dict[str, Any]:
-        """The latest wire state (a fresh copy is made by every transform)."""
+    def state(self) -> IsolatedRestoreNodeState:
+        """The latest node state (frozen; every transform makes a new one)."""
         return self.stored.state
 
-    async def mutate(self, op: Op, state: dict[str, Any]) -> StoredState:
+    async def mutate(self, op: Op, state: IsolatedRestoreNodeState) -> StoredState:
         """Persist `state` with `op` at the revision this job knows; the request digest stays."""
         self.stored = await self.store.mutate(
             self.key, expected_revision=self.stored.revision, op=op, state=state
@@ -88,6 +97,37 @@ class Job:
 def _settles_as_failure(exc: AgentError) -> bool:
     """Failures of the work itself; anything else leaves the state in flight to resume."""
     return isinstance(exc, CorestoreError | TransferError)
+
+
+# --- prepare ------------------------------------------------------------------------------------
+
+
+async def run_prepare(job: Job) -> None:
+    """Have Corestore prepare the restore; ends `prepared` or `failed`.
+
+    Corestore's prepare is idempotent (the same body answers the same), so the replay that
+    resumes a `preparing` state left by a restart simply asks again.
+    """
+    _log.info("prepare_work_started", **job.log_fields())
+    plan = job.stored.plan
+    try:
+        await job.client.prepare_restore(
+            job.key.restore_id,
+            scratch_namespace_id=job.state.scratch_namespace_id,
+            staging_archive_id=job.state.staging_archive_id,
+            resource_mappings=list(plan.resource_mappings),
+            archive_manifest=plan.archive_manifest,
+            grant=job.grant,
+        )
+        await job.mutate(Op.PREPARE_SUCCEEDED, s.with_prepared(job.state, job.now()))
+    except AgentError as exc:
+        if not _settles_as_failure(exc):
+            _log.warning("prepare_work_interrupted", **job.log_fields(), code=exc.code)
+            return
+        await job.mutate(Op.PREPARE_FAILED, s.with_error(job.state, exc.code, str(exc)))
+        _log.warning("prepare_failed", **job.log_fields(), code=exc.code)
+        return
+    _log.info("prepare_work_finished", **job.log_fields(), status=job.stored.status)
 
 
 # --- execute ------------------------------------------------------------------------------------
@@ -108,32 +148,26 @@ async def run_execute(job: Job) -> None:
         op = Op.RESTORE_FAILED if job.stored.status == "restoring" else Op.VERIFY_FAILED
         state = job.state
         if op is Op.VERIFY_FAILED:
-            state = p.with_verification_finished(state, passed=False, now=job.now())
-        await job.mutate(op, p.with_error(state, exc.code, str(exc)))
+            state = s.with_verification_finished(state, passed=False, now=job.now())
+        await job.mutate(op, s.with_error(state, exc.code, str(exc)))
         _log.warning("restore_failed", **job.log_fields(), code=exc.code)
         return
     _log.info("restore_work_finished", **job.log_fields(), status=job.stored.status)
 
 
 async def _restore_all(job: Job) -> None:
-    mappings = p.private_mappings(job.stored.private)
-    for mapping in mappings:
-        if mapping.id in job.state.get("completedResourceMappingIds", []):
+    for mapping in job.stored.plan.resource_mappings:
+        if mapping.id in job.state.completed_resource_mapping_ids:
             continue
-        status = await retrying(
-            functools.partial(_restore_one, job, mapping.id),
-            settings=job.settings,
-            sleep=job.sleep,
-            what="restore-resource",
-        )
+        status = await _restore_one(job, mapping.id)
         if status.state != "succeeded":
             code = status.error.code if status.error is not None else status.state
             message = f"Corestore could not restore resource mapping {mapping.id}: {code}"
-            await job.mutate(Op.RESTORE_FAILED, p.with_error(job.state, _RESTORE_FAILED, message))
+            await job.mutate(Op.RESTORE_FAILED, s.with_error(job.state, _RESTORE_FAILED, message))
             _log.warning("restore_failed", **job.log_fields(), code=_RESTORE_FAILED)
             return
-        await job.mutate(Op.PROGRESS, p.with_completed_mapping(job.state, mapping.id))
-    await job.mutate(Op.RESTORE_SUCCEEDED, p.with_verification_started(job.state, job.now()))
+        await job.mutate(Op.PROGRESS, s.with_completed_mapping(job.state, mapping.id))
+    await job.mutate(Op.RESTORE_SUCCEEDED, s.with_verification_started(job.state, job.now()))
 
 
 async def _restore_one(job: Job, mapping_id: str) -> ResourceStatus:
@@ -143,7 +177,7 @@ async def _restore_one(job: Job, mapping_id: str) -> ResourceStatus:
         async with asyncio.timeout(timeout):
             status = await job.client.restore_resource(restore_id, mapping_id, job.grant)
             while status.state == "running":
-                await job.sleep(job.settings.poll_interval)
+                await job.clock.sleep(job.settings.poll_interval)
                 status = await job.client.resource_restore_status(restore_id, mapping_id, job.grant)
     except TimeoutError as exc:
         raise CorestoreUnavailable(
@@ -153,34 +187,25 @@ async def _restore_one(job: Job, mapping_id: str) -> ResourceStatus:
 
 
 async def _verify_all(job: Job) -> None:
-    mappings = p.private_mappings(job.stored.private)
-    done = {r["resourceMappingId"] for r in job.state["verification"].get("results", [])}
-    for mapping in mappings:
+    done = {result.resource_mapping_id for result in job.state.verification.results}
+    for mapping in job.stored.plan.resource_mappings:
         if mapping.id in done:
             continue
-        answer = await retrying(
-            functools.partial(
-                job.client.verify_resource, job.key.restore_id, mapping.id, job.grant
-            ),
-            settings=job.settings,
-            sleep=job.sleep,
-            what="verify-resource",
-        )
-        result = p.verification_result(mapping, answer, job.now())
-        await job.mutate(Op.PROGRESS, p.with_verification_result(job.state, result))
-    results = job.state["verification"]["results"]
-    failed = [r for r in results if r["status"] != "passed"]
+        answer = await job.client.verify_resource(job.key.restore_id, mapping.id, job.grant)
+        result = s.verification_result(mapping, answer, job.now())
+        await job.mutate(Op.PROGRESS, s.with_verification_result(job.state, result))
+    failed = [result for result in job.state.verification.results if result.status != "passed"]
     now = job.now()
     if not failed:
-        await job.mutate(Op.VERIFY_PASSED, p.with_ready(job.state, now))
+        await job.mutate(Op.VERIFY_PASSED, s.with_ready(job.state, now))
         return
-    checks = sorted({c["code"] for r in failed for c in r["checks"] if c["status"] != "passed"})
-    ids = ", ".join(r["resourceMappingId"] for r in failed)
+    checks = sorted({c.code for r in failed for c in r.checks if c.status != "passed"})
+    ids = ", ".join(result.resource_mapping_id for result in failed)
     message = f"verification failed for resource mapping(s) {ids}: " + (
         ", ".join(checks) or "no passing result"
     )
-    state = p.with_verification_finished(job.state, passed=False, now=now)
-    await job.mutate(Op.VERIFY_FAILED, p.with_error(state, _VERIFICATION_FAILED, message))
+    state = s.with_verification_finished(job.state, passed=False, now=now)
+    await job.mutate(Op.VERIFY_FAILED, s.with_error(state, _VERIFICATION_FAILED, message))
     _log.warning("restore_failed", **job.log_fields(), code=_VERIFICATION_FAILED)
 
 
@@ -191,21 +216,24 @@ async def run_cleanup(job: Job) -> None:
     """Delete every entry not yet cleaned; ends `cleaned` or `cleanup-failed`."""
     _log.info("cleanup_work_started", **job.log_fields())
     try:
-        for entry_id in p.cleanup_pending(job.state):
+        for entry_id in s.cleanup_pending(job.state):
             await _clean_one(job, entry_id)
-        if p.cleanup_complete(job.state):
+        if s.cleanup_complete(job.state):
             await _forget_restore(job)
             return
-        failed = [p.cleanup_entry(job.state, entry_id) for entry_id in p.cleanup_pending(job.state)]
-        first = failed[0]
-        what = first.get("resourceMappingId", first.get("stagingArchiveId"))
-        state = p.with_error(
+        first = s.cleanup_entry(job.state, s.cleanup_pending(job.state)[0])
+        what = (
+            first.resource_mapping_id
+            if isinstance(first, ResourceCleanupProgress)
+            else first.staging_archive_id
+        )
+        state = s.with_error(
             job.state,
-            first.get("errorCode", "internal"),
-            f"cleanup of {what} failed: {first.get('errorMessage', 'no answer')}",
+            first.error_code or "internal",
+            f"cleanup of {what} failed: {first.error_message or 'no answer'}",
         )
         await job.mutate(Op.CLEANUP_FAILED, state)
-        _log.warning("cleanup_failed", **job.log_fields(), code=first.get("errorCode"))
+        _log.warning("cleanup_failed", **job.log_fields(), code=first.error_code)
     except AgentError as exc:
         _log.warning("cleanup_work_interrupted", **job.log_fields(), code=exc.code)
 
@@ -213,15 +241,10 @@ async def run_cleanup(job: Job) -> None:
 async def _forget_restore(job: Job) -> None:
     """Every entry is clean: Corestore forgets the prepared restore, then `cleaned`."""
     try:
-        await retrying(
-            functools.partial(job.client.delete_restore, job.key.restore_id, job.grant),
-            settings=job.settings,
-            sleep=job.sleep,
-            what="delete-restore",
-        )
+        await job.client.delete_restore(job.key.restore_id, job.grant)
     except CorestoreError as exc:
         message = f"forgetting the prepared restore failed: {exc}"
-        await job.mutate(Op.CLEANUP_FAILED, p.with_error(job.state, exc.code, message))
+        await job.mutate(Op.CLEANUP_FAILED, s.with_error(job.state, exc.code, message))
         _log.warning("cleanup_failed", **job.log_fields(), code=exc.code)
         return
     await job.mutate(Op.CLEANUP_SUCCEEDED, job.state)
@@ -229,31 +252,25 @@ async def _forget_restore(job: Job) -> None:
 
 
 async def _clean_one(job: Job, entry_id: str | None) -> None:
-    """Delete one resource (or the staging archive), `attempts` times while unavailable."""
-    attempts = job.settings.attempts
-    for attempt in range(1, attempts + 1):
-        running = p.with_cleanup_entry(
-            job.state, entry_id, status="running", now=job.now(), attempt=True
-        )
-        await job.mutate(Op.PROGRESS, running)
-        try:
-            if entry_id is p.STAGING_ENTRY:
-                outcome = await job.client.delete_staging_archive(
-                    job.state["stagingArchiveId"], job.grant
-                )
-            else:
-                outcome = await job.client.delete_resource(job.key.restore_id, entry_id, job.grant)
-        except CorestoreError as exc:
-            error = (exc.code, str(exc))
-            failed = p.with_cleanup_entry(
-                job.state, entry_id, status="failed", now=job.now(), error=error
+    """Delete one resource (or the staging archive): one try, recorded before and after."""
+    running = s.with_cleanup_entry(
+        job.state, entry_id, status="running", now=job.now(), attempt=True
+    )
+    await job.mutate(Op.PROGRESS, running)
+    try:
+        if entry_id is s.STAGING_ENTRY:
+            outcome = await job.client.delete_staging_archive(
+                job.state.staging_archive_id, job.grant
             )
-            await job.mutate(Op.PROGRESS, failed)
-            if not isinstance(exc, CorestoreUnavailable) or attempt >= attempts:
-                return
-            await job.sleep(job.settings.delay(attempt))
-            continue
-        done = p.with_cleanup_entry(job.state, entry_id, status="succeeded", now=job.now())
-        await job.mutate(Op.PROGRESS, done)
-        _log.info("cleanup_entry_done", **job.log_fields(), outcome=outcome.value)
+        else:
+            outcome = await job.client.delete_resource(job.key.restore_id, entry_id, job.grant)
+    except CorestoreError as exc:
+        error = (exc.code, str(exc))
+        failed = s.with_cleanup_entry(
+            job.state, entry_id, status="failed", now=job.now(), error=error
+        )
+        await job.mutate(Op.PROGRESS, failed)
         return
+    done = s.with_cleanup_entry(job.state, entry_id, status="succeeded", now=job.now())
+    await job.mutate(Op.PROGRESS, done)
+    _log.info("cleanup_entry_done", **job.log_fields(), outcome=outcome.value)

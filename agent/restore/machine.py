@@ -33,11 +33,12 @@ table) inside the compare-and-swap that persists the move.
 `prepare`, `stage`, `execute` and `cleanup` are Cloudly's requests; the others are the engine's
 own progress writes. Every one of them is a mutation and advances the revision by one.
 
-What `preparing` means: the prepare request's own transient phase. The handler persists
-`preparing` (revision 1) *before* it asks Corestore to prepare, as a write-ahead intent: if the
-agent dies while Corestore works, the row still says a prepare was attempted, so the scratch
-resources Corestore may have made are reachable by cleanup instead of leaking. When Corestore
-answers, the handler writes `prepared` (or `failed`, with `lastErrorCode`). A restart that finds
+What `preparing` means: the prepare request's own transient phase. The engine persists
+`preparing` (revision 1, the prepare's answer) *before* it asks Corestore to prepare, as a
+write-ahead intent: if the agent dies while Corestore works, the row still says a prepare was
+attempted, so the scratch resources Corestore may have made are reachable by cleanup instead of
+leaking. When Corestore answers, the engine's task writes `prepared` (or `failed`, with
+`lastErrorCode`). A restart that finds
 `preparing` cannot finish the call on its own (the grant was never persisted): the state stays
 visible as it is, and the work resumes when Cloudly repeats the request with a fresh grant (an
 exact replay, see `replay.py`). The same holds for `restoring`/`verifying` and `cleaning`:

@@ -2,15 +2,15 @@
 
 `locate()` is the first check of every request: the session's cluster, a node of it, a usable
 Corestore endpoint on that node. `check_preparable()` refuses, before any state is written, a
-prepare request that the Corestore routes could not carry (ids they cannot put in a path, a
-restore without a resource mapping), so such a request never leaves a `preparing` row behind.
+prepare request Corestore could not prepare (a restore without a resource mapping), so such a
+request never leaves a `preparing` row behind. Ids need no check here: the request contract's
+`PathSegmentId` rule is the same rule the Corestore routes apply.
 """
 
 from __future__ import annotations
 
 from agent.contracts.cluster import ClusterView
 from agent.contracts.isolatedrestore import IsolatedRestoreRequest, PrepareIsolatedRestoreRequest
-from agent.corestore.shapes import id_problem
 from agent.errors import InvalidRequest, MisroutedCluster, NodeWithoutCorestore
 from agent.store import RestoreKey
 
@@ -36,21 +36,9 @@ def locate(view: ClusterView | None, request: IsolatedRestoreRequest) -> tuple[R
 
 
 def check_preparable(request: PrepareIsolatedRestoreRequest) -> None:
-    """`InvalidRequest` naming the field Corestore's routes could not carry, else nothing."""
+    """`InvalidRequest` naming the field Corestore could not prepare from, else nothing."""
     if not request.resource_mappings:
         raise InvalidRequest(
             "resourceMappings: an isolated restore needs at least one resource mapping",
             field="resourceMappings",
         )
-    named = [
-        ("restoreId", request.restore_id),
-        ("scratchNamespaceId", request.scratch_namespace_id),
-        ("stagingArchiveId", request.staging_archive_id),
-    ] + [
-        (f"resourceMappings.{index}.id", mapping.id)
-        for index, mapping in enumerate(request.resource_mappings)
-    ]
-    for field, value in named:
-        problem = id_problem(value)
-        if problem:
-            raise InvalidRequest(f"{field}: {problem}", field=field)

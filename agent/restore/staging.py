@@ -25,26 +25,29 @@ progress; resuming trusts Corestore's answer, and records it does not confirm ar
 The object counts as written only after the stream ended with exactly the manifest's size and
 sha256 AND Corestore's commit (which re-hashes it) succeeded; then `mark_object_written`. On any
 mismatch nothing counts: the partial object is deleted at Corestore, its records are forgotten
-and `IntegrityError` is raised. A stream that breaks mid-way raises `StreamBroken` after the
-chunks already queued were sent: they stay recorded, and the next stage resumes after them.
+and `IntegrityError` is raised. When the reader finds the mismatch, the chunk PUT in flight is
+finished first and nothing more is sent: a PUT cut mid-way could still be completed by Corestore
+after the delete, leaving part of the refused bytes behind. A stream that breaks mid-way raises
+`StreamBroken` after the chunks already queued were sent: they stay recorded, and the next stage
+resumes after them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import structlog
 
+from agent.clock import Clock
 from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
-from agent.corestore.models import ChunkRecord
+from agent.corestore.models import VerifiedChunk
 from agent.errors import AgentError, CorestoreUnavailable, IntegrityError, StreamBroken
-from agent.restore.settings import EngineSettings, Sleep
+from agent.restore.settings import EngineSettings
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore
 
@@ -72,8 +75,7 @@ class StagingJob:
     entry: BackupArchiveObject
     grant: Secret
     settings: EngineSettings
-    sleep: Sleep
-    monotonic: Callable[[], float] = time.monotonic
+    clock: Clock  # its monotonic time paces the progress log
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +114,7 @@ def _hash_chunk(whole: Any, chunk: bytes) -> str:
 class _Transfer:
     """One pass over the incoming stream (state shared by the reader and the uploader)."""
 
-    def __init__(self, job: StagingJob, verified: Sequence[ChunkRecord]) -> None:
+    def __init__(self, job: StagingJob, verified: Sequence[VerifiedChunk]) -> None:
         self.job = job
         self.verified = {chunk.offset: chunk for chunk in verified}
         self.verified_end = max((c.offset + c.length for c in verified), default=0)
@@ -122,10 +124,11 @@ class _Transfer:
         self.chunks_sent = 0
         self.skipped = 0
         self.broken: StreamBroken | None = None
+        self.refused: AgentError | None = None  # the reader's own verdict on the bytes
         self.queue: asyncio.Queue[tuple[int, bytes, str] | None] = asyncio.Queue(
             maxsize=job.settings.max_in_flight
         )
-        self._last_log = job.monotonic()
+        self._last_log = job.clock.monotonic()
         self._started = self._last_log
 
     async def read(self, source: ByteSource) -> None:
@@ -151,6 +154,11 @@ class _Transfer:
                 await self.queue.put((offset, chunk, digest))
         except StreamBroken as exc:
             self.broken = exc  # what is queued still goes out: it stays resumable
+        except AgentError as exc:
+            # The bytes count for nothing. Not raised here: that would cancel the uploader in
+            # the middle of a PUT, which Corestore may still complete after the object was
+            # discarded. The uploader finishes the PUT in flight and sends nothing more.
+            self.refused = exc
         finally:
             await chunks.aclose()
         await self.queue.put(None)
@@ -166,6 +174,8 @@ class _Transfer:
     async def upload(self) -> None:
         job = self.job
         while (item := await self.queue.get()) is not None:
+            if self.refused is not None:
+                continue  # drain what the reader queued before it refused the bytes
             offset, chunk, digest = item
             for attempt in range(1, job.settings.chunk_attempts + 1):
                 try:
@@ -190,7 +200,7 @@ class _Transfer:
 
     def log_progress(self, *, final: bool = False) -> None:
         job = self.job
-        now = job.monotonic()
+        now = job.clock.monotonic()
         if not final and now - self._last_log < job.settings.progress_interval:
             return
         self._last_log = now
@@ -226,6 +236,7 @@ async def stage_object(job: StagingJob, open_source: Callable[[], ByteSource]) -
             await transfer.read(open_source())
     except* AgentError as caught:
         error = _first(caught)
+    error = error or transfer.refused
     if isinstance(error, IntegrityError):
         await _discard(job)
     if error is not None:
@@ -246,7 +257,7 @@ async def stage_object(job: StagingJob, open_source: Callable[[], ByteSource]) -
     return StageOutcome(transfer.sent, transfer.skipped, transfer.chunks_sent, stream_opened=True)
 
 
-async def _align_records(job: StagingJob, verified: Sequence[ChunkRecord]) -> None:
+async def _align_records(job: StagingJob, verified: Sequence[VerifiedChunk]) -> None:
     """Forget the store's chunk records of this object when Corestore does not confirm them."""
     recorded = await job.store.verified_chunks(job.key, job.entry.path)
     confirmed = {(c.offset, c.length, c.sha256) for c in verified}
@@ -255,7 +266,12 @@ async def _align_records(job: StagingJob, verified: Sequence[ChunkRecord]) -> No
 
 
 async def _commit(job: StagingJob) -> None:
-    """Have Corestore re-hash and count the object; after an unknown outcome, ask its progress."""
+    """Have Corestore re-hash and count the object; after an unknown outcome, ask its progress.
+
+    Not an availability retry (the client does those, and never resends a commit): the commit
+    is sent again only when Corestore's progress answer says every byte is there but the object
+    is not committed, at most `commit_attempts` commits in all.
+    """
     client, entry = job.client, job.entry
     for attempt in range(1, job.settings.commit_attempts + 1):
         try:
@@ -276,7 +292,7 @@ async def _commit(job: StagingJob) -> None:
             if progress.state == "absent" or progress.verified_bytes < entry.size:
                 await job.store.forget_object(job.key, entry.path)
                 raise
-            await job.sleep(job.settings.delay(attempt))
+            # Every byte is there and Corestore just answered: commit again at once.
 
 
 async def _discard(job: StagingJob) -> None:

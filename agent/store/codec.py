@@ -1,8 +1,14 @@
-"""Between Python values and rows: JSON encoding, the secret guard, argument checks.
+"""Between models and rows: the node state and plan codec, the secret guard, argument checks.
 
-The store owns six fields of the wire state (`restoreId`, `clusterId`, `targetNodeName`,
-`revision`, `status`, `updatedAt`): they are dropped before the JSON is written and filled in
-from the row's columns on every read, so the row has one source of truth for each.
+The one place a node state is serialised for the store. `encode_state` writes the model's wire
+JSON without the six fields the store owns (`restoreId`, `clusterId`, `targetNodeName`,
+`revision`, `status`, `updatedAt`); `to_stored` reads a row back into the model with those
+fields filled in from the row's columns, so the row has one source of truth for each.
+`encode_plan` writes the engine's `PreparedPlan` (the private column) as its wire JSON. A row
+that no longer reads as the models is a `StoreError` naming the field, never its value.
+
+The guard: nothing that is or holds a `Secret`, or carries a `restoreGrant` field or key at any
+depth (a pass-through document's extra fields included), is ever written.
 """
 
 from __future__ import annotations
@@ -11,10 +17,15 @@ import json
 import re
 import sqlite3
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from agent.contracts.base import WireModel, first_problem
+from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
 from agent.errors import InvalidState, StoreError
 from agent.restore.machine import NODE_STATUSES, NodeStatus
+from agent.restore.state import PreparedPlan
 from agent.secret import Secret
 from agent.store.records import RestoreKey, StoredState
 
@@ -22,7 +33,7 @@ __all__ = [
     "check_count",
     "check_path",
     "check_sha256",
-    "encode",
+    "encode_plan",
     "encode_state",
     "is_sha256",
     "to_stored",
@@ -39,6 +50,7 @@ _OWNED_FIELDS: Final = frozenset(
     {"restoreId", "clusterId", "targetNodeName", "revision", "status", "updatedAt"}
 )
 _GRANT_FIELD: Final = "restoreGrant"
+_W = TypeVar("_W", bound=WireModel)
 
 
 def is_sha256(value: str) -> bool:
@@ -47,10 +59,20 @@ def is_sha256(value: str) -> bool:
 
 
 def _refuse_secrets(value: Any, where: str) -> None:
-    """InvalidState if `value` holds a `Secret` or a `restoreGrant` key at any depth."""
+    """InvalidState if `value` is or holds a `Secret`, or a `restoreGrant` field or key.
+
+    Walks models (their fields, by wire name, and their extra fields), mappings and sequences:
+    a `Secret` dumps as its mask, so the check must run on the values, before any JSON exists.
+    """
     if isinstance(value, Secret):
         raise InvalidState(f"refusing to persist a secret in {where}")
-    if isinstance(value, Mapping):
+    if isinstance(value, BaseModel):
+        for name, info in type(value).model_fields.items():
+            if (info.alias or name) == _GRANT_FIELD:
+                raise InvalidState(f"refusing to persist a restore grant in {where}")
+            _refuse_secrets(getattr(value, name), where)
+        _refuse_secrets(value.model_extra or {}, where)
+    elif isinstance(value, Mapping):
         if _GRANT_FIELD in value:
             raise InvalidState(f"refusing to persist a restore grant in {where}")
         for item in value.values():
@@ -60,11 +82,7 @@ def _refuse_secrets(value: Any, where: str) -> None:
             _refuse_secrets(item, where)
 
 
-def encode(where: str, value: Mapping[str, Any]) -> str:
-    """`value` as compact JSON; `InvalidState` for a secret, a grant or a non-JSON value."""
-    if not isinstance(value, Mapping):
-        raise InvalidState(f"{where} must be a mapping")
-    _refuse_secrets(value, where)
+def _json(where: str, value: Mapping[str, Any]) -> str:
     try:
         return json.dumps(
             dict(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -73,25 +91,46 @@ def encode(where: str, value: Mapping[str, Any]) -> str:
         raise InvalidState(f"{where} is not JSON: {exc}") from exc
 
 
-def encode_state(key: RestoreKey, state: Mapping[str, Any]) -> str:
-    """The wire state's JSON without the store-owned fields (key fields must match `key`)."""
-    if not isinstance(state, Mapping):
-        raise InvalidState("state must be a mapping")
+def encode_state(key: RestoreKey, state: IsolatedRestoreNodeState) -> str:
+    """The state's wire JSON without the store-owned fields (its key fields must match `key`)."""
+    if not isinstance(state, IsolatedRestoreNodeState):
+        raise InvalidState("state must be an IsolatedRestoreNodeState")
+    _refuse_secrets(state, "state")
+    wire = state.to_wire()
     for field, attribute in _KEY_FIELDS:
-        if field in state and state[field] != getattr(key, attribute):
+        if wire[field] != getattr(key, attribute):
             raise InvalidState(f"state.{field} does not match the store key")
-    return encode("state", {k: v for k, v in state.items() if k not in _OWNED_FIELDS})
+    return _json("state", {k: v for k, v in wire.items() if k not in _OWNED_FIELDS})
+
+
+def encode_plan(plan: PreparedPlan) -> str:
+    """The plan's wire JSON (camelCase: `resourceMappings`, `archiveManifest`)."""
+    if not isinstance(plan, PreparedPlan):
+        raise InvalidState("plan must be a PreparedPlan")
+    _refuse_secrets(plan, "plan")
+    return _json("plan", plan.to_wire())
+
+
+def _read(model: type[_W], data: Any, what: str) -> _W:
+    try:
+        return model.from_wire(data)
+    except ValidationError as exc:
+        field, reason = first_problem(exc, root=what)
+        # Not chained: pydantic's own text may quote the stored value.
+        raise StoreError(
+            f"the state database holds an unreadable {what}: {field}: {reason}"
+        ) from None
 
 
 def to_stored(row: sqlite3.Row | tuple[Any, ...]) -> StoredState:
     """A `restore_state` row (`_COLUMNS` order) as a `StoredState` with the owned fields set."""
-    cluster_id, node_name, restore_id, revision, status, state_json, private_json, digest, at = row
+    cluster_id, node_name, restore_id, revision, status, state_json, plan_json, digest, at = row
     key = RestoreKey(cluster_id, node_name, restore_id)
     typed_status = _STATUS.get(status)
     if typed_status is None:
         raise StoreError(f"the state database holds an unknown status {status!r}")
-    state = json.loads(state_json)
-    state.update(
+    data = json.loads(state_json)
+    data.update(
         restoreId=restore_id,
         clusterId=cluster_id,
         targetNodeName=node_name,
@@ -99,12 +138,14 @@ def to_stored(row: sqlite3.Row | tuple[Any, ...]) -> StoredState:
         status=typed_status,
         updatedAt=at,
     )
+    state = _read(IsolatedRestoreNodeState, data, "state")
+    plan = _read(PreparedPlan, json.loads(plan_json), "plan")
     return StoredState(
         key=key,
         revision=revision,
         status=typed_status,
         state=state,
-        private=json.loads(private_json),
+        plan=plan,
         mutation_digest=digest,
         updated_at=at,
     )

@@ -1,12 +1,17 @@
-"""The typed values the revision store takes and returns (plain frozen dataclasses)."""
+"""The typed values the revision store takes and returns (plain frozen dataclasses).
+
+A stored node state is the frozen contract model (`IsolatedRestoreNodeState`) and the engine's
+`PreparedPlan` next to it; only the codec (`codec.py`) turns them into JSON and back.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
 from agent.errors import InvalidState
 from agent.restore.machine import NodeStatus
+from agent.restore.state import PreparedPlan
 
 __all__ = ["ChunkRecord", "ObjectRecord", "RestoreKey", "StoredState"]
 
@@ -38,17 +43,16 @@ class RestoreKey:
 class StoredState:
     """One node state as persisted.
 
-    `state` is the wire form (`IIsolatedRestoreNodeState`, camelCase) with the fields the store
-    owns filled in from the row: `restoreId`, `clusterId`, `targetNodeName`, `revision`,
-    `status`, `updatedAt`. `private` holds the engine's own fields (never sent). Both are fresh
-    dicts on every read, so mutating them changes nothing stored.
+    `state` is the node state with the fields the store owns taken from the row: `restoreId`,
+    `clusterId`, `targetNodeName`, `revision`, `status`, `updatedAt` (so `revision` and `status`
+    here always equal the state's). `plan` is the engine's own `PreparedPlan` (never sent).
     """
 
     key: RestoreKey
     revision: int
     status: NodeStatus
-    state: dict[str, Any]
-    private: dict[str, Any]
+    state: IsolatedRestoreNodeState
+    plan: PreparedPlan
     mutation_digest: str | None
     """`request_digest()` of the last request that mutated this row (kept by progress writes)."""
     updated_at: int

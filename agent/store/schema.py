@@ -10,8 +10,8 @@ Tables (version 1):
 - `restore_state`: one row per (cluster_id, node_name, restore_id). `revision` >= 1 (an absent
   row is revision 0), `status` one of `TIsolatedRestoreNodeStatus`, `state_json` the wire state
   *without* the fields the store owns (routing key, revision, status, updatedAt), `private_json`
-  the engine's private fields, `mutation_digest` the request digest of the last request that
-  mutated the row, `updated_at` in epoch milliseconds.
+  the engine's private fields (its `PreparedPlan`, see `codec.py`), `mutation_digest` the
+  request digest of the last request that mutated the row, `updated_at` in epoch milliseconds.
 - `staged_chunk`: resumable staging progress, one row per chunk written to Corestore.
 - `staged_object`: objects proven complete (size and sha256 checked).
 

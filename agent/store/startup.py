@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, NoReturn
 
 import aiosqlite
 import structlog
 
+from agent.clock import Clock, epoch_ms
 from agent.errors import StoreCorrupt, StoreError
 from agent.store.files import ensure_private_directory, ensure_private_file, move_aside
 from agent.store.schema import MIGRATIONS, VERSION_TABLE, split_statements
@@ -43,7 +44,7 @@ async def open_database(
     path: Path,
     *,
     busy_timeout: float,
-    wall_clock: Callable[[], float],
+    clock: Clock,
     migrations: Sequence[str] = MIGRATIONS,
 ) -> aiosqlite.Connection:
     """A checked, configured, migrated autocommit connection to `path` (created if missing).
@@ -69,9 +70,9 @@ async def open_database(
         problem = await _integrity_problem(db)
         if problem is not None:
             await db.close()
-            _move_aside_and_raise(path, problem, wall_clock())
+            _move_aside_and_raise(path, problem, clock.time())
         await _configure(db, path)
-        await _migrate(db, migrations, round(wall_clock() * 1000))
+        await _migrate(db, migrations, epoch_ms(clock))
     except sqlite3.Error as exc:
         await db.close()
         raise StoreError(f"cannot open the state database {path}: {exc}") from exc

@@ -19,8 +19,10 @@ by raising `StoreCorrupt` (carrying `movedTo`); it is never reused. The caller d
 follows: calling `open()` again starts from an empty database, which forgets every restore in
 flight — an operator must know, hence the raise rather than a flag that is easy to ignore.
 
-Never persisted: a grant. The store takes no `Secret`, refuses any value that is one, and
-refuses any mapping carrying a `restoreGrant` key. Every sqlite3 failure becomes `StoreError`
+What it stores: the node state (`IsolatedRestoreNodeState`, the frozen contract model) and the
+engine's `PreparedPlan`, as JSON written and read only by `codec.py`. Never persisted: a grant.
+The store refuses a state or plan that is or holds a `Secret`, or carries a `restoreGrant` field
+or key at any depth. Every sqlite3 failure becomes `StoreError`
 (chained). One connection per store; an asyncio lock gives each call the connection alone, so
 a multi-statement transaction never interleaves with another call's statements.
 """
@@ -29,8 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +39,8 @@ from typing import Any, Final
 
 import aiosqlite
 
+from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
+from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
 from agent.errors import (
     IllegalTransition,
     InvalidState,
@@ -46,11 +49,12 @@ from agent.errors import (
     StoreError,
 )
 from agent.restore.machine import IN_FLIGHT, Op, sources
+from agent.restore.state import PreparedPlan
 from agent.store.codec import (
     check_count,
     check_path,
     check_sha256,
-    encode,
+    encode_plan,
     encode_state,
     is_sha256,
     to_stored,
@@ -111,13 +115,11 @@ _UPDATES: Final = {op: statement for op in Op if (statement := _update_statement
 class RevisionStore:
     """The durable node states, their revisions and resumable staging progress."""
 
-    def __init__(
-        self, db: aiosqlite.Connection, path: Path, wall_clock: Callable[[], float]
-    ) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: Path, clock: Clock) -> None:
         """Use `await RevisionStore.open(directory)`."""
         self._db: aiosqlite.Connection | None = db
         self._path = path
-        self._wall_clock = wall_clock
+        self._clock = clock
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -127,17 +129,18 @@ class RevisionStore:
         *,
         name: str = DB_NAME,
         busy_timeout: float = 5.0,
-        wall_clock: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> RevisionStore:
         """Open (creating, checking and migrating) `directory/name`.
 
         Raises `StoreCorrupt` after moving a damaged file aside, `StoreError` for anything else
         (unwritable directory, a schema newer than this agent, SQLite older than 3.35).
-        `busy_timeout` is how long a call waits for another connection's write lock.
+        `busy_timeout` is how long a call waits for another connection's write lock. `clock`'s
+        wall time stamps every mutation (`updated_at`) and a moved-aside file.
         """
         path = directory / name
-        db = await open_database(path, busy_timeout=busy_timeout, wall_clock=wall_clock)
-        return cls(db, path, wall_clock)
+        db = await open_database(path, busy_timeout=busy_timeout, clock=clock)
+        return cls(db, path, clock)
 
     @property
     def path(self) -> Path:
@@ -182,30 +185,35 @@ class RevisionStore:
         *,
         expected_revision: int,
         op: Op,
-        state: Mapping[str, Any],
-        private: Mapping[str, Any] | None = None,
+        state: IsolatedRestoreNodeState,
+        plan: PreparedPlan | None = None,
         request_digest: str | None = None,
     ) -> StoredState:
         """Apply `op` at `expected_revision`: one transaction, revision + 1, or nothing at all.
 
-        `state` is the full wire state; the store owns `restoreId`, `clusterId`,
-        `targetNodeName` (must match `key` when given), `revision`, `status` (the table decides
-        it from `op`) and `updatedAt`. `private` replaces the engine's private fields (None
-        keeps them). `request_digest` is given for a Cloudly request and None for the engine's
-        own progress, which keeps the digest of the request it follows.
+        `state` is the whole node state; the store owns `restoreId`, `clusterId`,
+        `targetNodeName` (must match `key`), `revision`, `status` (the table decides it from
+        `op`) and `updatedAt`, whatever `state` says. `plan` is the engine's `PreparedPlan`:
+        required when the state is created (revision 0), None afterwards keeps it.
+        `request_digest` is given for a Cloudly request and None for the engine's own progress,
+        which keeps the digest of the request it follows.
 
         Raises `RevisionConflict` (revision not current), `IllegalTransition` (revision current,
-        `op` illegal in its status), `StoreError` (SQLite failed).
+        `op` illegal in its status), `InvalidState` (a bug: a secret, a foreign key, no plan for
+        a new state), `StoreError` (SQLite failed).
         """
         if isinstance(expected_revision, bool) or not isinstance(expected_revision, int):
             raise InvalidState("expected_revision must be an int")
         if request_digest is not None and not is_sha256(request_digest):
             raise InvalidState("request_digest must be 64 lower-case hex characters")
+        creates = expected_revision == 0 and sources(op).get(None) is not None
+        if creates and plan is None:
+            raise InvalidState("a new node state needs its plan")
         params: dict[str, Any] = {
             **key.as_params(),
             "expected": expected_revision,
             "state_json": encode_state(key, state),
-            "private_json": None if private is None else encode("private", private),
+            "private_json": None if plan is None else encode_plan(plan),
             "digest": request_digest,
             "now": self._now_ms(),
         }
@@ -328,7 +336,7 @@ class RevisionStore:
     # --- plumbing ---------------------------------------------------------------------------
 
     def _now_ms(self) -> int:
-        return round(self._wall_clock() * 1000)
+        return epoch_ms(self._clock)
 
     @asynccontextmanager
     async def _connection(self) -> AsyncIterator[aiosqlite.Connection]:

@@ -3,7 +3,10 @@
 Each rule applies to the next `times` requests of one route (a `RouteName`), in the order the
 rules were added. `hits` counts every request that reached a route, faulted or not, so a test can
 tell how often the client tried. `hold_restores()` keeps resource restores `running` until
-`release_restores()`, so a test observes the asynchronous restore without sleeping.
+`release_restores()`, so a test observes the asynchronous restore without sleeping;
+`hold_prepares()` likewise keeps prepare requests waiting (counted, unanswered) until
+`release_prepares()`, so a test observes the agent's `preparing` phase; `prepare_held` is set
+once a prepare request waits there (a test awaits it instead of guessing when it arrived).
 """
 
 from __future__ import annotations
@@ -39,9 +42,12 @@ class Faults:
     rules: dict[RouteName, list[FaultRule]] = field(default_factory=dict)
     hits: Counter[RouteName] = field(default_factory=Counter)
     restore_gate: asyncio.Event = field(default_factory=asyncio.Event)
+    prepare_gate: asyncio.Event = field(default_factory=asyncio.Event)
+    prepare_held: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.restore_gate.set()
+        self.prepare_gate.set()
 
     def fail_next(self, route: RouteName | str, status: int = 503, times: int = 1) -> None:
         """Answer `status` with an error body instead of handling the request."""
@@ -70,6 +76,15 @@ class Faults:
     def release_restores(self) -> None:
         """Let held resource restores run."""
         self.restore_gate.set()
+
+    def hold_prepares(self) -> None:
+        """Keep every prepare request from now on waiting before it is handled."""
+        self.prepare_held.clear()
+        self.prepare_gate.clear()
+
+    def release_prepares(self) -> None:
+        """Let held prepare requests be handled."""
+        self.prepare_gate.set()
 
     def clear(self) -> None:
         """Remove every rule (hits are kept)."""

@@ -101,7 +101,7 @@ class Scratch:
             return self._status(restore_id, body, mapping)
 
     def verify(self, restore_id: str, mapping_id: str) -> dict[str, Any]:
-        """The `ResourceVerification` answer: real checks of the restored bytes."""
+        """Corestore's `VerificationAnswer`: real checks of the restored bytes."""
         body, mapping = self._storage.mapping(restore_id, mapping_id)
         state = self.status(restore_id, mapping_id)["state"]
         resource = self._resource(body, mapping)

@@ -105,6 +105,19 @@ class Jobs:
             _log.error("corestore.restore-job-failed", error=type(done.exception()).__name__)
 
 
+async def _until_either(first: asyncio.Event, second: asyncio.Event) -> None:
+    """Wait until one of the two events is set."""
+    if first.is_set() or second.is_set():
+        return
+    waits = {asyncio.create_task(first.wait()), asyncio.create_task(second.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+
+
 def create_app(
     storage: Storage, scratch: Scratch, jobs: Jobs, faults: Faults, bearer: Secret
 ) -> web.Application:
@@ -137,6 +150,9 @@ def create_app(
             if problem is not None:
                 return _error(403, *problem)
         request[_TRUNCATE] = rule.drop_bytes if rule is not None and kind == "truncate" else 0
+        if route is RouteName.PREPARE_RESTORE and not faults.prepare_gate.is_set():
+            faults.prepare_held.set()
+            await _until_either(faults.prepare_gate, stopping)
         try:
             response = await handler(request)
         except CorestoreRefused as exc:

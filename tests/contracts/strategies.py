@@ -77,7 +77,9 @@ def archive_manifests(draw: st.DrawFn) -> dict[str, Any]:
 
 # --- isolated restore -----------------------------------------------------------------------------
 
-scoped_ids = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._:-]{0,20}\Z")
+# Ids that become path segments (`PathSegmentId`); also the rule of scoped ids.
+path_segment_ids = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9._:-]{0,20}\Z")
+scoped_ids = path_segment_ids
 
 allocation_references = st.fixed_dictionaries(
     {
@@ -92,20 +94,24 @@ allocation_references = st.fixed_dictionaries(
 
 _volume_mappings = st.fixed_dictionaries(
     {
-        "id": identifiers,
+        "id": path_segment_ids,
         "type": st.just("volume"),
         "source": st.fixed_dictionaries(
-            {"snapshotId": identifiers, "volumeName": identifiers, "mountPath": identifiers}
+            {"snapshotId": path_segment_ids, "volumeName": identifiers, "mountPath": identifiers}
         ),
         "target": st.fixed_dictionaries({"volumeName": identifiers, "mountPath": identifiers}),
     }
 )
 _database_mappings = st.fixed_dictionaries(
     {
-        "id": identifiers,
+        "id": path_segment_ids,
         "type": st.just("database"),
         "source": st.fixed_dictionaries(
-            {"snapshotId": identifiers, "resourceName": identifiers, "databaseName": identifiers}
+            {
+                "snapshotId": path_segment_ids,
+                "resourceName": identifiers,
+                "databaseName": identifiers,
+            }
         ),
         "target": st.fixed_dictionaries(
             {"resourceName": identifiers, "databaseName": identifiers},
@@ -115,10 +121,10 @@ _database_mappings = st.fixed_dictionaries(
 )
 _object_storage_mappings = st.fixed_dictionaries(
     {
-        "id": identifiers,
+        "id": path_segment_ids,
         "type": st.just("objectstorage"),
         "source": st.fixed_dictionaries(
-            {"snapshotId": identifiers, "resourceName": identifiers, "bucketName": identifiers}
+            {"snapshotId": path_segment_ids, "resourceName": identifiers, "bucketName": identifiers}
         ),
         "target": st.fixed_dictionaries({"resourceName": identifiers, "bucketName": identifiers}),
     }
@@ -210,7 +216,7 @@ def _routed(**more: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]
             "restoreGrant": _grants,
             "clusterId": identifiers,
             "targetNodeName": identifiers,
-            "restoreId": identifiers,
+            "restoreId": path_segment_ids,
             **more,
         }
     )
@@ -220,8 +226,8 @@ prepare_requests = _routed(
     expectedRevision=safe_naturals,
     sourceBackupId=identifiers,
     sourceServiceId=identifiers,
-    scratchNamespaceId=identifiers,
-    stagingArchiveId=identifiers,
+    scratchNamespaceId=path_segment_ids,
+    stagingArchiveId=path_segment_ids,
     resourceMappings=st.lists(resource_mappings, max_size=3, unique_by=lambda m: m["id"]),
     archiveManifest=archive_manifests(),
 )

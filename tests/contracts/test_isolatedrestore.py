@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pydantic import BaseModel, ValidationError
 
+from agent.contracts.base import first_problem
 from agent.contracts.isolatedrestore import (
     METHOD_CLEANUP,
     METHOD_EXECUTE,
@@ -108,6 +109,17 @@ STAGE: dict[str, Any] = {
     "object": {"path": "db/closure", "size": 3, "sha256": SHA},
     "archive": {"_isVirtualStream": True, "streamId": "stream-1"},
 }
+
+
+def _with(wire: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A deep copy of `wire` with the field at the dotted path (list indexes as digits) set."""
+    head, _, rest = dotted.partition(".")
+    if isinstance(wire, list):
+        index = int(head)
+        items = list(wire)
+        items[index] = value if not rest else _with(items[index], rest, value)
+        return items  # type: ignore[return-value]
+    return {**wire, head: value if not rest else _with(wire[head], rest, value)}
 
 
 def _wire_keys(model: type[BaseModel]) -> list[str]:
@@ -375,6 +387,13 @@ _REQUESTS: list[tuple[type[IsolatedRestoreRequest], st.SearchStrategy[dict[str, 
     (CleanupIsolatedRestoreRequest, cleanup_requests),
 ]
 _REQUEST_IDS = [model.__name__ for model, _ in _REQUESTS]
+_VALID_BODIES: dict[type[IsolatedRestoreRequest], dict[str, Any]] = {
+    PrepareIsolatedRestoreRequest: PREPARE,
+    StageIsolatedRestoreArchiveRequest: STAGE,
+    GetIsolatedRestoreStatusRequest: ROUTING,
+    ExecuteIsolatedRestoreRequest: {**ROUTING, "expectedRevision": 2},
+    CleanupIsolatedRestoreRequest: {**ROUTING, "expectedRevision": 2},
+}
 
 
 class TestRequests:
@@ -406,6 +425,47 @@ class TestRequests:
         for archive in ({"_isVirtualStream": False, "streamId": "s"}, {"streamId": "s"}, "s"):
             with pytest.raises(ValidationError):
                 from_wire(StageIsolatedRestoreArchiveRequest, {**STAGE, "archive": archive})
+
+    @pytest.mark.parametrize("bad", ["../../x", "a/b", "..", "x\u0000", "x" * 257])
+    @pytest.mark.parametrize(
+        ("field", "named"),
+        [
+            ("restoreId", "restoreId"),
+            ("scratchNamespaceId", "scratchNamespaceId"),
+            ("stagingArchiveId", "stagingArchiveId"),
+            # The mapping's `type` tag is part of the reported path (pydantic's union step).
+            ("resourceMappings.0.id", "resourceMappings.0.database.id"),
+            (
+                "resourceMappings.0.source.snapshotId",
+                "resourceMappings.0.database.source.snapshotId",
+            ),
+        ],
+    )
+    def test_prepare_ids_that_become_path_segments_follow_the_rule(
+        self, field: str, named: str, bad: str
+    ) -> None:
+        """Each id Corestore puts in a path or a directory is refused outside the rule, and
+        the refusal names that field."""
+        from_wire(PrepareIsolatedRestoreRequest, _with(PREPARE, field, "rst-1.2:a"))
+        with pytest.raises(ValidationError) as caught:
+            from_wire(PrepareIsolatedRestoreRequest, _with(PREPARE, field, bad))
+        assert first_problem(caught.value)[0] == named
+
+    @pytest.mark.parametrize(("model", "_strategy"), _REQUESTS, ids=_REQUEST_IDS)
+    def test_every_request_refuses_a_restore_id_outside_the_rule(
+        self, model: type[IsolatedRestoreRequest], _strategy: Any
+    ) -> None:
+        """`restoreId` keys the store and Corestore's paths on every request."""
+        assert from_wire(model, _VALID_BODIES[model]).restore_id == "restore-1"
+        with pytest.raises(ValidationError) as caught:
+            from_wire(model, {**_VALID_BODIES[model], "restoreId": "../../x"})
+        assert first_problem(caught.value)[0] == "restoreId"
+
+    def test_ids_matched_against_the_cluster_document_keep_their_own_rule(self) -> None:
+        """`clusterId` and `targetNodeName` are not path segments: any non-empty text passes."""
+        wire = {**PREPARE, "clusterId": "cluster one/ä", "targetNodeName": "node a.b/c"}
+        request = from_wire(PrepareIsolatedRestoreRequest, wire)
+        assert (request.cluster_id, request.target_node_name) == ("cluster one/ä", "node a.b/c")
 
     @pytest.mark.parametrize(("model", "_strategy"), _REQUESTS, ids=_REQUEST_IDS)
     def test_unknown_field_is_refused(

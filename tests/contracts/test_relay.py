@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 
-from agent.contracts.base import WireModel
+from agent.contracts.base import WireModel, first_problem
 from agent.contracts.relay import (
     METHOD_BACKUP_CLUSTER_SERVICE,
     METHOD_BACKUP_SERVICE_DATABASE_CLOSURE,
@@ -141,6 +141,35 @@ class TestBodies:
             from_wire(PruneClusterNodeArchiveRequest, wire)
         with pytest.raises(ValidationError):
             from_wire(PruneClusterNodeArchiveRequest, {"retention": {}})
+
+    @pytest.mark.parametrize("bad", ["../../x", "a/b", "..", "x\u0000", "x" * 257])
+    @pytest.mark.parametrize(
+        ("index", "field"),
+        [
+            (0, "backupId"),
+            (0, "service.id"),
+            (3, "backupId"),
+            (9, "backupId"),
+            (9, "serviceId"),
+            (11, "backupId"),
+            (11, "serviceId"),
+        ],
+    )
+    def test_backup_and_service_ids_follow_the_path_segment_rule(
+        self, index: int, field: str, bad: str
+    ) -> None:
+        """They name archives and closures on the node: refused outside the rule, by name."""
+        model, wire = VALID[index]
+        head, _, rest = field.partition(".")
+        broken = {**wire, head: {**wire[head], rest: bad} if rest else bad}
+        with pytest.raises(ValidationError) as caught:
+            from_wire(model, broken)
+        assert first_problem(caught.value)[0] == field
+
+    def test_node_id_keeps_its_own_rule(self) -> None:
+        """`nodeId` is matched against the cluster document, not a path: any non-empty text."""
+        wire = {"nodeId": "node a/b", "retention": {}}
+        assert from_wire(PruneClusterNodeArchiveRequest, wire).node_id == "node a/b"
 
     @pytest.mark.parametrize("tags", [{"a": 1}, ["a"], {"a": None}])
     def test_tags_map_strings_to_strings(self, tags: Any) -> None:

@@ -1,10 +1,11 @@
 """Fixtures for the Corestore tests: the real reference server on 127.0.0.1 port 0, real files.
 
 Test modules cannot import this file (importlib mode), so shared values travel as fixtures:
-`bearer`, `grant` (secrets whose text the leak tests search for), `sleeps` (the injected backoff
-sleep: records delays, never waits), `corestore` (a running reference server in tmp_path),
-`client` (a `CorestoreClient` on it with fast timeouts and no jitter) and `world` (both, plus
-helpers that prepare a restore and stage its objects).
+`bearer`, `grant` (secrets whose text the leak tests search for), `clock` (the clients' clock: a
+`ManualClock` every backoff on which ends at once, `clock.slept` lists them), `corestore` (a
+running reference server in tmp_path), `client` (a `CorestoreClient` on it with fast timeouts
+and the jitter draw pinned to the top of the window) and `world` (both, plus helpers that
+prepare a restore and stage its objects).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Any
 
 import pytest
 
-from agent.corestore import CorestoreClient, CorestoreTimeouts, PreparedRestore, RetryPolicy
+from agent.corestore import CorestoreClient, CorestoreTimeouts, PreparedRestore
+from agent.retry import Backoff, RetryPolicy
 from agent.secret import Secret
 from devstack.corestore import CorestoreHandle, start
+from tests.clock import ManualClock, advancing
 
 BEARER = "corestore-bearer-3b9f1c2d7e8a4f60"
 # Shaped like a compact RS256 JWS; the reference server checks the shape only.
@@ -32,23 +35,13 @@ SNAPSHOT = "snap-db-1"
 
 
 @dataclass
-class Sleeps:
-    """The client's backoff sleep: records each delay and returns at once."""
-
-    delays: list[float] = field(default_factory=list)
-
-    async def __call__(self, seconds: float) -> None:
-        self.delays.append(seconds)
-
-
-@dataclass
 class World:
     """A reference Corestore, a client on it, and the facts of one prepared restore."""
 
     corestore: CorestoreHandle
     client: CorestoreClient
     grant: Secret
-    sleeps: Sleeps
+    clock: ManualClock
     restore_id: str = "restore-1"
     namespace: str = "scratch-ns-1"
     archive: str = "staging-archive-1"
@@ -122,10 +115,16 @@ def grant() -> Secret:
     return Secret(GRANT)
 
 
+def top_of_the_window() -> float:
+    """The full-jitter draw that waits the whole backoff window (deterministic delays)."""
+    return 1.0
+
+
 @pytest.fixture
-def sleeps() -> Sleeps:
-    """The injected backoff sleep."""
-    return Sleeps()
+async def clock() -> AsyncIterator[ManualClock]:
+    """The clients' clock: each backoff ends at once and is recorded in `clock.slept`."""
+    async with advancing(ManualClock()) as clock:
+        yield clock
 
 
 @pytest.fixture
@@ -137,22 +136,23 @@ async def corestore(tmp_path: Path) -> AsyncIterator[CorestoreHandle]:
 
 @pytest.fixture
 async def client(
-    corestore: CorestoreHandle, bearer: Secret, sleeps: Sleeps
+    corestore: CorestoreHandle, bearer: Secret, clock: ManualClock
 ) -> AsyncIterator[CorestoreClient]:
-    """A client on `corestore`: 3 attempts, 0.1 s doubling delays, no jitter, 5 s timeouts."""
+    """A client on `corestore`: 3 sends, 0.1 s doubling waits (whole windows), 5 s timeouts."""
     async with CorestoreClient(
         corestore.url,
         bearer,
         timeouts=CorestoreTimeouts(connect=5.0, control=5.0, transfer=5.0),
-        retry=RetryPolicy(attempts=3, first_delay=0.1, multiplier=2.0, jitter=0.0),
-        sleep=sleeps,
+        retry=RetryPolicy(attempts=3, backoff=Backoff(base=0.1, cap=5.0, factor=2.0)),
+        clock=clock,
+        rng=top_of_the_window,
     ) as opened:
         yield opened
 
 
 @pytest.fixture
 def world(
-    corestore: CorestoreHandle, client: CorestoreClient, grant: Secret, sleeps: Sleeps
+    corestore: CorestoreHandle, client: CorestoreClient, grant: Secret, clock: ManualClock
 ) -> World:
     """The server, the client and the helpers of one restore (not yet prepared)."""
-    return World(corestore, client, grant, sleeps)
+    return World(corestore, client, grant, clock)

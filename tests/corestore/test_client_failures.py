@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agent.corestore import CorestoreClient, CorestoreTimeouts, RetryPolicy
+from agent.corestore import CorestoreClient, CorestoreTimeouts
 from agent.corestore.routes import RouteName
 from agent.errors import CorestoreRefused, CorestoreUnavailable, IntegrityError
+from agent.retry import Backoff, RetryPolicy
 from agent.secret import Secret
 
 DUMP = "snap-db-1/dump.bson"
@@ -22,14 +23,14 @@ def _sha(data: bytes) -> str:
 
 
 @pytest.fixture
-async def impatient(corestore: Any, bearer: Secret, sleeps: Any) -> AsyncIterator[CorestoreClient]:
+async def impatient(corestore: Any, bearer: Secret, clock: Any) -> AsyncIterator[CorestoreClient]:
     """A client that gives up on an attempt after 0.2 s, trying twice."""
     async with CorestoreClient(
         corestore.url,
         bearer,
         timeouts=CorestoreTimeouts(connect=1.0, control=0.2, transfer=0.2),
-        retry=RetryPolicy(attempts=2, first_delay=0.1, jitter=0.0),
-        sleep=sleeps,
+        retry=RetryPolicy(attempts=2, backoff=Backoff(base=0.1)),
+        clock=clock,
     ) as opened:
         yield opened
 
@@ -134,7 +135,7 @@ async def test_an_idempotent_call_converges_through_two_503s(world: Any) -> None
     accepted = await world.client.put_chunk(world.archive, DUMP, 0, chunk, _sha(chunk), world.grant)
     assert accepted.verified_bytes == 4096
     assert world.corestore.faults.hits[RouteName.PUT_CHUNK] == 3
-    assert world.sleeps.delays == [0.1, 0.2]
+    assert world.clock.slept == [0.1, 0.2]
 
 
 async def test_persistent_5xx_ends_in_corestore_unavailable(world: Any) -> None:
@@ -152,7 +153,7 @@ async def test_connection_resets_end_in_corestore_unavailable_after_retries(worl
     world.corestore.faults.reset_next(RouteName.OBJECT_PROGRESS, times=100)
     with pytest.raises(CorestoreUnavailable, match="ServerDisconnectedError"):
         await world.client.object_progress(world.archive, DUMP, world.grant)
-    assert world.sleeps.delays == [0.1, 0.2]
+    assert world.clock.slept == [0.1, 0.2]
 
 
 async def test_a_lost_chunk_answer_is_retried_into_the_same_state(world: Any) -> None:
@@ -189,7 +190,7 @@ async def test_a_commit_is_not_retried_after_a_503(world: Any) -> None:
             world.archive, DUMP, entry["size"], entry["sha256"], world.grant
         )
     assert world.corestore.faults.hits[RouteName.COMMIT_OBJECT] == 1
-    assert world.sleeps.delays == []
+    assert world.clock.slept == []
 
 
 async def test_a_commit_is_not_retried_after_a_reset(world: Any) -> None:
@@ -212,19 +213,23 @@ async def test_a_4xx_is_not_retried(world: Any) -> None:
     with pytest.raises(CorestoreRefused):
         await world.client.put_chunk(world.archive, DUMP, 4096, chunk, _sha(chunk), world.grant)
     assert world.corestore.faults.hits[RouteName.PUT_CHUNK] == 1
-    assert world.sleeps.delays == []
+    assert world.clock.slept == []
 
 
 async def test_an_unreachable_corestore_is_unavailable(
-    corestore: Any, bearer: Secret, sleeps: Any
+    corestore: Any, bearer: Secret, clock: Any
 ) -> None:
-    """Connection refused (nothing listens any more) is CorestoreUnavailable."""
+    """Connection refused (nothing listens any more) is CorestoreUnavailable after the default
+    policy's four sends, each wait a full-jitter draw within its doubling window."""
     url = corestore.url
     await corestore.stop()
-    async with CorestoreClient(url, bearer, sleep=sleeps) as client:
+    async with CorestoreClient(url, bearer, clock=clock) as client:
         with pytest.raises(CorestoreUnavailable, match="ClientConnectorError"):
             await client.health()
-    assert len(sleeps.delays) == 3
+    windows = [RetryPolicy().backoff.window(n) for n in (1, 2, 3)]
+    assert windows == [0.25, 0.5, 1.0]
+    assert len(clock.slept) == 3
+    assert all(0.0 <= wait <= window for wait, window in zip(clock.slept, windows, strict=True))
 
 
 async def test_a_bare_404_on_a_delete_is_not_taken_for_cleaned(

@@ -305,8 +305,9 @@ async def test_delete_staging_archive_removes_it_and_again_counts_as_cleaned(wor
 
 
 async def test_odd_object_paths_and_ids_round_trip(world: Any) -> None:
-    """Paths with spaces, '+', '%', '&', '#' and non-ASCII reach the right file."""
-    world.archive = "archive/with slash"
+    """Paths with spaces, '+', '%', '&', '#' and non-ASCII, and an archive id with every kind of
+    character the id rule allows, reach the right file."""
+    world.archive = "Archive:1.2_x-y"
     path = "snap-db-1/a b+c%d&e=f#g é.bin"
     await world.prepare({path: b"odd bytes"})
     await world.stage(path)

@@ -12,10 +12,11 @@ import pytest
 import structlog
 from aiohttp import web
 
-from agent.corestore import CorestoreClient, CorestoreTimeouts, RetryPolicy
+from agent.corestore import CorestoreClient, CorestoreTimeouts
 from agent.corestore.routes import HEADER_AUTHORIZATION, HEADER_RESTORE_GRANT, RouteName
 from agent.corestore.sanitize import MAX_TEXT_LENGTH
 from agent.errors import AgentError, CorestoreRefused
+from agent.retry import RetryPolicy
 from agent.secret import Secret
 
 DUMP = "snap-db-1/dump.bson"
@@ -74,7 +75,12 @@ async def test_corestore_text_echoing_the_secrets_is_sanitised(
 
 
 async def test_no_log_line_or_exception_of_a_failing_session_holds_a_secret(
-    world: Any, corestore: Any, bearer: Secret, grant: Secret, caplog: pytest.LogCaptureFixture
+    world: Any,
+    corestore: Any,
+    bearer: Secret,
+    grant: Secret,
+    clock: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """401, 422, 409, 503 retries, resets and timeouts: logs and errors stay free of secrets."""
     caplog.set_level(logging.DEBUG)
@@ -96,7 +102,8 @@ async def test_no_log_line_or_exception_of_a_failing_session_holds_a_secret(
             corestore.url,
             bearer,
             timeouts=CorestoreTimeouts(control=0.2, transfer=0.2),
-            retry=RetryPolicy(attempts=3, first_delay=0.0, jitter=0.0),
+            retry=RetryPolicy(attempts=3),
+            clock=clock,
         ) as client:
             for index, call in enumerate(calls):
                 faults.clear()
@@ -119,7 +126,7 @@ async def test_no_log_line_or_exception_of_a_failing_session_holds_a_secret(
         "CorestoreRefused",
         "CorestoreRefused",
     ]
-    assert any(event["event"] == "corestore.retry" for event in events)
+    assert any(event["event"] == "retrying" for event in events)
     texts = [repr(event) for event in events] + [record.getMessage() for record in caplog.records]
     texts += [text for failure in failures for text in _renderings(failure)]
     _assert_clean(texts, bearer, grant)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 from collections.abc import AsyncIterator
@@ -142,3 +143,18 @@ async def test_a_restore_cut_by_a_restart_reads_interrupted_and_can_run_again(
         )
     assert (status.state, status.error and status.error.code) == ("failed", "restore-interrupted")
     assert done.state == "succeeded"
+
+
+async def test_a_held_prepare_is_counted_and_answered_only_after_release(world: Any) -> None:
+    """hold_prepares(): the request arrives (prepare_held), waits unanswered, and is handled
+    once released: the restore exists only then."""
+    faults = world.corestore.faults
+    faults.hold_prepares()
+    prepare = asyncio.create_task(world.prepare())
+    await faults.prepare_held.wait()
+    assert faults.hits["prepare-restore"] == 1
+    assert not prepare.done()
+    assert not (world.corestore.data_dir / "restores" / f"{world.restore_id}.json").exists()
+    faults.release_prepares()
+    await prepare
+    assert (world.corestore.data_dir / "restores" / f"{world.restore_id}.json").exists()

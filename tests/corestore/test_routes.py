@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agent.corestore import routes
-from agent.corestore.models import ObjectProgress, ResourceVerification
+from agent.corestore.models import ObjectProgress, VerificationAnswer
 from agent.corestore.routes import ROUTES, AnswerKind, RouteName
 from agent.corestore.shapes import MAX_CHUNK_SIZE
 from agent.errors import GrantInvalid, LocalProtocolError
@@ -65,21 +65,24 @@ def test_request_repr_leaves_out_chunk_bytes() -> None:
 
 def test_delete_restore_is_a_delete_of_the_restore_itself() -> None:
     """Forgetting a restore is DELETE on the prepare path, with the grant in its header."""
-    request = routes.build_delete_restore("restore/1", GRANT)
-    assert (request.spec.method, request.path) == ("DELETE", "/v1/isolated-restores/restore%2F1")
+    request = routes.build_delete_restore("restore:1", GRANT)
+    assert (request.spec.method, request.path) == ("DELETE", "/v1/isolated-restores/restore%3A1")
     assert (request.body, request.query) == (None, {})
     assert routes.request_headers(request, BEARER)[routes.HEADER_RESTORE_GRANT] == GRANT.reveal()
 
 
 def test_ids_are_percent_encoded_into_one_segment() -> None:
-    """An id with a slash stays one path segment."""
-    request = routes.build_resource_status("restore/1", "m 1", GRANT)
-    assert request.path == "/v1/isolated-restores/restore%2F1/resources/m%201"
+    """A ':' the id rule allows is percent-encoded; each id stays one path segment."""
+    request = routes.build_resource_status("rst-1.2:a", "map_db-1", GRANT)
+    assert request.path == "/v1/isolated-restores/rst-1.2%3Aa/resources/map_db-1"
 
 
-@pytest.mark.parametrize("bad_id", ["", ".", "..", "a\nb", "x" * 257])
+@pytest.mark.parametrize(
+    "bad_id", ["", ".", "..", "../../x", "a/b", "a\\b", "a b", "a\nb", "x\u0000", "é", "x" * 257]
+)
 def test_unusable_ids_are_refused_before_sending(bad_id: str) -> None:
-    """Empty, dot-segment, control-character and over-long ids are a local bug."""
+    """An id outside the contracts' path-segment rule (empty, a dot segment, a separator,
+    whitespace, control or non-ASCII characters, over 256 characters) is a local bug."""
     with pytest.raises(LocalProtocolError, match="mappingId"):
         routes.build_verify_resource("restore-1", bad_id, GRANT)
 
@@ -225,7 +228,7 @@ def test_answers_ignore_fields_a_newer_corestore_adds() -> None:
 def test_a_verification_answer_holds_the_contract_checks() -> None:
     """Checks parse into {code, status, message?} as IIsolatedRestoreVerificationCheck."""
     answer = routes.parse_answer(
-        ResourceVerification,
+        VerificationAnswer,
         b'{"mappingId":"m","resourceType":"volume","status":"failed",'
         b'"checks":[{"code":"c1","status":"passed"},{"code":"c2","status":"failed","message":"x"}]}',
     )
@@ -233,6 +236,16 @@ def test_a_verification_answer_holds_the_contract_checks() -> None:
         {"code": "c1", "status": "passed"},
         {"code": "c2", "status": "failed", "message": "x"},
     ]
+
+
+def test_a_verification_answer_with_an_empty_check_code_is_another_shape() -> None:
+    """The node state's check code is never empty, so Corestore's may not be either."""
+    with pytest.raises(ValueError, match=r"checks\.0\.code"):
+        routes.parse_answer(
+            VerificationAnswer,
+            b'{"mappingId":"m","resourceType":"volume","status":"failed",'
+            b'"checks":[{"code":"","status":"failed"}]}',
+        )
 
 
 def test_commit_body_is_the_whole_object_size_and_digest() -> None:

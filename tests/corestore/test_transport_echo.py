@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agent.corestore import CorestoreClient, RetryPolicy
+from agent.corestore import CorestoreClient
 from agent.corestore.routes import HEADER_RESTORE_GRANT
 from agent.errors import CorestoreUnavailable
+from agent.retry import RetryPolicy
 from agent.secret import Secret
 
 # Parts shorter than any JWS header, so no secret-shaped pattern can mask it by luck.

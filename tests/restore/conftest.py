@@ -3,9 +3,12 @@
 Test modules cannot import this file (importlib mode), so everything travels as fixtures:
 
 - `world`: a `World` — the reference Corestore (127.0.0.1, port 0, tmp_path), the revision
-  store (SQLite in tmp_path), the Corestore clients, the cluster view, a running engine, its
+  store (SQLite in tmp_path), the Corestore clients, the cluster view, a running engine (run as
+  the app runs it: `background.running()`, its TaskGroup held by one task the world owns), its
   handlers, and one restore's facts (two mappings, three objects) with request builders.
-  `world.restart()` closes the engine and opens a new one on the same store (an agent restart).
+  `world.restart()` closes the engine and runs a new one on the same store (an agent restart).
+- `clock`: the one `ManualClock` of the engine, its store and its Corestore clients, moved by
+  `tests.clock.advancing` so backoffs and poll intervals end at once; `clock.slept` lists them.
 - `source_factory`: fake `ByteSource`s (`ChunkSource`) fed from bytes, optionally breaking.
 
 Secrets are recognisable so leak tests can search for them: `BEARER`, and grants built by
@@ -14,6 +17,7 @@ Secrets are recognisable so leak tests can search for them: `BEARER`, and grants
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import itertools
@@ -34,28 +38,32 @@ from agent.contracts.isolatedrestore import (
     METHOD_PREPARE,
     METHOD_STAGE,
 )
-from agent.corestore import CorestoreClients, CorestoreTimeouts, RetryPolicy
+from agent.corestore import CorestoreClients, CorestoreTimeouts
 from agent.errors import StreamBroken
 from agent.protocol.routes import Routes
+from agent.restore.background import running
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
+from agent.retry import Backoff, RetryPolicy
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore, StoredState
 from devstack.corestore import CorestoreHandle, start
+from tests.clock import ManualClock, advancing
 
 BEARER = "corestore-bearer-SENTINEL-5c1e9a77"
 GRANT_MARK = "R1JBTlRTRU5USU5FTA"  # base64url of "GRANTSENTINEL", in every grant's payload
 CLUSTER, NODE, RESTORE = "cluster-1", "node-1", "restore-1"
 KEY = RestoreKey(CLUSTER, NODE, RESTORE)
 CHUNK = 4096
+START = 1_700_000_000.0  # the clock's wall time: 2023-11-14T22:13:20Z
+
+# Two sends of an idempotent Corestore call; the full-jitter draw is pinned to the window's top.
+CLIENT_RETRY = RetryPolicy(attempts=2, backoff=Backoff(base=0.01, cap=0.02))
 
 FAST = EngineSettings(
     chunk_size=CHUNK,
     max_in_flight=2,
-    attempts=2,
-    first_delay=0.01,
-    max_delay=0.05,
     poll_interval=0.002,
     progress_interval=0.0,
     transfer_timeout=2.0,
@@ -73,32 +81,6 @@ def pattern(size: int, seed: str) -> bytes:
     """Deterministic, seed-specific bytes."""
     block = hashlib.sha256(seed.encode()).digest()
     return (block * (size // len(block) + 1))[:size]
-
-
-class Clock:
-    """A wall clock that advances one millisecond per reading (store: seconds, engine: ms)."""
-
-    def __init__(self) -> None:
-        self._ticks = itertools.count(1_700_000_000_000)
-
-    def ms(self) -> int:
-        return next(self._ticks)
-
-    def seconds(self) -> float:
-        return next(self._ticks) / 1000
-
-
-@dataclass
-class Sleeps:
-    """An injected sleep: records each delay and returns at once (after one loop turn)."""
-
-    delays: list[float] = field(default_factory=list)
-
-    async def __call__(self, seconds: float) -> None:
-        import asyncio
-
-        self.delays.append(seconds)
-        await asyncio.sleep(0)
 
 
 class ChunkSource:
@@ -155,11 +137,12 @@ class World:
     corestore: CorestoreHandle
     store: RevisionStore
     clients: CorestoreClients
-    clock: Clock
-    sleeps: Sleeps
+    clock: ManualClock
     state_dir: Path
     settings: EngineSettings
     engine: IsolatedRestoreEngine = field(init=False)
+    engine_owner: asyncio.Task[None] = field(init=False)
+    engine_stop: asyncio.Event = field(init=False)
     routes: Routes = field(init=False)
     objects: dict[str, bytes] = field(default_factory=dict)
     cluster_loaded: bool = True
@@ -184,16 +167,24 @@ class World:
             credential=Secret(BEARER),
             cluster_view=self.view,
             settings=self.settings,
-            now_ms=self.clock.ms,
-            sleep=self.sleeps,
+            clock=self.clock,
         )
-        await self.engine.__aenter__()
+        self.engine_stop = asyncio.Event()
+        self.engine_owner = asyncio.create_task(
+            _own(self.engine, self.engine_stop), name="engine-owner"
+        )
+        await self.engine.started()
         self.routes = isolated_restore_routes(self.engine)
         return self.engine
 
+    async def stop_engine(self) -> None:
+        """Close the engine (its work is cancelled, the store stays); `run()` has returned."""
+        self.engine_stop.set()
+        await self.engine_owner
+
     async def restart(self) -> IsolatedRestoreEngine:
-        """Close the engine (its work is cancelled, the store stays) and start a new one."""
-        await self.engine.close()
+        """Stop the engine and start a new one on the same store."""
+        await self.stop_engine()
         return await self.start_engine()
 
     # --- the restore's facts ------------------------------------------------------------------
@@ -283,7 +274,10 @@ class World:
         return state
 
     async def prepare(self) -> dict[str, Any]:
-        return await self.state_of(METHOD_PREPARE, self.prepare_body())
+        """Prepare (answered `preparing`) and wait until the engine settled it: the `prepared`
+        (or `failed`) state."""
+        await self.state_of(METHOD_PREPARE, self.prepare_body())
+        return await self.settled("prepared", "failed")
 
     async def stage(self, path: str, expected: int, **source: Any) -> dict[str, Any]:
         chunks = ChunkSource(self.objects[path], **source)
@@ -309,6 +303,10 @@ class World:
         """Wait (on the engine's change notifications) until the state reaches one of them."""
         return await self.engine.wait_for(KEY, lambda stored: stored.status in statuses)
 
+    async def settled(self, *statuses: str) -> dict[str, Any]:
+        """`until(*statuses)`, as the wire state Cloudly's status call would read."""
+        return (await self.until(*statuses)).state.to_wire()
+
     async def ready_to_execute(self) -> int:
         """Prepare and stage everything; returns the revision to execute at."""
         prepared = await self.prepare()
@@ -330,10 +328,19 @@ class World:
         return found
 
 
+async def _own(engine: IsolatedRestoreEngine, stop: asyncio.Event) -> None:
+    """Hold the engine's TaskGroup (`running`) until `stop` is set.
+
+    One task enters and leaves it: a pytest fixture's set-up and tear-down may run in two."""
+    async with running(engine):
+        await stop.wait()
+
+
 @pytest.fixture
-def clock() -> Clock:
-    """The shared fake wall clock."""
-    return Clock()
+async def clock() -> AsyncIterator[ManualClock]:
+    """The engine's, the store's and the clients' clock; every sleep on it ends at once."""
+    async with advancing(ManualClock(start=START)) as clock:
+        yield clock
 
 
 @pytest.fixture
@@ -360,20 +367,17 @@ def corestore_timeouts(settings: EngineSettings) -> CorestoreTimeouts:
 async def world(
     tmp_path: Path,
     corestore: CorestoreHandle,
-    clock: Clock,
+    clock: ManualClock,
     settings: EngineSettings,
     corestore_timeouts: CorestoreTimeouts,
 ) -> AsyncIterator[World]:
     """A running engine over the reference Corestore and a real store, with one restore's facts."""
-    sleeps = Sleeps()
     state_dir = tmp_path / "state"
-    store = await RevisionStore.open(state_dir, wall_clock=clock.seconds)
+    store = await RevisionStore.open(state_dir, clock=clock)
     clients = CorestoreClients(
-        timeouts=corestore_timeouts,
-        retry=RetryPolicy(attempts=2, first_delay=0.01, max_delay=0.02, jitter=0.0),
-        sleep=sleeps,
+        timeouts=corestore_timeouts, retry=CLIENT_RETRY, clock=clock, rng=lambda: 1.0
     )
-    world = World(corestore, store, clients, clock, sleeps, state_dir, settings)
+    world = World(corestore, store, clients, clock, state_dir, settings)
     world.objects = {
         "snap-db/dump.bson": pattern(3 * CHUNK + 123, "dump"),
         "snap-db/meta/indexes.json": b'{"indexes": ["_id"]}',
@@ -383,7 +387,7 @@ async def world(
     try:
         yield world
     finally:
-        await world.engine.close()
+        await world.stop_engine()
         await clients.close()
         await store.aclose()
 

@@ -25,7 +25,7 @@ async def test_cleanup_deletes_each_resource_then_the_staging_archive(world: Any
     started = await world.cleanup(revision)
     assert started["status"] == "cleaning"
     assert [e["status"] for e in started["cleanup"]["resources"]] == ["pending", "pending"]
-    cleaned = (await world.until("cleaned", "cleanup-failed")).state
+    cleaned = await world.settled("cleaned", "cleanup-failed")
     assert cleaned["status"] == "cleaned"
     resources = cleaned["cleanup"]["resources"]
     assert [(e["resourceMappingId"], e["resourceType"]) for e in resources] == [
@@ -48,7 +48,7 @@ async def test_a_resource_corestore_no_longer_has_counts_as_cleaned(world: Any) 
     client = world.clients.client_for(world.corestore.url, Secret(world.BEARER))
     await client.delete_resource("restore-1", "map-db", Secret(world.grant()))
     await world.cleanup(revision)
-    cleaned = (await world.until("cleaned", "cleanup-failed")).state
+    cleaned = await world.settled("cleaned", "cleanup-failed")
     assert cleaned["status"] == "cleaned"
     assert cleaned["cleanup"]["resources"][0]["status"] == "succeeded"
 
@@ -64,28 +64,31 @@ async def test_cleanup_of_a_restore_never_executed_succeeds(world: Any) -> None:
 async def test_cleanup_failed_is_retryable_and_converges_once_corestore_recovers(
     world: Any,
 ) -> None:
-    """Deletes fail: cleanup-failed with per-entry errors; a new cleanup retries only those."""
+    """Deletes fail: one try per entry (the client's two sends, no engine retry on top), then
+    cleanup-failed with per-entry errors; a new cleanup retries only the failed entries."""
     revision = await _ready(world)
     faults = world.corestore.faults
     faults.fail_next(RouteName.DELETE_RESOURCE, status=503, times=100)
+    waited = len(world.clock.slept)
     await world.cleanup(revision)
-    failed = (await world.until("cleaned", "cleanup-failed")).state
+    failed = await world.settled("cleaned", "cleanup-failed")
     assert failed["status"] == "cleanup-failed"
     assert failed["lastErrorCode"] == "corestore-unavailable"
     for entry in failed["cleanup"]["resources"]:
-        assert (entry["status"], entry["attempts"]) == ("failed", 2)
+        assert (entry["status"], entry["attempts"]) == ("failed", 1)
         assert entry["errorCode"] == "corestore-unavailable"
     assert failed["cleanup"]["stagingArchive"]["status"] == "succeeded"
-    assert faults.hits[RouteName.DELETE_RESOURCE] == 2 * 2 * 2  # mappings x engine x client
+    assert faults.hits[RouteName.DELETE_RESOURCE] == 2 * 2  # mappings x client sends
+    assert world.clock.slept[waited:] == [0.01, 0.01]  # one client backoff per mapping
 
     faults.clear()
     archive_deletes = faults.hits[RouteName.DELETE_STAGING_ARCHIVE]
     retried = await world.cleanup(failed["revision"])
     assert retried["status"] == "cleaning"
-    cleaned = (await world.until("cleaned", "cleanup-failed")).state
+    cleaned = await world.settled("cleaned", "cleanup-failed")
     assert cleaned["status"] == "cleaned"
     for entry in cleaned["cleanup"]["resources"]:
-        assert (entry["status"], entry["attempts"]) == ("succeeded", 3)
+        assert (entry["status"], entry["attempts"]) == ("succeeded", 2)
         assert "errorCode" not in entry
     assert cleaned["cleanup"]["stagingArchive"]["attempts"] == 1
     assert faults.hits[RouteName.DELETE_STAGING_ARCHIVE] == archive_deletes
@@ -112,14 +115,15 @@ async def test_a_cleanup_cut_off_by_a_restart_resumes_on_its_replay(world: Any) 
     body = world.cleanup_body(revision)
     await world.call(METHOD_CLEANUP, body)
     await world.engine.wait_for(
-        world.KEY, lambda s: s.state["cleanup"]["resources"][0]["status"] == "running"
+        world.KEY,
+        lambda s: s.state.cleanup is not None and s.state.cleanup.resources[0].status == "running",
     )
     await world.restart()
     faults.clear()  # the stalled delete died with the old engine's connection
     assert (await world.status())["state"]["status"] == "cleaning"
     answer = await world.call(METHOD_CLEANUP, {**body, "restoreGrant": world.grant()})
     assert answer["state"]["status"] == "cleaning"
-    cleaned = (await world.until("cleaned", "cleanup-failed")).state
+    cleaned = await world.settled("cleaned", "cleanup-failed")
     assert cleaned["status"] == "cleaned"
     assert cleaned["cleanup"]["resources"][0]["attempts"] == 2
     assert world.data_files() == []
@@ -131,7 +135,7 @@ async def test_cleanup_ends_by_having_corestore_forget_the_prepared_restore(worl
     record = world.corestore.data_dir / "restores" / "restore-1.json"
     assert record.exists()
     await world.cleanup(revision)
-    cleaned = (await world.until("cleaned", "cleanup-failed")).state
+    cleaned = await world.settled("cleaned", "cleanup-failed")
     assert cleaned["status"] == "cleaned"
     assert not record.exists()
     assert "lastErrorCode" not in cleaned
@@ -147,19 +151,19 @@ async def test_forgetting_the_restore_failing_ends_cleanup_failed_with_every_ent
     faults = world.corestore.faults
     faults.fail_next(RouteName.DELETE_RESTORE, status=503, times=100)
     await world.cleanup(revision)
-    failed = (await world.until("cleaned", "cleanup-failed")).state
+    failed = await world.settled("cleaned", "cleanup-failed")
     assert failed["status"] == "cleanup-failed"
     assert failed["lastErrorCode"] == "corestore-unavailable"
     assert "forgetting the prepared restore failed" in failed["lastErrorMessage"]
     entries = [*failed["cleanup"]["resources"], failed["cleanup"]["stagingArchive"]]
     assert all((e["status"], e["attempts"]) == ("succeeded", 1) for e in entries)
-    assert faults.hits[RouteName.DELETE_RESTORE] == 2 * 2  # engine x client attempts
+    assert faults.hits[RouteName.DELETE_RESTORE] == 2  # the client's sends, nothing on top
     assert (world.corestore.data_dir / "restores" / "restore-1.json").exists()
 
     faults.clear()
     deletes = faults.hits[RouteName.DELETE_RESOURCE] + faults.hits[RouteName.DELETE_STAGING_ARCHIVE]
     await world.cleanup(failed["revision"])
-    cleaned = (await world.until("cleaned", "cleanup-failed")).state
+    cleaned = await world.settled("cleaned", "cleanup-failed")
     assert cleaned["status"] == "cleaned"
     assert cleaned["cleanup"] == failed["cleanup"]
     assert (
@@ -177,6 +181,6 @@ async def test_corestore_refusing_to_forget_the_restore_ends_cleanup_failed_at_o
     faults = world.corestore.faults
     faults.fail_next(RouteName.DELETE_RESTORE, status=409)
     await world.cleanup(revision)
-    failed = (await world.until("cleaned", "cleanup-failed")).state
+    failed = await world.settled("cleaned", "cleanup-failed")
     assert (failed["status"], failed["lastErrorCode"]) == ("cleanup-failed", "corestore-refused")
     assert faults.hits[RouteName.DELETE_RESTORE] == 1

@@ -25,7 +25,7 @@ async def test_a_failed_verification_ends_failed_with_verification_failed(world:
     data[0] ^= 0xFF
     damaged.write_bytes(bytes(data))
     await world.execute(revision)
-    state = (await world.until("ready", "failed")).state
+    state = await world.settled("ready", "failed")
     assert state["status"] == "failed"
     assert state["lastErrorCode"] == "verification-failed"
     assert "map-os" in state["lastErrorMessage"]
@@ -37,21 +37,25 @@ async def test_a_failed_verification_ends_failed_with_verification_failed(world:
     assert "readyAt" not in state
 
 
-async def test_corestore_unavailable_ends_failed_after_bounded_retries(world: Any) -> None:
-    """Every attempt answers 503: client attempts x engine attempts, then failed."""
+async def test_corestore_unavailable_ends_failed_after_the_clients_retries(world: Any) -> None:
+    """Every send answers 503: the client's two sends with one backoff between them, no engine
+    retry on top, then failed with corestore-unavailable."""
     world.corestore.faults.fail_next(RouteName.RESTORE_RESOURCE, status=503, times=100)
-    state = (await _execute_until_settled(world)).state
+    revision = await world.ready_to_execute()
+    waited = len(world.clock.slept)
+    assert (await world.execute(revision))["status"] == "restoring"
+    state = await world.settled("ready", "failed")
     assert state["status"] == "failed"
     assert state["lastErrorCode"] == "corestore-unavailable"
-    assert world.corestore.faults.hits[RouteName.RESTORE_RESOURCE] == 2 * 2
-    assert world.engine.settings.first_delay in world.sleeps.delays  # the engine's backoff
+    assert world.corestore.faults.hits[RouteName.RESTORE_RESOURCE] == 2
+    assert world.clock.slept[waited:] == [0.01]  # the client's one backoff
     assert state["completedResourceMappingIds"] == []
 
 
 async def test_corestore_refusing_a_restore_ends_failed_without_retrying(world: Any) -> None:
     """A 4xx is not retried: one call, failed with corestore-refused."""
     world.corestore.faults.fail_next(RouteName.RESTORE_RESOURCE, status=409)
-    state = (await _execute_until_settled(world)).state
+    state = (await _execute_until_settled(world)).state.to_wire()
     assert (state["status"], state["lastErrorCode"]) == ("failed", "corestore-refused")
     assert world.corestore.faults.hits[RouteName.RESTORE_RESOURCE] == 1
 
@@ -61,7 +65,7 @@ async def test_a_resource_restore_that_fails_at_corestore_ends_failed(world: Any
     revision = await world.ready_to_execute()
     world.staged_file("snap-db/dump.bson").unlink()
     await world.execute(revision)
-    state = (await world.until("ready", "failed")).state
+    state = await world.settled("ready", "failed")
     assert (state["status"], state["lastErrorCode"]) == ("failed", "restore-failed")
     assert "map-db" in state["lastErrorMessage"]
 
@@ -69,7 +73,7 @@ async def test_a_resource_restore_that_fails_at_corestore_ends_failed(world: Any
 async def test_verification_unavailable_ends_failed_with_its_code(world: Any) -> None:
     """A verify call that never answers ends failed (from verifying) with its code."""
     world.corestore.faults.fail_next(RouteName.VERIFY_RESOURCE, status=500, times=100)
-    state = (await _execute_until_settled(world)).state
+    state = (await _execute_until_settled(world)).state.to_wire()
     assert (state["status"], state["lastErrorCode"]) == ("failed", "corestore-unavailable")
     assert state["verification"]["status"] == "failed"
     assert sorted(state["completedResourceMappingIds"]) == ["map-db", "map-os"]
@@ -85,14 +89,14 @@ async def test_a_restart_mid_execute_keeps_the_state_and_a_replay_resumes_it(
     def stall_after_the_first_mapping(stored: StoredState) -> None:
         # Runs inside the work task, before its next call: the restore of map-os then hangs
         # at Corestore's door (before Corestore starts anything) until the engine is closed.
-        if stored.state["completedResourceMappingIds"] == ["map-db"]:
+        if stored.state.completed_resource_mapping_ids == ["map-db"]:
             faults.delay_next(RouteName.RESTORE_RESOURCE, seconds=60)
 
     world.engine.observe(stall_after_the_first_mapping)
     body = world.execute_body(revision)
     await world.call(METHOD_EXECUTE, body)
     await world.engine.wait_for(
-        world.KEY, lambda s: s.state["completedResourceMappingIds"] == ["map-db"]
+        world.KEY, lambda s: s.state.completed_resource_mapping_ids == ["map-db"]
     )
     await world.restart()
 

@@ -15,7 +15,6 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.corestore.routes import RouteName
 from agent.errors import (
-    CorestoreRefused,
     IllegalTransition,
     InvalidRequest,
     ObjectNotInManifest,
@@ -23,15 +22,33 @@ from agent.errors import (
 )
 
 
-async def test_prepare_answers_prepared_at_revision_two(world: Any) -> None:
-    """preparing (rev 1) is written first, Corestore prepares, prepared (rev 2) is answered."""
+async def test_prepare_answers_preparing_at_the_next_revision(world: Any) -> None:
+    """A missing state is revision 0: prepare answers `preparing` at revision 1 and the
+    engine's task then writes `prepared` at revision 2 (a later write, not the answer)."""
     seen: list[tuple[int, str]] = []
     world.engine.observe(lambda stored: seen.append((stored.revision, stored.status)))
-    state = await world.prepare()
-    assert (state["revision"], state["status"]) == (2, "prepared")
+    answer = await world.call(METHOD_PREPARE, world.prepare_body(expected=0))
+    state = answer["state"]
+    assert (state["revision"], state["status"]) == (1, "preparing")
+    assert "preparedAt" not in state
+    prepared = await world.settled("prepared", "failed")
     assert seen == [(1, "preparing"), (2, "prepared")]
-    assert state["preparedAt"] > 0
-    assert state["scratchNamespaceId"] == "scratch-ns-1"
+    assert (prepared["revision"], prepared["status"]) == (2, "prepared")
+    assert prepared["preparedAt"] > 0
+    assert prepared["scratchNamespaceId"] == "scratch-ns-1"
+    assert world.corestore.faults.hits[RouteName.PREPARE_RESTORE] == 1
+
+
+async def test_prepare_answers_before_corestore_does(world: Any) -> None:
+    """With Corestore holding the prepare, the answer and the status say `preparing`; the
+    engine's task settles it once Corestore answers."""
+    world.corestore.faults.hold_prepares()
+    state = await world.state_of(METHOD_PREPARE, world.prepare_body())
+    assert (state["revision"], state["status"]) == (1, "preparing")
+    assert world.engine.working(world.KEY)
+    assert (await world.status())["state"] == state
+    world.corestore.faults.release_prepares()
+    assert (await world.settled("prepared", "failed"))["status"] == "prepared"
     assert world.corestore.faults.hits[RouteName.PREPARE_RESTORE] == 1
 
 
@@ -143,15 +160,33 @@ async def test_an_object_not_in_the_manifest_is_refused_before_any_byte_moves(
     assert (await world.store.get(world.KEY)).revision == prepared["revision"]
 
 
-async def test_a_prepare_corestore_refuses_ends_failed_and_raises(world: Any) -> None:
-    """Corestore's 4xx is raised to Cloudly and recorded as failed with lastErrorCode."""
+async def test_a_prepare_corestore_refuses_is_answered_preparing_and_ends_failed(
+    world: Any,
+) -> None:
+    """Corestore's 4xx is no error reply: the answer is `preparing`, and the state then reads
+    `failed` at revision 2 with lastErrorCode and Corestore's sanitised text."""
     world.corestore.faults.fail_next(RouteName.PREPARE_RESTORE, status=409)
-    with pytest.raises(CorestoreRefused):
-        await world.call(METHOD_PREPARE, world.prepare_body())
-    state = (await world.status())["state"]
+    answer = await world.state_of(METHOD_PREPARE, world.prepare_body())
+    assert (answer["revision"], answer["status"]) == (1, "preparing")
+    state = await world.settled("prepared", "failed")
     assert (state["revision"], state["status"]) == (2, "failed")
     assert state["lastErrorCode"] == "corestore-refused"
     assert "409" in state["lastErrorMessage"]
+    assert "preparedAt" not in state
+    assert (await world.status())["state"] == state
+    assert world.corestore.faults.hits[RouteName.PREPARE_RESTORE] == 1
+
+
+async def test_a_prepare_corestore_never_answers_ends_failed_after_the_clients_retries(
+    world: Any,
+) -> None:
+    """503 on every send: the client's two sends, no engine retry, then `failed` with
+    corestore-unavailable; a cleanup can start from there."""
+    world.corestore.faults.fail_next(RouteName.PREPARE_RESTORE, status=503, times=100)
+    await world.state_of(METHOD_PREPARE, world.prepare_body())
+    state = await world.settled("prepared", "failed")
+    assert (state["status"], state["lastErrorCode"]) == ("failed", "corestore-unavailable")
+    assert world.corestore.faults.hits[RouteName.PREPARE_RESTORE] == 2
 
 
 async def test_a_prepare_without_resource_mappings_is_refused_before_any_state(

@@ -1,30 +1,89 @@
-"""The engine's own task: owned even when starting it is cancelled half-way."""
+"""The engine runs only as `await engine.run()` in its caller's TaskGroup and ends on `close()`.
+
+Whether it takes work shows on a request: an execute of a restore that does not exist is
+`restore-not-found` while the engine runs, and `shutting-down` before it runs and after close.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agent.restore.background import WorkOwner
-from agent.store import RevisionStore
+from agent.contracts.isolatedrestore import ExecuteIsolatedRestoreRequest
+from agent.errors import InvalidState, RestoreNotFound, ShuttingDown
+from agent.restore.background import running
+from agent.restore.engine import IsolatedRestoreEngine
+from agent.secret import Secret
 
 
-async def test_a_cancelled_start_leaves_no_engine_task_running(tmp_path: Path) -> None:
-    """`async with engine` cancelled while it waits for `run()` cancels and awaits that task."""
-    store = await RevisionStore.open(tmp_path)
+def _engine(world: Any) -> IsolatedRestoreEngine:
+    """Another engine on the world's store and Corestore clients (the world's own keeps running)."""
+    return IsolatedRestoreEngine(
+        store=world.store,
+        clients=world.clients,
+        credential=Secret(world.BEARER),
+        cluster_view=world.view,
+        settings=world.settings,
+    )
+
+
+async def _takes_work(engine: IsolatedRestoreEngine, world: Any) -> bool:
+    request = ExecuteIsolatedRestoreRequest.from_wire(world.execute_body(2))
     try:
-        owner = WorkOwner(store)
-        with pytest.raises(TimeoutError):
-            # timeout(0) cancels the entering task at its first wait: inside __aenter__.
-            async with asyncio.timeout(0):
-                await owner.__aenter__()
-        leftover = [
-            task
-            for task in asyncio.all_tasks()
-            if task.get_name() == "isolated-restore-engine" and not task.done()
-        ]
-        assert leftover == []
-    finally:
-        await store.aclose()
+        await engine.execute(request)
+    except RestoreNotFound:
+        return True
+    except ShuttingDown:
+        return False
+    raise AssertionError("an execute of no restore neither ran nor was refused")
+
+
+async def test_close_ends_run_inside_the_callers_task_group(world: Any) -> None:
+    """run() takes work once started; close() makes it return, so the TaskGroup ends too."""
+    engine = _engine(world)
+    assert not await _takes_work(engine, world)
+    async with asyncio.TaskGroup() as group:
+        run = group.create_task(engine.run())
+        await engine.started()
+        assert await _takes_work(engine, world)
+        await engine.close(timeout=5)
+    assert run.result() is None
+    assert not await _takes_work(engine, world)
+
+
+async def test_the_engine_runs_once(world: Any) -> None:
+    """A second run() is a bug: InvalidState, and the first run goes on taking work."""
+    engine = _engine(world)
+    async with asyncio.TaskGroup() as group:
+        group.create_task(engine.run())
+        await engine.started()
+        with pytest.raises(InvalidState):
+            await engine.run()
+        assert await _takes_work(engine, world)
+        await engine.close(timeout=5)
+
+
+async def test_an_engine_closed_before_it_ran_takes_no_work(world: Any) -> None:
+    """close() before run(): run() returns at once and nothing is ever accepted."""
+    engine = _engine(world)
+    await engine.close(timeout=5)
+    async with asyncio.timeout(5):
+        await engine.run()
+    assert not await _takes_work(engine, world)
+
+
+async def test_running_owns_the_engine_for_the_length_of_its_block(world: Any) -> None:
+    """`background.running()`: work inside the block, none after it."""
+    engine = _engine(world)
+    async with running(engine) as entered:
+        assert entered is engine
+        assert await _takes_work(engine, world)
+    assert not await _takes_work(engine, world)
+
+
+async def test_the_engine_offers_no_context_manager_of_its_own(world: Any) -> None:
+    """No `async with engine`: its one owner is the TaskGroup that awaits run()."""
+    assert not hasattr(world.engine, "__aenter__")
+    assert not hasattr(world.engine, "__aexit__")

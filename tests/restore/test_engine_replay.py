@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -17,15 +16,36 @@ from agent.corestore.routes import RouteName
 from agent.errors import RevisionConflict
 
 
-async def test_a_replayed_prepare_answers_the_same_state_without_asking_corestore(
+async def test_a_replayed_prepare_answers_the_current_state_without_asking_corestore(
     world: Any,
 ) -> None:
-    """The same prepare with a fresh grant gets the prepared state; Corestore sees one call."""
+    """The same prepare with a fresh grant after it settled gets the prepared state (a later
+    revision than its first answer); Corestore saw one call."""
     body = world.prepare_body()
     first = (await world.call(METHOD_PREPARE, body))["state"]
+    prepared = await world.settled("prepared")
     replay = {**body, "restoreGrant": world.grant()}
     assert replay["restoreGrant"] != body["restoreGrant"]
-    assert (await world.call(METHOD_PREPARE, replay))["state"] == first
+    assert (await world.call(METHOD_PREPARE, replay))["state"] == prepared
+    assert (first["revision"], prepared["revision"]) == (1, 2)
+    assert world.corestore.faults.hits[RouteName.PREPARE_RESTORE] == 1
+
+
+async def test_a_prepare_replayed_while_its_task_runs_answers_preparing_and_starts_nothing(
+    world: Any,
+) -> None:
+    """Corestore still works on the prepare: the replay answers the current `preparing` state,
+    and the one running task settles it (one Corestore call in all)."""
+    world.corestore.faults.hold_prepares()
+    body = world.prepare_body()
+    first = (await world.call(METHOD_PREPARE, body))["state"]
+    await world.corestore.faults.prepare_held.wait()
+    replayed = (await world.call(METHOD_PREPARE, {**body, "restoreGrant": world.grant()}))["state"]
+    assert replayed == first
+    assert replayed["status"] == "preparing"
+    world.corestore.faults.release_prepares()
+    assert (await world.settled("prepared", "failed"))["status"] == "prepared"
+    await world.engine.settled(world.KEY)
     assert world.corestore.faults.hits[RouteName.PREPARE_RESTORE] == 1
 
 
@@ -102,7 +122,8 @@ async def test_an_older_request_than_the_latest_is_no_replay(world: Any) -> None
     """Only the request that produced the current state replays; an earlier one conflicts."""
     prepare = world.prepare_body()
     await world.call(METHOD_PREPARE, prepare)
-    await world.stage("snap-db/dump.bson", 2)
+    prepared = await world.settled("prepared")
+    await world.stage("snap-db/dump.bson", prepared["revision"])
     with pytest.raises(RevisionConflict) as caught:
         await world.call(METHOD_PREPARE, {**prepare, "restoreGrant": world.grant()})
     assert caught.value.data == {"currentRevision": 3, "status": "staging"}
@@ -117,16 +138,23 @@ async def test_a_prepare_with_another_body_at_revision_zero_conflicts(world: Any
 
 
 async def test_a_replayed_prepare_resumes_one_left_preparing(world: Any) -> None:
-    """A prepare cut off while Corestore worked stays preparing; its replay finishes it."""
-    world.corestore.faults.delay_next(RouteName.PREPARE_RESTORE, seconds=30)
+    """A prepare whose task was cut off (restart) stays preparing, with no task; its replay
+    answers `preparing`, resumes the work with its fresh grant and ends `prepared`."""
+    world.corestore.faults.hold_prepares()
     body = world.prepare_body()
-    first = asyncio.create_task(world.call(METHOD_PREPARE, body))
-    await world.until("preparing")
-    first.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await first
-    assert (await world.status())["state"]["status"] == "preparing"
-    world.corestore.faults.clear()  # the cut-off call may never have reached Corestore
-    await world.restart()
-    state = (await world.call(METHOD_PREPARE, {**body, "restoreGrant": world.grant()}))["state"]
+    first = (await world.call(METHOD_PREPARE, body))["state"]
+    await world.corestore.faults.prepare_held.wait()
+    await world.restart()  # cancels the task; Corestore never answered it
+    world.corestore.faults.release_prepares()
+    left = (await world.status())["state"]
+    assert left == first
+    assert (left["status"], left["revision"]) == ("preparing", 1)
+    assert world.engine.working(world.KEY) is False
+
+    replay = {**body, "restoreGrant": world.grant()}
+    answer = (await world.call(METHOD_PREPARE, replay))["state"]
+    assert answer == left
+    assert world.engine.working(world.KEY)
+    state = await world.settled("prepared", "failed")
     assert (state["status"], state["revision"]) == ("prepared", 2)
+    assert world.corestore.faults.hits[RouteName.PREPARE_RESTORE] == 2

@@ -59,7 +59,9 @@ async def _stage(cloudly: Peer, world: Any, path: str, revision: int) -> dict[st
 async def test_a_whole_restore_through_the_session(world: Any) -> None:
     """prepare, stage x3 over VirtualStreams, execute, status until ready, cleanup, cleaned."""
     async with cloudly_and_agent(world) as cloudly:
-        prepared = (await cloudly.call(METHOD_PREPARE, world.prepare_body(), timeout=10))["state"]
+        preparing = (await cloudly.call(METHOD_PREPARE, world.prepare_body(), timeout=10))["state"]
+        assert (preparing["status"], preparing["revision"]) == ("preparing", 1)
+        prepared = await world.settled("prepared", "failed")
         revision = prepared["revision"]
         for path in world.objects:
             revision = (await _stage(cloudly, world, path, revision))["revision"]
@@ -86,7 +88,8 @@ async def test_status_is_answered_while_a_stage_of_the_same_restore_streams(
 ) -> None:
     """The stage waits for bytes; a status call on the same session is answered meanwhile."""
     async with cloudly_and_agent(world) as cloudly:
-        prepared = (await cloudly.call(METHOD_PREPARE, world.prepare_body(), timeout=10))["state"]
+        await cloudly.call(METHOD_PREPARE, world.prepare_body(), timeout=10)
+        prepared = await world.settled("prepared", "failed")
         path = "snap-db/dump.bson"
         marker, sink = cloudly.open_send_stream()
         body = {**world.stage_body(path, prepared["revision"]), "archive": marker.to_wire()}
@@ -104,6 +107,7 @@ async def test_a_revision_conflict_reaches_cloudly_with_its_facts(world: Any) ->
     """error.data carries code, retryable, currentRevision and status."""
     async with cloudly_and_agent(world) as cloudly:
         await cloudly.call(METHOD_PREPARE, world.prepare_body(), timeout=10)
+        await world.settled("prepared", "failed")
         with pytest.raises(CallFailed) as caught:
             await cloudly.call(METHOD_EXECUTE, world.execute_body(1), timeout=10)
     assert caught.value.error_data == {

@@ -38,6 +38,16 @@ def _config(tmp_path: Path, cloudly: StandInCloudly, bearer: str) -> Config:
     )
 
 
+async def _settled(cloudly: StandInCloudly, world: Any) -> dict[str, Any]:
+    """Cloudly's view: read the status until the agent's prepare task settled it."""
+    async with asyncio.timeout(10):
+        while True:
+            reply = await cloudly.call_agent(METHOD_GET_STATUS, world.status_body())
+            if reply["state"]["status"] != "preparing":
+                state: dict[str, Any] = reply["state"]
+                return state
+
+
 async def test_the_agent_serves_isolated_restores_and_keeps_their_state(
     tmp_path: Path, world: Any
 ) -> None:
@@ -51,10 +61,12 @@ async def test_the_agent_serves_isolated_restores_and_keeps_their_state(
         async with asyncio.TaskGroup() as group:
             agent = group.create_task(app.run(config, stop=stop, status=status))
             await status.wait_until(lambda s: s.state is SessionState.CONNECTED)
-            prepared = await cloudly.call_agent(METHOD_PREPARE, world.prepare_body())
-            assert prepared["state"]["status"] == "prepared"
+            preparing = await cloudly.call_agent(METHOD_PREPARE, world.prepare_body())
+            assert preparing["state"]["status"] == "preparing"
+            prepared = await _settled(cloudly, world)
+            assert prepared["status"] == "prepared"
             marker, sink = cloudly.open_send_stream()
-            body = {**world.stage_body(path, prepared["state"]["revision"]), "archive": marker}
+            body = {**world.stage_body(path, prepared["revision"]), "archive": marker}
             call = group.create_task(cloudly.call_agent(METHOD_STAGE, body))
             for start in range(0, len(data), 50_000):
                 await sink.write(data[start : start + 50_000])

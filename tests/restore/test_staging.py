@@ -100,6 +100,25 @@ async def test_a_stream_longer_than_the_object_counts_for_nothing(
     assert not world.staged_file(DUMP).exists()
 
 
+async def test_a_chunk_in_flight_when_the_bytes_are_refused_is_finished_not_cut(
+    world: Any, source_factory: Any
+) -> None:
+    """Corestore is still taking the first chunk when the stream runs past the object's size:
+    that PUT is completed (never cut, or Corestore could finish it after the discard), nothing
+    more is sent, and then the partial object is deleted."""
+    prepared = await world.prepare()
+    # Within this module's 0.3 s transfer timeout: the PUT is slow, not lost.
+    world.corestore.faults.delay_next(RouteName.PUT_CHUNK, seconds=0.1)
+    with structlog.testing.capture_logs() as events, pytest.raises(IntegrityError, match="longer"):
+        await _stage_raw(world, prepared["revision"], source_factory(world.objects[DUMP] + b"!"))
+    sent = [e["bytes"] for e in events if e["event"] == "staging_progress"]
+    assert sent == [world.CHUNK]  # the one PUT in flight finished; no final line
+    assert world.corestore.faults.hits[RouteName.PUT_CHUNK] == 1
+    assert world.corestore.faults.hits[RouteName.DELETE_OBJECT] == 1
+    assert await world.store.verified_chunks(world.KEY, DUMP) == []
+    assert not world.staged_file(DUMP).exists()
+
+
 @pytest.mark.parametrize(
     "fault",
     [

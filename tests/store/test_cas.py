@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.clock import epoch_ms
+from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
 from agent.errors import IllegalTransition, InvalidState, RevisionConflict, StoreError
 from agent.restore.machine import Op
 from agent.store import RestoreKey, RevisionStore, StoredState
+from tests.clock import ManualClock
+from tests.store.states import KEY, node_state, plan
 
-KEY = RestoreKey("cluster-1", "node-1", "restore-1")
 DIGEST_A = "a" * 64
 DIGEST_B = "b" * 64
 
 
-def _state(**extra: Any) -> dict[str, Any]:
-    return {"sourceBackupId": "backup-1", "completedResourceMappingIds": [], **extra}
+def _state(**changes: Any) -> IsolatedRestoreNodeState:
+    return node_state(KEY, **changes)
 
 
 async def test_an_absent_key_reads_as_none(store: RevisionStore) -> None:
@@ -31,7 +33,12 @@ async def test_an_absent_key_reads_as_none(store: RevisionStore) -> None:
 async def test_prepare_at_revision_zero_creates_revision_one(store: RevisionStore) -> None:
     """The first mutation inserts the row at revision 1 in status preparing."""
     created = await store.mutate(
-        KEY, expected_revision=0, op=Op.PREPARE, state=_state(), request_digest=DIGEST_A
+        KEY,
+        expected_revision=0,
+        op=Op.PREPARE,
+        state=_state(),
+        plan=plan(),
+        request_digest=DIGEST_A,
     )
     assert (created.revision, created.status, created.mutation_digest) == (1, "preparing", DIGEST_A)
     assert await store.get(KEY) == created
@@ -54,9 +61,11 @@ async def test_a_whole_lifecycle_advances_the_revision_by_one_per_mutation(
         (Op.CLEANUP_SUCCEEDED, "cleaned"),
     ]
     for revision, (op, status) in enumerate(steps):
-        stored = await store.mutate(KEY, expected_revision=revision, op=op, state=_state())
+        stored = await store.mutate(
+            KEY, expected_revision=revision, op=op, state=_state(), plan=plan()
+        )
         assert (stored.revision, stored.status) == (revision + 1, status)
-        assert (stored.state["revision"], stored.state["status"]) == (revision + 1, status)
+        assert (stored.state.revision, stored.state.status) == (revision + 1, status)
 
 
 async def test_a_stale_revision_conflicts_and_changes_nothing(
@@ -65,7 +74,9 @@ async def test_a_stale_revision_conflicts_and_changes_nothing(
     """expectedRevision behind the row raises RevisionConflict with the current facts."""
     before = await prepared_store.get(KEY)
     with pytest.raises(RevisionConflict) as raised:
-        await prepared_store.mutate(KEY, expected_revision=1, op=Op.STAGE, state=_state(x=1))
+        await prepared_store.mutate(
+            KEY, expected_revision=1, op=Op.STAGE, state=_state(last_error_code="x")
+        )
     assert raised.value.data == {"currentRevision": 2, "status": "prepared"}
     assert await prepared_store.get(KEY) == before
 
@@ -82,7 +93,9 @@ async def test_prepare_at_zero_on_an_existing_state_conflicts(
 ) -> None:
     """The INSERT for revision 0 fails on the existing row, as a conflict."""
     with pytest.raises(RevisionConflict) as raised:
-        await prepared_store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=_state())
+        await prepared_store.mutate(
+            KEY, expected_revision=0, op=Op.PREPARE, state=_state(), plan=plan()
+        )
     assert raised.value.data == {"currentRevision": 2, "status": "prepared"}
 
 
@@ -132,27 +145,85 @@ async def test_a_new_request_replaces_the_digest(prepared_store: RevisionStore) 
     assert staged.mutation_digest == DIGEST_B
 
 
-async def test_private_fields_are_kept_unless_replaced(store: RevisionStore) -> None:
-    """`private=None` keeps the engine's fields; a mapping replaces them."""
-    await store.mutate(
-        KEY, expected_revision=0, op=Op.PREPARE, state=_state(), private={"manifest": [1]}
-    )
+async def test_the_plan_is_kept_unless_replaced(store: RevisionStore) -> None:
+    """`plan=None` keeps the engine's plan; a plan replaces it."""
+    first, second = plan(v=1), plan(v=2)
+    await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=_state(), plan=first)
     kept = await store.mutate(KEY, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state=_state())
-    assert kept.private == {"manifest": [1]}
+    assert kept.plan == first
     replaced = await store.mutate(
-        KEY, expected_revision=2, op=Op.STAGE, state=_state(), private={"manifest": []}
+        KEY, expected_revision=2, op=Op.STAGE, state=_state(), plan=second
     )
-    assert replaced.private == {"manifest": []}
+    assert replaced.plan == second
+    assert (await store.get(KEY)) == replaced
+
+
+async def test_a_new_state_needs_its_plan(store: RevisionStore) -> None:
+    """Creating a state without the plan its later steps read is a bug: nothing is written."""
+    with pytest.raises(InvalidState, match="plan"):
+        await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=_state())
+    assert await store.get(KEY) is None
+
+
+async def test_a_state_reads_back_as_the_model_it_was_written_as(store: RevisionStore) -> None:
+    """Every field the engine sets survives the row, nested models included."""
+    written = IsolatedRestoreNodeState.from_wire(
+        {
+            **_state().to_wire(),
+            "completedResourceMappingIds": ["map-1"],
+            "verification": {
+                "status": "failed",
+                "results": [
+                    {
+                        "resourceMappingId": "map-1",
+                        "resourceType": "volume",
+                        "status": "failed",
+                        "checks": [{"code": "content-sha256", "status": "failed", "message": "x"}],
+                        "checkedAt": 4,
+                    }
+                ],
+                "startedAt": 3,
+                "completedAt": 4,
+            },
+            "cleanup": {
+                "resources": [
+                    {
+                        "resourceMappingId": "map-1",
+                        "resourceType": "volume",
+                        "status": "failed",
+                        "attempts": 2,
+                        "updatedAt": 5,
+                        "errorCode": "corestore-unavailable",
+                        "errorMessage": "503",
+                    }
+                ],
+                "stagingArchive": {
+                    "stagingArchiveId": "staging-1",
+                    "status": "pending",
+                    "attempts": 0,
+                },
+            },
+            "preparedAt": 2,
+            "lastErrorCode": "verification-failed",
+            "lastErrorMessage": "map-1: content-sha256",
+        }
+    )
+    stored = await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=written, plan=plan())
+    expected = written.model_copy(
+        update={"revision": 1, "status": "preparing", "updated_at": stored.updated_at}
+    )
+    assert stored.state == expected
+    assert (await store.get(KEY)) == stored
 
 
 async def test_the_row_owns_key_revision_status_and_updated_at(
-    store: RevisionStore, clock: Callable[[], float]
+    store: RevisionStore, clock: ManualClock
 ) -> None:
     """Stale values for store-owned fields in the given state are replaced from the row."""
-    given = _state(revision=99, status="ready", updatedAt=1)
-    stored = await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=given)
-    assert stored.state == {
-        **_state(),
+    given = _state(revision=99, status="ready", updated_at=1)
+    stored = await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=given, plan=plan())
+    assert stored.state.to_wire() == {
+        **_state().to_wire(),
         "restoreId": "restore-1",
         "clusterId": "cluster-1",
         "targetNodeName": "node-1",
@@ -160,14 +231,21 @@ async def test_the_row_owns_key_revision_status_and_updated_at(
         "status": "preparing",
         "updatedAt": stored.updated_at,
     }
-    assert stored.updated_at > 1_700_000_000_000
+    assert stored.updated_at == epoch_ms(clock)
+    clock.advance(2.5)
+    later = await store.mutate(KEY, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state=given)
+    assert later.updated_at == stored.updated_at + 2500
 
 
 async def test_a_state_naming_another_key_is_refused(store: RevisionStore) -> None:
     """A state whose restoreId differs from the key it is stored under is a bug."""
     with pytest.raises(InvalidState):
         await store.mutate(
-            KEY, expected_revision=0, op=Op.PREPARE, state=_state(restoreId="restore-2")
+            KEY,
+            expected_revision=0,
+            op=Op.PREPARE,
+            state=_state(restore_id="restore-2"),
+            plan=plan(),
         )
     assert await store.get(KEY) is None
 
@@ -176,7 +254,12 @@ async def test_a_malformed_digest_is_refused(store: RevisionStore) -> None:
     """Only a request_digest() value is stored as digest."""
     with pytest.raises(InvalidState):
         await store.mutate(
-            KEY, expected_revision=0, op=Op.PREPARE, state=_state(), request_digest="xyz"
+            KEY,
+            expected_revision=0,
+            op=Op.PREPARE,
+            state=_state(),
+            plan=plan(),
+            request_digest="xyz",
         )
 
 
@@ -186,7 +269,9 @@ async def test_the_same_restore_on_another_node_is_another_state(
     """The key is the exact cluster/node/restore triple."""
     other = RestoreKey("cluster-1", "node-2", "restore-1")
     assert await prepared_store.get(other) is None
-    created = await prepared_store.mutate(other, expected_revision=0, op=Op.PREPARE, state={})
+    created = await prepared_store.mutate(
+        other, expected_revision=0, op=Op.PREPARE, state=node_state(other), plan=plan()
+    )
     assert created.revision == 1
 
 
@@ -195,11 +280,16 @@ async def test_list_unfinished_returns_exactly_the_in_flight_states(
 ) -> None:
     """Only preparing/restoring/verifying/cleaning states need resuming after a restart."""
     preparing = RestoreKey("cluster-1", "node-1", "restore-2")
-    await prepared_store.mutate(preparing, expected_revision=0, op=Op.PREPARE, state={})
+    await prepared_store.mutate(
+        preparing, expected_revision=0, op=Op.PREPARE, state=node_state(preparing), plan=plan()
+    )
     cleaning = RestoreKey("cluster-1", "node-1", "restore-3")
-    await prepared_store.mutate(cleaning, expected_revision=0, op=Op.PREPARE, state={})
-    await prepared_store.mutate(cleaning, expected_revision=1, op=Op.PREPARE_FAILED, state={})
-    await prepared_store.mutate(cleaning, expected_revision=2, op=Op.CLEANUP, state={})
+    state = node_state(cleaning)
+    await prepared_store.mutate(
+        cleaning, expected_revision=0, op=Op.PREPARE, state=state, plan=plan()
+    )
+    await prepared_store.mutate(cleaning, expected_revision=1, op=Op.PREPARE_FAILED, state=state)
+    await prepared_store.mutate(cleaning, expected_revision=2, op=Op.CLEANUP, state=state)
     unfinished = await prepared_store.list_unfinished()
     assert [(s.key, s.status) for s in unfinished] == [
         (preparing, "preparing"),
@@ -209,7 +299,9 @@ async def test_list_unfinished_returns_exactly_the_in_flight_states(
 
 async def _attempt(store: RevisionStore, expected: int, n: int) -> StoredState | RevisionConflict:
     try:
-        return await store.mutate(KEY, expected_revision=expected, op=Op.STAGE, state=_state(n=n))
+        return await store.mutate(
+            KEY, expected_revision=expected, op=Op.STAGE, state=_state(last_error_message=str(n))
+        )
     except RevisionConflict as conflict:
         return conflict
 
@@ -266,3 +358,20 @@ async def test_a_closed_store_raises_store_error(state_dir: Path) -> None:
     await closed.aclose()
     with pytest.raises(StoreError):
         await closed.get(KEY)
+
+
+async def test_a_row_that_is_no_node_state_reads_as_store_error(
+    prepared_store: RevisionStore,
+) -> None:
+    """A damaged state JSON fails as StoreError naming the field, without quoting the value."""
+    raw = sqlite3.connect(prepared_store.path, isolation_level=None)
+    try:
+        raw.execute(
+            "UPDATE restore_state SET state_json = "
+            "json_set(state_json, '$.preparedAt', 'leak-7f3c')"
+        )
+    finally:
+        raw.close()
+    with pytest.raises(StoreError, match="preparedAt") as raised:
+        await prepared_store.get(KEY)
+    assert "leak-7f3c" not in str(raised.value)

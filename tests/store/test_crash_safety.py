@@ -25,6 +25,7 @@ import asyncio, sys
 from pathlib import Path
 from agent.restore.machine import Op
 from agent.store import RestoreKey, RevisionStore
+from tests.store.states import node_state, plan
 
 async def main() -> None:
     store = await RevisionStore.open(Path(sys.argv[1]))
@@ -32,14 +33,15 @@ async def main() -> None:
     current = await store.get(key)
     revision = 0 if current is None else current.revision
     if revision == 0:
-        await store.mutate(key, expected_revision=0, op=Op.PREPARE, state={"base": 0})
+        await store.mutate(
+            key, expected_revision=0, op=Op.PREPARE, state=node_state(key), plan=plan(base=0))
         revision = (await store.mutate(
-            key, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state={"base": 1})).revision
+            key, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state=node_state(key))).revision
     while True:
+        state = node_state(
+            key, completed_resource_mapping_ids=[f"base-{revision}"], last_error_message="x" * 4000)
         stored = await store.mutate(
-            key, expected_revision=revision, op=Op.STAGE,
-            state={"base": revision, "pad": "x" * 4000}, private={"base": revision},
-        )
+            key, expected_revision=revision, op=Op.STAGE, state=state, plan=plan(base=revision))
         revision = stored.revision
         print(revision, flush=True)
 
@@ -94,6 +96,6 @@ async def test_sigkill_during_mutations_leaves_the_last_commit_or_the_one_after(
             stored = await store.get(KEY)
         assert stored is not None
         assert stored.revision in (last, last + 1)
-        assert stored.state["base"] == stored.revision - 1
-        assert stored.private == {"base": stored.revision - 1}
+        assert stored.state.completed_resource_mapping_ids == [f"base-{stored.revision - 1}"]
+        assert stored.plan.archive_manifest.model_extra == {"base": stored.revision - 1}
         last = stored.revision

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,8 @@ from agent.restore.machine import NODE_STATUSES, Op
 from agent.store import DB_NAME, RestoreKey, RevisionStore
 from agent.store.schema import MIGRATIONS, SCHEMA_VERSION, split_statements
 from agent.store.startup import open_database
+from tests.clock import ManualClock
+from tests.store.states import node_state, plan
 
 KEY = RestoreKey("cluster-1", "node-1", "restore-1")
 STAMP = "20231114T221320Z"  # conftest NOW in UTC
@@ -51,7 +53,7 @@ def open_umask() -> Iterator[None]:
 async def test_directory_is_0700_and_database_files_0600(state_dir: Path) -> None:
     """Whatever the umask, the directory and every database file are private."""
     async with await RevisionStore.open(state_dir) as store:
-        await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state={})
+        await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=node_state(), plan=plan())
         assert _mode(state_dir) == 0o700
         files = _names(state_dir)
         assert files == [DB_NAME, f"{DB_NAME}-shm", f"{DB_NAME}-wal"]
@@ -68,11 +70,11 @@ async def test_an_existing_open_directory_and_file_are_tightened(state_dir: Path
 
 
 async def test_connection_uses_wal_full_sync_foreign_keys_and_busy_timeout(
-    state_dir: Path, clock: Callable[[], float]
+    state_dir: Path, clock: ManualClock
 ) -> None:
     """The pragmas durability and integrity rely on are set on every connection."""
     _make_dir(state_dir)
-    db = await open_database(state_dir / DB_NAME, busy_timeout=1.5, wall_clock=clock)
+    db = await open_database(state_dir / DB_NAME, busy_timeout=1.5, clock=clock)
     try:
         pragmas = {
             name: next(iter(await db.execute_fetchall(f"PRAGMA {name}")))[0]
@@ -91,7 +93,13 @@ async def test_connection_uses_wal_full_sync_foreign_keys_and_busy_timeout(
 async def test_reopening_keeps_data_and_applies_no_migration_twice(state_dir: Path) -> None:
     """Migrations run once; a reopened store sees the same rows and the same version."""
     async with await RevisionStore.open(state_dir) as store:
-        created = await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state={"x": 1})
+        created = await store.mutate(
+            KEY,
+            expected_revision=0,
+            op=Op.PREPARE,
+            state=node_state(last_error_code="x"),
+            plan=plan(x=1),
+        )
     for _ in range(2):
         async with await RevisionStore.open(state_dir) as store:
             assert await store.get(KEY) == created
@@ -102,15 +110,13 @@ async def test_reopening_keeps_data_and_applies_no_migration_twice(state_dir: Pa
 
 
 async def test_a_later_migration_is_applied_on_top_of_an_existing_database(
-    state_dir: Path, clock: Callable[[], float]
+    state_dir: Path, clock: ManualClock
 ) -> None:
     """Only the missing migrations run, in order, on an older database."""
     async with await RevisionStore.open(state_dir) as store:
-        await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state={})
+        await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=node_state(), plan=plan())
     newer = (*MIGRATIONS, "CREATE TABLE extra (x INTEGER); INSERT INTO extra VALUES (7);")
-    db = await open_database(
-        state_dir / DB_NAME, busy_timeout=1, wall_clock=clock, migrations=newer
-    )
+    db = await open_database(state_dir / DB_NAME, busy_timeout=1, clock=clock, migrations=newer)
     try:
         extra = list(await db.execute_fetchall("SELECT x FROM extra"))
         versions = list(await db.execute_fetchall("SELECT version FROM schema_version"))
@@ -121,16 +127,14 @@ async def test_a_later_migration_is_applied_on_top_of_an_existing_database(
 
 
 async def test_a_failing_migration_leaves_the_database_as_it_was(
-    state_dir: Path, clock: Callable[[], float]
+    state_dir: Path, clock: ManualClock
 ) -> None:
     """All pending migrations are one transaction: a failure applies none of them."""
     async with await RevisionStore.open(state_dir):
         pass
     broken = (*MIGRATIONS, "CREATE TABLE half (x INTEGER);", "SELECT * FROM no_such_table;")
     with pytest.raises(StoreError):
-        _ = await open_database(
-            state_dir / DB_NAME, busy_timeout=1, wall_clock=clock, migrations=broken
-        )
+        _ = await open_database(state_dir / DB_NAME, busy_timeout=1, clock=clock, migrations=broken)
     with sqlite3.connect(state_dir / DB_NAME) as raw:
         tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_schema")}
         version = raw.execute("SELECT MAX(version) FROM schema_version").fetchone()
@@ -178,14 +182,14 @@ def test_migrations_split_into_complete_statements() -> None:
 
 
 async def test_a_file_that_is_no_database_is_moved_aside_and_reported(
-    state_dir: Path, clock: Callable[[], float]
+    state_dir: Path, clock: ManualClock
 ) -> None:
     """Garbage is never reused: it moves to <name>.corrupt-<timestamp> and StoreCorrupt says so."""
     _make_dir(state_dir)
     garbage = b"this is not a database " * 400
     _write(state_dir / DB_NAME, garbage)
     with pytest.raises(StoreCorrupt) as raised:
-        await RevisionStore.open(state_dir, wall_clock=clock)
+        await RevisionStore.open(state_dir, clock=clock)
     moved = state_dir / f"{DB_NAME}.corrupt-{STAMP}"
     assert raised.value.data == {"movedTo": str(moved)}
     assert not raised.value.retryable
@@ -194,30 +198,38 @@ async def test_a_file_that_is_no_database_is_moved_aside_and_reported(
 
 
 async def test_a_database_with_a_damaged_page_is_moved_aside(
-    state_dir: Path, clock: Callable[[], float]
+    state_dir: Path, clock: ManualClock
 ) -> None:
     """SQLite reporting the image malformed during the check counts as corrupt."""
     async with await RevisionStore.open(state_dir) as store:
         for n in range(300):
             key = RestoreKey("cluster-1", "node-1", f"restore-{n:04}")
-            await store.mutate(key, expected_revision=0, op=Op.PREPARE, state={"pad": "x" * 200})
+            await store.mutate(
+                key,
+                expected_revision=0,
+                op=Op.PREPARE,
+                state=node_state(key, last_error_message="x" * 200),
+                plan=plan(),
+            )
     path = state_dir / DB_NAME
     with path.open("r+b") as raw:
         raw.seek(4096 * 4)
         raw.write(b"\xff" * 64)
     with pytest.raises(StoreCorrupt):
-        await RevisionStore.open(state_dir, wall_clock=clock)
+        await RevisionStore.open(state_dir, clock=clock)
     assert (state_dir / f"{DB_NAME}.corrupt-{STAMP}").exists()
 
 
 async def test_integrity_errors_in_a_readable_database_are_corruption(
-    state_dir: Path, clock: Callable[[], float]
+    state_dir: Path, clock: ManualClock
 ) -> None:
     """An index that disagrees with its table fails integrity_check and is moved aside."""
     async with await RevisionStore.open(state_dir) as store:
         for n in range(3):
             key = RestoreKey("cluster-1", "node-1", f"restore-{n}")
-            await store.mutate(key, expected_revision=0, op=Op.PREPARE, state={})
+            await store.mutate(
+                key, expected_revision=0, op=Op.PREPARE, state=node_state(key), plan=plan()
+            )
     raw = sqlite3.connect(state_dir / DB_NAME, isolation_level=None)
     raw.execute("PRAGMA writable_schema = ON")
     raw.execute(
@@ -226,18 +238,18 @@ async def test_integrity_errors_in_a_readable_database_are_corruption(
     )
     raw.close()
     with pytest.raises(StoreCorrupt, match="missing from index"):
-        await RevisionStore.open(state_dir, wall_clock=clock)
+        await RevisionStore.open(state_dir, clock=clock)
 
 
 async def test_after_moving_aside_the_next_open_starts_empty(
-    state_dir: Path, clock: Callable[[], float]
+    state_dir: Path, clock: ManualClock
 ) -> None:
     """The moved-aside file is kept; a fresh database takes its place."""
     _make_dir(state_dir)
     _write(state_dir / DB_NAME, b"garbage" * 1000)
     with pytest.raises(StoreCorrupt):
-        await RevisionStore.open(state_dir, wall_clock=clock)
-    async with await RevisionStore.open(state_dir, wall_clock=clock) as fresh:
+        await RevisionStore.open(state_dir, clock=clock)
+    async with await RevisionStore.open(state_dir, clock=clock) as fresh:
         assert await fresh.get(KEY) is None
     assert (state_dir / f"{DB_NAME}.corrupt-{STAMP}").exists()
 
@@ -250,6 +262,6 @@ async def test_a_second_corruption_in_the_same_second_keeps_the_first(
     for content in (b"first" * 1000, b"second" * 1000):
         _write(state_dir / DB_NAME, content)
         with pytest.raises(StoreCorrupt):
-            await RevisionStore.open(state_dir, wall_clock=lambda: 1_700_000_000.0)
+            await RevisionStore.open(state_dir, clock=ManualClock(start=1_700_000_000.0))
     assert (state_dir / f"{DB_NAME}.corrupt-{STAMP}").read_bytes() == b"first" * 1000
     assert (state_dir / f"{DB_NAME}.corrupt-{STAMP}.1").read_bytes() == b"second" * 1000
