@@ -9,12 +9,12 @@ which shape; docs/corestore-api.md shows them as JSON.
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from agent.contracts.base import NonNegativeSafeInt, WireModel
-from agent.corestore.shapes import archive_path_problem, id_problem, sha256_problem
+from agent.contracts.backup import ArchivePath, Sha256Hex
+from agent.contracts.base import NonNegativeSafeInt, PathSegmentId, WireModel
 
 __all__ = [
     "ArchiveManifest",
@@ -22,19 +22,18 @@ __all__ = [
     "CheckAnswer",
     "ChunkAccepted",
     "CommitObjectBody",
-    "CorestoreId",
     "DeleteOutcome",
     "Deleted",
     "ErrorAnswer",
     "ErrorDetail",
     "Health",
+    "MappingBody",
     "MappingSource",
     "ObjectCommitted",
     "ObjectProgress",
     "ObjectState",
     "PrepareRestoreBody",
     "PreparedRestore",
-    "ResourceMapping",
     "ResourceState",
     "ResourceStatus",
     "ResourceType",
@@ -43,19 +42,6 @@ __all__ = [
 ]
 
 
-def _rule(problem: Any) -> Any:
-    def check(value: str) -> str:
-        reason = problem(value)
-        if reason:
-            raise ValueError(reason)
-        return value
-
-    return AfterValidator(check)
-
-
-CorestoreId = Annotated[str, _rule(id_problem)]
-ArchivePath = Annotated[str, _rule(archive_path_problem)]
-Sha256 = Annotated[str, _rule(sha256_problem)]
 ResourceType = Literal["database", "objectstorage", "volume"]
 ObjectState = Literal["absent", "partial", "committed"]
 ResourceState = Literal["absent", "running", "succeeded", "failed"]
@@ -73,13 +59,13 @@ class MappingSource(WireModel):
 
     model_config = ConfigDict(extra="allow")
 
-    snapshot_id: CorestoreId
+    snapshot_id: PathSegmentId
 
 
-class ResourceMapping(WireModel):
+class MappingBody(WireModel):
     """`TIsolatedRestoreResourceMapping`, as Cloudly generated it; `target` passes through."""
 
-    id: CorestoreId
+    id: PathSegmentId
     type: ResourceType
     source: MappingSource
     target: dict[str, Any]
@@ -90,7 +76,7 @@ class ArchiveObject(WireModel):
 
     path: ArchivePath
     size: NonNegativeSafeInt
-    sha256: Sha256
+    sha256: Sha256Hex
 
 
 class ArchiveManifest(WireModel):
@@ -111,9 +97,9 @@ class ArchiveManifest(WireModel):
 class PrepareRestoreBody(WireModel):
     """Body of `PUT /v1/isolated-restores/{restoreId}`."""
 
-    scratch_namespace_id: CorestoreId
-    staging_archive_id: CorestoreId
-    resource_mappings: list[ResourceMapping] = Field(min_length=1)
+    scratch_namespace_id: PathSegmentId
+    staging_archive_id: PathSegmentId
+    resource_mappings: list[MappingBody] = Field(min_length=1)
     archive_manifest: ArchiveManifest
 
     @model_validator(mode="after")
@@ -128,7 +114,7 @@ class CommitObjectBody(WireModel):
     """Body of `POST .../objects/commit`: the whole object's exact size and digest."""
 
     size: NonNegativeSafeInt
-    sha256: Sha256
+    sha256: Sha256Hex
 
 
 # --- answers ------------------------------------------------------------------------------------

@@ -27,11 +27,11 @@ from agent.corestore.models import (
     Deleted,
     ErrorAnswer,
     Health,
+    MappingBody,
     ObjectCommitted,
     ObjectProgress,
     PreparedRestore,
     PrepareRestoreBody,
-    ResourceMapping,
     ResourceStatus,
     VerificationAnswer,
 )
@@ -270,7 +270,7 @@ def build_prepare_restore(
         body = PrepareRestoreBody(
             scratch_namespace_id=scratch_namespace_id,
             staging_archive_id=staging_archive_id,
-            resource_mappings=[ResourceMapping.model_validate(_wire(m)) for m in resource_mappings],
+            resource_mappings=[MappingBody.model_validate(_wire(m)) for m in resource_mappings],
             archive_manifest=ArchiveManifest.model_validate(_wire(archive_manifest)),
         )
     except ValidationError as exc:

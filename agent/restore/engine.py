@@ -64,6 +64,7 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.corestore.client import CorestoreClient, CorestoreClients
 from agent.errors import ObjectNotInManifest, RestoreNotFound
+from agent.protocol.routes import ByteSource
 from agent.restore import state as s
 from agent.restore.background import Observer, WorkOwner
 from agent.restore.grants import check_grant
@@ -72,7 +73,7 @@ from agent.restore.machine import Op, decide
 from agent.restore.replay import Verdict, check_expected_revision, request_digest
 from agent.restore.routing import check_preparable, locate
 from agent.restore.settings import EngineSettings
-from agent.restore.staging import ByteSource, StagingJob, stage_object
+from agent.restore.staging import StagingJob, stage_object
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore, StoredState
 

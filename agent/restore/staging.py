@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
@@ -47,21 +47,16 @@ from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import VerifiedChunk
 from agent.errors import AgentError, CorestoreUnavailable, IntegrityError, StreamBroken
+from agent.protocol.routes import ByteSource
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore
 
-__all__ = ["ByteSource", "StageOutcome", "StagingJob", "rechunk", "stage_object"]
+__all__ = ["StageOutcome", "StagingJob", "rechunk", "stage_object"]
 
 _log = structlog.get_logger("agent.restore.staging")
 # Below this a worker thread costs more than hashing on the event loop.
 _THREAD_HASH_MIN = 256 * 1024
-
-
-class ByteSource(Protocol):
-    """The incoming object bytes (`agent.session.peer.ByteSource`, or a test's fake)."""
-
-    def __aiter__(self) -> AsyncIterator[bytes]: ...
 
 
 @dataclass(frozen=True, slots=True)

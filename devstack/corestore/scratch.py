@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from agent.corestore.models import PrepareRestoreBody, ResourceMapping
+from agent.corestore.models import MappingBody, PrepareRestoreBody
 from devstack.corestore.storage import (
     Storage,
     read_json,
@@ -162,7 +162,7 @@ class Scratch:
             self._storage.forget(restore_id)
 
     def _status(
-        self, restore_id: str, body: PrepareRestoreBody, mapping: ResourceMapping
+        self, restore_id: str, body: PrepareRestoreBody, mapping: MappingBody
     ) -> dict[str, Any]:
         known = read_json(self._meta(body, mapping)) or {"state": "absent"}
         if known["state"] == "running" and (restore_id, mapping.id) not in self._running:
@@ -177,11 +177,11 @@ class Scratch:
             **known,
         }
 
-    def _resource(self, body: PrepareRestoreBody, mapping: ResourceMapping) -> Path:
+    def _resource(self, body: PrepareRestoreBody, mapping: MappingBody) -> Path:
         root = self._storage.root / "scratch"
         return root / segment(body.scratch_namespace_id) / segment(mapping.id)
 
-    def _meta(self, body: PrepareRestoreBody, mapping: ResourceMapping) -> Path:
+    def _meta(self, body: PrepareRestoreBody, mapping: MappingBody) -> Path:
         root = self._storage.root / "scratch-meta"
         return root / segment(body.scratch_namespace_id) / f"{segment(mapping.id)}.json"
 

@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 from agent.corestore.ledger import Chunk, ChunkVerdict, judge_chunk, verified_bytes
-from agent.corestore.models import ArchiveObject, PrepareRestoreBody, ResourceMapping
+from agent.corestore.models import ArchiveObject, MappingBody, PrepareRestoreBody
 from agent.errors import CorestoreRefused
 
 __all__ = ["Storage", "read_json", "refuse", "segment", "sha256_file", "write_json"]
@@ -119,9 +119,7 @@ class Storage:
                 )
             self._restore_path(restore_id).unlink()
 
-    def mapping(
-        self, restore_id: str, mapping_id: str
-    ) -> tuple[PrepareRestoreBody, ResourceMapping]:
+    def mapping(self, restore_id: str, mapping_id: str) -> tuple[PrepareRestoreBody, MappingBody]:
         """The restore and one of its mappings, or a 404 refusal."""
         body = self.restore(restore_id)
         for mapping in body.resource_mappings:
@@ -237,7 +235,7 @@ class Storage:
         )
 
     def snapshot_objects(
-        self, body: PrepareRestoreBody, mapping: ResourceMapping
+        self, body: PrepareRestoreBody, mapping: MappingBody
     ) -> list[ArchiveObject]:
         """The manifest objects of the mapping's snapshot."""
         prefix = mapping.source.snapshot_id + "/"
