@@ -13,6 +13,7 @@ depth (a pass-through document's extra fields included), is ever written.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sqlite3
@@ -61,25 +62,37 @@ def is_sha256(value: str) -> bool:
 def _refuse_secrets(value: Any, where: str) -> None:
     """InvalidState if `value` is or holds a `Secret`, or a `restoreGrant` field or key.
 
-    Walks models (their fields, by wire name, and their extra fields), mappings and sequences:
-    a `Secret` dumps as its mask, so the check must run on the values, before any JSON exists.
+    Walks models (their field values and their extra fields), mappings and sequences: a
+    `Secret` dumps as its mask, so the check must run on the values, before any JSON exists.
+    Iterative, scalars first: it runs on every mutation.
     """
-    if isinstance(value, Secret):
-        raise InvalidState(f"refusing to persist a secret in {where}")
-    if isinstance(value, BaseModel):
-        for name, info in type(value).model_fields.items():
-            if (info.alias or name) == _GRANT_FIELD:
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, _SCALARS):
+            continue
+        if isinstance(item, Secret):
+            raise InvalidState(f"refusing to persist a secret in {where}")
+        if isinstance(item, BaseModel):
+            if _names_a_grant(type(item)):
                 raise InvalidState(f"refusing to persist a restore grant in {where}")
-            _refuse_secrets(getattr(value, name), where)
-        _refuse_secrets(value.model_extra or {}, where)
-    elif isinstance(value, Mapping):
-        if _GRANT_FIELD in value:
-            raise InvalidState(f"refusing to persist a restore grant in {where}")
-        for item in value.values():
-            _refuse_secrets(item, where)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _refuse_secrets(item, where)
+            pending.extend(item.__dict__.values())
+            if item.model_extra:
+                pending.append(item.model_extra)
+        elif isinstance(item, Mapping):
+            if _GRANT_FIELD in item:
+                raise InvalidState(f"refusing to persist a restore grant in {where}")
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+
+
+_SCALARS: Final = (str, int, float, type(None))
+
+
+@functools.cache
+def _names_a_grant(model: type[BaseModel]) -> bool:
+    return any((info.alias or name) == _GRANT_FIELD for name, info in model.model_fields.items())
 
 
 def _json(where: str, value: Mapping[str, Any]) -> str:
