@@ -18,14 +18,22 @@ re-decides it.
     │   ├── SessionClosed                                          (websocket closed: code, reason)
     │   ├── CallTimeout                                            (no reply before the deadline)
     │   ├── CallFailed                                             (Cloudly answered with `error`)
-    │   └── AuthenticationFailed                                   (machine token refused)
+    │   ├── AuthenticationFailed                                   (machine token refused)
+    │   └── EnrollmentFailed                                       (the X25519 recipient was not
+    │                                                                enrolled: docs/credentials.md)
     ├── TransferError                internal        yes         bytes in flight
     │   ├── StreamBroken             transfer-interrupted yes    (VirtualStream died or went
     │   │                                                          silent mid-way: resend it)
     │   └── IntegrityError           integrity-mismatch  yes     sender or storage (size/sha256)
     ├── CorestoreError                                           the node's Corestore
     │   ├── CorestoreUnavailable     corestore-unavailable yes   (unreachable, timeout, 5xx)
-    │   └── CorestoreRefused         corestore-refused   no      (4xx, its text sanitised)
+    │   ├── CorestoreRefused         corestore-refused   no      (4xx, its text sanitised)
+    │   └── CredentialError                                      its control credential
+    │       ├── CredentialUnavailable  credential-unavailable yes  (Cloudly could not give it now)
+    │       ├── SealedMaterialRefused  sealed-material-refused no  (does not open: another key,
+    │       │                                                        binding or tampered bytes)
+    │       └── CorestoreCredentialRejected corestore-credential-rejected yes
+    │                                                            (refused again after one refetch)
     └── Refusal                                                  the caller (Cloudly's request)
         ├── InvalidRequest           invalid-request     no
         ├── MisroutedCluster         misrouted-cluster   no
@@ -54,9 +62,13 @@ __all__ = [
     "CallFailed",
     "CallTimeout",
     "ConfigError",
+    "CorestoreCredentialRejected",
     "CorestoreError",
     "CorestoreRefused",
     "CorestoreUnavailable",
+    "CredentialError",
+    "CredentialUnavailable",
+    "EnrollmentFailed",
     "GrantInvalid",
     "IllegalTransition",
     "IntegrityError",
@@ -72,6 +84,7 @@ __all__ = [
     "RemoteProtocolError",
     "RestoreNotFound",
     "RevisionConflict",
+    "SealedMaterialRefused",
     "SessionClosed",
     "SessionError",
     "ShuttingDown",
@@ -194,6 +207,12 @@ class AuthenticationFailed(SessionError):
     retryable = False
 
 
+class EnrollmentFailed(SessionError):
+    """The agent's X25519 recipient could not be enrolled with Cloudly (begin or complete was
+    refused, the challenge did not open, or the answer was unusable). The session reconnects with
+    backoff and enrolls again; nothing was persisted."""
+
+
 # --- bytes in flight ----------------------------------------------------------------------------
 
 
@@ -238,6 +257,37 @@ class CorestoreRefused(CorestoreError):
 
     code = "corestore-refused"
     retryable = False
+
+
+class CredentialError(CorestoreError):
+    """The node's Corestore control credential could not be had or was not accepted: Corestore
+    could not be asked with authority. A `CorestoreError`, so work that needed it ends the way
+    every other Corestore failure ends it (docs/credentials.md, "Failure behaviour")."""
+
+
+class CredentialUnavailable(CredentialError):
+    """Cloudly could not provide the node's credential now (not connected, no answer in time,
+    or it answered `getCorestoreControlCredentialMaterial` with an error)."""
+
+    code = "credential-unavailable"
+    retryable = True
+
+
+class SealedMaterialRefused(CredentialError):
+    """Sealed material does not open: sealed to another key, bound to another cluster, node or
+    recipient, or its bytes were changed; or what opened is no usable credential. Nothing of it
+    is kept."""
+
+    code = "sealed-material-refused"
+    retryable = False
+
+
+class CorestoreCredentialRejected(CredentialError):
+    """Corestore refused the node's credential (401, or 403 without a grant code) and refused
+    the one fetched again from Cloudly right after: Cloudly and Corestore disagree about it."""
+
+    code = "corestore-credential-rejected"
+    retryable = True
 
 
 # --- the caller's fault (answers to Cloudly's requests) -----------------------------------------

@@ -1,7 +1,8 @@
 """The layering rules, checked on the source: pure core, I/O at the edges, one composition root.
 
 - The pure core (contracts, the protocol, the restore state machine and its pure helpers, the
-  Corestore route descriptions, errors, secrets, config) imports no I/O library and no asyncio.
+  Corestore route descriptions, HPKE and the credential bindings, errors, secrets, config)
+  imports no I/O library and no asyncio.
 - Each I/O library has one adapter home: aiohttp in `agent/corestore/transport.py`, websockets in
   `agent/session/transport.py`, aiosqlite in `agent/store/`.
 - Only the CLI imports the composition root `agent.app`.
@@ -34,6 +35,7 @@ PURE = [
         for name in ("machine.py", "replay.py", "state.py", "grants.py", "routing.py")
     ),
     *(AGENT / "corestore" / name for name in ("routes.py", "shapes.py", "models.py")),
+    *(AGENT / "credentials" / name for name in ("hpke.py", "binding.py")),
     AGENT / "errors.py",
     AGENT / "secret.py",
     AGENT / "config.py",
