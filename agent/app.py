@@ -26,6 +26,7 @@ import structlog
 
 from agent.config import Config, Secrets, load_secrets
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
+from agent.corestore.credentials import FixedCredentials
 from agent.log import register_secret
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import Routes
@@ -98,6 +99,7 @@ async def run(
         settings = EngineSettings.from_config(config.corestore)
         corestore = config.corestore
         clients = CorestoreClients(
+            credentials=FixedCredentials(secrets.corestore_credential),
             timeouts=CorestoreTimeouts(
                 connect=corestore.connect_timeout_s,
                 control=corestore.request_timeout_s,
@@ -109,7 +111,6 @@ async def run(
         engine = IsolatedRestoreEngine(
             store=store,
             clients=clients,
-            credential=secrets.corestore_credential,
             # The session is built next (it serves the engine's routes); the engine reads its
             # cluster view only while handling a request, when the session exists.
             cluster_view=lambda: session.cluster_view,

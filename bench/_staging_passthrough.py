@@ -27,6 +27,7 @@ from agent import app
 from agent.config import Config, Secrets, load_config, load_secrets
 from agent.contracts.base import StreamMarker, WireModel
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
+from agent.corestore.credentials import FixedCredentials
 from agent.log import configure_logging
 from agent.protocol.routes import RequestContext, Route, Routes
 from agent.restore.staging import rechunk
@@ -63,10 +64,9 @@ class ForwardResult(WireModel):
 def forward_route(config: Config, secrets: Secrets, clients: CorestoreClients) -> Routes:
     """`benchForward`, over Corestore clients made like the engine's."""
     corestore = config.corestore
-    credential = secrets.corestore_credential
 
     async def forward(body: ForwardRequest, ctx: RequestContext) -> ForwardResult:
-        client = clients.client_for(body.endpoint, credential)
+        client = clients.client_for("bench-node", body.endpoint)
         grant = Secret(body.grant)
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=corestore.max_in_flight)
         sent = chunks = 0
@@ -109,8 +109,10 @@ def forward_route(config: Config, secrets: Secrets, clients: CorestoreClients) -
 async def serve(config: Config) -> None:
     """The agent, serving `benchForward` too, until SIGTERM/SIGINT."""
     secrets = load_secrets(config)
+    assert secrets.corestore_credential is not None, "the bench configures the file source"
     corestore = config.corestore
     clients = CorestoreClients(
+        credentials=FixedCredentials(secrets.corestore_credential),
         timeouts=CorestoreTimeouts(
             connect=corestore.connect_timeout_s,
             control=corestore.request_timeout_s,

@@ -9,10 +9,12 @@
              (by `agent.retry`'s policy, waiting on an `agent.clock.Clock`)
 - `client`   `CorestoreClient` (typed calls, answers mapped to errors) and `CorestoreClients`
              (one client per node endpoint)
+- `credentials` the per-node credential seam (`CredentialSource`, `NodeCredential`): each
+             client asks its node's bearer before every call and refreshes it once on a 401
 
 Typical use by the engine:
 
-    client = clients.client_for(node.corestore_endpoint, credential)
+    client = clients.client_for(node.node_id, node.corestore_endpoint)
     await client.prepare_restore(restore_id, scratch_namespace_id=..., staging_archive_id=...,
                                  resource_mappings=[...], archive_manifest=..., grant=grant)
     progress = await client.object_progress(archive_id, entry.path, grant)

@@ -7,15 +7,19 @@ timeout, retried with backoff only when its route is idempotent, and mapped at t
     connection error, timeout, 5xx, 408, 429   -> CorestoreUnavailable (retryable)
     422 chunk/object-digest-mismatch, or an
         acknowledgement of other bytes          -> IntegrityError (resend)
+    401, or 403 without a grant code            -> the credential is refreshed once and the
+                                                   call sent once more; refused again ->
+                                                   CorestoreCredentialRejected
     any other 4xx                               -> CorestoreRefused (Corestore's text sanitised)
     404 with Corestore's not-found code on a
         delete                                  -> DeleteOutcome.ALREADY_ABSENT (cleaned)
 
 The HTTP edge (session, timeouts, the resends of `agent.retry`, transport errors) is
-`transport.py`; this module
-decides what the answers mean. The bearer credential and the restore grant never reach a log
-line or an exception text, and no frame that raises holds them or Corestore's raw answer text
-as a local variable (see `transport.py`).
+`transport.py`; this module decides what the answers mean. Each client holds its node's
+`NodeCredential` (`credentials.py`): it asks for the credential before every authenticated call
+and refreshes it once when Corestore refuses it. The bearer credential and the restore grant
+never reach a log line or an exception text, and no frame that raises holds them revealed or
+Corestore's raw answer text as a local variable (see `transport.py`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pydantic import BaseModel
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.corestore import routes
+from agent.corestore.credentials import CredentialSource, NodeCredential
 from agent.corestore.models import (
     ChunkAccepted,
     DeleteOutcome,
@@ -41,8 +46,14 @@ from agent.corestore.models import (
 )
 from agent.corestore.routes import AnswerKind, RouteRequest, SupportsToWire
 from agent.corestore.sanitize import sanitize_code, sanitize_text
-from agent.corestore.transport import CorestoreTimeouts, HttpTransport, Reply
-from agent.errors import CorestoreRefused, CorestoreUnavailable, IntegrityError, ShuttingDown
+from agent.corestore.transport import CorestoreTimeouts, HttpTransport, Reply, check_credential
+from agent.errors import (
+    CorestoreCredentialRejected,
+    CorestoreRefused,
+    CorestoreUnavailable,
+    IntegrityError,
+    ShuttingDown,
+)
 from agent.retry import RetryPolicy
 from agent.secret import Secret
 
@@ -57,21 +68,24 @@ class CorestoreClient:
     def __init__(
         self,
         endpoint: str,
-        credential: Secret,
+        credential: Secret | NodeCredential,
         *,
         timeouts: CorestoreTimeouts | None = None,
         retry: RetryPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
     ) -> None:
-        """`retry` bounds the sends of one idempotent call while Corestore is unavailable
-        (`agent.retry`'s default policy if None); its waits are `clock.sleep`s of a full-jitter
-        delay drawn with `rng` (a U(0, 1) source)."""
+        """`credential` is the node's (a fixed `Secret` is checked at once); `retry` bounds the
+        sends of one idempotent call while Corestore is unavailable (`agent.retry`'s default
+        policy if None); its waits are `clock.sleep`s of a full-jitter delay drawn with `rng`
+        (a U(0, 1) source)."""
         self._endpoint = endpoint
         self._clock = clock
+        if isinstance(credential, Secret):
+            credential = NodeCredential.fixed(check_credential(credential))
+        self._credential = credential
         self._transport = HttpTransport(
             endpoint,
-            credential,
             timeouts=timeouts or CorestoreTimeouts(),
             retry=retry or RetryPolicy(),
             clock=clock,
@@ -87,14 +101,9 @@ class CorestoreClient:
         return self._endpoint
 
     @property
-    def credential(self) -> Secret:
-        """The bearer control credential sent on every authenticated call."""
-        return self._transport.credential
-
-    @credential.setter
-    def credential(self, value: Secret) -> None:
-        # A rotated credential takes effect on the next request.
-        self._transport.credential = value
+    def credential(self) -> NodeCredential:
+        """Where the bearer sent on every authenticated call comes from."""
+        return self._credential
 
     async def close(self) -> None:
         """Close the HTTP session; later calls raise `ShuttingDown`."""
@@ -255,10 +264,40 @@ class CorestoreClient:
     # Frames that raise hold no revealed secret and no raw answer text as a local variable:
     # traceback renderers that show locals (structlog's default) would print them.
 
+    async def _send(self, request: RouteRequest) -> tuple[Reply, Secret | None]:
+        """Send `request`; when Corestore refuses the credential, refresh it once and send once
+        more. Returns the answer and the credential it was sent with."""
+        if not request.spec.authenticated:
+            return await self._transport.send(request, None), None
+        credential = await self._credential.current()
+        reply = await self._transport.send(request, credential)
+        if not self._refuses_credential(request, reply):
+            return reply, credential
+        fresh = await self._credential.refresh(credential)
+        refetched = fresh != credential
+        if refetched:
+            credential = fresh
+            reply = await self._transport.send(request, credential)
+            if not self._refuses_credential(request, reply):
+                return reply, credential
+        refused = self._refused(request, reply, credential)
+        node = self._credential.node_id
+        raise CorestoreCredentialRejected(
+            f"Corestore at {self._endpoint} refused the control credential"
+            + (f" of node {node}" if node else "")
+            + f" on {request.spec.name} with {reply.status} {refused.data['corestoreCode']}, "
+            + ("also after fetching it again" if refetched else "and there is no other to try"),
+            **refused.data,
+        )
+
+    def _refuses_credential(self, request: RouteRequest, reply: Reply) -> bool:
+        code = reply.error_code() if reply.status >= 300 else None
+        return routes.is_credential_refusal(request.spec, reply.status, code)
+
     async def _ok(self, request: RouteRequest, model: type[_M]) -> _M:
-        reply = await self._transport.send(request)
-        if self._judge(request, reply) is not AnswerKind.OK:
-            raise self._refused(request, reply)
+        reply, credential = await self._send(request)
+        if self._judge(request, reply, credential) is not AnswerKind.OK:
+            raise self._refused(request, reply, credential)
         try:
             return routes.parse_answer(model, reply.body)
         except ValueError as exc:
@@ -270,26 +309,28 @@ class CorestoreClient:
             ) from None
 
     async def _delete(self, request: RouteRequest) -> DeleteOutcome:
-        reply = await self._transport.send(request)
-        kind = self._judge(request, reply)
+        reply, credential = await self._send(request)
+        kind = self._judge(request, reply, credential)
         if kind is AnswerKind.GONE:
             return DeleteOutcome.ALREADY_ABSENT
         if kind is not AnswerKind.OK:
-            raise self._refused(request, reply)
+            raise self._refused(request, reply, credential)
         return DeleteOutcome.DELETED
 
-    def _judge(self, request: RouteRequest, reply: Reply) -> AnswerKind:
+    def _judge(self, request: RouteRequest, reply: Reply, credential: Secret | None) -> AnswerKind:
         code = reply.error_code() if reply.status >= 300 else None
         kind = routes.classify_answer(request.spec, reply.status, code)
         if kind is AnswerKind.INTEGRITY:
-            refused = self._refused(request, reply)
+            refused = self._refused(request, reply, credential)
             raise IntegrityError(str(refused), **refused.data) from refused
         return kind
 
-    def _refused(self, request: RouteRequest, reply: Reply) -> CorestoreRefused:
+    def _refused(
+        self, request: RouteRequest, reply: Reply, credential: Secret | None
+    ) -> CorestoreRefused:
         error = routes.parse_error(reply.body)
         code = sanitize_code(error[0] if error else None)
-        secrets = [self.credential] + ([request.grant] if request.grant else [])
+        secrets = [secret for secret in (credential, request.grant) if secret is not None]
         text = sanitize_text(error[1], secrets) if error else "no error body"
         return CorestoreRefused(
             f"Corestore refused {request.spec.name} with {reply.status} {code}: {text}",
@@ -307,51 +348,52 @@ def _first_error_location(exc: ValueError) -> str:
 
 
 class CorestoreClients:
-    """One `CorestoreClient` per node endpoint; the engine asks here, the app closes it."""
+    """One `CorestoreClient` per node and endpoint, each with that node's credential from
+    `credentials`; the engine (and the relay) ask here, the app closes it."""
 
     def __init__(
         self,
         *,
+        credentials: CredentialSource,
         timeouts: CorestoreTimeouts | None = None,
         retry: RetryPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
     ) -> None:
+        self._credentials = credentials
         self._timeouts = timeouts
         self._retry = retry
         self._clock = clock
         self._rng = rng
-        self._clients: dict[str, CorestoreClient] = {}
+        self._clients: dict[tuple[str, str], CorestoreClient] = {}
         self._closed = False
 
     def __len__(self) -> int:
         return len(self._clients)
 
-    def client_for(self, endpoint: str, credential: Secret) -> CorestoreClient:
-        """The client of the node whose Corestore answers at `endpoint` (a validated origin).
-
-        The same endpoint always gets the same client; a changed `credential` replaces the one
-        it sends from the next request on."""
+    def client_for(self, node_id: str, endpoint: str) -> CorestoreClient:
+        """The client of node `node_id`, whose Corestore answers at `endpoint` (a validated
+        origin). The same node and endpoint always get the same client; it sends the node's
+        credential, asked from the source before every call (a node that moved gets a new
+        client)."""
         if self._closed:
             raise ShuttingDown("the Corestore clients are closed")
-        client = self._clients.get(endpoint)
+        client = self._clients.get((node_id, endpoint))
         if client is None:
             client = CorestoreClient(
                 endpoint,
-                credential,
+                NodeCredential(self._credentials, node_id),
                 timeouts=self._timeouts,
                 retry=self._retry,
                 clock=self._clock,
                 rng=self._rng,
             )
-            self._clients[endpoint] = client
-        elif client.credential != credential:
-            client.credential = credential
+            self._clients[(node_id, endpoint)] = client
         return client
 
-    async def discard(self, endpoint: str) -> None:
-        """Close and forget the client of `endpoint` (the node left the cluster or moved)."""
-        client = self._clients.pop(endpoint, None)
+    async def discard(self, node_id: str, endpoint: str) -> None:
+        """Close and forget the client of `node_id` at `endpoint` (it left or moved)."""
+        client = self._clients.pop((node_id, endpoint), None)
         if client is not None:
             await client.close()
 

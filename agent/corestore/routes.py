@@ -69,6 +69,7 @@ __all__ = [
     "build_restore_resource",
     "build_verify_resource",
     "classify_answer",
+    "is_credential_refusal",
     "parse_answer",
     "parse_error",
     "request_headers",
@@ -208,10 +209,12 @@ class RouteRequest:
     grant: Secret | None = None
 
 
-def request_headers(request: RouteRequest, bearer: Secret) -> dict[str, str]:
+def request_headers(request: RouteRequest, bearer: Secret | None) -> dict[str, str]:
     """The headers of `request`, secrets revealed. Call inline where the request is sent."""
     headers: dict[str, str] = {}
     if request.spec.authenticated:
+        if bearer is None:
+            raise LocalProtocolError(f"{request.spec.name} needs the control credential")
         headers[HEADER_AUTHORIZATION] = "Bearer " + bearer.reveal()
     if request.grant is not None:
         headers[HEADER_RESTORE_GRANT] = request.grant.reveal()
@@ -415,3 +418,18 @@ def classify_answer(spec: RouteSpec, status: int, error_code: str | None) -> Ans
     if status == 422 and error_code in _INTEGRITY_CODES:
         return AnswerKind.INTEGRITY
     return AnswerKind.REFUSED
+
+
+def is_credential_refusal(spec: RouteSpec, status: int, error_code: str | None) -> bool:
+    """Whether Corestore refused the bearer control credential (not the grant, not the call).
+
+    401 always names the bearer. 403 is the grant's (`grant-missing`, `grant-malformed`,
+    `grant-refused`); a 403 with any other code (or none) is read as the bearer not being
+    allowed, which a fresh credential may fix. A route that sends no bearer is never refused for
+    one.
+    """
+    if not spec.authenticated:
+        return False
+    if status == 401:
+        return True
+    return status == 403 and not (error_code or "").startswith("grant-")

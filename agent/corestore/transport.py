@@ -41,7 +41,7 @@ from agent.errors import (
 from agent.retry import RetryPolicy, retrying
 from agent.secret import Secret
 
-__all__ = ["CorestoreTimeouts", "HttpTransport", "Reply"]
+__all__ = ["CorestoreTimeouts", "HttpTransport", "Reply", "check_credential"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +72,8 @@ def _canonical_origin(endpoint: str) -> URL:
     return url.with_path("/")
 
 
-def _check_credential(credential: Secret) -> Secret:
+def check_credential(credential: Secret) -> Secret:
+    """`credential` if it can be sent as a bearer header value; LocalProtocolError if not."""
     value = credential.reveal()
     if not value or not value.isascii() or not value.isprintable() or " " in value:
         raise LocalProtocolError("the corestore control credential is not a header-safe token")
@@ -113,7 +114,6 @@ class HttpTransport:
     def __init__(
         self,
         endpoint: str,
-        credential: Secret,
         *,
         timeouts: CorestoreTimeouts,
         retry: RetryPolicy,
@@ -122,23 +122,12 @@ class HttpTransport:
     ) -> None:
         self._origin = _canonical_origin(endpoint)
         self._endpoint = endpoint
-        self._credential = _check_credential(credential)
         self._timeouts = timeouts
         self._retry = retry
         self._clock = clock
         self._rng = rng
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
-
-    @property
-    def credential(self) -> Secret:
-        """The bearer control credential sent on every authenticated call."""
-        return self._credential
-
-    @credential.setter
-    def credential(self, value: Secret) -> None:
-        # A rotated credential takes effect on the next request; none is cached elsewhere.
-        self._credential = _check_credential(value)
 
     async def close(self) -> None:
         """Close the session; later sends raise `ShuttingDown`."""
@@ -147,12 +136,17 @@ class HttpTransport:
             await self._session.close()
             self._session = None
 
-    async def send(self, request: RouteRequest) -> Reply:
-        """Send `request`, resending an idempotent route while Corestore is unavailable."""
+    async def send(self, request: RouteRequest, credential: Secret | None) -> Reply:
+        """Send `request` with `credential` as its bearer (None for a route that sends none),
+        resending an idempotent route while Corestore is unavailable."""
+        if request.spec.authenticated:
+            if credential is None:
+                raise LocalProtocolError(f"{request.spec.name} needs the control credential")
+            check_credential(credential)
         attempts = self._retry.attempts if request.spec.idempotent else 1
         try:
             return await retrying(
-                lambda: self._attempt(request),
+                lambda: self._attempt(request, credential),
                 policy=replace(self._retry, attempts=attempts),
                 retry_on=CorestoreUnavailable,
                 clock=self._clock,
@@ -164,18 +158,18 @@ class HttpTransport:
                 f"{exc} (attempt {attempts} of {attempts})", **exc.data
             ) from exc
 
-    async def _attempt(self, request: RouteRequest) -> Reply:
+    async def _attempt(self, request: RouteRequest, credential: Secret | None) -> Reply:
         spec = request.spec
         total = self._timeouts.transfer if spec.transfer else self._timeouts.control
         try:
-            reply = await self._exchange(request, total)
+            reply = await self._exchange(request, credential, total)
         except TimeoutError as exc:
             raise CorestoreUnavailable(
                 f"Corestore at {self._endpoint} did not answer {spec.name} within {total:g} s"
             ) from _scrub(exc)
         except (aiohttp.ClientError, OSError) as exc:
             # aiohttp's parser errors quote what the server sent, which may echo our headers.
-            secrets = [self._credential] + ([request.grant] if request.grant else [])
+            secrets = [secret for secret in (credential, request.grant) if secret is not None]
             text = sanitize_text(str(exc), secrets)
             raise CorestoreUnavailable(
                 f"Corestore at {self._endpoint} did not answer {spec.name}: "
@@ -189,7 +183,9 @@ class HttpTransport:
             )
         return reply
 
-    async def _exchange(self, request: RouteRequest, total: float) -> Reply:
+    async def _exchange(
+        self, request: RouteRequest, credential: Secret | None, total: float
+    ) -> Reply:
         async with (
             asyncio.timeout(total),
             self._http().request(
@@ -198,7 +194,7 @@ class HttpTransport:
                 params=dict(request.query) or None,
                 # A stream, not bytes: aiohttp warns (and blocks the loop) on big bytes bodies.
                 data=None if request.body is None else io.BytesIO(request.body),
-                headers=routes.request_headers(request, self._credential),
+                headers=routes.request_headers(request, credential),
                 allow_redirects=False,
             ) as response,
         ):

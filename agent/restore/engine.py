@@ -90,16 +90,15 @@ class IsolatedRestoreEngine(WorkOwner):
         *,
         store: RevisionStore,
         clients: CorestoreClients,
-        credential: Secret | Callable[[], Secret],
         cluster_view: Callable[[], ClusterView | None],
         settings: EngineSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """`clock` is the engine's one source of time: state timestamps, waits between status
-        reads, the pace of the staging progress log."""
+        reads, the pace of the staging progress log. `clients` give each node's Corestore client
+        with that node's control credential (fetched, cached and refreshed by their source)."""
         super().__init__(store)
         self._clients = clients
-        self._credential = credential if callable(credential) else (lambda: credential)
         self._cluster_view = cluster_view
         self._settings = settings or EngineSettings()
         self._clock = clock
@@ -241,7 +240,7 @@ class IsolatedRestoreEngine(WorkOwner):
     def _route(self, request: IsolatedRestoreRequest) -> tuple[RestoreKey, CorestoreClient]:
         """The routing key and the Corestore client of the request's node."""
         key, endpoint = locate(self._cluster_view(), request)
-        return key, self._clients.client_for(endpoint, self._credential())
+        return key, self._clients.client_for(key.node_name, endpoint)
 
     def _verdict(self, expected: int, stored: StoredState | None, digest: str) -> Verdict:
         return check_expected_revision(

@@ -3,6 +3,7 @@
     handle = await start(data_dir=tmp_path, bearer="token")   # 127.0.0.1, a free port
     client = CorestoreClient(handle.url, Secret("token"))
     handle.faults.fail_next(RouteName.PUT_CHUNK, status=503, times=2)
+    handle.bearer.set(Secret("rotated"))   # from the next request on, only this one is accepted
     ...
     await handle.stop()
 
@@ -27,10 +28,10 @@ from aiohttp import web
 from agent.secret import Secret
 from devstack.corestore.faults import FaultRule, Faults
 from devstack.corestore.scratch import Scratch
-from devstack.corestore.server import Jobs, create_app
+from devstack.corestore.server import Bearer, Jobs, create_app
 from devstack.corestore.storage import Storage
 
-__all__ = ["CorestoreHandle", "FaultRule", "Faults", "start"]
+__all__ = ["Bearer", "CorestoreHandle", "FaultRule", "Faults", "start"]
 
 
 @dataclass(slots=True)
@@ -40,6 +41,7 @@ class CorestoreHandle:
     url: str  # the canonical origin, e.g. http://127.0.0.1:41234
     data_dir: Path
     faults: Faults
+    bearer: Bearer  # the accepted control credential; `bearer.set()` rotates it
     _runner: web.AppRunner
 
     async def stop(self) -> None:
@@ -67,13 +69,8 @@ async def start(
     faults = faults if faults is not None else Faults()
     storage = Storage(root)
     scratch = Scratch(storage)
-    app = create_app(
-        storage,
-        scratch,
-        Jobs(scratch, faults),
-        faults,
-        bearer if isinstance(bearer, Secret) else Secret(bearer),
-    )
+    accepted = Bearer(bearer if isinstance(bearer, Secret) else Secret(bearer))
+    app = create_app(storage, scratch, Jobs(scratch, faults), faults, accepted)
     # No access log: it is the one aiohttp logger that could be configured to print headers.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=5.0)
     await runner.setup()
@@ -84,4 +81,4 @@ async def start(
         raise
     bound_port = runner.addresses[0][1]
     shown_host = f"[{host}]" if ":" in host else host
-    return CorestoreHandle(f"http://{shown_host}:{bound_port}", root, faults, runner)
+    return CorestoreHandle(f"http://{shown_host}:{bound_port}", root, faults, accepted, runner)

@@ -30,6 +30,7 @@ class FaultRule:
     kind: FaultKind
     times: int
     status: int = 503  # "status": the error answer to give instead of handling
+    code: str = "unavailable"  # "status": the error code of that answer
     after: bool = False  # "reset": handle the request, then drop the answer
     seconds: float = 0.0  # "delay": wait this long (or until the server stops) first
     drop_bytes: int = 0  # "truncate": lose the last bytes of the body read
@@ -49,9 +50,11 @@ class Faults:
         self.restore_gate.set()
         self.prepare_gate.set()
 
-    def fail_next(self, route: RouteName | str, status: int = 503, times: int = 1) -> None:
-        """Answer `status` with an error body instead of handling the request."""
-        self._add(route, FaultRule("status", times, status=status))
+    def fail_next(
+        self, route: RouteName | str, status: int = 503, times: int = 1, code: str = "unavailable"
+    ) -> None:
+        """Answer `status` with an error body (`code`) instead of handling the request."""
+        self._add(route, FaultRule("status", times, status=status, code=code))
 
     def reset_next(self, route: RouteName | str, times: int = 1, *, after: bool = False) -> None:
         """Drop the connection without an answer; `after=True` handles the request first."""

@@ -37,7 +37,7 @@ from devstack.corestore.faults import Faults
 from devstack.corestore.scratch import Scratch
 from devstack.corestore.storage import Storage, refuse
 
-__all__ = ["Jobs", "create_app"]
+__all__ = ["Bearer", "Jobs", "create_app"]
 
 _log = structlog.get_logger("devstack.corestore")
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -50,6 +50,27 @@ def _error(status: int, code: str, message: str) -> web.Response:
     if status == 401:
         response.headers["WWW-Authenticate"] = 'Bearer realm="corestore"'
     return response
+
+
+class Bearer:
+    """The bearer control credential the server accepts; `set()` rotates it at runtime (the
+    next request must carry the new one), as an operator rotating Corestore's token would."""
+
+    __slots__ = ("_current", "rotations")
+
+    def __init__(self, initial: Secret) -> None:
+        self._current = initial
+        self.rotations = 0
+
+    @property
+    def current(self) -> Secret:
+        """The accepted credential."""
+        return self._current
+
+    def set(self, value: Secret) -> None:
+        """Accept `value` from now on, and nothing else."""
+        self._current = value
+        self.rotations += 1
 
 
 def _bearer_ok(header: str | None, bearer: Secret) -> bool:
@@ -119,7 +140,7 @@ async def _until_either(first: asyncio.Event, second: asyncio.Event) -> None:
 
 
 def create_app(
-    storage: Storage, scratch: Scratch, jobs: Jobs, faults: Faults, bearer: Secret
+    storage: Storage, scratch: Scratch, jobs: Jobs, faults: Faults, bearer: Bearer
 ) -> web.Application:
     """The reference Corestore as an aiohttp application."""
     stopping = asyncio.Event()
@@ -138,11 +159,11 @@ def create_app(
                 async with asyncio.timeout(rule.seconds):
                     await stopping.wait()
         if rule is not None and kind == "status":
-            return _error(rule.status, "unavailable", "fault injected by the test")
+            return _error(rule.status, rule.code, "fault injected by the test")
         if rule is not None and kind == "reset" and not rule.after:
             return _abort(request)
         if spec.authenticated and not _bearer_ok(
-            request.headers.get(routes.HEADER_AUTHORIZATION), bearer
+            request.headers.get(routes.HEADER_AUTHORIZATION), bearer.current
         ):
             return _error(401, "unauthorized", "a valid bearer control credential is required")
         if spec.grant:

@@ -11,7 +11,12 @@ from aiohttp import web
 
 from agent.corestore import CorestoreClient, CorestoreTimeouts
 from agent.corestore.routes import RouteName
-from agent.errors import CorestoreRefused, CorestoreUnavailable, IntegrityError
+from agent.errors import (
+    CorestoreCredentialRejected,
+    CorestoreRefused,
+    CorestoreUnavailable,
+    IntegrityError,
+)
 from agent.retry import Backoff, RetryPolicy
 from agent.secret import Secret
 
@@ -38,12 +43,15 @@ async def impatient(corestore: Any, bearer: Secret, clock: Any) -> AsyncIterator
 async def test_a_wrong_bearer_is_refused_and_nothing_is_written(
     world: Any, corestore: Any, grant: Secret
 ) -> None:
-    """401 becomes CorestoreRefused; Corestore wrote nothing."""
+    """401 with a fixed credential (nothing fresher to try) is CorestoreCredentialRejected after
+    one send; Corestore wrote nothing."""
     await world.prepare()
     async with CorestoreClient(corestore.url, Secret("not-the-bearer")) as intruder:
-        with pytest.raises(CorestoreRefused, match="401 unauthorized") as caught:
+        with pytest.raises(CorestoreCredentialRejected, match="401 unauthorized") as caught:
             await intruder.put_chunk(world.archive, DUMP, 0, b"data", _sha(b"data"), grant)
-    assert caught.value.data["httpStatus"] == 401
+    assert caught.value.data == {"httpStatus": 401, "corestoreCode": "unauthorized"}
+    assert (caught.value.code, caught.value.retryable) == ("corestore-credential-rejected", True)
+    assert corestore.faults.hits[RouteName.PUT_CHUNK] == 1
     assert not world.staged_file(DUMP).exists()
     assert (await world.client.object_progress(world.archive, DUMP, grant)).state == "absent"
 
@@ -51,7 +59,7 @@ async def test_a_wrong_bearer_is_refused_and_nothing_is_written(
 async def test_a_wrong_bearer_cannot_prepare_a_restore(corestore: Any, grant: Secret) -> None:
     """An unauthenticated prepare leaves no restore behind."""
     async with CorestoreClient(corestore.url, Secret("not-the-bearer")) as intruder:
-        with pytest.raises(CorestoreRefused, match="401"):
+        with pytest.raises(CorestoreCredentialRejected, match="401"):
             await intruder.prepare_restore(
                 "restore-x",
                 scratch_namespace_id="ns",

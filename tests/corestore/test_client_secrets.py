@@ -124,7 +124,7 @@ async def test_no_log_line_or_exception_of_a_failing_session_holds_a_secret(
         "CorestoreUnavailable",
         "CorestoreUnavailable",
         "CorestoreRefused",
-        "CorestoreRefused",
+        "CorestoreCredentialRejected",
     ]
     assert any(event["event"] == "retrying" for event in events)
     texts = [repr(event) for event in events] + [record.getMessage() for record in caplog.records]

@@ -39,6 +39,7 @@ from agent.contracts.isolatedrestore import (
     METHOD_STAGE,
 )
 from agent.corestore import CorestoreClients, CorestoreTimeouts
+from agent.corestore.credentials import FixedCredentials
 from agent.errors import StreamBroken
 from agent.protocol.routes import Routes
 from agent.restore.background import running
@@ -129,6 +130,7 @@ class World:
     """One reference Corestore, one store, one running engine, one restore's facts."""
 
     KEY = KEY
+    NODE = NODE
     BEARER = BEARER
     GRANT_MARK = GRANT_MARK
     CHUNK = CHUNK
@@ -164,7 +166,6 @@ class World:
         self.engine = IsolatedRestoreEngine(
             store=self.store,
             clients=self.clients,
-            credential=Secret(BEARER),
             cluster_view=self.view,
             settings=self.settings,
             clock=self.clock,
@@ -375,7 +376,11 @@ async def world(
     state_dir = tmp_path / "state"
     store = await RevisionStore.open(state_dir, clock=clock)
     clients = CorestoreClients(
-        timeouts=corestore_timeouts, retry=CLIENT_RETRY, clock=clock, rng=lambda: 1.0
+        credentials=FixedCredentials(Secret(BEARER)),
+        timeouts=corestore_timeouts,
+        retry=CLIENT_RETRY,
+        clock=clock,
+        rng=lambda: 1.0,
     )
     world = World(corestore, store, clients, clock, state_dir, settings)
     world.objects = {

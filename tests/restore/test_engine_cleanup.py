@@ -45,7 +45,7 @@ async def test_cleanup_deletes_each_resource_then_the_staging_archive(world: Any
 async def test_a_resource_corestore_no_longer_has_counts_as_cleaned(world: Any) -> None:
     """Deleted behind the engine's back: Corestore's not-found answer is a success."""
     revision = await _ready(world)
-    client = world.clients.client_for(world.corestore.url, Secret(world.BEARER))
+    client = world.clients.client_for(world.NODE, world.corestore.url)
     await client.delete_resource("restore-1", "map-db", Secret(world.grant()))
     await world.cleanup(revision)
     cleaned = await world.settled("cleaned", "cleanup-failed")

@@ -15,7 +15,6 @@ from agent.contracts.isolatedrestore import ExecuteIsolatedRestoreRequest
 from agent.errors import InvalidState, RestoreNotFound, ShuttingDown
 from agent.restore.background import running
 from agent.restore.engine import IsolatedRestoreEngine
-from agent.secret import Secret
 
 
 def _engine(world: Any) -> IsolatedRestoreEngine:
@@ -23,7 +22,6 @@ def _engine(world: Any) -> IsolatedRestoreEngine:
     return IsolatedRestoreEngine(
         store=world.store,
         clients=world.clients,
-        credential=Secret(world.BEARER),
         cluster_view=world.view,
         settings=world.settings,
     )
