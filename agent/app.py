@@ -1,8 +1,11 @@
 """The composition root: `run(config)` builds everything, runs it, and shuts it down in order.
 
     secrets (read once, registered with the log redactor) -> AgentStatus
-    -> RevisionStore -> CorestoreClients -> IsolatedRestoreEngine -> its routes
-    -> CloudlySession (the agent's routes plus its own)
+    -> RevisionStore -> the credential source (sealed: KeyStore -> Enrollment ->
+       SealedCredentials; file: FixedCredentials) -> CorestoreClients
+    -> IsolatedRestoreEngine -> its routes
+    -> CloudlySession (the agent's routes plus its own; sealed: the enrollment as a connect
+       step, the credential source watching the cluster view)
     one TaskGroup: the engine's background work and the session; SIGTERM/SIGINT set `stop`
     shutdown, each step bounded: stop intake -> drain in-flight requests (drain_timeout_s)
         -> close the socket with 1001 -> stop the engine's background work
@@ -26,7 +29,11 @@ import structlog
 
 from agent.config import Config, Secrets, load_secrets
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
-from agent.corestore.credentials import FixedCredentials
+from agent.corestore.credentials import CredentialSource, FixedCredentials
+from agent.credentials.enrollment import Enrollment
+from agent.credentials.keys import KeyStore
+from agent.credentials.provider import SealedCredentials
+from agent.errors import ConfigError
 from agent.log import register_secret
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import Routes
@@ -98,8 +105,12 @@ async def run(
         resources.push_async_callback(_step, "close the store", store.aclose, close_s)
         settings = EngineSettings.from_config(config.corestore)
         corestore = config.corestore
+        sealed = await _sealed_credentials(config, resources, lambda: session)
+        credentials: CredentialSource = (
+            sealed[1] if sealed is not None else _fixed_credentials(secrets)
+        )
         clients = CorestoreClients(
-            credentials=FixedCredentials(secrets.corestore_credential),
+            credentials=credentials,
             timeouts=CorestoreTimeouts(
                 connect=corestore.connect_timeout_s,
                 control=corestore.request_timeout_s,
@@ -120,6 +131,12 @@ async def run(
         session = CloudlySession(
             session_settings(config), secrets.machine_token, status, routes=routes
         )
+        if sealed is not None:
+            enrollment, provider = sealed
+            session.add_connect_step(
+                lambda caller, view: enrollment.ensure(caller, view.cluster_id)
+            )
+            session.on_cluster_view(provider.retain)
         with _stop_on_signals(stop):
             async with asyncio.TaskGroup() as group:
                 engine_task = group.create_task(engine.run(), name="isolated-restore-engine")
@@ -137,6 +154,41 @@ async def run(
                 ):
                     engine_task.cancel()
     log.info("agent_stopped")
+
+
+async def _sealed_credentials(
+    config: Config, resources: AsyncExitStack, session: Callable[[], CloudlySession]
+) -> tuple[Enrollment, SealedCredentials] | None:
+    """The recipient key (created on first start; the state directory stays locked while the
+    agent runs), its enrollment and the per-node sealed credentials; None for the file option."""
+    if config.corestore.credential_source != "sealed":
+        return None
+    keys = await asyncio.to_thread(KeyStore.open, config.state.directory)
+    resources.callback(keys.close)
+    log.info("recipient_key_loaded", public_key=keys.key.public_key)
+    timeout = config.cloudly.call_timeout_s
+    enrollment = Enrollment(keys, call_timeout=timeout)
+    provider = SealedCredentials(
+        key=keys.key,
+        enrollment=enrollment,
+        caller=session,
+        cluster_view=lambda: session().cluster_view,
+        call_timeout=timeout,
+    )
+    return enrollment, provider
+
+
+def _fixed_credentials(secrets: Secrets) -> FixedCredentials:
+    """The development option: the one bearer of `corestore.credential_file` for every node."""
+    if secrets.corestore_credential is None:
+        raise ConfigError(
+            "corestore.credential_file", 'is required with credential_source = "file"'
+        )
+    log.warning(
+        "corestore_credential_from_file",
+        hint='a development option: production configs leave credential_source at "sealed"',
+    )
+    return FixedCredentials(secrets.corestore_credential)
 
 
 async def _step(name: str, work: Callable[[], Awaitable[None]], bound_s: float) -> bool:

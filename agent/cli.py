@@ -1,4 +1,8 @@
-"""`restore-agent`: the command line (`run`, `check-config`, `--version`).
+"""`restore-agent`: the command line (`run`, `check-config`, `rotate-key`, `--version`).
+
+`rotate-key --config PATH` replaces the agent's X25519 recipient key in the state directory and
+forgets its enrollment, so the next start enrolls the new key with Cloudly (docs/credentials.md,
+"Rotation"). It refuses while an agent runs on that directory: stop the service, rotate, start.
 
 Exit codes: 0 success, 2 configuration error (one line on stderr, no traceback; argparse uses 2
 for usage errors too), 1 unexpected crash (logged once, with its traceback, through the
@@ -21,6 +25,7 @@ import structlog
 
 from agent import __version__
 from agent.config import Config, load_config, load_secrets
+from agent.credentials.keys import rotate_key
 from agent.errors import ConfigError
 from agent.log import configure_logging, register_secret
 
@@ -65,6 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument("path", type=Path, metavar="PATH", help="TOML file")
     check.set_defaults(command=_check_config)
+
+    rotate = commands.add_parser(
+        "rotate-key",
+        help="replace the recipient key Cloudly seals credentials to (the agent must be stopped)",
+    )
+    rotate.add_argument("--config", type=Path, required=True, metavar="PATH", help="TOML file")
+    rotate.set_defaults(command=_rotate_key)
     return parser
 
 
@@ -120,10 +132,30 @@ def _summary(config: Config) -> list[str]:
     return [
         f"cloudly:    {config.websocket_url}",
         f"token:      {config.cloudly.token_file}",
-        f"credential: {config.corestore.credential_file}",
+        f"credential: {_credential_summary(config)}",
         f"state:      {config.state.directory}",
         f"log:        {config.log.format}, {config.log.level}",
     ]
+
+
+def _credential_summary(config: Config) -> str:
+    path = config.corestore.credential_file
+    if path is not None:
+        return f"file {path} (development option)"
+    return "sealed per node by Cloudly (recipient key in the state directory)"
+
+
+def _rotate_key(namespace: argparse.Namespace) -> int:
+    config = load_config(namespace.config)
+    if config.corestore.credential_source != "sealed":
+        raise ConfigError(
+            "corestore.credential_source",
+            'is "file": the agent holds no recipient key to rotate',
+        )
+    key = rotate_key(config.state.directory)
+    print(f"recipient key rotated: public key {key.public_key}")
+    print("  the agent enrolls it with Cloudly on its next start")
+    return EXIT_OK
 
 
 def _run(namespace: argparse.Namespace) -> int:

@@ -172,9 +172,18 @@ def _require_json_value(value: Any, where: str) -> None:
 
 
 class CorestoreConfig(_Section):
-    """`[corestore]`: the node's Corestore control API."""
+    """`[corestore]`: the nodes' Corestore control API.
 
-    credential_file: FilePath
+    `credential_source` says where each node's bearer comes from: `"sealed"` (the default, and
+    what production runs) fetches it per node from Cloudly, sealed to the agent's own X25519 key
+    (docs/credentials.md); `"file"` is a development option that sends the one bearer in
+    `credential_file` to every node. `credential_file` is required with `"file"` and refused
+    otherwise, so a config cannot name a file that is silently not used.
+    """
+
+    credential_source: Literal["sealed", "file"] = "sealed"
+    # validate_default: the rule below must also see a credential_file that was left out.
+    credential_file: FilePath | None = Field(default=None, validate_default=True)
     chunk_size: Annotated[int, Field(ge=64 * KiB, le=16 * MiB)] = 4 * MiB
     max_in_flight: Annotated[int, Field(ge=1, le=32)] = 4
     connect_timeout_s: Seconds = 5.0
@@ -183,6 +192,19 @@ class CorestoreConfig(_Section):
     transfer_timeout_s: Seconds = 300.0
     retries: Annotated[int, Field(ge=0, le=10)] = 3
     restore_poll_interval_s: PollSeconds = 1.0
+
+    @field_validator("credential_file")
+    @classmethod
+    def _check_credential_file(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        source = info.data.get("credential_source")
+        if source == "file" and path is None:
+            raise ValueError('is required with credential_source = "file"')
+        if source != "file" and path is not None:
+            raise ValueError(
+                'is only used with credential_source = "file" (the default "sealed" fetches '
+                "each node's credential from Cloudly)"
+            )
+        return path
 
 
 class StateConfig(_Section):
@@ -217,7 +239,7 @@ class Config(_Section):
     """The whole configuration file."""
 
     cloudly: CloudlyConfig
-    corestore: CorestoreConfig
+    corestore: CorestoreConfig = CorestoreConfig()
     state: StateConfig = StateConfig()
     streams: StreamsConfig = StreamsConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
@@ -383,21 +405,24 @@ def _read_owner_only(fd: int, path: Path, key: str) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Secrets:
-    """The secrets the configuration names, read from their files."""
+    """The secrets the configuration names, read from their files. `corestore_credential` is
+    None unless `corestore.credential_source = "file"`."""
 
     machine_token: Secret
-    corestore_credential: Secret
+    corestore_credential: Secret | None = None
 
     def all(self) -> tuple[Secret, ...]:
         """Every secret, for the log redactor."""
-        return (self.machine_token, self.corestore_credential)
+        credential = self.corestore_credential
+        return (self.machine_token,) if credential is None else (self.machine_token, credential)
 
 
 def load_secrets(config: Config) -> Secrets:
-    """Read both secret files `config` names; raise `ConfigError` naming the key that failed."""
+    """Read the secret files `config` names; raise `ConfigError` naming the key that failed."""
+    path = config.corestore.credential_file
     return Secrets(
         machine_token=read_secret_file(config.cloudly.token_file, "cloudly.token_file"),
-        corestore_credential=read_secret_file(
-            config.corestore.credential_file, "corestore.credential_file"
+        corestore_credential=(
+            None if path is None else read_secret_file(path, "corestore.credential_file")
         ),
     )

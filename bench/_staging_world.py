@@ -134,6 +134,7 @@ def write_config(directory: Path, cloudly_url: str, chunk_mib: int, window: int)
                 f'url = "{cloudly_url}"',
                 f'token_file = "{token}"',
                 "[corestore]",
+                'credential_source = "file"',
                 f'credential_file = "{bearer}"',
                 f"chunk_size = {chunk_mib * MiB}",
                 "[state]",

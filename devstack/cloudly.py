@@ -11,7 +11,10 @@ same `Peer` the agent uses, in the server role. It serves what the agent calls:
 - `getClusterConfig {identity: {jwt}}`: checks the JWT was issued here and has not expired,
   answers `{configData: <cluster document>, services}`.
 
-and lets a test act as Cloudly: `call_agent()` fires a request at the connected agent,
+With `credentials=CredentialAuthority(...)` (devstack/credentials.py) it also serves the
+recipient enrollment and each node's sealed Corestore bearer (docs/credentials.md).
+
+It lets a test act as Cloudly: `call_agent()` fires a request at the connected agent,
 `open_send_stream()` opens a stream as the initiator (put the marker into a `call_agent`
 request while writing the sink concurrently), `push_cluster_config()` pushes a new document,
 `drop_connections()` / `restart()` / `stall_connections()` break the session. Everything
@@ -49,6 +52,7 @@ from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
 from agent.session.client import METHOD_SET_TAG
 from agent.session.peer import Peer
 from agent.session.transport import WebsocketTransport, quiet_websocket_logger
+from devstack.credentials import CredentialAuthority
 
 __all__ = ["ABSENT", "AgentConnection", "CloudlyEvent", "StandInCloudly", "cluster_document"]
 
@@ -154,8 +158,10 @@ class StandInCloudly:
         ssl_context: ssl.SSLContext | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        credentials: CredentialAuthority | None = None,
     ) -> None:
         self._token = token
+        self.credentials = credentials
         self.cluster: dict[str, Any] = dict(cluster)
         self.services: list[Mapping[str, Any]] = list(services)
         self.identity_lifetime_s = identity_lifetime_s
@@ -400,7 +406,7 @@ class StandInCloudly:
             body = {"configData": self.cluster, "services": list(self.services)}
             return answer(METHOD_GET_CLUSTER_CONFIG, body)
 
-        return Routes(
+        routes = Routes(
             [
                 Route(
                     METHOD_GET_IDENTITY_BY_TOKEN, GetIdentityByTokenRequest, get_identity_by_token
@@ -409,6 +415,18 @@ class StandInCloudly:
                 Route(METHOD_GET_CLUSTER_CONFIG, GetClusterConfigRequest, get_cluster_config),
             ]
         )
+        return routes + self._credential_routes(connection)
+
+    def _credential_routes(self, connection: AgentConnection) -> Routes:
+        """The credential methods (when an authority is configured), recording on this
+        connection."""
+        if self.credentials is None:
+            return Routes()
+
+        def record(kind: str, **detail: Any) -> None:
+            self._record(kind, connection.number, **detail)
+
+        return self.credentials.routes(record)
 
     def _issue_jwt(self, expires_at_ms: int) -> str:
         header = _b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())

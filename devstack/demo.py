@@ -1,14 +1,18 @@
 """`restore-agent demo`: one isolated restore, end to end, against an embedded stand-in stack.
 
 Nothing outside one temporary directory is touched: it holds the reference Corestore's disk, a
-config file and the two secret files (mode 0600, random values), the agent's state database and
-its log (`agent.log`: the progress output stays readable). The stand-in Cloudly and the reference
-Corestore listen on 127.0.0.1 (free ports); the real agent (`agent.app.run`) runs in this
-process and connects to them over its websocket session. Then, as Cloudly would,
-`RestoreDriver` prepares a restore of three resources (a database dump, a bucket of files, a
-volume image of `--size` bytes), stages every object on a VirtualStream, executes, waits for
-`ready`, checks every staged object's sha256 on Corestore's disk, cleans up, waits for
-`cleaned` and checks that Corestore's disk holds no file of the restore any more (not even the
+config file and the machine token file (mode 0600, a random value), the agent's state directory (its
+state database, and its X25519 recipient key) and its log (`agent.log`: the progress output stays
+readable). The node's Corestore bearer (random) is known to the reference Corestore and to the
+stand-in Cloudly, which seals it to the agent's key: the agent enrolls its key on connect and
+fetches the bearer sealed (`--credential-source sealed`, the default, as in production);
+`--credential-source file` writes it to a 0600 file instead (the development option). The stand-in
+Cloudly and the reference Corestore listen on 127.0.0.1 (free ports); the real agent
+(`agent.app.run`) runs in this process and connects to them over its websocket session. Then, as
+Cloudly would, `RestoreDriver` prepares a restore of three resources (a database dump, a bucket of
+files, a volume image of `--size` bytes), stages every object on a VirtualStream, executes, waits
+for `ready`, checks every staged object's sha256 on Corestore's disk, cleans up, waits for `cleaned`
+and checks that Corestore's disk holds no file of the restore any more (not even the
 prepared-restore record). The directory is removed at the end unless `--keep`.
 
 Exit 0 on success, 1 with a one-line reason on stderr otherwise. `--json` prints one JSON
@@ -42,6 +46,7 @@ from agent.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.corestore import CorestoreHandle, start
 from devstack.corestore.storage import Storage, sha256_file
+from devstack.credentials import CredentialAuthority
 from devstack.driver import (
     Progress,
     RestoreDriver,
@@ -83,6 +88,12 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--json", action="store_true", help="machine-readable progress")
+    parser.add_argument(
+        "--credential-source",
+        choices=("sealed", "file"),
+        default="sealed",
+        help="how the agent gets the node's Corestore bearer (default sealed, from Cloudly)",
+    )
     parser.add_argument(
         "--chunk-form",
         choices=("buffer", "base64"),
@@ -258,8 +269,7 @@ token_file = "machine-token"
 backoff_base_s = 0.2
 backoff_cap_s = 2.0
 [corestore]
-credential_file = "corestore-credential"
-restore_poll_interval_s = 0.05
+{credential}restore_poll_interval_s = 0.05
 [state]
 directory = "state"
 [shutdown]
@@ -268,9 +278,13 @@ close_timeout_s = 2.0
 """
 
 
-def _write_config(workdir: Path, cloudly_url: str) -> Path:
+_FILE_CREDENTIAL: Final = 'credential_source = "file"\ncredential_file = "corestore-credential"\n'
+
+
+def _write_config(workdir: Path, cloudly_url: str, credential_source: str) -> Path:
     config = workdir / "agent.toml"
-    config.write_text(_CONFIG.format(cloudly_url=cloudly_url))
+    credential = _FILE_CREDENTIAL if credential_source == "file" else ""
+    config.write_text(_CONFIG.format(cloudly_url=cloudly_url, credential=credential))
     return config
 
 
@@ -324,7 +338,9 @@ async def _run_stack(arguments: argparse.Namespace, out: _Output, workdir: Path)
     token = "demo-token-" + secrets.token_urlsafe(24)
     bearer = "demo-bearer-" + secrets.token_urlsafe(24)
     _secret_file(workdir / "machine-token", token)
-    _secret_file(workdir / "corestore-credential", bearer)
+    sealed = arguments.credential_source == "sealed"
+    if not sealed:
+        _secret_file(workdir / "corestore-credential", bearer)
     out.event("start", f"{_PROG}: working in {workdir}", workdir=str(workdir))
     async with AsyncExitStack() as stack:
         corestore = await start(data_dir=workdir / "corestore", bearer=bearer)
@@ -332,13 +348,26 @@ async def _run_stack(arguments: argparse.Namespace, out: _Output, workdir: Path)
         plan = demo_plan(big_size=arguments.size)
         document = cluster_document(plan.cluster_id, {plan.node: corestore.url})
         settings = stand_in_settings(arguments.chunk_form)
-        cloudly = StandInCloudly(token=token, cluster=document, peer_settings=settings)
+        authority = CredentialAuthority(plan.cluster_id, {plan.node: bearer}) if sealed else None
+        cloudly = StandInCloudly(
+            token=token, cluster=document, peer_settings=settings, credentials=authority
+        )
         await stack.enter_async_context(cloudly)
         out.event(
             "corestore", f"  corestore  {corestore.url} (reference server)", url=corestore.url
         )
         out.event("cloudly", f"  cloudly    {cloudly.url} (stand-in)", url=cloudly.url)
-        config = load_config(_write_config(workdir, cloudly.url))
+        out.event(
+            "credential",
+            "  credential "
+            + (
+                "sealed per node by the stand-in Cloudly to the agent's X25519 key"
+                if sealed
+                else "one bearer from a 0600 file (development option)"
+            ),
+            source=arguments.credential_source,
+        )
+        config = load_config(_write_config(workdir, cloudly.url, arguments.credential_source))
         status, stop = AgentStatus(), asyncio.Event()
         async with asyncio.TaskGroup() as group:
             agent = group.create_task(app.run(config, stop=stop, status=status), name="agent")

@@ -45,6 +45,7 @@ def _config(
                 "token_file": str(_secret_file(tmp_path / "token", TOKEN)),
             },
             "corestore": {
+                "credential_source": "file",
                 "credential_file": str(_secret_file(tmp_path / "corestore", credential)),
             },
             "state": {"directory": str(tmp_path / "state")},
@@ -201,7 +202,7 @@ def test_session_settings_follow_the_configuration(tmp_path: Path) -> None:
                 "ping_interval_s": 7.0,
                 "tag_payload": {"cluster": "c1"},
             },
-            "corestore": {"credential_file": str(tmp_path / "c")},
+            "corestore": {"credential_source": "file", "credential_file": str(tmp_path / "c")},
             "streams": {"window": 8},
             "shutdown": {"close_timeout_s": 3.0},
         }

@@ -14,10 +14,13 @@ from typing import Any
 
 import pytest
 import structlog
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from agent import __version__
 from agent.cli import main
 from agent.config import Config, Secrets
+from agent.contracts.credentials import b64url
+from agent.credentials.keys import ENROLLMENT_FILE, KEY_FILE, KeyStore
 from agent.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,6 +33,7 @@ url = "https://cloudly.example.com"
 token_file = "machine-token"
 
 [corestore]
+credential_source = "file"
 credential_file = "corestore-credential"
 
 [log]
@@ -331,3 +335,82 @@ def test_keyboard_interrupt_exits_130(config_path: Path, monkeypatch: pytest.Mon
 
     install_app(monkeypatch, run)
     assert main(["run", "--config", str(config_path)]) == 130
+
+
+# --- rotate-key ---------------------------------------------------------------------------------
+
+SEALED_CONFIG = """\
+[cloudly]
+url = "https://cloudly.example.com"
+token_file = "machine-token"
+
+[state]
+directory = "state"
+"""
+
+
+@pytest.fixture(name="sealed_config")
+def _sealed_config(tmp_path: Path) -> Path:
+    """A production-shaped config: no credential source named, so sealed."""
+    path = tmp_path / "sealed.toml"
+    path.write_text(SEALED_CONFIG, encoding="utf-8")
+    return path
+
+
+def test_rotate_key_replaces_the_key_and_forgets_the_enrollment(
+    sealed_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new key (printed by its public half only), no enrollment left: exit 0."""
+    state = sealed_config.parent / "state"
+    KeyStore.open(state).close()
+    old = (state / KEY_FILE).read_bytes()
+    (state / ENROLLMENT_FILE).write_text("{}")
+    assert main(["rotate-key", "--config", str(sealed_config)]) == 0
+    out, err = capsys.readouterr()
+    new = (state / KEY_FILE).read_bytes()
+    assert new != old
+    assert not (state / ENROLLMENT_FILE).exists()
+    public = X25519PrivateKey.from_private_bytes(new).public_key().public_bytes_raw()
+    assert out.splitlines()[0] == f"recipient key rotated: public key {b64url(public)}"
+    assert new.hex() not in out + err
+    assert err == ""
+
+
+def test_rotate_key_refuses_while_an_agent_runs(
+    sealed_config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The state directory is held by a running agent: exit 2, one line, the key unchanged."""
+    state = sealed_config.parent / "state"
+    store = KeyStore.open(state)
+    try:
+        assert main(["rotate-key", "--config", str(sealed_config)]) == 2
+    finally:
+        store.close()
+    line = one_error_line(capsys.readouterr().err)
+    assert line == (
+        f"restore-agent: config state.directory: {state}: another restore-agent uses this "
+        "state directory (stop it first)"
+    )
+    assert (state / KEY_FILE).read_bytes() == store.key.private_key.private_bytes_raw()
+
+
+def test_rotate_key_refuses_the_file_credential_option(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With credential_source = "file" there is no key to rotate: exit 2, nothing written."""
+    assert main(["rotate-key", "--config", str(config_path)]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        'restore-agent: config corestore.credential_source: is "file": the agent holds no '
+        "recipient key to rotate"
+    )
+
+
+def test_check_config_names_the_credential_source(
+    sealed_config: Path, config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary says where each node's credential comes from."""
+    assert main(["check-config", str(sealed_config)]) == 0
+    assert "credential: sealed per node by Cloudly" in capsys.readouterr().out
+    assert main(["check-config", str(config_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"credential: file {config_path.parent / 'corestore-credential'}" in out

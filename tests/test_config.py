@@ -33,6 +33,7 @@ url = "https://cloudly.example.com"
 token_file = "machine-token"
 
 [corestore]
+credential_source = "file"
 credential_file = "corestore-credential"
 """
 
@@ -236,7 +237,10 @@ REFUSALS = [
     (("url =", "urll ="), "config cloudly.urll: unknown key"),
     (("", "[extra]\nx = 1\n"), "config extra: unknown section"),
     (('url = "https://cloudly.example.com"\n', ""), "config cloudly.url: required key is missing"),
-    (("[corestore]\ncredential_file", "[other]\ncredential_file"), "config other: unknown section"),
+    (
+        ("[corestore]\ncredential_source", "[other]\ncredential_source"),
+        "config other: unknown section",
+    ),
     (
         ('token_file = "machine-token"', 'token_file = "t"\ncall_timeout_s = "30"'),
         "config cloudly.call_timeout_s: expected a number, got a string",
@@ -385,9 +389,60 @@ def test_bad_value_is_refused_with_one_message_naming_the_key(
 
 
 def test_missing_section_is_named(tmp_path: Path) -> None:
-    """A config without [corestore] names the section."""
-    text = MINIMAL.split("[corestore]")[0]
-    assert str(config_error(tmp_path, text)) == "config corestore: required section is missing"
+    """A config without [cloudly] names the section."""
+    text = "[corestore]" + MINIMAL.split("[corestore]")[1]
+    assert str(config_error(tmp_path, text)) == "config cloudly: required section is missing"
+
+
+# --- where the Corestore credential comes from ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "corestore",
+    ["", "[corestore]\nretries = 2\n", '[corestore]\ncredential_source = "sealed"\n'],
+    ids=["no section", "no key", "explicit"],
+)
+def test_a_config_naming_no_credential_source_gets_the_sealed_path(
+    tmp_path: Path, corestore: str
+) -> None:
+    """Production configs name no source: each node's credential is sealed by Cloudly, and no
+    Corestore credential file is read."""
+    text = MINIMAL.split("[corestore]")[0] + corestore
+    config = load_config(write_config(tmp_path, text))
+    assert (config.corestore.credential_source, config.corestore.credential_file) == (
+        "sealed",
+        None,
+    )
+    write_secret(tmp_path / "machine-token", "token-value\n")
+    assert load_secrets(config).corestore_credential is None
+    assert load_secrets(config).all() == (Secret("token-value"),)
+
+
+@pytest.mark.parametrize(
+    ("corestore", "message"),
+    [
+        (
+            '[corestore]\ncredential_file = "c"\n',
+            'config corestore.credential_file: is only used with credential_source = "file" '
+            '(the default "sealed" fetches each node\'s credential from Cloudly)',
+        ),
+        (
+            '[corestore]\ncredential_source = "file"\n',
+            'config corestore.credential_file: is required with credential_source = "file"',
+        ),
+        (
+            '[corestore]\ncredential_source = "environment"\n',
+            "config corestore.credential_source: must be 'sealed' or 'file'",
+        ),
+    ],
+    ids=["file without the file source", "file source without a file", "unknown source"],
+)
+def test_a_credential_source_and_file_that_disagree_are_refused(
+    tmp_path: Path, corestore: str, message: str
+) -> None:
+    """`credential_file` belongs to the file source alone, and the file source needs one."""
+    text = MINIMAL.split("[corestore]")[0] + corestore
+    assert str(config_error(tmp_path, text)) == message
 
 
 def test_section_that_is_not_a_table_is_refused(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 One connection at a time, each driven by a fresh `Peer` over the same `Routes` (the agent's
 routes, given by the composition root, plus the session's own `pushClusterConfig`):
 
-    connecting -> authenticating (getIdentityByToken, __typedsocket_setTag, getClusterConfig)
+    connecting -> authenticating (getIdentityByToken, __typedsocket_setTag, getClusterConfig,
+                                  then the connect steps: the recipient enrollment)
                -> connected (handlers served, identity renewed before it expires)
     any loss   -> backing-off (full-jitter delay) -> connecting ...
     close()    -> draining (no new requests, in-flight ones finish) -> socket closed 1001 -> stopped
@@ -21,6 +22,12 @@ the agent cannot use at all ends the connection with an error-level line saying 
 (`cloudly_answer_unusable`), recorded as the status's last error, and the session reconnects
 with backoff (Cloudly may be fixed meanwhile).
 
+Connect steps (`add_connect_step`) run after the cluster document is read and before the
+session serves anything, with the connection being set up as their `Caller`: the composition
+root adds the recipient enrollment (`agent.credentials.enrollment`) there. A step that raises a
+session error (`EnrollmentFailed` among them) ends the attempt like any other loss. Cluster-view
+watchers (`on_cluster_view`) are called with every view the session publishes.
+
 Time goes through the injected `Clock` (renewal and backoff waits), randomness through an
 injected source, so tests drive both without sleeping.
 """
@@ -30,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,6 +70,7 @@ from agent.errors import (
     AgentError,
     AuthenticationFailed,
     CallFailed,
+    EnrollmentFailed,
     InvalidState,
     MisroutedCluster,
     RemoteProtocolError,
@@ -85,7 +93,7 @@ from agent.session.transport import (
 )
 from agent.status import AgentStatus, SessionState
 
-__all__ = ["METHOD_SET_TAG", "CloudlySession", "SessionSettings"]
+__all__ = ["METHOD_SET_TAG", "CloudlySession", "ConnectStep", "SessionSettings"]
 
 _Model = TypeVar("_Model", bound=WireModel)
 
@@ -98,6 +106,9 @@ INTERNAL_ERROR = 1011
 _SESSION_LOSSES = (SessionError, RemoteProtocolError)
 
 log = structlog.get_logger("agent.session")
+
+# Run on every connect, after the cluster document is read: (the connection's caller, the view).
+ConnectStep = Callable[[Peer, ClusterView], Awaitable[object]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +168,8 @@ class CloudlySession:
         self._stopped = asyncio.Event()
         self._draining = False
         self._running = False
+        self._connect_steps: list[ConnectStep] = []
+        self._view_watchers: list[Callable[[ClusterView], None]] = []
 
     # --- what the rest of the agent uses ----------------------------------------------------
 
@@ -187,6 +200,14 @@ class CloudlySession:
     def open_send_stream(self) -> tuple[StreamMarker, ByteSink]:
         """A stream we initiate on the current connection: (marker for the request, sink)."""
         return self._live_peer().open_send_stream()
+
+    def add_connect_step(self, step: ConnectStep) -> None:
+        """Run `step(connection, cluster_view)` on every connect before the session serves."""
+        self._connect_steps.append(step)
+
+    def on_cluster_view(self, watcher: Callable[[ClusterView], None]) -> None:
+        """Call `watcher(view)` with every cluster view the session publishes."""
+        self._view_watchers.append(watcher)
 
     def stop(self) -> None:
         """Close the socket (1001) and end `run()`, without draining."""
@@ -287,6 +308,12 @@ class CloudlySession:
                 error=text,
                 hint="check the machine token file; retrying with backoff",
             )
+        elif isinstance(error, EnrollmentFailed):
+            log.error(
+                "cloudly_enrollment_failed",
+                error=text,
+                hint="the agent's recipient key could not be enrolled; retrying with backoff",
+            )
         elif isinstance(error, RemoteProtocolError):
             log.error(
                 "cloudly_answer_unusable",
@@ -326,6 +353,7 @@ class CloudlySession:
                 identity = await self._authenticate(peer)
                 await self._tag(peer)
                 await self._read_cluster(peer, identity)
+                await self._run_connect_steps(peer)
                 self._go_live(peer)
                 await self._keep_identity_fresh(peer, identity)
         except asyncio.CancelledError:
@@ -413,6 +441,12 @@ class CloudlySession:
         )
         self._publish(read_cluster_view(answer.config_data), source=METHOD_GET_CLUSTER_CONFIG)
 
+    async def _run_connect_steps(self, peer: Peer) -> None:
+        view = self._view
+        assert view is not None  # _read_cluster published one
+        for step in self._connect_steps:
+            await step(peer, view)
+
     async def _keep_identity_fresh(self, peer: Peer, identity: UsedIdentity) -> None:
         margin = self._settings.identity_renew_margin_s
         while True:
@@ -459,6 +493,8 @@ class CloudlySession:
         if previous is not None and previous.cluster_id != view.cluster_id:
             log.warning("cluster_id_changed", previous=previous.cluster_id, current=view.cluster_id)
         self._view = view
+        for watcher in self._view_watchers:
+            watcher(view)
         summary = self._status.publish_cluster(view)
         log.info(
             "cluster_view_published",

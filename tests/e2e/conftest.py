@@ -141,6 +141,7 @@ class Stack:
                 "backoff_cap_s": 0.2,
             },
             "corestore": {
+                "credential_source": "file",
                 "credential_file": str(credential),
                 "chunk_size": 64 * KiB,
                 "retries": 1,

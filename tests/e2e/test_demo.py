@@ -53,15 +53,34 @@ def test_the_demo_restores_verifies_and_cleans_up_leaving_nothing_behind(
 
 
 def test_the_demo_keeps_its_directory_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
-    """`--keep` leaves the directory (config, 0600 secrets, agent log) and says where."""
+    """`--keep` leaves the directory (config, the 0600 machine token and recipient key, the agent
+    log) and says where; by default no Corestore credential file exists: it came sealed."""
     code = demo.main(["--size", "1k", "--keep"])
     out, _ = capsys.readouterr()
     kept = Path(out.splitlines()[-2].removeprefix("kept "))
     try:
         assert code == 0
         assert out.splitlines()[-1].startswith("done in ")
-        assert (kept / "agent.log").stat().st_size > 0
-        for secret in ("machine-token", "corestore-credential"):
+        assert "credential sealed per node by the stand-in Cloudly" in out
+        log = (kept / "agent.log").read_text()
+        assert '"event": "recipient_enrolled"' in log
+        assert '"event": "corestore_credential_fetched"' in log
+        for secret in ("machine-token", "state/recipient.key"):
             assert (kept / secret).stat().st_mode & 0o777 == 0o600
+        assert not (kept / "corestore-credential").exists()
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
+
+
+def test_the_demo_runs_the_file_credential_option_too(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--credential-source file`: the bearer comes from a 0600 file; no key is made."""
+    code = demo.main(["--size", "1k", "--keep", "--credential-source", "file"])
+    out, _ = capsys.readouterr()
+    kept = Path(out.splitlines()[-2].removeprefix("kept "))
+    try:
+        assert code == 0
+        assert "one bearer from a 0600 file (development option)" in out
+        assert (kept / "corestore-credential").stat().st_mode & 0o777 == 0o600
+        assert not (kept / "state" / "recipient.key").exists()
     finally:
         shutil.rmtree(kept, ignore_errors=True)

@@ -260,6 +260,7 @@ tag_payload = {{ role = "relay", node = "{NODE_ID}" }}
 max_concurrent_requests = {max_concurrent_requests}
 
 [corestore]
+credential_source = "file"
 credential_file = "{credential_file.name}"
 
 [state]

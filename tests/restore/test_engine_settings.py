@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +29,6 @@ def test_engine_settings_take_the_corestore_section() -> None:
     """from_config carries chunking, the transfer timeout and the poll interval; `retries` is
     the Corestore client's alone, so nothing else of the engine changes."""
     corestore = CorestoreConfig(
-        credential_file=Path("/run/credential"),
         chunk_size=128 * 1024,
         max_in_flight=2,
         retries=5,
@@ -44,7 +42,7 @@ def test_engine_settings_take_the_corestore_section() -> None:
 
 def test_the_default_section_keeps_the_engine_defaults() -> None:
     """Without the keys: a 300 s transfer bound and one status read per second."""
-    settings = EngineSettings.from_config(CorestoreConfig(credential_file=Path("/c")))
+    settings = EngineSettings.from_config(CorestoreConfig())
     assert (settings.transfer_timeout, settings.poll_interval) == (300.0, 1.0)
 
 

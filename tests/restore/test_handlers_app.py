@@ -28,6 +28,7 @@ def _config(tmp_path: Path, cloudly: StandInCloudly, bearer: str) -> Config:
         {
             "cloudly": {"url": cloudly.url, "token_file": str(_secret_file(tmp_path / "t", TOKEN))},
             "corestore": {
+                "credential_source": "file",
                 "credential_file": str(_secret_file(tmp_path / "c", bearer)),
                 "chunk_size": 64 * 1024,
                 "retries": 1,
