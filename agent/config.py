@@ -6,7 +6,10 @@ reason. Relative paths in the file are resolved against the file's directory.
 
 The model holds no secret, only the paths of the files that hold them: `read_secret_file()`
 reads one (owner-only permissions, one line) into a `Secret`, and `load_secrets(config)` reads
-both. `config.example.toml` at the repository root documents every key.
+the machine token and, only with `[corestore] credential_source = "file"` (a development
+option), the Corestore credential: by default each node's credential is sealed by Cloudly to the
+agent's own key and never comes from a file (docs/credentials.md). `config.example.toml` at the
+repository root documents every key.
 """
 
 from __future__ import annotations
