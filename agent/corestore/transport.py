@@ -1,13 +1,16 @@
 """The HTTP edge of the Corestore client: one aiohttp session, timeouts, safe retries.
 
-`HttpTransport.send(request)` sends one `RouteRequest` and returns its `Reply`, mapping every
+`HttpTransport.send(request, credential)` sends one `RouteRequest` with the bearer it is given
+(the client asks its node's credential per call; the transport holds none) and returns its
+`Reply`, mapping every
 transport failure (connection refused or reset, timeout) and every 5xx/408/429 answer to
 `CorestoreUnavailable` (chained from the aiohttp or timeout error). It resends only requests
 whose route is idempotent, while Corestore is unavailable, by the agent's one retry policy
 (`agent.retry.retrying`: full-jitter exponential backoff, waits on the injected `Clock`, draws
 from the injected `rng`). This is the only place a Corestore call is resent for availability:
-the engine above it never wraps a call in a second loop. What a 2xx or 4xx answer means is the
-client's business (`client.py`).
+the engine above it never wraps a call in a second loop (the client's one resend after a
+refused credential is not for availability). What a 2xx or 4xx answer means is the client's
+business (`client.py`).
 
 Frames that raise hold no revealed secret and no raw answer text as a local variable, because
 traceback renderers that show locals (structlog's default) would print them: the headers are
