@@ -128,15 +128,19 @@ async def run(
             settings=settings,
         )
         routes = isolated_restore_routes(engine) + (extra_routes or Routes())
-        session = CloudlySession(
-            session_settings(config), secrets.machine_token, status, routes=routes
-        )
+        steps, watchers = [], []
         if sealed is not None:
             enrollment, provider = sealed
-            session.add_connect_step(
-                lambda caller, view: enrollment.ensure(caller, view.cluster_id)
-            )
-            session.on_cluster_view(provider.retain)
+            steps.append(lambda caller, view: enrollment.ensure(caller, view.cluster_id))
+            watchers.append(provider.retain)
+        session = CloudlySession(
+            session_settings(config),
+            secrets.machine_token,
+            status,
+            routes=routes,
+            connect_steps=steps,
+            view_watchers=watchers,
+        )
         with _stop_on_signals(stop):
             async with asyncio.TaskGroup() as group:
                 engine_task = group.create_task(engine.run(), name="isolated-restore-engine")

@@ -22,11 +22,11 @@ the agent cannot use at all ends the connection with an error-level line saying 
 (`cloudly_answer_unusable`), recorded as the status's last error, and the session reconnects
 with backoff (Cloudly may be fixed meanwhile).
 
-Connect steps (`add_connect_step`) run after the cluster document is read and before the
-session serves anything, with the connection being set up as their `Caller`: the composition
-root adds the recipient enrollment (`agent.credentials.enrollment`) there. A step that raises a
-session error (`EnrollmentFailed` among them) ends the attempt like any other loss. Cluster-view
-watchers (`on_cluster_view`) are called with every view the session publishes.
+Connect steps (`connect_steps=`) run after the cluster document is read and before the session
+serves anything, with the connection being set up as their `Caller`: the composition root
+passes the recipient enrollment (`agent.credentials.enrollment`). A step that raises a session
+error (`EnrollmentFailed` among them) ends the attempt like any other loss. Cluster-view
+watchers (`view_watchers=`) are called with every view the session publishes.
 
 Time goes through the injected `Clock` (renewal and backoff waits), randomness through an
 injected source, so tests drive both without sleeping.
@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -146,6 +146,8 @@ class CloudlySession:
         status: AgentStatus,
         *,
         routes: Routes | None = None,
+        connect_steps: Sequence[ConnectStep] = (),
+        view_watchers: Sequence[Callable[[ClusterView], None]] = (),
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
         ssl_context: ssl.SSLContext | None = None,
@@ -168,8 +170,8 @@ class CloudlySession:
         self._stopped = asyncio.Event()
         self._draining = False
         self._running = False
-        self._connect_steps: list[ConnectStep] = []
-        self._view_watchers: list[Callable[[ClusterView], None]] = []
+        self._connect_steps = tuple(connect_steps)
+        self._view_watchers = tuple(view_watchers)
 
     # --- what the rest of the agent uses ----------------------------------------------------
 
@@ -200,14 +202,6 @@ class CloudlySession:
     def open_send_stream(self) -> tuple[StreamMarker, ByteSink]:
         """A stream we initiate on the current connection: (marker for the request, sink)."""
         return self._live_peer().open_send_stream()
-
-    def add_connect_step(self, step: ConnectStep) -> None:
-        """Run `step(connection, cluster_view)` on every connect before the session serves."""
-        self._connect_steps.append(step)
-
-    def on_cluster_view(self, watcher: Callable[[ClusterView], None]) -> None:
-        """Call `watcher(view)` with every cluster view the session publishes."""
-        self._view_watchers.append(watcher)
 
     def stop(self) -> None:
         """Close the socket (1001) and end `run()`, without draining."""

@@ -33,11 +33,11 @@ async def cloudly() -> AsyncIterator[StandInCloudly]:
         yield server
 
 
-def _session(cloudly: StandInCloudly, status: AgentStatus) -> CloudlySession:
+def _session(cloudly: StandInCloudly, status: AgentStatus, **wiring: Any) -> CloudlySession:
     settings = SessionSettings(
         url=cloudly.url, tag_name="restore-agent", tag_payload={}, max_frame_bytes=2**24
     )
-    return CloudlySession(settings, Secret(TOKEN), status, rng=lambda: 0.0)
+    return CloudlySession(settings, Secret(TOKEN), status, rng=lambda: 0.0, **wiring)
 
 
 async def test_connect_steps_run_after_the_cluster_is_read_and_before_serving(
@@ -46,7 +46,6 @@ async def test_connect_steps_run_after_the_cluster_is_read_and_before_serving(
     """A step sees the connection and the fresh cluster view; the session is connected only
     after it returned."""
     status = AgentStatus()
-    session = _session(cloudly, status)
     seen: list[tuple[str, SessionState]] = []
 
     async def step(peer: Peer, view: ClusterView) -> None:
@@ -54,7 +53,7 @@ async def test_connect_steps_run_after_the_cluster_is_read_and_before_serving(
         reply = await peer.call("__typedsocket_setTag", {"name": "x"}, timeout=5.0)
         assert reply == {"success": True}
 
-    session.add_connect_step(step)
+    session = _session(cloudly, status, connect_steps=[step])
     async with running(session):
         await status.wait_until(is_connected)
     assert seen == [(CLUSTER, SessionState.AUTHENTICATING)]
@@ -70,8 +69,11 @@ async def test_the_enrollment_step_enrolls_on_connect_once(
     keys = KeyStore.open(tmp_path)
     enrollment = Enrollment(keys)
     status = AgentStatus()
-    session = _session(cloudly, status)
-    session.add_connect_step(lambda peer, view: enrollment.ensure(peer, view.cluster_id))
+    session = _session(
+        cloudly,
+        status,
+        connect_steps=[lambda peer, view: enrollment.ensure(peer, view.cluster_id)],
+    )
     try:
         async with running(session):
             await status.wait_until(is_connected)
@@ -92,7 +94,6 @@ async def test_a_failed_step_ends_the_attempt_and_the_session_retries(
     """EnrollmentFailed in a step: never connected, the error logged and recorded, the session
     backs off and tries again (and connects once the step succeeds)."""
     status = AgentStatus()
-    session = _session(cloudly, status)
     attempts: list[int] = []
 
     async def flaky(peer: Peer, view: ClusterView) -> None:
@@ -100,7 +101,7 @@ async def test_a_failed_step_ends_the_attempt_and_the_session_retries(
         if len(attempts) == 1:
             raise EnrollmentFailed("Cloudly refused beginSecretRecipientEnrollment: not now")
 
-    session.add_connect_step(flaky)
+    session = _session(cloudly, status, connect_steps=[flaky])
     with structlog.testing.capture_logs() as events:
         async with running(session):
             await status.wait_until(is_connected)
@@ -116,9 +117,10 @@ async def test_a_failed_step_ends_the_attempt_and_the_session_retries(
 async def test_watchers_see_every_published_cluster_view(cloudly: StandInCloudly) -> None:
     """The connect read and each pushClusterConfig reach the watcher, in order."""
     status = AgentStatus()
-    session = _session(cloudly, status)
     views: list[Any] = []
-    session.on_cluster_view(lambda view: views.append(sorted(view.nodes)))
+    session = _session(
+        cloudly, status, view_watchers=[lambda view: views.append(sorted(view.nodes))]
+    )
     async with running(session):
         await status.wait_until(is_connected)
         await cloudly.push_cluster_config(
