@@ -43,6 +43,7 @@ from agent.corestore.routes import AnswerKind, RouteRequest, SupportsToWire
 from agent.corestore.sanitize import sanitize_code, sanitize_text
 from agent.corestore.transport import CorestoreTimeouts, HttpTransport, Reply
 from agent.errors import CorestoreRefused, CorestoreUnavailable, IntegrityError, ShuttingDown
+from agent.observe import NULL_OBSERVER, CorestoreObserver
 from agent.retry import RetryPolicy
 from agent.secret import Secret
 
@@ -63,10 +64,11 @@ class CorestoreClient:
         retry: RetryPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
+        observer: CorestoreObserver = NULL_OBSERVER,
     ) -> None:
         """`retry` bounds the sends of one idempotent call while Corestore is unavailable
         (`agent.retry`'s default policy if None); its waits are `clock.sleep`s of a full-jitter
-        delay drawn with `rng` (a U(0, 1) source)."""
+        delay drawn with `rng` (a U(0, 1) source). `observer` hears each HTTP attempt."""
         self._endpoint = endpoint
         self._clock = clock
         self._transport = HttpTransport(
@@ -76,6 +78,7 @@ class CorestoreClient:
             retry=retry or RetryPolicy(),
             clock=clock,
             rng=rng,
+            observer=observer,
         )
 
     def __repr__(self) -> str:
@@ -316,11 +319,13 @@ class CorestoreClients:
         retry: RetryPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
+        observer: CorestoreObserver = NULL_OBSERVER,
     ) -> None:
         self._timeouts = timeouts
         self._retry = retry
         self._clock = clock
         self._rng = rng
+        self._observer = observer
         self._clients: dict[str, CorestoreClient] = {}
         self._closed = False
 
@@ -343,6 +348,7 @@ class CorestoreClients:
                 retry=self._retry,
                 clock=self._clock,
                 rng=self._rng,
+                observer=self._observer,
             )
             self._clients[endpoint] = client
         elif client.credential != credential:

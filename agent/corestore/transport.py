@@ -38,6 +38,7 @@ from agent.errors import (
     NodeWithoutCorestore,
     ShuttingDown,
 )
+from agent.observe import NULL_OBSERVER, CorestoreObserver
 from agent.retry import RetryPolicy, retrying
 from agent.secret import Secret
 
@@ -119,8 +120,10 @@ class HttpTransport:
         retry: RetryPolicy,
         clock: Clock,
         rng: Callable[[], float],
+        observer: CorestoreObserver = NULL_OBSERVER,
     ) -> None:
         self._origin = _canonical_origin(endpoint)
+        self._observer = observer
         self._endpoint = endpoint
         self._credential = _check_credential(credential)
         self._timeouts = timeouts
@@ -150,9 +153,18 @@ class HttpTransport:
     async def send(self, request: RouteRequest) -> Reply:
         """Send `request`, resending an idempotent route while Corestore is unavailable."""
         attempts = self._retry.attempts if request.spec.idempotent else 1
+        sent = 0
+
+        async def attempt() -> Reply:
+            nonlocal sent
+            sent += 1
+            if sent > 1:
+                self._observer.corestore_resend(route=request.spec.name)
+            return await self._observed(request)
+
         try:
             return await retrying(
-                lambda: self._attempt(request),
+                attempt,
                 policy=replace(self._retry, attempts=attempts),
                 retry_on=CorestoreUnavailable,
                 clock=self._clock,
@@ -163,6 +175,22 @@ class HttpTransport:
             raise CorestoreUnavailable(
                 f"{exc} (attempt {attempts} of {attempts})", **exc.data
             ) from exc
+
+    async def _observed(self, request: RouteRequest) -> Reply:
+        """One attempt, its latency and answer kind reported to the observer."""
+        started, outcome = self._clock.monotonic(), "error"
+        try:
+            reply = await self._attempt(request)
+            outcome = routes.classify_answer(request.spec, reply.status, reply.error_code()).value
+            return reply
+        except CorestoreUnavailable as exc:
+            outcome = "unavailable" if "httpStatus" in exc.data else "error"
+            raise
+        finally:
+            seconds = self._clock.monotonic() - started
+            self._observer.corestore_answer(
+                route=request.spec.name, outcome=outcome, seconds=seconds
+            )
 
     async def _attempt(self, request: RouteRequest) -> Reply:
         spec = request.spec

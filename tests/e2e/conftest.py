@@ -150,6 +150,7 @@ class Stack:
             "state": {"directory": str(self.state_dir)},
             "shutdown": {"drain_timeout_s": 2.0, "close_timeout_s": 2.0},
             "log": {"format": "json", "level": "debug"},
+            "health": {"listen": "127.0.0.1:0"},
         }
 
     @asynccontextmanager
