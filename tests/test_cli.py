@@ -74,8 +74,9 @@ def app_runs(monkeypatch: pytest.MonkeyPatch) -> list[Config]:
     """agent.app stood in by a `run` that records each Config it is started with."""
     runs: list[Config] = []
 
-    async def run(config: Config, *, secrets: Secrets) -> None:
+    async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
         assert secrets.machine_token.reveal() == TOKEN  # read once, by the CLI, and passed on
+        assert config_path.name == "config.toml"  # named in the start-up line
         runs.append(config)
 
     install_app(monkeypatch, run)
@@ -244,7 +245,7 @@ def test_run_configures_logging_from_the_config(
     """The app logs as [log] says: JSON lines at the configured level, on stderr."""
     config_path.write_text(CONFIG.replace('"info"', '"warning"'), encoding="utf-8")
 
-    async def run(config: Config, *, secrets: Secrets) -> None:
+    async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
         log = structlog.get_logger("agent.app")
         log.info("not_shown")
         log.warning("shown", token=TOKEN)
@@ -296,7 +297,7 @@ def test_config_error_from_the_app_exits_2(
 ) -> None:
     """A ConfigError the app raises at start-up (alone or from a TaskGroup) is exit 2."""
 
-    async def run(config: Config, *, secrets: Secrets) -> None:
+    async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
         raise raised
 
     install_app(monkeypatch, run)
@@ -311,7 +312,7 @@ def test_crash_is_logged_once_without_secrets_and_exits_1(
 ) -> None:
     """An unexpected exception is one redacted log event with its traceback, exit 1."""
 
-    async def run(config: Config, *, secrets: Secrets) -> None:
+    async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
         raise RuntimeError(f"unexpected while sending {TOKEN}")
 
     install_app(monkeypatch, run)
@@ -326,7 +327,7 @@ def test_crash_is_logged_once_without_secrets_and_exits_1(
 def test_keyboard_interrupt_exits_130(config_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C in the foreground ends with the shell's SIGINT status and no traceback."""
 
-    async def run(config: Config, *, secrets: Secrets) -> None:
+    async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
         raise KeyboardInterrupt
 
     install_app(monkeypatch, run)

@@ -43,7 +43,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from pydantic import ValidationError
@@ -85,7 +85,7 @@ from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
 from agent.retry import Backoff
 from agent.secret import MASK, Secret
-from agent.session.faults import Fault, Outage, Report, ReportKind, classify
+from agent.session.faults import HINTS, Fault, Outage, Report, ReportKind, classify
 from agent.session.peer import Peer
 from agent.session.reconnect import Reconnects, renew_delay
 from agent.session.transport import (
@@ -110,14 +110,6 @@ INTERNAL_ERROR = 1011
 _SESSION_LOSSES = (SessionError, RemoteProtocolError)
 
 log = structlog.get_logger("agent.session")
-
-_HINTS: Final = {
-    "tls-verification": "check the host name in cloudly.url and cloudly.ca_file",
-    "dns-not-found": "check the host name in cloudly.url and the node's DNS",
-    "token-refused": "check the machine token credential (cloudly.token_file)",
-    "handshake-refused": "check cloudly.url (scheme, host and path)",
-    "answer-unusable": "Cloudly answered in a shape the agent cannot use",
-}
 
 
 class SessionObservers(SessionObserver, PeerObserver, Protocol):
@@ -216,6 +208,40 @@ class CloudlySession:
     def open_send_stream(self) -> tuple[StreamMarker, ByteSink]:
         """A stream we initiate on the current connection: (marker for the request, sink)."""
         return self._live_peer().open_send_stream()
+
+    async def probe(self) -> ClusterView:
+        """Connect once, authenticate and read the cluster document, then close (1000): the
+        check `restore-agent check-config --connect` makes. Serves nothing and sets no tag.
+
+        Raises what a session attempt would: `SessionError` (TLS, DNS, refused, a call failed
+        or timed out), `AuthenticationFailed`, `RemoteProtocolError` (classify it with
+        `agent.session.faults.classify`).
+        """
+        settings = self._settings
+        transport = await connect_transport(
+            self._url,
+            ssl_context=self._ssl,
+            max_size=settings.max_frame_bytes,
+            compression="deflate" if settings.compression else None,
+            ping_interval=None,
+            ping_timeout=None,
+            open_timeout=settings.open_timeout,
+            close_timeout=settings.close_timeout,
+        )
+        peer = Peer(transport, Routes(), settings=settings.connection, clock=self._clock)
+        # Owned here: cancelled and awaited below, whatever happens.
+        reader = asyncio.create_task(peer.run(), name="cloudly-probe-peer")
+        try:
+            identity = await self._authenticate(peer)
+            await self._read_cluster(peer, identity)
+        finally:
+            await transport.close(NORMAL_CLOSURE, "probe done")
+            reader.cancel()
+            await asyncio.wait({reader})
+            if not reader.cancelled():
+                reader.exception()  # SessionClosed: the end of every peer run
+        assert self._view is not None  # _read_cluster published it
+        return self._view
 
     def stop(self) -> None:
         """Close the socket (1001) and end `run()`, without draining."""
@@ -563,7 +589,7 @@ def _log_failure(report: Report, attempt: int) -> None:
             permanent=fault.permanent,
             down_s=round(report.down_s),
             attempts=report.attempts,
-            hint=_HINTS.get(fault.cause, "retrying with backoff"),
+            hint=HINTS.get(fault.cause, "retrying with backoff"),
         )
         return
     if fault.cause == "token-refused":
@@ -580,7 +606,7 @@ def _log_failure(report: Report, attempt: int) -> None:
         error=fault.reason,
         cause=fault.cause,
         permanent=True,
-        hint=f"{_HINTS[fault.cause]}; retrying with backoff from its cap",
+        hint=f"{HINTS[fault.cause]}; retrying with backoff from its cap",
     )
 
 

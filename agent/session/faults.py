@@ -50,7 +50,7 @@ from agent.errors import (
     SessionClosed,
 )
 
-__all__ = ["Fault", "Outage", "Report", "ReportKind", "classify"]
+__all__ = ["HINTS", "Fault", "Outage", "Report", "ReportKind", "classify"]
 
 # getaddrinfo's "this name has no address" answers; EAI_AGAIN ("try again") is transient.
 _NAME_NOT_FOUND: Final = frozenset(
@@ -59,6 +59,15 @@ _NAME_NOT_FOUND: Final = frozenset(
 )  # fmt: skip
 _UNREACHABLE: Final = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN})
 _TRANSIENT_HTTP: Final = frozenset({408, 429})
+
+# What the operator should look at, per permanent cause (the log's and the CLI's hint).
+HINTS: Final = {
+    "tls-verification": "check the host name in cloudly.url and cloudly.ca_file",
+    "dns-not-found": "check the host name in cloudly.url and the node's DNS",
+    "token-refused": "check the machine token credential (cloudly.token_file)",
+    "handshake-refused": "check cloudly.url (scheme, host and path)",
+    "answer-unusable": "Cloudly answered in a shape the agent cannot use",
+}
 
 
 @dataclass(frozen=True, slots=True)
