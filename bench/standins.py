@@ -47,11 +47,7 @@ def _secret(path: Path, value: str) -> None:
     path.chmod(0o600)
 
 
-async def _main(workdir: Path, health: str, restore: bool) -> None:
-    token, bearer = f"mt-{secrets.token_urlsafe(24)}", f"cs-{secrets.token_urlsafe(24)}"
-    workdir.mkdir(parents=True, exist_ok=True)
-    _secret(workdir / "machine-token", token)
-    _secret(workdir / "corestore-credential", bearer)
+async def _main(workdir: Path, health: str, restore: bool, token: str, bearer: str) -> None:
     corestore = await start(data_dir=workdir / "corestore", bearer=bearer)
     plan = demo_plan(big_size=8 * 1024 * 1024)
     document = cluster_document(plan.cluster_id, {plan.node: corestore.url})
@@ -88,7 +84,12 @@ def main() -> None:
     parser.add_argument("--health", default="127.0.0.1:9733", help="the agent's [health] listen")
     parser.add_argument("--no-restore", action="store_true", help="drive no restore")
     arguments = parser.parse_args()
-    asyncio.run(_main(arguments.workdir, arguments.health, not arguments.no_restore))
+    workdir: Path = arguments.workdir
+    token, bearer = f"mt-{secrets.token_urlsafe(24)}", f"cs-{secrets.token_urlsafe(24)}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    _secret(workdir / "machine-token", token)
+    _secret(workdir / "corestore-credential", bearer)
+    asyncio.run(_main(workdir, arguments.health, not arguments.no_restore, token, bearer))
 
 
 if __name__ == "__main__":
