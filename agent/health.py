@@ -39,6 +39,7 @@ __all__ = ["HealthServer"]
 
 _log = structlog.get_logger("agent.health")
 _SOCKET_MODE: Final = 0o600
+_SHUTDOWN_S: Final = 1.0
 
 
 class HealthServer:
@@ -79,7 +80,11 @@ class HealthServer:
                 web.get("/v1/restores", self._restores),
             ]
         )
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # A scrape in progress at shutdown gets a second, not aiohttp's default minute: the
+        # app bounds this step by close_timeout_s anyway.
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_S
+        )
         await runner.setup()
         listen = self._listen
         site: web.BaseSite
