@@ -8,10 +8,12 @@ notify socket.
 from __future__ import annotations
 
 import asyncio
+import io
+import logging
 import re
 import socket
 import stat
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,10 @@ import pytest
 import structlog
 
 from agent import app
+from agent.cli import main
 from agent.config import Config
 from agent.errors import ConfigError
+from agent.log import configure_logging
 from agent.notify import Notifier
 from agent.protocol.routes import RequestContext, Routes
 from agent.status import AgentStatus, SessionState, StatusSnapshot
@@ -261,14 +265,37 @@ async def test_unknown_paths_and_methods_are_refused(
     assert (missing_status, posted_status) == (404, 405)
 
 
+@pytest.fixture
+def quiet_logs() -> Iterator[None]:
+    """The agent's log lines go to a buffer (not stdout, where a command's output is read);
+    the logging configuration is restored afterwards."""
+    root, capped = logging.getLogger(), logging.getLogger("websockets")
+    handlers, level, capped_level = list(root.handlers), root.level, capped.level
+    configure_logging(format="json", stream=io.StringIO())
+    yield
+    structlog.reset_defaults()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    capped.setLevel(capped_level)
+
+
+@pytest.mark.usefixtures("quiet_logs")
 async def test_the_endpoint_can_be_a_private_unix_socket(
-    tmp_path: Path, cloudly: StandInCloudly
+    tmp_path: Path, cloudly: StandInCloudly, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`unix:/path` listens on a socket only its owner may use, removed when the agent stops."""
+    """`unix:/path` listens on a socket only its owner may use, which `restore-agent status`
+    reads too; it is removed when the agent stops."""
     path = tmp_path / "run" / "health.sock"
     path.parent.mkdir()
     config = _config(tmp_path, cloudly, listen=f"unix:{path}")
+    status_config = tmp_path / "status.toml"
+    status_config.write_text(
+        f'[cloudly]\nurl = "{cloudly.url}"\ntoken_file = "token"\n'
+        '[corestore]\ncredential_file = "corestore"\n'
+        f'[health]\nlisten = "unix:{path}"\n'
+    )
     async with running(config) as agent:
+        await _wait(agent, _connected)
         mode = stat.S_IMODE(path.stat().st_mode)
         connector = aiohttp.UnixConnector(path=str(path))
         async with (
@@ -276,9 +303,15 @@ async def test_the_endpoint_can_be_a_private_unix_socket(
             http.get("http://agent/healthz") as response,
         ):
             healthz = response.status
+        capsys.readouterr()
+        status_exit = await asyncio.to_thread(main, ["status", "--config", str(status_config)])
+        printed = capsys.readouterr().out
     assert agent.address == f"unix:{path}"
     assert mode == 0o600
     assert healthz == 200
+    assert status_exit == 0
+    assert printed.startswith("agent:    ready\nsession:  connected for ")
+    assert printed.endswith("restores: 0\n")
     assert not path.exists()
 
 
