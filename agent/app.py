@@ -1,20 +1,25 @@
 """The composition root: `run(config)` builds everything, runs it, and shuts it down in order.
 
-    secrets (read once, registered with the log redactor) -> AgentStatus
-    -> RevisionStore -> the credential source (sealed: KeyStore -> Enrollment ->
-       SealedCredentials; file: FixedCredentials) -> CorestoreClients
-    -> IsolatedRestoreEngine -> its routes
+    secrets (read once, registered with the log redactor) -> AgentStatus, Metrics, Notifier
+    -> RevisionStore (start-up line: version, config, Cloudly URL, state, integrity)
+    -> the credential source (sealed: KeyStore -> Enrollment -> SealedCredentials; file:
+       FixedCredentials) -> CorestoreClients -> IsolatedRestoreEngine -> its routes
     -> CloudlySession (the agent's routes plus its own; sealed: the enrollment as a connect
        step, the credential source watching the cluster view)
-    one TaskGroup: the engine's background work and the session; SIGTERM/SIGINT set `stop`
-    shutdown, each step bounded: stop intake -> drain in-flight requests (drain_timeout_s)
-        -> close the socket with 1001 -> stop the engine's background work
-        -> close the Corestore clients -> close the store
+    -> LoopWatch -> HealthServer (bound) -> READY=1
+    one TaskGroup: the engine's background work, the session, the loop watch (WATCHDOG=1 only
+        from a healthy loop), STATUS= on every change of the session; SIGTERM/SIGINT set `stop`
+    shutdown, each step bounded: STOPPING=1 -> stop intake -> drain in-flight requests
+        (drain_timeout_s) -> close the socket with 1001 -> stop the engine's background work
+        -> stop the health server -> close the Corestore clients -> close the store
 
 Nothing is built anywhere else: every part takes its collaborators as arguments, and every
 long-lived task belongs to the one TaskGroup here. Cancellation is never swallowed: a step that
 overruns its bound is abandoned (logged) and the next one runs; a crash of the session or of
 the engine propagates out of the TaskGroup and out of `run()`.
+
+`READY=1` does not wait for Cloudly: the agent is up once its store is open and its health
+endpoint listens; whether it can work is `/readyz`'s question (and `STATUS=`'s).
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import structlog
 
+from agent import __version__
 from agent.config import Config, Secrets, load_secrets
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.corestore.credentials import CredentialSource, FixedCredentials
@@ -34,7 +41,11 @@ from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
 from agent.credentials.provider import SealedCredentials
 from agent.errors import ConfigError
+from agent.health import HealthServer
 from agent.log import register_secret
+from agent.loopwatch import LoopWatch, watch_interval
+from agent.metrics import Metrics
+from agent.notify import Notifier, watchdog_seconds
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import Routes
 from agent.restore.engine import IsolatedRestoreEngine
@@ -42,10 +53,10 @@ from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
 from agent.retry import Backoff, RetryPolicy
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import AgentStatus
+from agent.status import AgentStatus, SessionState, StatusSnapshot
 from agent.store import RevisionStore
 
-__all__ = ["run", "session_settings"]
+__all__ = ["run", "session_settings", "status_line"]
 
 log = structlog.get_logger("agent.app")
 
@@ -87,22 +98,42 @@ async def run(
     stop: asyncio.Event | None = None,
     status: AgentStatus | None = None,
     extra_routes: Routes | None = None,
+    config_path: Path | None = None,
+    notifier: Notifier | None = None,
+    on_ready: Callable[[str], None] | None = None,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (or `stop` is set), then shut down in order.
 
     `secrets` are read from the files `config` names unless the caller read them already (the
     CLI does, to fail with exit code 2 before anything starts). `extra_routes` are served next
-    to the agent's own (tests and benchmarks extend the daemon with them).
+    to the agent's own (tests and benchmarks extend the daemon with them). `config_path` is
+    named in the start-up line. `notifier` defaults to `$NOTIFY_SOCKET`'s. `on_ready` is called
+    with the health endpoint's address once it listens (right after `READY=1`).
     """
     secrets = secrets if secrets is not None else load_secrets(config)
     for secret in secrets.all():
         register_secret(secret)
     status = status if status is not None else AgentStatus()
     stop = stop if stop is not None else asyncio.Event()
+    notifier = notifier if notifier is not None else Notifier.from_environment()
+    metrics = Metrics()
     drain_s, close_s = config.shutdown.drain_timeout_s, config.shutdown.close_timeout_s
     async with AsyncExitStack() as resources:
-        store = await RevisionStore.open(config.state.directory)
+        resources.callback(notifier.close)
+        store = await RevisionStore.open(config.state.directory, observer=metrics)
         resources.push_async_callback(_step, "close the store", store.aclose, close_s)
+        watchdog_s = watchdog_seconds()
+        log.info(
+            "agent_starting",
+            version=__version__,
+            config=str(config_path) if config_path is not None else None,
+            cloudly_url=config.websocket_url,
+            state_directory=str(config.state.directory),
+            store_integrity=store.integrity,
+            health=config.health.listen,
+            watchdog_s=watchdog_s,
+            systemd_notify=notifier.enabled,
+        )
         settings = EngineSettings.from_config(config.corestore)
         corestore = config.corestore
         sealed = await _sealed_credentials(config, resources, lambda: session)
@@ -117,6 +148,7 @@ async def run(
                 transfer=settings.transfer_timeout,
             ),
             retry=RetryPolicy(attempts=corestore.retries + 1),
+            observer=metrics,
         )
         resources.push_async_callback(_step, "close the Corestore clients", clients.close, close_s)
         engine = IsolatedRestoreEngine(
@@ -128,27 +160,54 @@ async def run(
             settings=settings,
         )
         routes = isolated_restore_routes(engine) + (extra_routes or Routes())
-        steps, watchers = [], []
+        steps, view_watchers = [], []
         if sealed is not None:
             enrollment, provider = sealed
             steps.append(lambda caller, view: enrollment.ensure(caller, view.cluster_id))
-            watchers.append(provider.retain)
+            view_watchers.append(provider.retain)
         session = CloudlySession(
             session_settings(config),
             secrets.machine_token,
             status,
             routes=routes,
             connect_steps=steps,
-            view_watchers=watchers,
+            view_watchers=view_watchers,
+            observer=metrics,
         )
+        loop_watch = LoopWatch(
+            interval=watch_interval(watchdog_s),
+            max_lag=config.health.max_loop_lag_s,
+            notifier=notifier,
+            watchdog=watchdog_s is not None,
+            observer=metrics,
+        )
+        health = HealthServer(
+            config.health.endpoint,
+            status=status,
+            store=store,
+            metrics=metrics,
+            loop_watch=loop_watch,
+            stale_after=config.cloudly.ping_interval_s + config.cloudly.ping_timeout_s,
+        )
+        address = await health.start()
+        resources.push_async_callback(_step, "stop the health server", health.stop, close_s)
+        notifier.ready(status_line(status.snapshot()))
+        if on_ready is not None:
+            on_ready(address)
         with _stop_on_signals(stop):
             async with asyncio.TaskGroup() as group:
                 engine_task = group.create_task(engine.run(), name="isolated-restore-engine")
                 session_task = group.create_task(session.run(), name="cloudly-session")
+                side_tasks = [
+                    group.create_task(loop_watch.run(), name="loop-watch"),
+                    group.create_task(_tell_systemd(status, notifier), name="systemd-status"),
+                ]
                 stop_task = group.create_task(stop.wait(), name="stop-signal")
                 await asyncio.wait({session_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
                 stop_task.cancel()
-                log.info("agent_stopping", in_flight=status.snapshot().in_flight)
+                in_flight = status.snapshot().in_flight
+                notifier.stopping(f"stopping: draining {in_flight} requests in flight")
+                log.info("agent_stopping", in_flight=in_flight)
                 session.stop_intake()
                 await _step("drain in-flight work", lambda: session.drain(drain_s), drain_s)
                 if not await _step("close the Cloudly socket", lambda: session.close(0.0), close_s):
@@ -157,6 +216,8 @@ async def run(
                     "stop the engine's work", lambda: engine.close(close_s), close_s
                 ):
                     engine_task.cancel()
+                for task in side_tasks:
+                    task.cancel()
     log.info("agent_stopped")
 
 
@@ -193,6 +254,36 @@ def _fixed_credentials(secrets: Secrets) -> FixedCredentials:
         hint='a development option: production configs leave credential_source at "sealed"',
     )
     return FixedCredentials(secrets.corestore_credential)
+
+
+def status_line(snapshot: StatusSnapshot) -> str:
+    """What `systemctl status` shows: the session's state and, while it fails, why."""
+    state, error = snapshot.state, snapshot.last_error
+    if state is SessionState.CONNECTED:
+        cluster = snapshot.cluster_id
+        return "connected to Cloudly" + (f", cluster {cluster}" if cluster else "")
+    if state is SessionState.BACKING_OFF:
+        return f"Cloudly unreachable, retrying: {error}"
+    if state is SessionState.DRAINING:
+        return "stopping: draining requests in flight"
+    if error is not None and state is not SessionState.STOPPED:
+        return f"{state.value}; last error: {error}"
+    return state.value
+
+
+def _line_differs_from(shown: str) -> Callable[[StatusSnapshot], bool]:
+    return lambda snapshot: status_line(snapshot) != shown
+
+
+async def _tell_systemd(status: AgentStatus, notifier: Notifier) -> None:
+    """`STATUS=` on every change of the status line (the session's transitions and errors)."""
+    if not notifier.enabled:
+        return
+    line = status_line(status.snapshot())
+    while True:
+        snapshot = await status.wait_until(_line_differs_from(line))
+        line = status_line(snapshot)
+        notifier.status(line)
 
 
 async def _step(name: str, work: Callable[[], Awaitable[None]], bound_s: float) -> bool:

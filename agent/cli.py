@@ -1,14 +1,25 @@
-"""`restore-agent`: the command line (`run`, `check-config`, `rotate-key`, `--version`).
+"""`restore-agent`: the command line (`run`, `check-config`, `status`, `rotate-key`, `--version`).
 
-`rotate-key --config PATH` replaces the agent's X25519 recipient key in the state directory and
-forgets its enrollment, so the next start enrolls the new key with Cloudly (docs/credentials.md,
-"Rotation"). It refuses while an agent runs on that directory: stop the service, rotate, start.
+    restore-agent run --config PATH               the daemon (what the systemd unit runs)
+    restore-agent check-config PATH [--connect]   validate the file and the secrets it names;
+                                                  --connect also probes Cloudly once (TLS,
+                                                  token, cluster document) and says what is wrong
+    restore-agent status [--config PATH] [--json] the running agent, read from its health
+                                                  endpoint: readiness, session, every restore
+    restore-agent rotate-key --config PATH        replace the X25519 recipient key in the state
+                                                  directory and forget its enrollment, so the
+                                                  next start enrolls the new key with Cloudly
+                                                  (docs/credentials.md, "Rotation"); refused
+                                                  while an agent runs on that directory
 
 Exit codes: 0 success, 2 configuration error (one line on stderr, no traceback; argparse uses 2
 for usage errors too), 1 unexpected crash (logged once, with its traceback, through the
-redacting logger). `agent.app` is imported only by `run`, so `check-config` works without the
-daemon's dependencies being importable. The demo is not part of the product: it lives in the
-repository's `devstack` package (`python -m devstack.demo`).
+redacting logger) or, for `status`, an agent that cannot be read; 3 `check-config --connect`
+could not connect or authenticate; 130 interrupted; 141 (128 + SIGPIPE, as a process killed by
+it reports) when the reader of the output went away (`... | head`): the rest of the output is
+dropped quietly, without a traceback. `agent.app` is imported only by `run` and the session
+only by `--connect`, so the other commands work without the daemon's dependencies. The demo
+is not part of the product: it lives in the repository's `devstack` package.
 """
 
 from __future__ import annotations
@@ -16,7 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
+import os
 import sys
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -24,18 +38,31 @@ from typing import Any, Final
 import structlog
 
 from agent import __version__
-from agent.config import Config, load_config, load_secrets
+from agent.config import Config, is_credential, load_config, load_secrets
 from agent.credentials.keys import rotate_key
-from agent.errors import ConfigError
+from agent.errors import AgentError, ConfigError
 from agent.log import configure_logging, register_secret
+from agent.statusview import StatusUnavailable, fetch, render
 
-__all__ = ["EXIT_CONFIG", "EXIT_CRASH", "EXIT_OK", "main"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "EXIT_BROKEN_PIPE",
+    "EXIT_CONFIG",
+    "EXIT_CRASH",
+    "EXIT_OK",
+    "EXIT_UNREACHABLE",
+    "main",
+]
 
 EXIT_OK: Final = 0
 EXIT_CRASH: Final = 1
 EXIT_CONFIG: Final = 2
-# What a shell reports for a process ended by SIGINT (Ctrl-C in the foreground).
+EXIT_UNREACHABLE: Final = 3
+# What a shell reports for a process ended by SIGINT (Ctrl-C in the foreground) / SIGPIPE.
 _EXIT_INTERRUPTED: Final = 130
+EXIT_BROKEN_PIPE: Final = 141
+# Where the production install puts the configuration (see readme.md, "Install on a node").
+DEFAULT_CONFIG: Final = Path("/etc/restore-agent/config.toml")
 
 _PROG: Final = "restore-agent"
 
@@ -50,7 +77,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version and usage errors
         return exc.code if isinstance(exc.code, int) else EXIT_CONFIG
     command: Callable[[argparse.Namespace], int] = namespace.command
-    return _guarded(lambda: command(namespace))
+    try:
+        code = _guarded(lambda: command(namespace))
+        sys.stdout.flush()  # inside the try: a reader that went away shows up here
+    except BrokenPipeError:
+        # Nobody reads the rest. Point stdout at /dev/null so the interpreter's final flush
+        # cannot fail again and print a traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -69,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
         "check-config", help="validate a configuration file and the secret files it names"
     )
     check.add_argument("path", type=Path, metavar="PATH", help="TOML file")
+    check.add_argument(
+        "--connect",
+        action="store_true",
+        help="also connect to Cloudly once: TLS, the machine token, the cluster document",
+    )
     check.set_defaults(command=_check_config)
 
     rotate = commands.add_parser(
@@ -77,6 +119,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     rotate.add_argument("--config", type=Path, required=True, metavar="PATH", help="TOML file")
     rotate.set_defaults(command=_rotate_key)
+    status = commands.add_parser(
+        "status", help="the running agent: readiness, session and restores (health endpoint)"
+    )
+    status.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG,
+        metavar="PATH",
+        help=f"TOML file naming the health endpoint (default {DEFAULT_CONFIG})",
+    )
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.set_defaults(command=_status)
     return parser
 
 
@@ -89,6 +143,8 @@ def _guarded(command: Callable[[], int]) -> int:
     except ConfigError as exc:
         _fail(exc)
         return EXIT_CONFIG
+    except BrokenPipeError:
+        raise  # main() ends the process quietly
     except Exception as exc:  # noqa: BLE001  # the top of the process: report once, exit 1
         config_error = _config_error_in(exc)
         if config_error is not None:
@@ -120,11 +176,28 @@ def _fail(exc: ConfigError) -> None:
 
 def _check_config(namespace: argparse.Namespace) -> int:
     config = load_config(namespace.path)
-    load_secrets(config)
+    secrets_checked = _secrets_readable(config)
+    if secrets_checked:
+        load_secrets(config)
     print(f"config OK: {namespace.path}")
     for line in _summary(config):
         print(f"  {line}")
+    if not secrets_checked:
+        print(
+            "  secrets:    not read: they are systemd credentials and $CREDENTIALS_DIRECTORY "
+            "is not set here (the unit sets it)"
+        )
+    if namespace.connect:
+        return _probe(config)
     return EXIT_OK
+
+
+def _secrets_readable(config: Config) -> bool:
+    """False when a secret is a systemd credential and this process was given none."""
+    named = (config.cloudly.token_file, config.corestore.credential_file)
+    return not any(is_credential(path) for path in named if path is not None) or bool(
+        os.environ.get("CREDENTIALS_DIRECTORY")
+    )
 
 
 def _summary(config: Config) -> list[str]:
@@ -134,6 +207,7 @@ def _summary(config: Config) -> list[str]:
         f"token:      {config.cloudly.token_file}",
         f"credential: {_credential_summary(config)}",
         f"state:      {config.state.directory}",
+        f"health:     {config.health.endpoint}",
         f"log:        {config.log.format}, {config.log.level}",
     ]
 
@@ -158,6 +232,53 @@ def _rotate_key(namespace: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _probe(config: Config) -> int:
+    """Connect to Cloudly once and say what works and what does not."""
+    session_module = importlib.import_module("agent.session.client")
+    faults = importlib.import_module("agent.session.faults")
+    app_settings = importlib.import_module("agent.app").session_settings
+    status = importlib.import_module("agent.status").AgentStatus()
+    secrets = load_secrets(config)
+    for secret in secrets.all():
+        register_secret(secret)
+    # The probe prints what it found; the session's own log lines would only repeat it.
+    configure_logging(config.log.format, "critical")
+    session = session_module.CloudlySession(app_settings(config), secrets.machine_token, status)
+    try:
+        view = asyncio.run(session.probe())
+    except AgentError as exc:
+        fault = faults.classify(exc)
+        print(f"cloudly: FAILED ({fault.cause}): {fault.reason}")
+        hint = faults.HINTS.get(fault.cause)
+        if hint is not None:
+            print(f"  hint: {hint}")
+        return EXIT_UNREACHABLE
+    usable = [node_id for node_id, node in sorted(view.nodes.items()) if node.corestore_endpoint]
+    print(f"cloudly: OK: connected to {config.websocket_url}, machine token accepted")
+    print(
+        f"  cluster {view.cluster_id}: {len(view.nodes)} nodes, "
+        f"{len(usable)} with a valid Corestore endpoint"
+    )
+    for node_id, node in sorted(view.nodes.items()):
+        if not node.corestore_endpoint:
+            print(f"  node {node_id}: no Corestore endpoint: {', '.join(node.corestore_problems)}")
+    return EXIT_OK
+
+
+def _status(namespace: argparse.Namespace) -> int:
+    config = load_config(namespace.config)
+    try:
+        data = fetch(config.health.endpoint)
+    except StatusUnavailable as exc:
+        print(f"{_PROG}: {exc}", file=sys.stderr)
+        return EXIT_CRASH
+    if namespace.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        sys.stdout.write(render(data, now=time.time()))
+    return EXIT_OK
+
+
 def _run(namespace: argparse.Namespace) -> int:
     config = load_config(namespace.config)
     # Read now, once, so a bad secret file stops start-up with exit code 2 before anything
@@ -168,5 +289,5 @@ def _run(namespace: argparse.Namespace) -> int:
     configure_logging(config.log.format, config.log.level)
     app = importlib.import_module("agent.app")
     run: Callable[..., Coroutine[Any, Any, None]] = app.run
-    asyncio.run(run(config, secrets=secrets))
+    asyncio.run(run(config, secrets=secrets, config_path=namespace.config))
     return EXIT_OK

@@ -8,12 +8,18 @@ The model holds no secret, only the paths of the files that hold them: `read_sec
 reads one (owner-only permissions, one line) into a `Secret`, and `load_secrets(config)` reads
 the machine token and, only with `[corestore] credential_source = "file"` (a development
 option), the Corestore credential: by default each node's credential is sealed by Cloudly to the
-agent's own key and never comes from a file (docs/credentials.md). `config.example.toml` at the
-repository root documents every key.
+agent's own key and never comes from a file (docs/credentials.md). A secret file may be named
+`${CREDENTIALS_DIRECTORY}/NAME`: the systemd credential NAME (`LoadCredential=NAME:...`), looked
+up in the directory systemd names in that variable when the secret is read, so no config holds
+a `/run/credentials/...` path. `config.example.toml` at the repository root documents every key.
+
+`[health]` names the local health endpoint, the agent's only listener: a loopback TCP address
+(an IP literal in 127.0.0.0/8 or ::1; anything else is refused) or `unix:/absolute/path`.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import stat
@@ -42,14 +48,19 @@ from agent.protocol.chunks import ChunkForm
 from agent.secret import Secret
 
 __all__ = [
+    "CREDENTIALS_VARIABLE",
     "CloudlyConfig",
     "Config",
     "CorestoreConfig",
+    "HealthConfig",
+    "HealthListen",
     "LogConfig",
     "Secrets",
     "ShutdownConfig",
     "StateConfig",
     "StreamsConfig",
+    "credential_path",
+    "is_credential",
     "load_config",
     "load_secrets",
     "read_secret_file",
@@ -65,6 +76,10 @@ _MAX_SECONDS: Final = 86_400.0
 
 _URL_SCHEMES: Final = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
 
+# A secret file named `${CREDENTIALS_DIRECTORY}/NAME` is the systemd credential NAME.
+CREDENTIALS_VARIABLE: Final = "CREDENTIALS_DIRECTORY"
+_CREDENTIALS_PREFIX: Final = "${" + CREDENTIALS_VARIABLE + "}"
+
 
 def _refuse_empty_path(value: object) -> object:
     # Path("") is Path("."): refuse it before it silently means "this directory".
@@ -74,6 +89,12 @@ def _refuse_empty_path(value: object) -> object:
 
 
 def _resolve_path(value: Path, info: ValidationInfo) -> Path:
+    if value.parts and value.parts[0] == _CREDENTIALS_PREFIX:
+        if len(value.parts) != 2 or value.parts[1] in (".", ".."):
+            raise ValueError(f"must be {_CREDENTIALS_PREFIX}/NAME, one credential name")
+        return value  # resolved when the secret is read (`credential_path`)
+    if "${" in str(value):
+        raise ValueError(f"may name no variable but {_CREDENTIALS_PREFIX}, as its first part")
     base = info.context.get("base_dir") if isinstance(info.context, dict) else None
     if not value.is_absolute() and isinstance(base, Path):
         return base / value
@@ -231,6 +252,61 @@ class ShutdownConfig(_Section):
     close_timeout_s: Seconds = 5.0
 
 
+@dataclass(frozen=True, slots=True)
+class HealthListen:
+    """Where the health endpoint listens: `host`:`port` (loopback) or the unix socket `path`."""
+
+    host: str | None = None
+    port: int | None = None
+    path: Path | None = None
+
+    def __str__(self) -> str:
+        if self.path is not None:
+            return f"unix:{self.path}"
+        host = f"[{self.host}]" if self.host is not None and ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def _parse_listen(text: str) -> HealthListen:
+    if text.startswith("unix:"):
+        path = Path(text.removeprefix("unix:"))
+        if not path.is_absolute():
+            raise ValueError("a unix socket must be an absolute path (unix:/run/...)")
+        return HealthListen(path=path)
+    host, separator, port_text = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not separator or not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError("must be HOST:PORT (a loopback IP and a port) or unix:/PATH")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError("the host must be an IP address (127.0.0.1 or ::1), not a name") from None
+    if not address.is_loopback:
+        raise ValueError("must be a loopback address (127.0.0.0/8 or ::1): nothing else listens")
+    return HealthListen(host=str(address), port=int(port_text))
+
+
+class HealthConfig(_Section):
+    """`[health]`: the local health endpoint (`/healthz`, `/readyz`, `/metrics`,
+    `/v1/restores`), the agent's only listener."""
+
+    listen: str = "127.0.0.1:9733"
+    # The event loop counts as healthy while its timers fire at most this late; the systemd
+    # watchdog is pinged only then.
+    max_loop_lag_s: Annotated[float, Field(gt=0, le=60.0, allow_inf_nan=False)] = 2.0
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, listen: str) -> str:
+        _parse_listen(listen)
+        return listen
+
+    @property
+    def endpoint(self) -> HealthListen:
+        """`listen`, parsed."""
+        return _parse_listen(self.listen)
+
+
 class LogConfig(_Section):
     """`[log]`: output format and level."""
 
@@ -247,6 +323,7 @@ class Config(_Section):
     streams: StreamsConfig = StreamsConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     log: LogConfig = LogConfig()
+    health: HealthConfig = HealthConfig()
 
     @property
     def websocket_url(self) -> str:
@@ -349,13 +426,38 @@ def _toml_type(value: object) -> str:
     return next((name for kind, name in names if isinstance(value, kind)), type(value).__name__)
 
 
+def is_credential(path: Path) -> bool:
+    """Whether `path` names a systemd credential (`${CREDENTIALS_DIRECTORY}/NAME`)."""
+    return bool(path.parts) and path.parts[0] == _CREDENTIALS_PREFIX
+
+
+def credential_path(path: Path, key: str, environ: Mapping[str, str] | None = None) -> Path:
+    """`path` with a leading `${CREDENTIALS_DIRECTORY}` replaced by that variable's value.
+
+    Raises `ConfigError` naming `key` when the path names the variable and it is unset or not
+    absolute (the agent was not started by a unit with `LoadCredential=`).
+    """
+    if not is_credential(path):
+        return path
+    directory = (os.environ if environ is None else environ).get(CREDENTIALS_VARIABLE, "")
+    if not directory or not Path(directory).is_absolute():
+        raise ConfigError(
+            key,
+            f"{path}: ${CREDENTIALS_VARIABLE} is not set (start the agent from its systemd unit, "
+            "which sets it with LoadCredential=, or name a file)",
+        )
+    return Path(directory) / path.parts[1]
+
+
 def read_secret_file(path: Path, key: str) -> Secret:
     """The one-line secret in the file at `path`; `key` names the config key for errors.
 
-    Refuses a missing, non-regular, empty, multi-line or oversized file and one that group or
-    others may access. One trailing newline is stripped. The composition root registers the
-    value with the log redactor (`agent.app.run`), so it cannot appear in log output.
+    `path` may name a systemd credential (`${CREDENTIALS_DIRECTORY}/NAME`). Refuses a missing,
+    non-regular, empty, multi-line or oversized file and one that group or others may access.
+    One trailing newline is stripped. The composition root registers the value with the log
+    redactor (`agent.app.run`), so it cannot appear in log output.
     """
+    path = credential_path(path, key)
     try:
         # O_NONBLOCK: a FIFO put there by mistake must not hang start-up.
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)

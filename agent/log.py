@@ -5,6 +5,11 @@ aiohttp, asyncio) through one handler and one processor chain, so third-party re
 same timestamps, JSON shape and redaction as ours. Output is JSON lines (one object per line, for
 journald) unless the stream is a terminal or `format="console"` asks for readable text.
 
+When the stream is the journal (`$JOURNAL_STREAM` names its device and inode, as systemd sets it
+for a service's stdout/stderr, see systemd.exec(5)), every line starts with its syslog priority
+(`<3>` error, `<4>` warning, `<6>` info, `<7>` debug, `<2>` critical; sd-daemon(3)), which
+journald strips and stores, so `journalctl -p warning` finds the agent's warnings.
+
 `redact_secrets` is the last processor before the renderer, after exceptions were turned into
 text, so a secret cannot reach the output through a value, a nested container, the event text or
 a traceback. It masks, in order of certainty:
@@ -20,6 +25,7 @@ a traceback. It masks, in order of certainty:
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import threading
@@ -34,7 +40,9 @@ from agent.secret import MASK, Secret
 __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
+    "PRIORITIES",
     "configure_logging",
+    "is_journal",
     "redact_secrets",
     "register_secret",
     "scrub_text",
@@ -42,6 +50,8 @@ __all__ = [
 
 LOG_FORMATS: Final = ("auto", "json", "console")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error", "critical")
+# syslog priorities (sd-daemon(3) prefixes) of the levels.
+PRIORITIES: Final = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 
 # Marks the handler configure_logging() installs, so a second call replaces it instead of
 # doubling every line.
@@ -186,6 +196,34 @@ def _renderer(format: str, stream: TextIO) -> Processor:
     return structlog.processors.JSONRenderer()
 
 
+def is_journal(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether `stream` is connected to the journal: `$JOURNAL_STREAM` (`DEVICE:INODE`) names
+    the file it writes to."""
+    value = (os.environ if environ is None else environ).get("JOURNAL_STREAM", "")
+    device, _, inode = value.partition(":")
+    if not (device.isdigit() and inode.isdigit()):
+        return False
+    try:
+        info = os.fstat(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # no descriptor: a test buffer, a closed file
+        return False
+    return (info.st_dev, info.st_ino) == (int(device), int(inode))
+
+
+class _WithPriority:
+    """Wraps the renderer: each output line starts with the record's `<priority>`."""
+
+    def __init__(self, renderer: Processor) -> None:
+        self._renderer = renderer
+
+    def __call__(self, logger: WrappedLogger, method: str, event_dict: EventDict) -> str:
+        prefix = f"<{PRIORITIES.get(str(event_dict.get('level', 'info')), 6)}>"
+        rendered = self._renderer(logger, method, event_dict)
+        assert isinstance(rendered, str)  # both renderers render text
+        # Every line: journald reads each as its own entry (a console traceback has many).
+        return "\n".join(prefix + line for line in rendered.split("\n"))
+
+
 def _isatty(stream: TextIO) -> bool:
     try:
         return bool(stream.isatty())
@@ -194,12 +232,18 @@ def _isatty(stream: TextIO) -> bool:
 
 
 def configure_logging(
-    format: str = "auto", level: str = "info", stream: TextIO | None = None
+    format: str = "auto",
+    level: str = "info",
+    stream: TextIO | None = None,
+    *,
+    priority_prefix: bool | None = None,
 ) -> None:
     """Send all logging (structlog and stdlib) to `stream` (default: stderr), redacted.
 
     `format` is `auto` (JSON lines unless `stream` is a terminal), `json` or `console`;
-    `level` one of `LOG_LEVELS`. Calling it again replaces the previous configuration.
+    `level` one of `LOG_LEVELS`. `priority_prefix` starts each line with its `<N>` syslog
+    priority; None decides by `is_journal(stream)`. Calling it again replaces the previous
+    configuration.
     """
     if format not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {format!r}")
@@ -207,6 +251,9 @@ def configure_logging(
         raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
     numeric_level = logging.getLevelName(level.upper())
     target = sys.stderr if stream is None else stream
+    renderer = _renderer(format, target)
+    if priority_prefix is None:
+        priority_prefix = is_journal(target)
 
     # Shared by structlog events and foreign stdlib records before they reach the formatter.
     pre_chain: list[Processor] = [
@@ -223,7 +270,7 @@ def configure_logging(
             # Exceptions become text here so redaction sees the traceback before rendering.
             structlog.processors.format_exc_info,
             redact_secrets,
-            _renderer(format, target),
+            _WithPriority(renderer) if priority_prefix else renderer,
         ],
     )
     handler = logging.StreamHandler(target)

@@ -1,7 +1,7 @@
 """`AgentStatus`: the daemon's state as plain data, readable without reaching into handlers.
 
-Writers (the Cloudly session, the composition root) call small methods; readers (a health
-server, tests, the CLI) call `snapshot()` and get an immutable `StatusSnapshot`, or await
+Writers (the Cloudly session, the composition root) call small methods; readers (the health
+server, tests) call `snapshot()` and get an immutable `StatusSnapshot`, or await
 `wait_until(predicate)` to be woken by the write that makes it true (no polling). Nothing here
 does I/O or holds a secret: errors are stored as their text (agent errors never quote a secret),
 the identity only as its expiry.
@@ -140,6 +140,10 @@ class StatusSnapshot:
     cluster: ClusterSummary | None
     in_flight: int
     identity_expires_at_ms: int | None
+    last_pong_at: float | None = None
+    """When Cloudly last answered a keepalive ping on this connection (None: not yet)."""
+    pong_latency: float | None = None
+    """That ping's round trip in seconds."""
 
     @property
     def cluster_id(self) -> str | None:
@@ -172,6 +176,8 @@ class StatusSnapshot:
             "cluster": cluster,
             "inFlight": self.in_flight,
             "identityExpiresAtMs": self.identity_expires_at_ms,
+            "lastPongAt": self.last_pong_at,
+            "pongLatency": self.pong_latency,
         }
 
 
@@ -193,6 +199,8 @@ class AgentStatus:
         self._cluster: ClusterSummary | None = None
         self._in_flight: Callable[[], int] = _no_work
         self._identity_expires_at_ms: int | None = None
+        self._last_pong_at: float | None = None
+        self._pong_latency: float | None = None
         self._changed = asyncio.Event()
 
     def _notify(self) -> None:
@@ -229,9 +237,10 @@ class AgentStatus:
         elif self._state is SessionState.CONNECTED:
             self._connected_since = None
         if state in (SessionState.BACKING_OFF, SessionState.STOPPED):
-            # An identity belongs to one connection; once that is gone its expiry is no
-            # longer a fact about the agent.
+            # An identity (and a pong) belongs to one connection; once that is gone its
+            # expiry is no longer a fact about the agent.
             self._identity_expires_at_ms = None
+            self._last_pong_at = self._pong_latency = None
         self._state = state
         self._state_since = now
         self._notify()
@@ -254,6 +263,12 @@ class AgentStatus:
         self._identity_expires_at_ms = expires_at_ms
         self._notify()
 
+    def record_pong(self, latency: float) -> None:
+        """Cloudly answered a keepalive ping after `latency` seconds."""
+        self._last_pong_at = self._clock()
+        self._pong_latency = latency
+        self._notify()
+
     def bind_in_flight(self, source: Callable[[], int] | None) -> None:
         """Read the in-flight handler count from `source` (the live peer), or report 0."""
         self._in_flight = source or _no_work
@@ -270,4 +285,6 @@ class AgentStatus:
             cluster=self._cluster,
             in_flight=self._in_flight(),
             identity_expires_at_ms=self._identity_expires_at_ms,
+            last_pong_at=self._last_pong_at,
+            pong_latency=self._pong_latency,
         )

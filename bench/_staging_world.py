@@ -147,6 +147,8 @@ def write_config(directory: Path, cloudly_url: str, chunk_mib: int, window: int)
                 "[log]",
                 'format = "json"',
                 'level = "info"',
+                "[health]",  # any free port: runs must not collide with each other or a node
+                'listen = "127.0.0.1:0"',
                 "",
             ]
         )

@@ -50,6 +50,7 @@ def _config(
             },
             "state": {"directory": str(tmp_path / "state")},
             "shutdown": {"drain_timeout_s": drain_s, "close_timeout_s": 2.0},
+            "health": {"listen": "127.0.0.1:0"},
         }
     )
 
@@ -90,6 +91,7 @@ SHUTDOWN_ORDER = [
     "drain in-flight work",
     "close the Cloudly socket",
     "stop the engine's work",
+    "stop the health server",
     "close the Corestore clients",
     "close the store",
 ]
@@ -131,7 +133,8 @@ async def test_stop_drains_in_flight_work_then_closes_with_going_away(
     assert refused.value.error_data == {"code": "shutting-down", "retryable": True}
     closed = await cloudly.wait_for("disconnected")
     assert closed.detail["code"] == 1001
-    assert _steps(logs) == SHUTDOWN_ORDER  # resources close after the socket, the store last
+    # The health endpoint outlives the socket (it reports the drain); the store closes last.
+    assert _steps(logs) == SHUTDOWN_ORDER
     assert status.snapshot().state is SessionState.STOPPED
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import types
@@ -22,6 +24,7 @@ from agent.config import Config, Secrets
 from agent.contracts.credentials import b64url
 from agent.credentials.keys import ENROLLMENT_FILE, KEY_FILE, KeyStore
 from agent.errors import ConfigError
+from devstack.cloudly import ABSENT, StandInCloudly, cluster_document
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "machine-token-7f3a9c2e51d04b88"
@@ -78,8 +81,9 @@ def app_runs(monkeypatch: pytest.MonkeyPatch) -> list[Config]:
     """agent.app stood in by a `run` that records each Config it is started with."""
     runs: list[Config] = []
 
-    async def run(config: Config, *, secrets: Secrets) -> None:
+    async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
         assert secrets.machine_token.reveal() == TOKEN  # read once, by the CLI, and passed on
+        assert config_path.name == "config.toml"  # named in the start-up line
         runs.append(config)
 
     install_app(monkeypatch, run)
@@ -248,7 +252,7 @@ def test_run_configures_logging_from_the_config(
     """The app logs as [log] says: JSON lines at the configured level, on stderr."""
     config_path.write_text(CONFIG.replace('"info"', '"warning"'), encoding="utf-8")
 
-    async def run(config: Config, *, secrets: Secrets) -> None:
+    async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
         log = structlog.get_logger("agent.app")
         log.info("not_shown")
         log.warning("shown", token=TOKEN)
@@ -300,7 +304,7 @@ def test_config_error_from_the_app_exits_2(
 ) -> None:
     """A ConfigError the app raises at start-up (alone or from a TaskGroup) is exit 2."""
 
-    async def run(config: Config, *, secrets: Secrets) -> None:
+    async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
         raise raised
 
     install_app(monkeypatch, run)
@@ -315,7 +319,7 @@ def test_crash_is_logged_once_without_secrets_and_exits_1(
 ) -> None:
     """An unexpected exception is one redacted log event with its traceback, exit 1."""
 
-    async def run(config: Config, *, secrets: Secrets) -> None:
+    async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
         raise RuntimeError(f"unexpected while sending {TOKEN}")
 
     install_app(monkeypatch, run)
@@ -330,7 +334,7 @@ def test_crash_is_logged_once_without_secrets_and_exits_1(
 def test_keyboard_interrupt_exits_130(config_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C in the foreground ends with the shell's SIGINT status and no traceback."""
 
-    async def run(config: Config, *, secrets: Secrets) -> None:
+    async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
         raise KeyboardInterrupt
 
     install_app(monkeypatch, run)
@@ -414,3 +418,117 @@ def test_check_config_names_the_credential_source(
     assert main(["check-config", str(config_path)]) == 0
     out = capsys.readouterr().out
     assert f"credential: file {config_path.parent / 'corestore-credential'}" in out
+
+
+# --- check-config --connect, status, broken pipes ------------------------------------------------
+
+
+def _point_at(config_path: Path, url: str, **sections: str) -> None:
+    text = CONFIG.replace("https://cloudly.example.com", url)
+    for name, body in sections.items():
+        text += f"\n[{name}]\n{body}\n"
+    config_path.write_text(text, encoding="utf-8")
+
+
+async def test_connect_probe_says_what_works(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--connect: TLS (here none), the machine token and the cluster document, exit 0; nothing
+    stays connected."""
+    document = cluster_document("cluster-7", {"node-1": "http://10.0.0.1:3000", "node-2": ABSENT})
+    async with StandInCloudly(token=TOKEN, cluster=document) as cloudly:
+        _point_at(config_path, cloudly.url)
+        code = await asyncio.to_thread(main, ["check-config", str(config_path), "--connect"])
+        closed = await cloudly.wait_for("disconnected")
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"cloudly: OK: connected to {cloudly.url.replace('http:', 'ws:')}" in out
+    assert "  cluster cluster-7: 2 nodes, 1 with a valid Corestore endpoint\n" in out
+    assert "  node node-2: no Corestore endpoint: " in out
+    assert closed.detail["code"] == 1000
+    assert cloudly.count("tag-set") == 0  # a probe is not the agent: no tag
+    assert TOKEN not in out
+
+
+async def test_connect_probe_names_a_refused_token(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token Cloudly refuses: FAILED (token-refused) with the hint, exit 3."""
+    async with StandInCloudly(
+        token="another-token-0123456789", cluster=cluster_document("c", {})
+    ) as cloudly:
+        _point_at(config_path, cloudly.url)
+        code = await asyncio.to_thread(main, ["check-config", str(config_path), "--connect"])
+    out = capsys.readouterr().out
+    assert code == 3
+    assert "cloudly: FAILED (token-refused): Cloudly refused the machine token" in out
+    assert "  hint: check the machine token credential (cloudly.token_file)\n" in out
+    assert TOKEN not in out
+
+
+def test_connect_probe_names_an_unreachable_cloudly(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing listening: FAILED (refused), a transient fault without a hint, exit 3."""
+    port = _free_port()
+    _point_at(config_path, f"http://127.0.0.1:{port}")
+    assert main(["check-config", str(config_path), "--connect"]) == 3
+    out = capsys.readouterr().out
+    assert f"cloudly: FAILED (refused): could not reach Cloudly at 127.0.0.1:{port}" in out
+    assert "hint" not in out
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_check_config_reports_credentials_it_cannot_read_outside_the_unit(
+    config_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Secrets named as systemd credentials are not read (and not failed) outside the unit;
+    the summary says so."""
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    config_path.write_text(
+        CONFIG.replace('"machine-token"', '"${CREDENTIALS_DIRECTORY}/machine-token"'),
+        encoding="utf-8",
+    )
+    assert main(["check-config", str(config_path)]) == 0
+    out = capsys.readouterr().out
+    assert "  token:      ${CREDENTIALS_DIRECTORY}/machine-token\n" in out
+    assert "  secrets:    not read: they are systemd credentials" in out
+
+
+def test_status_of_an_agent_that_is_not_running_exits_1(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing answers at the health address: one line saying so, exit 1."""
+    port = _free_port()
+    _point_at(config_path, "https://cloudly.example.com", health=f'listen = "127.0.0.1:{port}"')
+    assert main(["status", "--config", str(config_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert one_error_line(err).startswith(
+        f"restore-agent: cannot read the agent's health endpoint at 127.0.0.1:{port}: "
+    )
+
+
+def test_output_into_a_closed_pipe_exits_141_quietly(config_path: Path) -> None:
+    """`restore-agent ... | head` that stopped reading: exit 141 (128 + SIGPIPE), no
+    traceback, no "Exception ignored" on stderr."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line is written
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "agent", "check-config", str(config_path)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 141
+    assert result.stderr == b""

@@ -14,6 +14,7 @@ from agent.config import (
     CloudlyConfig,
     Config,
     CorestoreConfig,
+    HealthConfig,
     LogConfig,
     ShutdownConfig,
     StateConfig,
@@ -161,6 +162,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "streams": StreamsConfig,
     "shutdown": ShutdownConfig,
     "log": LogConfig,
+    "health": HealthConfig,
 }
 
 
@@ -585,3 +587,105 @@ def test_load_secrets_names_the_failing_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_secrets(load_config(write_config(tmp_path, MINIMAL)))
     assert caught.value.key == "corestore.credential_file"
+
+
+# --- [health] ------------------------------------------------------------------------------------
+
+
+def test_the_health_endpoint_defaults_to_a_loopback_port(tmp_path: Path) -> None:
+    """Without [health] the endpoint listens on 127.0.0.1:9733."""
+    config = load_config(write_config(tmp_path, MINIMAL))
+    assert str(config.health.endpoint) == "127.0.0.1:9733"
+    assert config.health.max_loop_lag_s == 2.0
+
+
+@pytest.mark.parametrize(
+    ("listen", "shown"),
+    [
+        ("127.0.0.1:0", "127.0.0.1:0"),
+        ("127.0.0.53:9100", "127.0.0.53:9100"),
+        ("[::1]:9733", "[::1]:9733"),
+        ("unix:/run/restore-agent/health.sock", "unix:/run/restore-agent/health.sock"),
+    ],
+)
+def test_loopback_addresses_and_unix_sockets_are_accepted(
+    tmp_path: Path, listen: str, shown: str
+) -> None:
+    """Any 127.0.0.0/8 address, ::1, or an absolute unix socket path."""
+    config = load_config(write_config(tmp_path, MINIMAL + f'[health]\nlisten = "{listen}"\n'))
+    assert str(config.health.endpoint) == shown
+
+
+@pytest.mark.parametrize(
+    ("listen", "reason"),
+    [
+        ("0.0.0.0:9733", "must be a loopback address (127.0.0.0/8 or ::1): nothing else listens"),
+        ("10.1.2.3:9733", "must be a loopback address (127.0.0.0/8 or ::1): nothing else listens"),
+        ("[::]:9733", "must be a loopback address (127.0.0.0/8 or ::1): nothing else listens"),
+        ("localhost:9733", "the host must be an IP address (127.0.0.1 or ::1), not a name"),
+        ("127.0.0.1", "must be HOST:PORT (a loopback IP and a port) or unix:/PATH"),
+        ("127.0.0.1:70000", "must be HOST:PORT (a loopback IP and a port) or unix:/PATH"),
+        ("unix:health.sock", "a unix socket must be an absolute path (unix:/run/...)"),
+    ],
+)
+def test_anything_but_loopback_is_refused(tmp_path: Path, listen: str, reason: str) -> None:
+    """The health endpoint is the agent's only listener: it never listens beyond the host."""
+    error = config_error(tmp_path, MINIMAL + f'[health]\nlisten = "{listen}"\n')
+    assert str(error) == f"config health.listen: {reason}"
+
+
+# --- secrets as systemd credentials --------------------------------------------------------------
+
+
+CREDENTIALS = MINIMAL.replace('"machine-token"', '"${CREDENTIALS_DIRECTORY}/machine-token"')
+
+
+def test_a_credential_is_read_from_the_directory_systemd_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`${CREDENTIALS_DIRECTORY}/NAME` is NAME in $CREDENTIALS_DIRECTORY (LoadCredential=)."""
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    write_secret(credentials / "machine-token", "token-from-systemd-0123\n")
+    write_secret(tmp_path / "corestore-credential", "corestore-cred\n")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(credentials))
+    config = load_config(write_config(tmp_path, CREDENTIALS))
+    assert str(config.cloudly.token_file) == "${CREDENTIALS_DIRECTORY}/machine-token"
+    assert load_secrets(config).machine_token.reveal() == "token-from-systemd-0123"
+
+
+def test_a_credential_without_credentials_directory_names_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started outside its unit: a ConfigError naming the key and what to do."""
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    config = load_config(write_config(tmp_path, CREDENTIALS))
+    with pytest.raises(ConfigError) as caught:
+        load_secrets(config)
+    assert str(caught.value) == (
+        "config cloudly.token_file: ${CREDENTIALS_DIRECTORY}/machine-token: "
+        "$CREDENTIALS_DIRECTORY is not set (start the agent from its systemd unit, which sets "
+        "it with LoadCredential=, or name a file)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("token_file", "reason"),
+    [
+        (
+            "${CREDENTIALS_DIRECTORY}/a/b",
+            "must be ${CREDENTIALS_DIRECTORY}/NAME, one credential name",
+        ),
+        (
+            "${CREDENTIALS_DIRECTORY}/..",
+            "must be ${CREDENTIALS_DIRECTORY}/NAME, one credential name",
+        ),
+        ("${HOME}/token", "may name no variable but ${CREDENTIALS_DIRECTORY}, as its first part"),
+    ],
+)
+def test_other_variables_and_nested_credential_names_are_refused(
+    tmp_path: Path, token_file: str, reason: str
+) -> None:
+    """Only the one variable, only as the first part, followed by exactly one name."""
+    text = MINIMAL.replace('"machine-token"', f'"{token_file}"')
+    assert str(config_error(tmp_path, text)) == f"config cloudly.token_file: {reason}"

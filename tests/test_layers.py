@@ -3,8 +3,10 @@
 - The pure core (contracts, the protocol, the restore state machine and its pure helpers, the
   Corestore route descriptions, HPKE and the credential bindings, errors, secrets, config)
   imports no I/O library and no asyncio.
-- Each I/O library has one adapter home: aiohttp in `agent/corestore/transport.py`, websockets in
-  `agent/session/transport.py`, aiosqlite in `agent/store/`.
+- Each I/O library has one adapter home: aiohttp in `agent/corestore/transport.py` (the
+  Corestore client) and `agent/health.py` (the health endpoint), websockets in
+  `agent/session/transport.py`, aiosqlite in `agent/store/`, prometheus_client in
+  `agent/metrics.py`.
 - Only the CLI imports the composition root `agent.app`.
 - The product holds only the daemon: nothing in `agent/` imports the stand-ins (`devstack`) or
   the tests' helpers, and the wheel built from `pyproject.toml` holds `agent/` and nothing else.
@@ -39,14 +41,18 @@ PURE = [
     AGENT / "errors.py",
     AGENT / "secret.py",
     AGENT / "config.py",
+    AGENT / "observe.py",
+    AGENT / "overview.py",
+    AGENT / "session" / "faults.py",
 ]
 
-IO_LIBRARIES = {"asyncio", "aiohttp", "aiosqlite", "websockets"}
+IO_LIBRARIES = {"asyncio", "aiohttp", "aiosqlite", "websockets", "prometheus_client"}
 
 ADAPTER_HOMES = {
-    "aiohttp": {"corestore/transport.py"},
+    "aiohttp": {"corestore/transport.py", "health.py"},
     "websockets": {"session/transport.py"},
     "aiosqlite": {"store/"},
+    "prometheus_client": {"metrics.py"},
 }
 
 
@@ -82,7 +88,8 @@ def test_the_pure_core_imports_no_io(path: Path) -> None:
 
 @pytest.mark.parametrize("library", sorted(ADAPTER_HOMES))
 def test_each_io_library_stays_in_its_adapter(library: str) -> None:
-    """aiohttp, websockets and aiosqlite are imported only where their adapter lives."""
+    """aiohttp, websockets, aiosqlite and prometheus_client are imported only where their
+    adapter lives."""
     homes = ADAPTER_HOMES[library]
     users = {
         _relative(path)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import secrets
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -100,6 +102,56 @@ def test_console_format_off_a_terminal_has_no_colour_codes() -> None:
     output = stream.getvalue()
     assert "hello" in output
     assert "\x1b[" not in output
+
+
+def test_lines_into_the_journal_carry_their_priority(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When $JOURNAL_STREAM names the stream's file, each line starts with its syslog
+    priority (journald stores it: `journalctl -p warning` finds the warnings)."""
+    with (tmp_path / "journal").open("w+") as stream:
+        info = os.fstat(stream.fileno())
+        monkeypatch.setenv("JOURNAL_STREAM", f"{info.st_dev}:{info.st_ino}")
+        configure_logging(format="json", level="debug", stream=stream)
+        log = structlog.get_logger("agent.test")
+        log.debug("d")
+        log.info("i")
+        log.warning("cloudly_session_lost")
+        log.error("e")
+        log.critical("c")
+        logging.getLogger("aiohttp.test").warning("foreign")
+        stream.flush()
+        stream.seek(0)
+        lines = stream.read().splitlines()
+    priorities = [line[: line.index(">") + 1] for line in lines]
+    assert priorities == ["<7>", "<6>", "<4>", "<3>", "<2>", "<4>"]
+    assert json.loads(lines[2][3:])["event"] == "cloudly_session_lost"
+
+
+def test_other_streams_get_no_priority_prefix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A $JOURNAL_STREAM naming another file (stderr redirected elsewhere) adds no prefix."""
+    monkeypatch.setenv("JOURNAL_STREAM", "1:2")
+    with (tmp_path / "file").open("w+") as stream:
+        configure_logging(format="json", stream=stream)
+        structlog.get_logger("agent.test").warning("w")
+        stream.flush()
+        stream.seek(0)
+        assert stream.read().startswith("{")
+
+
+def test_a_console_traceback_is_prefixed_line_by_line() -> None:
+    """Forced on, the prefix starts every line, so a multi-line record keeps its priority."""
+    stream = io.StringIO()
+    configure_logging(format="console", stream=stream, priority_prefix=True)
+    try:
+        fail(RuntimeError("boom"))
+    except RuntimeError:
+        structlog.get_logger("agent.test").exception("crashed")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) > 3
+    assert all(line.startswith("<3>") for line in lines)
 
 
 def test_contextvars_are_merged() -> None:

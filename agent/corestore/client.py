@@ -54,6 +54,7 @@ from agent.errors import (
     IntegrityError,
     ShuttingDown,
 )
+from agent.observe import NULL_OBSERVER, CorestoreObserver
 from agent.retry import RetryPolicy
 from agent.secret import Secret
 
@@ -74,11 +75,12 @@ class CorestoreClient:
         retry: RetryPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
+        observer: CorestoreObserver = NULL_OBSERVER,
     ) -> None:
         """`credential` is the node's (a fixed `Secret` is checked at once); `retry` bounds the
         sends of one idempotent call while Corestore is unavailable (`agent.retry`'s default
         policy if None); its waits are `clock.sleep`s of a full-jitter delay drawn with `rng`
-        (a U(0, 1) source)."""
+        (a U(0, 1) source). `observer` hears each HTTP attempt."""
         self._endpoint = endpoint
         self._clock = clock
         if isinstance(credential, Secret):
@@ -90,6 +92,7 @@ class CorestoreClient:
             retry=retry or RetryPolicy(),
             clock=clock,
             rng=rng,
+            observer=observer,
         )
 
     def __repr__(self) -> str:
@@ -359,12 +362,14 @@ class CorestoreClients:
         retry: RetryPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
+        observer: CorestoreObserver = NULL_OBSERVER,
     ) -> None:
         self._credentials = credentials
         self._timeouts = timeouts
         self._retry = retry
         self._clock = clock
         self._rng = rng
+        self._observer = observer
         self._clients: dict[tuple[str, str], CorestoreClient] = {}
         self._closed = False
 
@@ -387,6 +392,7 @@ class CorestoreClients:
                 retry=self._retry,
                 clock=self._clock,
                 rng=self._rng,
+                observer=self._observer,
             )
             self._clients[(node_id, endpoint)] = client
         return client

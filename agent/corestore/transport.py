@@ -41,6 +41,7 @@ from agent.errors import (
     NodeWithoutCorestore,
     ShuttingDown,
 )
+from agent.observe import NULL_OBSERVER, CorestoreObserver
 from agent.retry import RetryPolicy, retrying
 from agent.secret import Secret
 
@@ -122,8 +123,10 @@ class HttpTransport:
         retry: RetryPolicy,
         clock: Clock,
         rng: Callable[[], float],
+        observer: CorestoreObserver = NULL_OBSERVER,
     ) -> None:
         self._origin = _canonical_origin(endpoint)
+        self._observer = observer
         self._endpoint = endpoint
         self._timeouts = timeouts
         self._retry = retry
@@ -147,9 +150,18 @@ class HttpTransport:
                 raise LocalProtocolError(f"{request.spec.name} needs the control credential")
             check_credential(credential)
         attempts = self._retry.attempts if request.spec.idempotent else 1
+        sent = 0
+
+        async def attempt() -> Reply:
+            nonlocal sent
+            sent += 1
+            if sent > 1:
+                self._observer.corestore_resend(route=request.spec.name)
+            return await self._observed(request, credential)
+
         try:
             return await retrying(
-                lambda: self._attempt(request, credential),
+                attempt,
                 policy=replace(self._retry, attempts=attempts),
                 retry_on=CorestoreUnavailable,
                 clock=self._clock,
@@ -160,6 +172,22 @@ class HttpTransport:
             raise CorestoreUnavailable(
                 f"{exc} (attempt {attempts} of {attempts})", **exc.data
             ) from exc
+
+    async def _observed(self, request: RouteRequest, credential: Secret | None) -> Reply:
+        """One attempt, its latency and answer kind reported to the observer."""
+        started, outcome = self._clock.monotonic(), "error"
+        try:
+            reply = await self._attempt(request, credential)
+            outcome = routes.classify_answer(request.spec, reply.status, reply.error_code()).value
+            return reply
+        except CorestoreUnavailable as exc:
+            outcome = "unavailable" if "httpStatus" in exc.data else "error"
+            raise
+        finally:
+            seconds = self._clock.monotonic() - started
+            self._observer.corestore_answer(
+                route=request.spec.name, outcome=outcome, seconds=seconds
+            )
 
     async def _attempt(self, request: RouteRequest, credential: Secret | None) -> Reply:
         spec = request.spec

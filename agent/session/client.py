@@ -28,8 +28,18 @@ passes the recipient enrollment (`agent.credentials.enrollment`). A step that ra
 error (`EnrollmentFailed` among them) ends the attempt like any other loss. Cluster-view
 watchers (`view_watchers=`) are called with every view the session publishes.
 
-Time goes through the injected `Clock` (renewal and backoff waits), randomness through an
-injected source, so tests drive both without sleeping.
+Liveness is the session's own keepalive (a websocket ping every `ping_interval` s, each pong
+recorded in the status, so readiness can say when Cloudly was last heard; no pong within
+`ping_timeout` s ends the connection). Every failure is classified (`agent.session.faults`):
+a permanent one (TLS verification, DNS name not found, token refused, upgrade refused, an
+unusable answer) is logged at error with a hint and waits from the backoff's cap; a transient
+one is a warning. Within one outage an identical cause is not repeated above debug: an
+error-level summary "Cloudly unreachable for N s: reason" comes at doubling intervals instead,
+and the connect that ends the outage says how long it lasted. Each connect and loss goes to
+the injected observer (`agent.observe`), and each connection's peer reports to it too.
+
+Time goes through the injected `Clock` (keepalive, renewal and backoff waits), randomness
+through an injected source, so tests drive both without sleeping.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from pydantic import ValidationError
@@ -70,7 +80,6 @@ from agent.errors import (
     AgentError,
     AuthenticationFailed,
     CallFailed,
-    EnrollmentFailed,
     InvalidState,
     MisroutedCluster,
     RemoteProtocolError,
@@ -78,10 +87,12 @@ from agent.errors import (
     SessionError,
 )
 from agent.log import scrub_text
+from agent.observe import NULL_OBSERVER, PeerObserver, SessionObserver
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
 from agent.retry import Backoff
 from agent.secret import MASK, Secret
+from agent.session.faults import HINTS, Fault, Outage, Report, ReportKind, classify
 from agent.session.peer import Peer
 from agent.session.reconnect import Reconnects, renew_delay
 from agent.session.transport import (
@@ -93,7 +104,7 @@ from agent.session.transport import (
 )
 from agent.status import AgentStatus, SessionState
 
-__all__ = ["METHOD_SET_TAG", "CloudlySession", "ConnectStep", "SessionSettings"]
+__all__ = ["METHOD_SET_TAG", "CloudlySession", "ConnectStep", "SessionObservers", "SessionSettings"]
 
 _Model = TypeVar("_Model", bound=WireModel)
 
@@ -111,12 +122,17 @@ log = structlog.get_logger("agent.session")
 ConnectStep = Callable[[Peer, ClusterView], Awaitable[object]]
 
 
+class SessionObservers(SessionObserver, PeerObserver, Protocol):
+    """What the session reports, and what each connection's peer reports."""
+
+
 @dataclass(frozen=True, slots=True)
 class SessionSettings:
     """What the session needs from the configuration (built by the composition root).
 
-    Liveness: a websocket ping every `ping_interval` s; a ping left unanswered for
-    `ping_timeout` s declares the connection dead (closed 1011, then the session reconnects).
+    Liveness: a websocket ping every `ping_interval` s (the session's own keepalive, each
+    pong recorded in the status); a ping left unanswered for `ping_timeout` s declares the
+    connection dead and the session reconnects.
     """
 
     url: str
@@ -151,8 +167,12 @@ class CloudlySession:
         clock: Clock = SYSTEM_CLOCK,
         rng: Callable[[], float] = random.random,
         ssl_context: ssl.SSLContext | None = None,
+        observer: SessionObservers = NULL_OBSERVER,
     ) -> None:
         self._settings = settings
+        self._observer = observer
+        self._outage = Outage()
+        self._ever_connected = False
         self._token = token
         self._status = status
         self._clock = clock
@@ -202,6 +222,40 @@ class CloudlySession:
     def open_send_stream(self) -> tuple[StreamMarker, ByteSink]:
         """A stream we initiate on the current connection: (marker for the request, sink)."""
         return self._live_peer().open_send_stream()
+
+    async def probe(self) -> ClusterView:
+        """Connect once, authenticate and read the cluster document, then close (1000): the
+        check `restore-agent check-config --connect` makes. Serves nothing and sets no tag.
+
+        Raises what a session attempt would: `SessionError` (TLS, DNS, refused, a call failed
+        or timed out), `AuthenticationFailed`, `RemoteProtocolError` (classify it with
+        `agent.session.faults.classify`).
+        """
+        settings = self._settings
+        transport = await connect_transport(
+            self._url,
+            ssl_context=self._ssl,
+            max_size=settings.max_frame_bytes,
+            compression="deflate" if settings.compression else None,
+            ping_interval=None,
+            ping_timeout=None,
+            open_timeout=settings.open_timeout,
+            close_timeout=settings.close_timeout,
+        )
+        peer = Peer(transport, Routes(), settings=settings.connection, clock=self._clock)
+        # Owned here: cancelled and awaited below, whatever happens.
+        reader = asyncio.create_task(peer.run(), name="cloudly-probe-peer")
+        try:
+            identity = await self._authenticate(peer)
+            await self._read_cluster(peer, identity)
+        finally:
+            await transport.close(NORMAL_CLOSURE, "probe done")
+            reader.cancel()
+            await asyncio.wait({reader})
+            if not reader.cancelled():
+                reader.exception()  # SessionClosed: the end of every peer run
+        assert self._view is not None  # _read_cluster published it
+        return self._view
 
     def stop(self) -> None:
         """Close the socket (1001) and end `run()`, without draining."""
@@ -278,10 +332,10 @@ class CloudlySession:
                 error = exc
             if self._should_stop():
                 return
-            self._report(error)
+            fault = self._report(error)
             self._enter(SessionState.BACKING_OFF)
-            delay = self._reconnects.next_delay(self._session_lasted())
-            log.info(
+            delay = self._reconnects.next_delay(self._session_lasted(), permanent=fault.permanent)
+            log.debug(
                 "cloudly_backing_off", delay_s=round(delay, 3), attempt=self._reconnects.attempt
             )
             await self._sleep_unless_stopping(delay)
@@ -291,31 +345,17 @@ class CloudlySession:
         connected_at = self._connected_at
         return 0.0 if connected_at is None else self._clock.monotonic() - connected_at
 
-    def _report(self, error: AgentError) -> None:
+    def _report(self, error: AgentError) -> Fault:
+        """Record and log one failure by what it is worth (`agent.session.faults.Outage`)."""
         # Cloudly's error texts are foreign and may echo what we sent (the token, a JWT): the
         # status is no log line, so it gets the log's redaction here.
         text = scrub_text(self._scrub(str(error)))
         self._status.record_error(text)
-        if isinstance(error, AuthenticationFailed):
-            log.error(
-                "cloudly_authentication_failed",
-                error=text,
-                hint="check the machine token file; retrying with backoff",
-            )
-        elif isinstance(error, EnrollmentFailed):
-            log.error(
-                "cloudly_enrollment_failed",
-                error=text,
-                hint="the agent's recipient key could not be enrolled; retrying with backoff",
-            )
-        elif isinstance(error, RemoteProtocolError):
-            log.error(
-                "cloudly_answer_unusable",
-                error=text,
-                hint="Cloudly answered in a shape the agent cannot use; retrying with backoff",
-            )
-        else:
-            log.warning("cloudly_session_lost", error=text, error_type=type(error).__name__)
+        fault = classify(error, text)
+        self._observer.session_lost(cause=fault.cause, permanent=fault.permanent)
+        report = self._outage.failed(fault, self._clock.monotonic())
+        _log_failure(report, self._reconnects.attempt + 1)
+        return fault
 
     async def _sleep_unless_stopping(self, delay: float) -> None:
         async with asyncio.TaskGroup() as group:
@@ -332,17 +372,25 @@ class CloudlySession:
             ssl_context=self._ssl,
             max_size=settings.max_frame_bytes,
             compression="deflate" if settings.compression else None,
-            ping_interval=settings.ping_interval,
-            ping_timeout=settings.ping_timeout,
+            # The session's own keepalive (below) pings: it records every pong.
+            ping_interval=None,
+            ping_timeout=None,
             open_timeout=settings.open_timeout,
             close_timeout=settings.close_timeout,
         )
         close_code, reason = INTERNAL_ERROR, "internal error"  # unless a known loss below
         try:
-            peer = Peer(transport, self.routes, settings=settings.connection, clock=self._clock)
+            peer = Peer(
+                transport,
+                self.routes,
+                settings=settings.connection,
+                clock=self._clock,
+                observer=self._observer,
+            )
             async with asyncio.TaskGroup() as group:
                 group.create_task(peer.run(), name="cloudly-peer")
                 group.create_task(self._close_on_stop(transport), name="cloudly-stop")
+                group.create_task(self._keep_alive(transport), name="cloudly-keepalive")
                 self._enter(SessionState.AUTHENTICATING)
                 identity = await self._authenticate(peer)
                 await self._tag(peer)
@@ -363,6 +411,24 @@ class CloudlySession:
                 close_code, reason = GOING_AWAY, "going away"
             await transport.close(close_code, reason)
 
+    async def _keep_alive(self, transport: WebsocketTransport) -> None:
+        """Ping every `ping_interval` s; record each pong; a pong later than `ping_timeout` s
+        ends the connection (raises `SessionClosed` 1011, the session reconnects)."""
+        interval, timeout = self._settings.ping_interval, self._settings.ping_timeout
+        while True:
+            await self._clock.sleep(interval)
+            async with asyncio.TaskGroup() as group:
+                pong = group.create_task(transport.ping())
+                expiry = group.create_task(self._clock.sleep(timeout))
+                await asyncio.wait({pong, expiry}, return_when=asyncio.FIRST_COMPLETED)
+                expiry.cancel()
+                pong.cancel()  # no-op once answered
+            if pong.cancelled():
+                raise SessionClosed(
+                    INTERNAL_ERROR, f"Cloudly answered no keepalive ping within {timeout:g} s"
+                )
+            self._status.record_pong(pong.result())
+
     async def _close_on_stop(self, transport: WebsocketTransport) -> None:
         await self._stopping.wait()
         # The peer's reader then sees the close and ends the session's task group.
@@ -375,11 +441,15 @@ class CloudlySession:
         self._connected_at = self._clock.monotonic()
         self._status.bind_in_flight(lambda: peer.in_flight)
         self._enter(SessionState.CONNECTED)
+        self._observer.session_connected(reconnect=self._ever_connected)
+        self._ever_connected = True
         view = self._view
+        down_s = self._outage.recovered(self._clock.monotonic())
         log.info(
             "cloudly_connected",
             cluster_id=view.cluster_id if view is not None else None,
             reconnects=self._status.snapshot().reconnect_count,
+            **({} if down_s is None else {"unreachable_for_s": round(down_s, 1)}),
         )
 
     def _go_dead(self) -> None:
@@ -527,6 +597,42 @@ class CloudlySession:
         self._note_deviation(METHOD_PUSH_CLUSTER_CONFIG, deviation)
         self._publish(view, source=METHOD_PUSH_CLUSTER_CONFIG)
         return PushClusterConfigResponse()
+
+
+def _log_failure(report: Report, attempt: int) -> None:
+    fault = report.fault
+    if report.kind is ReportKind.REPEAT:
+        log.debug("cloudly_attempt_failed", cause=fault.cause, error=fault.reason, attempt=attempt)
+        return
+    if report.kind is ReportKind.SUMMARY:
+        log.error(
+            "cloudly_unreachable_summary",
+            summary=report.summary,
+            cause=fault.cause,
+            permanent=fault.permanent,
+            down_s=round(report.down_s),
+            attempts=report.attempts,
+            hint=HINTS.get(fault.cause, "retrying with backoff"),
+        )
+        return
+    if fault.cause == "token-refused":
+        event = "cloudly_authentication_failed"
+    elif fault.cause == "answer-unusable":
+        event = "cloudly_answer_unusable"
+    elif fault.cause == "enrollment-failed":
+        event = "cloudly_enrollment_failed"
+    elif fault.permanent:
+        event = "cloudly_unreachable"
+    else:
+        log.warning("cloudly_session_lost", error=fault.reason, cause=fault.cause)
+        return
+    log.error(
+        event,
+        error=fault.reason,
+        cause=fault.cause,
+        permanent=True,
+        hint=f"{HINTS[fault.cause]}; retrying with backoff from its cap",
+    )
 
 
 def _is_session_loss(exc: BaseException) -> bool:

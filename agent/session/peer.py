@@ -28,6 +28,7 @@ import structlog
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.base import StreamMarker
 from agent.errors import AgentError, SessionClosed, ShuttingDown
+from agent.observe import NULL_OBSERVER, Direction, PeerObserver
 from agent.protocol.connection import (
     Completed,
     Connection,
@@ -71,8 +72,10 @@ class Peer:
         settings: ConnectionSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
         new_id: Callable[[], str] = new_uni_id,
+        observer: PeerObserver = NULL_OBSERVER,
     ) -> None:
         self.connection = Connection(routes.methods, settings, new_id=new_id)
+        self._observer = observer
         self._transport = transport
         self._routes = routes
         self._clock = clock
@@ -182,6 +185,10 @@ class Peer:
         """Nobody waits on stream `stream_id` any more."""
         self._signals.pop(stream_id, None)
 
+    def count_stream_bytes(self, direction: Direction, count: int) -> None:
+        """Report stream payload bytes taken (`in`) or queued (`out`) to the observer."""
+        self._observer.stream_bytes(direction=direction, count=count)
+
     async def flush(self) -> None:
         """Hand out the connection's events, then send its frames in order."""
         self._dispatch(self.connection.events_received())
@@ -222,20 +229,29 @@ class Peer:
         """Run one route and end its request: response, or `error {text, data}`."""
         request_id, method = event.request_id, event.method
         context = HandlerContext(self, event.method, event.request_id)
+        began, code = self._clock.monotonic(), "internal"  # unless answered below
         try:
             response = (await route.handler(route.parse(event.request), context)).to_wire()
             started = self.connection.respond(request_id, response)
+            code = "ok"
         except AgentError as exc:
             log.info("request_refused", method=method, code=exc.code)
             self.connection.refuse(request_id, exc)
+            code = exc.code
         except Exception:
             log.exception("handler_failed", method=method)
             self.connection.refuse(request_id, AgentError(f"the agent failed to handle {method}"))
+        except asyncio.CancelledError:
+            code = "cancelled"  # the drain deadline passed, or the connection went away
+            raise
         else:
             for stream in started:
                 producer = context.producers.get(stream.stream_id)
                 if producer is not None:
                     self._spawn(self._produce(stream, producer))
+        finally:
+            seconds = self._clock.monotonic() - began
+            self._observer.request_handled(method=method, code=code, seconds=seconds)
         await self._flush_quietly()
 
     async def _produce(self, stream: ResponderStream, producer: Producer) -> None:

@@ -45,20 +45,30 @@ class Reconnects:
         """Consecutive failures since the last reset."""
         return self._failures
 
-    def next_delay(self, session_lasted: float = 0.0) -> float:
+    def next_delay(self, session_lasted: float = 0.0, *, permanent: bool = False) -> float:
         """The wait before the next attempt after a session that lasted `session_lasted` s.
 
         A session of at least `stable_after` seconds resets the count first; an attempt that
-        never connected counts as 0 s.
+        never connected counts as 0 s. After a `permanent` fault (one only an operator can
+        fix, `agent.session.faults`) the wait is drawn from the cap's window at once: trying
+        again quickly cannot help.
         """
         if session_lasted >= self._stable_after:
             self._failures = 0
         self._failures += 1
         try:
+            if permanent:
+                return self._rng_checked() * self._backoff.cap
             return self._backoff.delay(self._failures, self._rng())
         except ValueError:
             self._failures -= 1
             raise
+
+    def _rng_checked(self) -> float:
+        fraction = self._rng()
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError("the random draw must be in [0, 1]")
+        return fraction
 
     def reset(self) -> None:
         """Forget past failures (the next wait uses the base window)."""

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from agent.contracts.base import StreamMarker
 from agent.errors import StreamBroken
+from agent.observe import Direction
 from agent.protocol.chunks import CLOSING
 from agent.protocol.connection import MAX_CHUNK, Connection, Stream
 from agent.protocol.routes import ByteSink, ByteSource, Producer
@@ -66,6 +67,8 @@ class StreamOwner(Protocol):
 
     def unwatch(self, stream_id: str) -> None: ...
 
+    def count_stream_bytes(self, direction: Direction, count: int) -> None: ...
+
 
 class Source:
     """`ByteSource`: iterate to receive chunks; ends at the closing bit."""
@@ -98,6 +101,7 @@ class Source:
                 self._finish()
                 raise StopAsyncIteration
             assert isinstance(item, bytes)
+            owner.count_stream_bytes("in", len(item))
             return item
 
     async def aclose(self) -> None:
@@ -128,6 +132,7 @@ class Sink:
             await self._wait_for_space()
             piece = bytes(view[start : start + MAX_CHUNK])
             self._owner.connection.write(self._stream, piece, self._owner.now())
+            self._owner.count_stream_bytes("out", len(piece))
             await self._owner.flush()
 
     async def close(self) -> None:

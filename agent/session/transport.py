@@ -6,9 +6,13 @@ Thin adapter, both roles (the agent's client socket and the stand-in Cloudly's s
   frames are several MB of JSON and decoding them to `str` first would copy them for nothing.
 - `send(frame)` sends the UTF-8 JSON bytes as ONE text frame (`text=True`), as TypedSocket does.
 - The library's `ConnectionClosed` becomes `SessionClosed(code, reason)`, chained.
+- `ping()` sends one ping and returns the round trip once the pong came: the session runs
+  the keepalive itself (on its injected clock, recording each pong in the status), so the
+  library's own keepalive is switched off (`ping_interval=None`).
 
 `connect_transport()` opens the agent's client connection and translates every way opening can
-fail (refused, DNS, TLS, handshake, timeout) into `SessionError`; `websocket_url()` and
+fail (refused, DNS, TLS, handshake, timeout) into `SessionError`, chained (the session classifies
+the cause, `agent.session.faults`; a refused upgrade carries `httpStatus`); `websocket_url()` and
 `tls_context()` turn the configured Cloudly URL and CA file into what it needs.
 `quiet_websocket_logger()` is the logger handed to the library: websockets logs whole frames at
 DEBUG, and frames carry the machine token and the JWT, so that logger never goes below INFO.
@@ -23,7 +27,7 @@ from typing import Literal
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.connection import Connection
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from agent.errors import ConfigError, SessionClosed, SessionError
 
@@ -78,6 +82,15 @@ class WebsocketTransport:
             raise SessionClosed(*close_details(exc)) from exc
         assert isinstance(data, bytes)  # decode=False always yields bytes
         return data
+
+    async def ping(self) -> float:
+        """Send a ping; the seconds until its pong. Raises `SessionClosed` if the connection
+        closes first (bound the wait from outside)."""
+        try:
+            pong = await self._connection.ping()
+            return await pong
+        except ConnectionClosed as exc:
+            raise SessionClosed(*close_details(exc)) from exc
 
     async def close(self, code: int = GOING_AWAY, reason: str = "") -> None:
         """Close the connection with `code` (bounded by the connection's close timeout)."""
@@ -149,6 +162,11 @@ async def connect_transport(
         )
     except InvalidURI as exc:
         raise SessionError(f"the Cloudly URL is not a websocket URL: {exc}") from exc
+    except InvalidStatus as exc:
+        status = exc.response.status_code
+        raise SessionError(
+            f"Cloudly at {_host_of(url)} refused the websocket: {exc}", httpStatus=status
+        ) from exc
     except InvalidHandshake as exc:
         raise SessionError(f"Cloudly at {_host_of(url)} refused the websocket: {exc}") from exc
     except ssl.SSLError as exc:

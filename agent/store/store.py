@@ -42,12 +42,14 @@ import aiosqlite
 from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
 from agent.errors import (
+    AgentError,
     IllegalTransition,
     InvalidState,
     RestoreNotFound,
     RevisionConflict,
     StoreError,
 )
+from agent.observe import NULL_OBSERVER, StoreObserver
 from agent.restore.machine import IN_FLIGHT, Op, sources
 from agent.restore.state import PreparedPlan
 from agent.store.codec import (
@@ -115,12 +117,24 @@ _UPDATES: Final = {op: statement for op in Op if (statement := _update_statement
 class RevisionStore:
     """The durable node states, their revisions and resumable staging progress."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path, clock: Clock) -> None:
+    def __init__(
+        self,
+        db: aiosqlite.Connection,
+        path: Path,
+        clock: Clock,
+        *,
+        integrity: str = "ok",
+        observer: StoreObserver = NULL_OBSERVER,
+    ) -> None:
         """Use `await RevisionStore.open(directory)`."""
         self._db: aiosqlite.Connection | None = db
         self._path = path
         self._clock = clock
         self._lock = asyncio.Lock()
+        self._observer = observer
+        self.integrity = integrity
+        """What the start-up check found: `ok` (an existing file passed `integrity_check`) or
+        `new` (no database yet, an empty one was made)."""
 
     @classmethod
     async def open(
@@ -130,22 +144,30 @@ class RevisionStore:
         name: str = DB_NAME,
         busy_timeout: float = 5.0,
         clock: Clock = SYSTEM_CLOCK,
+        observer: StoreObserver = NULL_OBSERVER,
     ) -> RevisionStore:
         """Open (creating, checking and migrating) `directory/name`.
 
         Raises `StoreCorrupt` after moving a damaged file aside, `StoreError` for anything else
         (unwritable directory, a schema newer than this agent, SQLite older than 3.35).
         `busy_timeout` is how long a call waits for another connection's write lock. `clock`'s
-        wall time stamps every mutation (`updated_at`) and a moved-aside file.
+        wall time stamps every mutation (`updated_at`) and a moved-aside file. `observer`
+        hears every mutation (with its latency) and the staging progress.
         """
         path = directory / name
+        existed = _has_content(path)
         db = await open_database(path, busy_timeout=busy_timeout, clock=clock)
-        return cls(db, path, clock)
+        return cls(db, path, clock, integrity="ok" if existed else "new", observer=observer)
 
     @property
     def path(self) -> Path:
         """The database file."""
         return self._path
+
+    @property
+    def is_open(self) -> bool:
+        """Whether calls can be made (False once `aclose()` began)."""
+        return self._db is not None
 
     async def aclose(self) -> None:
         """Close the connection (idempotent); later calls raise `StoreError`."""
@@ -217,6 +239,22 @@ class RevisionStore:
             "digest": request_digest,
             "now": self._now_ms(),
         }
+        started = self._clock.monotonic()
+        try:
+            stored = await self._mutate(op, key, params, expected_revision)
+        except AgentError as exc:
+            self._observe_mutation(op, exc.code, started)
+            raise
+        self._observe_mutation(op, "ok", started)
+        return stored
+
+    def _observe_mutation(self, op: Op, outcome: str, started: float) -> None:
+        seconds = self._clock.monotonic() - started
+        self._observer.store_mutation(op=op.value, outcome=outcome, seconds=seconds)
+
+    async def _mutate(
+        self, op: Op, key: RestoreKey, params: dict[str, Any], expected_revision: int
+    ) -> StoredState:
         update = _UPDATES.get(op)
         async with self._connection() as db:
             rows: Iterable[sqlite3.Row] = ()
@@ -247,6 +285,38 @@ class RevisionStore:
             )
         return [to_stored(row) for row in rows]
 
+    # --- what an operator sees (agent/overview.py) ------------------------------------------
+
+    async def list_states(self, limit: int = 500) -> list[StoredState]:
+        """Up to `limit` node states, the most recently changed first."""
+        async with self._connection() as db:
+            rows = await db.execute_fetchall(
+                f"SELECT {_COLUMNS} FROM restore_state "  # noqa: S608
+                "ORDER BY updated_at DESC, cluster_id, node_name, restore_id LIMIT ?",
+                (limit,),
+            )
+        return [to_stored(row) for row in rows]
+
+    async def count_by_status(self) -> dict[str, int]:
+        """How many node states each status has (statuses without any are left out)."""
+        async with self._connection() as db:
+            rows = await db.execute_fetchall(
+                "SELECT status, COUNT(*) FROM restore_state GROUP BY status"
+            )
+        return {str(status): int(count) for status, count in rows}
+
+    async def staging_totals(self) -> dict[tuple[str, str, str], tuple[int, int]]:
+        """Per key with staging records: (accepted chunk bytes, objects marked written)."""
+        async with self._connection() as db:
+            rows = await db.execute_fetchall(
+                "SELECT cluster_id, node_name, restore_id, SUM(chunk_bytes), SUM(objects) FROM ("
+                " SELECT cluster_id, node_name, restore_id, length AS chunk_bytes, 0 AS objects"
+                " FROM staged_chunk UNION ALL"
+                " SELECT cluster_id, node_name, restore_id, 0, 1 FROM staged_object"
+                ") GROUP BY cluster_id, node_name, restore_id"
+            )
+        return {(str(c), str(n), str(r)): (int(b), int(o)) for c, n, r, b, o in rows}
+
     # --- resumable staging (private progress: no revision change) ----------------------------
 
     async def record_chunk(
@@ -276,6 +346,7 @@ class RevisionStore:
                     "sha256": sha256,
                 },
             )
+        self._observer.chunk_recorded(length=length)
 
     async def verified_chunks(self, key: RestoreKey, object_path: str) -> list[ChunkRecord]:
         """The recorded chunks of `object_path`, by offset."""
@@ -309,6 +380,7 @@ class RevisionStore:
                     "now": self._now_ms(),
                 },
             )
+        self._observer.object_written(size=size)
 
     async def written_objects(self, key: RestoreKey) -> list[ObjectRecord]:
         """The objects marked written under `key`, by path."""
@@ -365,6 +437,13 @@ class RevisionStore:
             except BaseException:
                 await db.rollback()
                 raise
+
+
+def _has_content(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 @asynccontextmanager

@@ -123,6 +123,7 @@ class Stack:
     hits: SignallingCounter
     state_dir: Path
     processes: list[AgentProcess] = field(default_factory=list)
+    health: str | None = None  # the in-process agent's health endpoint, once it listens
 
     @property
     def faults(self) -> Any:
@@ -151,6 +152,7 @@ class Stack:
             "state": {"directory": str(self.state_dir)},
             "shutdown": {"drain_timeout_s": 2.0, "close_timeout_s": 2.0},
             "log": {"format": "json", "level": "debug"},
+            "health": {"listen": "127.0.0.1:0"},
         }
 
     @asynccontextmanager
@@ -159,13 +161,18 @@ class Stack:
         config = Config.model_validate(self.config_data(**corestore))
         status, stop = AgentStatus(), asyncio.Event()
         async with asyncio.TaskGroup() as group:
-            group.create_task(app.run(config, stop=stop, status=status), name="agent")
+            group.create_task(
+                app.run(config, stop=stop, status=status, on_ready=self._listening), name="agent"
+            )
             try:
                 async with asyncio.timeout(15):
                     await status.wait_until(lambda s: s.state is SessionState.CONNECTED)
                 yield status
             finally:
                 stop.set()
+
+    def _listening(self, address: str) -> None:
+        self.health = address
 
     async def spawn(self, **corestore: Any) -> AgentProcess:
         """`python -m agent run --config <tmp>/agent.toml` (logs to files in tmp)."""

@@ -151,21 +151,30 @@ async def test_malformed_push_is_refused_as_invalid_request(cloudly: StandInClou
     assert "configData.data" in caught.value.text
 
 
-async def test_wrong_token_is_logged_loudly_and_retried(cloudly: StandInCloudly) -> None:
-    """A refused token is an error in log and status, retried with backoff until it is valid."""
+async def test_wrong_token_is_logged_loudly_once_and_retried(cloudly: StandInCloudly) -> None:
+    """A refused token is a permanent fault: one error line (identical refusals after it only
+    at debug), the status says it, and it is retried with backoff until the token is valid."""
     status = AgentStatus()
     rotated = "machine-token-rotated-0c1d2e3f"
     with structlog.testing.capture_logs() as logs:
         async with running(_session(cloudly, status, token=rotated), drain_timeout=2.0):
-            await cloudly.wait_for("identity-refused", count=2)
+            await cloudly.wait_for("identity-refused", count=3)
             refused = status.snapshot()
             cloudly.set_token(rotated)
             await status.wait_until(is_connected)
     assert refused.last_error is not None
     assert refused.last_error.startswith("Cloudly refused the machine token")
-    loud = [entry for entry in logs if entry["event"] == "cloudly_authentication_failed"]
-    assert len(loud) >= 2
-    assert {entry["log_level"] for entry in loud} == {"error"}
+    loud = [
+        entry
+        for entry in logs
+        if entry["event"].startswith("cloudly_") and entry["log_level"] in ("warning", "error")
+    ]
+    assert [(entry["event"], entry["log_level"], entry["cause"]) for entry in loud] == [
+        ("cloudly_authentication_failed", "error", "token-refused")
+    ]
+    repeats = [entry for entry in logs if entry["event"] == "cloudly_attempt_failed"]
+    assert len(repeats) >= 2
+    assert {entry["log_level"] for entry in repeats} == {"debug"}
 
 
 async def test_refused_tag_is_not_ignored(cloudly: StandInCloudly) -> None:

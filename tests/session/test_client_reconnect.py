@@ -37,6 +37,8 @@ def _session(
         identity_renew_margin_s=margin,
         backoff=Backoff(base=1.0, cap=60.0),
         stable_after=60.0,
+        # The keepalive sleeps on the same clock: keep its pings beyond what these tests step.
+        ping_interval=86_400.0,
     )
     return CloudlySession(
         settings, Secret(TOKEN), status, clock=clock or SYSTEM_CLOCK, rng=lambda: rng_value

@@ -203,4 +203,6 @@ async def test_unanswered_pings_declare_the_connection_dead() -> None:
             snapshot = await status.wait_until(
                 lambda s: s.state is SessionState.CONNECTED and s.reconnect_count >= 1
             )
-    assert snapshot.last_error == "session closed with code 1011: keepalive ping timeout"
+    assert snapshot.last_error == (
+        "session closed with code 1011: Cloudly answered no keepalive ping within 0.2 s"
+    )

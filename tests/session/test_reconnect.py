@@ -29,6 +29,22 @@ def test_delay_is_the_random_fraction_of_the_window() -> None:
     assert [backoff.next_delay() for _ in range(4)] == [0.25, 0.5, 1.0, 2.0]
 
 
+def test_a_permanent_fault_waits_from_the_cap_window_at_once() -> None:
+    """After a fault only an operator can fix, the first wait is already drawn from the cap."""
+    backoff = _always(0.5)
+    assert backoff.next_delay(permanent=True) == 30.0
+    assert backoff.attempt == 1
+    assert backoff.next_delay() == 1.0  # a transient fault after it: the window of attempt 2
+
+
+def test_a_permanent_fault_refuses_a_draw_outside_zero_to_one() -> None:
+    """A broken random source is refused, and the failure is not counted."""
+    backoff = _always(1.5)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        backoff.next_delay(permanent=True)
+    assert backoff.attempt == 0
+
+
 def test_zero_random_draw_reconnects_at_once() -> None:
     """A draw of 0 yields no wait at all (full jitter starts at zero)."""
     assert _always(0.0).next_delay() == 0.0

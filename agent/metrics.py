@@ -1,0 +1,219 @@
+"""Every metric the agent exposes, defined once, on a registry the app owns.
+
+`Metrics` is the only code that imports `prometheus_client` (tests/test_layers.py checks it).
+It implements every hook of `agent.observe` (the parts call those, typed, and never see a
+metric object) and, at scrape time, `refresh()` copies what other parts already hold as
+data (the session state and last pong from `AgentStatus`, the restores by status from the
+store) into gauges. Each `Metrics()` has its own `CollectorRegistry`, never the library's
+global default, so two agents in one test process do not share a sample.
+
+    restore_agent_build_info{version}                     1
+    restore_agent_session_state{state}                    1 for the current state, else 0
+    restore_agent_cloudly_connects_total{kind}            first | reconnect (authenticated)
+    restore_agent_cloudly_losses_total{cause,permanent}   failed attempts and lost sessions
+    restore_agent_cloudly_pong_latency_seconds            the last keepalive round trip
+    restore_agent_requests_total{method,code}             Cloudly's requests by outcome code
+    restore_agent_request_seconds{method}                 their handling time (histogram)
+    restore_agent_requests_in_flight                      being handled now
+    restore_agent_restores{status}                        node states in the store by status
+    restore_agent_staged_bytes_total                      chunk bytes Corestore accepted
+    restore_agent_verified_bytes_total                    bytes of objects proven complete
+    restore_agent_chunk_retries_total{reason}             unavailable | integrity
+    restore_agent_stream_bytes_total{direction}           VirtualStream payload (rate() =
+                                                          throughput)
+    restore_agent_corestore_request_seconds{route,outcome}  each HTTP attempt (histogram)
+    restore_agent_store_mutation_seconds{op,outcome}      each compare-and-swap (histogram)
+    restore_agent_event_loop_lag_seconds                  timer lateness (histogram)
+
+Label values are bounded: methods are the routes the agent serves (the connection refuses
+any other before a handler runs), codes the wire error codes, causes the session's fault
+words, routes and ops the Corestore route and state-machine names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from agent import __version__
+from agent.contracts.isolatedrestore import NODE_STATUSES
+from agent.observe import Direction
+from agent.status import SessionState, StatusSnapshot
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+CONTENT_TYPE: Final = CONTENT_TYPE_LATEST
+_NS: Final = "restore_agent"
+# The route whose resends and integrity refusals are chunk retries (agent.corestore.routes).
+_CHUNK_ROUTE: Final = "put-chunk"
+
+# Seconds. Corestore calls range from a health check (ms) to a chunk PUT or a verification
+# (tens of seconds); store mutations are one fsync'd SQLite statement; loop lag above 0.1 s
+# already means something blocks the loop.
+_CORESTORE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+_STORE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+_LAG_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
+_REQUEST_BUCKETS: Final = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
+
+
+class Metrics:
+    """The agent's metrics on their own registry; implements every `agent.observe` hook."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        build = Gauge(f"{_NS}_build_info", "The agent's version.", ["version"], registry=r)
+        build.labels(version=__version__).set(1)
+        self._state = Gauge(
+            f"{_NS}_session_state", "1 for the Cloudly session's current state.", ["state"],
+            registry=r,
+        )  # fmt: skip
+        self._connects = Counter(
+            f"{_NS}_cloudly_connects", "Authenticated Cloudly sessions.", ["kind"], registry=r
+        )
+        self._losses = Counter(
+            f"{_NS}_cloudly_losses",
+            "Failed connection attempts and lost sessions, by cause.",
+            ["cause", "permanent"],
+            registry=r,
+        )
+        self._pong = Gauge(
+            f"{_NS}_cloudly_pong_latency_seconds",
+            "Round trip of the last keepalive ping answered by Cloudly.",
+            registry=r,
+        )
+        self._requests = Counter(
+            f"{_NS}_requests", "Requests from Cloudly, by method and outcome code.",
+            ["method", "code"], registry=r,
+        )  # fmt: skip
+        self._request_seconds = Histogram(
+            f"{_NS}_request_seconds", "Time to answer a request from Cloudly.", ["method"],
+            buckets=_REQUEST_BUCKETS, registry=r,
+        )  # fmt: skip
+        self._in_flight = Gauge(
+            f"{_NS}_requests_in_flight", "Requests from Cloudly being handled.", registry=r
+        )
+        self._restores = Gauge(
+            f"{_NS}_restores", "Isolated-restore node states in the store, by status.",
+            ["status"], registry=r,
+        )  # fmt: skip
+        self._staged = Counter(
+            f"{_NS}_staged_bytes", "Chunk bytes Corestore accepted with a matching sha256.",
+            registry=r,
+        )  # fmt: skip
+        self._verified = Counter(
+            f"{_NS}_verified_bytes",
+            "Bytes of staged objects proven complete (size, sha256, Corestore's commit).",
+            registry=r,
+        )
+        self._chunk_retries = Counter(
+            f"{_NS}_chunk_retries",
+            "Chunk PUTs sent again: Corestore unavailable, or the chunk refused for its digest.",
+            ["reason"],
+            registry=r,
+        )
+        self._stream_bytes = Counter(
+            f"{_NS}_stream_bytes", "VirtualStream payload bytes, by direction.", ["direction"],
+            registry=r,
+        )  # fmt: skip
+        self._corestore = Histogram(
+            f"{_NS}_corestore_request_seconds",
+            "One HTTP attempt at the node's Corestore, by route and answer.",
+            ["route", "outcome"],
+            buckets=_CORESTORE_BUCKETS,
+            registry=r,
+        )
+        self._mutations = Histogram(
+            f"{_NS}_store_mutation_seconds",
+            "One compare-and-swap of the revision store, by operation and outcome.",
+            ["op", "outcome"],
+            buckets=_STORE_BUCKETS,
+            registry=r,
+        )
+        self._lag = Histogram(
+            f"{_NS}_event_loop_lag_seconds",
+            "How late a timer fired on the event loop.",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        for state in SessionState:
+            self._state.labels(state=state.value).set(0)
+        for status in NODE_STATUSES:
+            self._restores.labels(status=status).set(0)
+        for reason in ("unavailable", "integrity"):
+            self._chunk_retries.labels(reason=reason)
+        for direction in ("in", "out"):
+            self._stream_bytes.labels(direction=direction)
+
+    # --- scrape time ------------------------------------------------------------------------
+
+    def refresh(self, snapshot: StatusSnapshot, restores: Mapping[str, int] | None) -> None:
+        """Copy the gauges' facts from the status and the store's counts (None: store closed,
+        the last counts stay)."""
+        for state in SessionState:
+            self._state.labels(state=state.value).set(1 if state is snapshot.state else 0)
+        self._in_flight.set(snapshot.in_flight)
+        if snapshot.pong_latency is not None:
+            self._pong.set(snapshot.pong_latency)
+        if restores is not None:
+            for status in NODE_STATUSES:
+                self._restores.labels(status=status).set(restores.get(status, 0))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    # --- agent.observe hooks ----------------------------------------------------------------
+
+    def session_connected(self, *, reconnect: bool) -> None:
+        """Count an authenticated session."""
+        self._connects.labels(kind="reconnect" if reconnect else "first").inc()
+
+    def session_lost(self, *, cause: str, permanent: bool) -> None:
+        """Count a failed attempt or a lost session by cause."""
+        self._losses.labels(cause=cause, permanent="true" if permanent else "false").inc()
+
+    def request_handled(self, *, method: str, code: str, seconds: float) -> None:
+        """Count a request by outcome and time it."""
+        self._requests.labels(method=method, code=code).inc()
+        self._request_seconds.labels(method=method).observe(seconds)
+
+    def stream_bytes(self, *, direction: Direction, count: int) -> None:
+        """Count stream payload bytes."""
+        self._stream_bytes.labels(direction=direction).inc(count)
+
+    def store_mutation(self, *, op: str, outcome: str, seconds: float) -> None:
+        """Time a compare-and-swap."""
+        self._mutations.labels(op=op, outcome=outcome).observe(seconds)
+
+    def chunk_recorded(self, *, length: int) -> None:
+        """Count staged bytes."""
+        self._staged.inc(length)
+
+    def object_written(self, *, size: int) -> None:
+        """Count verified bytes."""
+        self._verified.inc(size)
+
+    def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
+        """Time a Corestore attempt; an integrity refusal of a chunk is a chunk retry."""
+        self._corestore.labels(route=route, outcome=outcome).observe(seconds)
+        if route == _CHUNK_ROUTE and outcome == "integrity":
+            self._chunk_retries.labels(reason="integrity").inc()
+
+    def corestore_resend(self, *, route: str) -> None:
+        """A resend of the chunk route is a chunk retry."""
+        if route == _CHUNK_ROUTE:
+            self._chunk_retries.labels(reason="unavailable").inc()
+
+    def loop_lag(self, *, seconds: float) -> None:
+        """Record how late the loop was."""
+        self._lag.observe(seconds)

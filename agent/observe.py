@@ -1,0 +1,126 @@
+"""The hooks the parts call so the daemon can be watched: small typed protocols, no library.
+
+Each part takes the narrow protocol it reports to, defaulting to `NULL_OBSERVER` (which does
+nothing), so a part never knows what watches it and its tests need no metrics at all. The
+composition root passes `agent.metrics.Metrics`, the one implementation, which turns every
+call into Prometheus samples. Nothing here imports an I/O or metrics library.
+
+    part                           protocol            what it reports
+    agent/session/client.py        SessionObserver     a session authenticated; one lost (cause)
+    agent/session/peer.py          PeerObserver        a request answered (method, code, s);
+                                                       stream bytes in and out
+    agent/store/store.py           StoreObserver       a mutation (op, outcome, s); a chunk
+                                                       recorded (bytes staged); an object
+                                                       written (bytes verified)
+    agent/corestore/transport.py   CorestoreObserver   one HTTP attempt (route, answer kind, s);
+                                                       one resend of a route
+    agent/loopwatch.py             LoopObserver        one event-loop lag measurement
+
+Hooks are called on the event loop, synchronously, and must not raise or block.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, Protocol
+
+__all__ = [
+    "NULL_OBSERVER",
+    "CorestoreObserver",
+    "Direction",
+    "LoopObserver",
+    "NullObserver",
+    "PeerObserver",
+    "SessionObserver",
+    "StoreObserver",
+]
+
+Direction = Literal["in", "out"]
+
+
+class SessionObserver(Protocol):
+    """What the Cloudly session reports."""
+
+    def session_connected(self, *, reconnect: bool) -> None:
+        """A connection was authenticated and serves requests (`reconnect`: not the first)."""
+
+    def session_lost(self, *, cause: str, permanent: bool) -> None:
+        """An attempt failed or a live session ended; `cause` is a short stable kebab-case
+        word (`tls-verification`, `dns-not-found`, `token-refused`, `refused`, `closed`...)."""
+
+
+class PeerObserver(Protocol):
+    """What a peer reports about the requests it serves and the streams it carries."""
+
+    def request_handled(self, *, method: str, code: str, seconds: float) -> None:
+        """A request of `method` was answered: `code` is `ok` or the wire error code."""
+
+    def stream_bytes(self, *, direction: Direction, count: int) -> None:
+        """`count` payload bytes of a VirtualStream were received (`in`) or sent (`out`)."""
+
+
+class StoreObserver(Protocol):
+    """What the revision store reports."""
+
+    def store_mutation(self, *, op: str, outcome: str, seconds: float) -> None:
+        """One `mutate()`: `outcome` is `ok` or the error code it raised."""
+
+    def chunk_recorded(self, *, length: int) -> None:
+        """Corestore accepted (and verified the digest of) a staged chunk of `length` bytes."""
+
+    def object_written(self, *, size: int) -> None:
+        """A staged object of `size` bytes proved complete (size, sha256 and commit)."""
+
+
+class CorestoreObserver(Protocol):
+    """What the Corestore HTTP edge reports."""
+
+    def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
+        """One attempt of `route` ended: `outcome` is the answer kind (`ok`, `gone`,
+        `integrity`, `refused`, `unavailable`) or `error` when no answer came."""
+
+    def corestore_resend(self, *, route: str) -> None:
+        """`route` is sent again because Corestore was unavailable."""
+
+
+class LoopObserver(Protocol):
+    """What the event-loop watch reports."""
+
+    def loop_lag(self, *, seconds: float) -> None:
+        """A timer meant to fire now fired `seconds` late."""
+
+
+class NullObserver:
+    """Every hook, doing nothing: the default of every part."""
+
+    def session_connected(self, *, reconnect: bool) -> None:
+        """Nothing."""
+
+    def session_lost(self, *, cause: str, permanent: bool) -> None:
+        """Nothing."""
+
+    def request_handled(self, *, method: str, code: str, seconds: float) -> None:
+        """Nothing."""
+
+    def stream_bytes(self, *, direction: Direction, count: int) -> None:
+        """Nothing."""
+
+    def store_mutation(self, *, op: str, outcome: str, seconds: float) -> None:
+        """Nothing."""
+
+    def chunk_recorded(self, *, length: int) -> None:
+        """Nothing."""
+
+    def object_written(self, *, size: int) -> None:
+        """Nothing."""
+
+    def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
+        """Nothing."""
+
+    def corestore_resend(self, *, route: str) -> None:
+        """Nothing."""
+
+    def loop_lag(self, *, seconds: float) -> None:
+        """Nothing."""
+
+
+NULL_OBSERVER: Final = NullObserver()

@@ -1,0 +1,153 @@
+"""What an operator sees of the daemon: readiness with its reasons, and one row per restore.
+
+Pure: the health server (`agent/health.py`) gathers the facts (a status snapshot, whether the
+store is open, the stored node states with their staging totals) and these functions turn
+them into the JSON it serves; `restore-agent status` prints the same JSON as a table.
+
+Readiness (`readiness()`): ready only when every check passes; each failing check adds one
+reason under a stable key:
+
+    session     the Cloudly session is not `connected` (its state and last error)
+    keepalive   connected, but Cloudly answered no keepalive ping (nor the authentication)
+                within `stale_after` seconds
+    store       the revision store is not open
+    cluster     no cluster document read yet, or no node of it has a valid Corestore
+                endpoint (the agent could route no work)
+
+A restore row (`restore_row()`) says where one node state is: its key, status, revision, age
+and, while work is under way, its progress as `{done, total, unit}`:
+
+    prepared, staging   bytes Corestore accepted of the manifest's total (unit `bytes`)
+    restoring           resource mappings restored (unit `resources`)
+    verifying           resource mappings verified, passed or failed (unit `resources`)
+    cleaning            resources whose cleanup finished (unit `resources`)
+
+A row never carries a grant (none is stored) nor the plan's mappings: only counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agent.status import SessionState, StatusSnapshot
+from agent.store.records import StoredState
+
+__all__ = ["StagingTotals", "readiness", "restore_row", "restore_rows"]
+
+_BYTES_STATUSES: Final = frozenset({"prepared", "staging"})
+
+
+def readiness(
+    snapshot: StatusSnapshot, *, store_open: bool, now: float, stale_after: float
+) -> dict[str, str]:
+    """The reasons the agent is not ready, by stable key; empty when it is ready.
+
+    `now` is wall seconds (the status's clock); `stale_after` how long a connection may go
+    without a pong before it no longer counts as alive.
+    """
+    reasons: dict[str, str] = {}
+    if snapshot.state is not SessionState.CONNECTED:
+        reason = f"the Cloudly session is {snapshot.state.value}"
+        if snapshot.last_error is not None:
+            reason += f" (last error: {snapshot.last_error})"
+        reasons["session"] = reason
+    else:
+        heard = max(
+            (t for t in (snapshot.last_pong_at, snapshot.connected_since) if t is not None),
+            default=None,
+        )
+        if heard is None or now - heard > stale_after:
+            silent = "ever" if heard is None else f"{now - heard:.0f} s"
+            reasons["keepalive"] = (
+                f"Cloudly answered no keepalive ping for {silent} (allowed {stale_after:g} s)"
+            )
+    if not store_open:
+        reasons["store"] = "the revision store is not open"
+    cluster = snapshot.cluster
+    if cluster is None:
+        reasons["cluster"] = "no cluster document has been read"
+    elif not cluster.nodes_with_corestore:
+        problems = "; ".join(
+            f"{node.node_id}: {', '.join(node.corestore_problems) or 'no endpoint'}"
+            for node in cluster.nodes
+        )
+        reasons["cluster"] = (
+            f"no node of cluster {cluster.cluster_id} has a valid Corestore endpoint"
+            + (f" ({problems})" if problems else " (the document lists no node)")
+        )
+    return reasons
+
+
+@dataclass(frozen=True, slots=True)
+class StagingTotals:
+    """What the store recorded of one restore's staging: accepted chunk bytes, written
+    objects."""
+
+    chunk_bytes: int = 0
+    written_objects: int = 0
+
+
+def _progress(stored: StoredState, staging: StagingTotals) -> dict[str, Any] | None:
+    state, plan = stored.state, stored.plan
+    mappings = len(plan.resource_mappings)
+    if stored.status in _BYTES_STATUSES:
+        objects = plan.archive_manifest.objects
+        return {
+            "done": staging.chunk_bytes,
+            "total": sum(entry.size for entry in objects),
+            "unit": "bytes",
+            "objects": {"done": staging.written_objects, "total": len(objects)},
+        }
+    if stored.status == "restoring":
+        return {
+            "done": len(state.completed_resource_mapping_ids),
+            "total": mappings,
+            "unit": "resources",
+        }
+    if stored.status == "verifying":
+        checked = sum(1 for r in state.verification.results if r.status in ("passed", "failed"))
+        return {"done": checked, "total": mappings, "unit": "resources"}
+    if stored.status == "cleaning" and state.cleanup is not None:
+        resources = state.cleanup.resources
+        finished = sum(1 for r in resources if r.status in ("succeeded", "failed"))
+        return {"done": finished, "total": len(resources), "unit": "resources"}
+    return None
+
+
+def restore_row(stored: StoredState, staging: StagingTotals, *, now_ms: int) -> dict[str, Any]:
+    """One node state as the operator's JSON row (camelCase, no secret, no plan detail)."""
+    state = stored.state
+    return {
+        "clusterId": stored.key.cluster_id,
+        "nodeName": stored.key.node_name,
+        "restoreId": stored.key.restore_id,
+        "status": stored.status,
+        "revision": stored.revision,
+        "updatedAt": stored.updated_at,
+        "ageSeconds": max(0, now_ms - stored.updated_at) // 1000,
+        "progress": _progress(stored, staging),
+        "lastErrorCode": state.last_error_code,
+        "lastErrorMessage": state.last_error_message,
+    }
+
+
+def restore_rows(
+    states: Sequence[StoredState],
+    staging: Mapping[tuple[str, str, str], StagingTotals],
+    *,
+    now_ms: int,
+) -> list[dict[str, Any]]:
+    """Every row, in the order given (the store gives the most recent change first)."""
+    empty = StagingTotals()
+    return [
+        restore_row(
+            stored,
+            staging.get(
+                (stored.key.cluster_id, stored.key.node_name, stored.key.restore_id), empty
+            ),
+            now_ms=now_ms,
+        )
+        for stored in states
+    ]

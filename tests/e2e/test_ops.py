@@ -1,0 +1,140 @@
+"""The operator's view of a restore under way: metrics move, /v1/restores and `status` show it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agent.cli import main
+from agent.corestore.routes import RouteName
+from devstack.driver import RestorePlan
+
+
+async def _get(stack: Any, path: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as http, http.get(f"http://{stack.health}{path}") as answer:
+        return answer.status, await answer.text()
+
+
+def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a Prometheus text: (name, labels) -> value."""
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        series, value = line.rsplit(" ", 1)
+        name, _, label_text = series.partition("{")
+        labels = frozenset(
+            (key, raw.strip('"'))
+            for key, raw in (
+                pair.split("=", 1) for pair in label_text.rstrip("}").split(",") if pair
+            )
+        )
+        samples[(name, labels)] = float(value)
+    return samples
+
+
+def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+async def test_metrics_move_while_an_archive_is_staged(stack: Any, plan: RestorePlan) -> None:
+    """Mid-stage /metrics already counts staged and streamed bytes, chunk PUTs with their
+    latency, the chunk Corestore refused once (a retry) and one restore `staging`; at the end
+    every byte of the manifest is counted as staged and verified exactly once."""
+    total = sum(spec.size for spec in plan.objects)
+    # Chunk 10 is refused once (503: the client sends it again); chunk 20 waits 2 s, so the
+    # scrape below lands mid-stage whatever the machine's speed.
+    stack.on_hit(RouteName.PUT_CHUNK, 10, lambda: stack.faults.fail_next(RouteName.PUT_CHUNK))
+    stack.on_hit(RouteName.PUT_CHUNK, 21, lambda: stack.faults.delay_next(RouteName.PUT_CHUNK, 2))
+    driver = stack.driver(plan)
+    async with stack.agent(chunk_size=64 * 1024):
+        await driver.prepare()
+        staging = asyncio.create_task(driver.stage_all())
+        await stack.wait_hits(RouteName.PUT_CHUNK, 21)
+        mid = _samples((await _get(stack, "/metrics"))[1])
+        await staging
+        final = _samples((await _get(stack, "/metrics"))[1])
+    staged = "restore_agent_staged_bytes_total"
+    assert 0 < _value(mid, staged) < total
+    assert 0 < _value(mid, "restore_agent_stream_bytes_total", direction="in") < total
+    assert _value(mid, "restore_agent_restores", status="staging") == 1
+    chunk_ok = {"route": "put-chunk", "outcome": "ok"}
+    assert _value(mid, "restore_agent_corestore_request_seconds_count", **chunk_ok) == 19
+    assert _value(mid, "restore_agent_chunk_retries_total", reason="unavailable") == 1
+    assert _value(final, staged) == total
+    assert _value(final, "restore_agent_verified_bytes_total") == total
+    assert _value(final, "restore_agent_stream_bytes_total", direction="in") == total
+    stage_ok = {"method": "stageIsolatedRestoreArchive", "code": "ok"}
+    assert _value(final, "restore_agent_requests_total", **stage_ok) == len(plan.objects)
+    assert _value(
+        final, "restore_agent_store_mutation_seconds_count", op="stage", outcome="ok"
+    ) == (len(plan.objects))
+    assert _value(final, "restore_agent_chunk_retries_total", reason="unavailable") == 1
+
+
+@pytest.fixture
+def status_config(tmp_path: Path) -> Path:
+    """A config file for `restore-agent status`: only the health section matters to it."""
+    path = tmp_path / "status.toml"
+    for name in ("machine-token", "corestore-credential"):
+        (tmp_path / name).write_text("unused-secret-value\n")
+        (tmp_path / name).chmod(0o600)
+    return path
+
+
+def _write_status_config(path: Path, address: str) -> None:
+    path.write_text(
+        '[cloudly]\nurl = "https://cloudly.example"\ntoken_file = "machine-token"\n'
+        f'[health]\nlisten = "{address}"\n'
+    )
+
+
+async def test_restores_and_the_status_command_show_each_restore_without_a_secret(
+    stack: Any,
+    plan: RestorePlan,
+    status_config: Path,
+    capsys: pytest.CaptureFixture[str],
+    captured_logs: Any,  # the agent's log lines go there, not into the command's output
+) -> None:
+    """/v1/restores has one row per key (status, revision, age, staging progress in bytes);
+    `restore-agent status` prints it as a table and `--json` as data; no grant, token or JWT
+    appears in any of them."""
+    driver = stack.driver(plan)
+    async with stack.agent():
+        await driver.prepare()
+        await driver.stage_all()
+        code, body = await _get(stack, "/v1/restores")
+        _write_status_config(status_config, stack.health)
+        capsys.readouterr()
+        table_exit = await asyncio.to_thread(main, ["status", "--config", str(status_config)])
+        table = capsys.readouterr().out
+        json_exit = await asyncio.to_thread(
+            main, ["status", "--config", str(status_config), "--json"]
+        )
+        as_json = json.loads(capsys.readouterr().out)
+    [row] = json.loads(body)["restores"]
+    total = sum(spec.size for spec in plan.objects)
+    assert code == 200
+    assert row["clusterId"] == plan.cluster_id
+    assert row["restoreId"] == plan.restore_id
+    assert row["status"] == "staging"
+    assert row["revision"] == driver.revision
+    assert row["progress"] == {
+        "done": total,
+        "total": total,
+        "unit": "bytes",
+        "objects": {"done": len(plan.objects), "total": len(plan.objects)},
+    }
+    assert table_exit == json_exit == 0
+    assert table.startswith("agent:    ready\nsession:  connected for ")
+    key = f"{plan.cluster_id}/{plan.node}/{plan.restore_id}"
+    [line] = [line for line in table.splitlines() if line.startswith(key)]
+    assert line.split()[1:4] == ["staging", str(driver.revision), "100%"]
+    assert as_json["ready"] is True
+    assert as_json["restores"] == [{**row, "ageSeconds": as_json["restores"][0]["ageSeconds"]}]
+    assert stack.leaked(body + table + json.dumps(as_json), driver) == []

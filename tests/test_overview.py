@@ -1,0 +1,215 @@
+"""What an operator sees: readiness reasons (pure) and restore rows, and their rendering."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from agent.contracts.isolatedrestore import (
+    CleanupProgress,
+    ResourceCleanupProgress,
+    ResourceVerification,
+    StagingCleanupProgress,
+)
+from agent.overview import StagingTotals, readiness, restore_row
+from agent.status import ClusterSummary, NodeSummary, SessionState, StatusSnapshot
+from agent.statusview import render
+from agent.store import StoredState
+from tests.store.states import KEY, node_state, plan
+
+NOW = 1_000_000.0
+CLUSTER = ClusterSummary(
+    "cluster-1", (NodeSummary("node-1", "http://10.0.0.1:3000", ()),), published_at=NOW - 60
+)
+CONNECTED = StatusSnapshot(
+    state=SessionState.CONNECTED,
+    state_since=NOW - 100,
+    connected_since=NOW - 100,
+    reconnect_count=0,
+    last_error=None,
+    last_error_at=None,
+    cluster=CLUSTER,
+    in_flight=0,
+    identity_expires_at_ms=None,
+    last_pong_at=NOW - 5,
+    pong_latency=0.002,
+)
+
+
+def _ready(snapshot: StatusSnapshot, *, store_open: bool = True) -> dict[str, str]:
+    return readiness(snapshot, store_open=store_open, now=NOW, stale_after=40.0)
+
+
+def test_connected_with_a_recent_pong_an_open_store_and_a_usable_cluster_is_ready() -> None:
+    """No reason at all: ready."""
+    assert _ready(CONNECTED) == {}
+
+
+def test_a_session_that_is_not_connected_names_its_state_and_last_error() -> None:
+    """The `session` reason says the state and why the last attempt failed."""
+    lost = replace(
+        CONNECTED, state=SessionState.BACKING_OFF, connected_since=None, last_error="refused"
+    )
+    assert _ready(lost) == {"session": "the Cloudly session is backing-off (last error: refused)"}
+
+
+def test_a_connection_silent_for_too_long_is_not_ready() -> None:
+    """Connected, but neither a pong nor the authentication within `stale_after`: `keepalive`."""
+    silent = replace(CONNECTED, connected_since=NOW - 300, last_pong_at=NOW - 41)
+    assert _ready(silent) == {
+        "keepalive": "Cloudly answered no keepalive ping for 41 s (allowed 40 s)"
+    }
+
+
+def test_a_fresh_connection_counts_until_its_first_pong() -> None:
+    """Authentication proves the connection alive: no pong yet is fine for `stale_after`."""
+    assert _ready(replace(CONNECTED, connected_since=NOW - 10, last_pong_at=None)) == {}
+
+
+def test_a_closed_store_and_no_cluster_are_reasons_of_their_own() -> None:
+    """`store` and `cluster` are reported next to each other, each under its key."""
+    assert _ready(replace(CONNECTED, cluster=None), store_open=False) == {
+        "store": "the revision store is not open",
+        "cluster": "no cluster document has been read",
+    }
+
+
+def _stored(status: str, **changes: Any) -> StoredState:
+    return StoredState(
+        key=KEY,
+        revision=4,
+        status=status,  # type: ignore[arg-type]
+        state=node_state(status=status, revision=4, **changes),
+        plan=plan(),
+        mutation_digest=None,
+        updated_at=int(NOW * 1000) - 90_500,
+    )
+
+
+def test_a_row_names_the_key_status_revision_and_age() -> None:
+    """Age is whole seconds since the last change; a finished state has no progress."""
+    row = restore_row(_stored("ready"), StagingTotals(), now_ms=int(NOW * 1000))
+    assert row == {
+        "clusterId": "cluster-1",
+        "nodeName": "node-1",
+        "restoreId": "restore-1",
+        "status": "ready",
+        "revision": 4,
+        "updatedAt": int(NOW * 1000) - 90_500,
+        "ageSeconds": 90,
+        "progress": None,
+        "lastErrorCode": None,
+        "lastErrorMessage": None,
+    }
+
+
+def test_staging_progress_is_bytes_of_the_manifest() -> None:
+    """While staging: bytes Corestore accepted of the manifest's total, and objects written."""
+    row = restore_row(_stored("staging"), StagingTotals(4096, 0), now_ms=int(NOW * 1000))
+    assert row["progress"] == {
+        "done": 4096,
+        "total": 0,  # the helper's plan has an empty manifest
+        "unit": "bytes",
+        "objects": {"done": 0, "total": 0},
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "changes", "done"),
+    [
+        ("restoring", {"completed_resource_mapping_ids": ["map-1"]}, 1),
+        (
+            "verifying",
+            {
+                "verification": {
+                    "status": "running",
+                    "results": [
+                        ResourceVerification(
+                            resource_mapping_id="map-1",
+                            resource_type="volume",
+                            status="passed",
+                            checks=[],
+                        )
+                    ],
+                }
+            },
+            1,
+        ),
+    ],
+)
+def test_restore_and_verification_progress_count_resource_mappings(
+    status: str, changes: dict[str, Any], done: int
+) -> None:
+    """Restoring counts completed mappings, verifying counts checked ones, of all mappings."""
+    if "verification" in changes:
+        base = node_state()
+        changes = {"verification": base.verification.model_copy(update=changes["verification"])}
+    row = restore_row(_stored(status, **changes), StagingTotals(), now_ms=int(NOW * 1000))
+    assert row["progress"] == {"done": done, "total": 1, "unit": "resources"}
+
+
+def test_cleanup_progress_counts_finished_resources() -> None:
+    """Cleaning counts resources whose cleanup succeeded or failed."""
+    cleanup = CleanupProgress(
+        resources=[
+            ResourceCleanupProgress(
+                resource_mapping_id="map-1", resource_type="volume", status="succeeded", attempts=1
+            ),
+            ResourceCleanupProgress(
+                resource_mapping_id="map-2", resource_type="volume", status="running", attempts=1
+            ),
+        ],
+        staging_archive=StagingCleanupProgress(
+            staging_archive_id="staging-1", status="pending", attempts=0
+        ),
+    )
+    row = restore_row(_stored("cleaning", cleanup=cleanup), StagingTotals(), now_ms=int(NOW * 1000))
+    assert row["progress"] == {"done": 1, "total": 2, "unit": "resources"}
+
+
+def test_the_status_table_shows_readiness_reasons_and_one_line_per_restore() -> None:
+    """Not ready: each reason on its own line; the table aligns key, status, revision,
+    progress and age."""
+    data = {
+        "ready": False,
+        "reasons": {"session": "the Cloudly session is backing-off (last error: refused)"},
+        "session": {"state": "backing-off", "stateSince": NOW - 30, "lastError": "refused"},
+        "restores": [
+            {
+                "clusterId": "c",
+                "nodeName": "n",
+                "restoreId": "r-1",
+                "status": "staging",
+                "revision": 12,
+                "ageSeconds": 5,
+                "progress": {"done": 2_500_000, "total": 10_000_000, "unit": "bytes"},
+            },
+            {
+                "clusterId": "c",
+                "nodeName": "n",
+                "restoreId": "r-0",
+                "status": "cleaned",
+                "revision": 9,
+                "ageSeconds": 3 * 86400,
+                "progress": None,
+            },
+        ],
+    }
+    assert render(data, now=NOW) == (
+        "agent:    not ready\n"
+        "          session: the Cloudly session is backing-off (last error: refused)\n"
+        "session:  backing-off for 30 s, last error: refused\n"
+        "restores: 2\n"
+        "\n"
+        "CLUSTER/NODE/RESTORE  STATUS   REVISION  PROGRESS               AGE\n"
+        "c/n/r-1               staging        12  25% 2.5 MB of 10.0 MB  5 s\n"
+        "c/n/r-0               cleaned         9  -                      3 d\n"
+    )
+
+
+def test_the_status_table_with_no_restore_has_no_header() -> None:
+    """Nothing to list: the count says 0 and no empty table follows."""
+    data = {"ready": True, "reasons": {}, "session": {"state": "connected"}, "restores": []}
+    assert render(data, now=NOW) == "agent:    ready\nsession:  connected\nrestores: 0\n"

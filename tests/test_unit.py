@@ -1,0 +1,102 @@
+"""The systemd unit: how the agent is run, and how little it may touch.
+
+`systemd-analyze security --offline=yes` rates the unit file itself (no running system
+needed); the figure is recorded in docs/operations.md. The rest reads the file: the settings the
+agent relies on (notify, watchdog, credentials, directories) and that the stop timeout outlasts
+the agent's own shutdown deadlines.
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agent.config import ShutdownConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+UNIT = ROOT / "systemd" / "restore-agent.service"
+MAX_EXPOSURE = 1.5
+
+
+def _unit() -> dict[str, dict[str, list[str]]]:
+    """The unit's sections, each key with all its values (keys may repeat)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] = {}
+    for raw in UNIT.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        current.setdefault(key, []).append(value)
+    return sections
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_the_unit_is_hardened_to_an_exposure_of_at_most_1_5() -> None:
+    """`systemd-analyze security --offline=yes` rates the unit at most 1.5 (of 10)."""
+    result = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", str(UNIT)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
+    assert match is not None, result.stdout + result.stderr
+    assert float(match.group(1)) <= MAX_EXPOSURE
+
+
+def test_the_unit_is_a_notify_service_with_a_watchdog_and_start_limits() -> None:
+    """Type=notify (READY=1 from the agent), a watchdog, restarts bounded by start limits."""
+    unit = _unit()
+    service = unit["Service"]
+    assert service["Type"] == ["notify"]
+    assert int(service["WatchdogSec"][0]) >= 10
+    assert service["Restart"] == ["on-failure"]
+    assert service["RestartPreventExitStatus"] == ["2"]  # a config error is not retried
+    assert {"StartLimitIntervalSec", "StartLimitBurst", "Documentation"} <= set(unit["Unit"])
+
+
+def test_secrets_and_state_come_from_systemd_directories() -> None:
+    """Credentials by LoadCredential=, state and runtime directories made by systemd."""
+    service = _unit()["Service"]
+    names = sorted(value.split(":", 1)[0] for value in service["LoadCredential"])
+    assert names == ["corestore-credential", "machine-token"]
+    assert service["StateDirectory"] == ["restore-agent"]
+    assert service["RuntimeDirectory"] == ["restore-agent"]
+    assert "/run/credentials" not in UNIT.read_text()
+
+
+def test_the_stop_timeout_outlasts_the_agents_own_shutdown() -> None:
+    """TimeoutStopSec exceeds the drain deadline plus the bounded close steps (socket,
+    engine, health endpoint, clients, store), so systemd never kills a clean shutdown."""
+    defaults = ShutdownConfig()
+    close_steps = 5
+    needed = defaults.drain_timeout_s + close_steps * defaults.close_timeout_s
+    assert float(_unit()["Service"]["TimeoutStopSec"][0]) > needed
+
+
+def test_execstart_runs_the_installed_console_script() -> None:
+    """The unit runs `restore-agent run --config ...` from the venv the README installs."""
+    [exec_start] = _unit()["Service"]["ExecStart"]
+    assert exec_start == (
+        "/opt/restore-agent/venv/bin/restore-agent run --config /etc/restore-agent/config.toml"
+    )
+    readme = (ROOT / "readme.md").read_text()
+    assert "python3 -m venv /opt/restore-agent/venv" in readme
+
+
+def test_the_unit_parses_as_an_ini_file() -> None:
+    """No stray syntax: every line is a section, a comment or key=value."""
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string(UNIT.read_text())
+    assert parser.sections() == ["Unit", "Service", "Install"]
