@@ -1,12 +1,13 @@
 """The composition root: `run(config)` builds everything, runs it, and shuts it down in order.
 
     secrets (read once, registered with the log redactor) -> AgentStatus
-    -> RevisionStore -> CorestoreClients -> IsolatedRestoreEngine -> its routes
+    -> RevisionStore -> CorestoreClients -> IsolatedRestoreEngine, RelayService -> their routes
     -> CloudlySession (the agent's routes plus its own)
-    one TaskGroup: the engine's background work and the session; SIGTERM/SIGINT set `stop`
+    one TaskGroup: the engine's and the relay's background work and the session;
+    SIGTERM/SIGINT set `stop`
     shutdown, each step bounded: stop intake -> drain in-flight requests (drain_timeout_s)
         -> close the socket with 1001 -> stop the engine's background work
-        -> close the Corestore clients -> close the store
+        -> stop the relay's jobs -> close the Corestore clients -> close the store
 
 Nothing is built anywhere else: every part takes its collaborators as arguments, and every
 long-lived task belongs to the one TaskGroup here. Cancellation is never swallowed: a step that
@@ -29,6 +30,8 @@ from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.log import register_secret
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import Routes
+from agent.relay.routes import relay_routes
+from agent.relay.service import RelayService
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
@@ -115,13 +118,22 @@ async def run(
             cluster_view=lambda: session.cluster_view,
             settings=settings,
         )
-        routes = isolated_restore_routes(engine) + (extra_routes or Routes())
+        relay = RelayService(
+            store=store,
+            clients=clients,
+            credential=secrets.corestore_credential,
+            cluster_view=lambda: session.cluster_view,
+            cloudly=lambda: session,  # read by a job, when the session exists
+            settings=settings,
+        )
+        routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
         session = CloudlySession(
             session_settings(config), secrets.machine_token, status, routes=routes
         )
         with _stop_on_signals(stop):
             async with asyncio.TaskGroup() as group:
                 engine_task = group.create_task(engine.run(), name="isolated-restore-engine")
+                relay_task = group.create_task(relay.run(), name="relay-jobs")
                 session_task = group.create_task(session.run(), name="cloudly-session")
                 stop_task = group.create_task(stop.wait(), name="stop-signal")
                 await asyncio.wait({session_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -135,6 +147,8 @@ async def run(
                     "stop the engine's work", lambda: engine.close(close_s), close_s
                 ):
                     engine_task.cancel()
+                if not await _step("stop the relay's jobs", lambda: relay.close(close_s), close_s):
+                    relay_task.cancel()
     log.info("agent_stopped")
 
 

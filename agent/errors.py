@@ -21,7 +21,9 @@ re-decides it.
     │   └── AuthenticationFailed                                   (machine token refused)
     ├── TransferError                internal        yes         bytes in flight
     │   ├── StreamBroken             transfer-interrupted yes    (VirtualStream died or went
-    │   │                                                          silent mid-way: resend it)
+    │   │   │                                                      silent mid-way: resend it)
+    │   │   └── StreamNotServed      stream-not-served   no      (the peer cannot serve `read`)
+    │   ├── ClosureNotAccepted       closure-not-accepted yes    (Cloudly answered accepted: false)
     │   └── IntegrityError           integrity-mismatch  yes     sender or storage (size/sha256)
     ├── CorestoreError                                           the node's Corestore
     │   ├── CorestoreUnavailable     corestore-unavailable yes   (unreachable, timeout, 5xx)
@@ -37,6 +39,7 @@ re-decides it.
         ├── ObjectNotInManifest      object-not-in-manifest no
         ├── GrantInvalid             grant-invalid       no
         ├── PartialRestoreRefused    partial-restore-refused no
+        ├── JobConflict              job-conflict        no   (same job key, another body)
         └── ShuttingDown             shutting-down       yes
 
 Messages are one sentence naming what failed and why. They never quote a grant, token, JWT,
@@ -53,6 +56,7 @@ __all__ = [
     "AuthenticationFailed",
     "CallFailed",
     "CallTimeout",
+    "ClosureNotAccepted",
     "ConfigError",
     "CorestoreError",
     "CorestoreRefused",
@@ -62,6 +66,7 @@ __all__ = [
     "IntegrityError",
     "InvalidRequest",
     "InvalidState",
+    "JobConflict",
     "LocalProtocolError",
     "MisroutedCluster",
     "NodeWithoutCorestore",
@@ -78,6 +83,7 @@ __all__ = [
     "StoreCorrupt",
     "StoreError",
     "StreamBroken",
+    "StreamNotServed",
     "TransferError",
     "UnknownNode",
     "wire_error_data",
@@ -212,6 +218,24 @@ class StreamBroken(TransferError):
     retryable = True
 
 
+class StreamNotServed(StreamBroken):
+    """The peer answered our `read` by echoing it: it cannot serve a stream in its response.
+
+    A typedrequest 3.3.0 responder has no `read` branch (docs/wire-notes.md, case 4). Sending the
+    same request to the same peer fails the same way, so it is not retryable.
+    """
+
+    code = "stream-not-served"
+    retryable = False
+
+
+class ClosureNotAccepted(TransferError):
+    """Cloudly answered `backupServiceDatabaseClosure` with `accepted: false`: no byte counts."""
+
+    code = "closure-not-accepted"
+    retryable = True
+
+
 class IntegrityError(TransferError):
     """Bytes do not match their declared size or sha256."""
 
@@ -323,6 +347,22 @@ class PartialRestoreRefused(Refusal):
     """A partial restore names a resource type it may not."""
 
     code = "partial-restore-refused"
+
+
+class JobConflict(Refusal):
+    """A relay job with this exact key exists for another request body.
+
+    The key is (cluster, node, kind, backupId, serviceId); a retry must repeat the body exactly.
+    """
+
+    code = "job-conflict"
+
+    def __init__(self, *, kind: str, backup_id: str, service_id: str, node_id: str) -> None:
+        super().__init__(
+            f"a {kind} of service {service_id} for backup {backup_id} on node {node_id} "
+            "exists for another request body",
+            kind=kind,
+        )
 
 
 class ShuttingDown(Refusal):

@@ -71,7 +71,7 @@ from agent.errors import (
 )
 from agent.log import scrub_text
 from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
+from agent.protocol.routes import ByteSink, ByteSource, RequestContext, Route, Routes
 from agent.retry import Backoff
 from agent.secret import MASK, Secret
 from agent.session.peer import Peer
@@ -187,6 +187,11 @@ class CloudlySession:
     def open_send_stream(self) -> tuple[StreamMarker, ByteSink]:
         """A stream we initiate on the current connection: (marker for the request, sink)."""
         return self._live_peer().open_send_stream()
+
+    def receive_stream(self, marker: StreamMarker) -> ByteSource:
+        """Read the stream whose marker came in the response to one of our calls (on the
+        current connection; stop early with `aclose()`)."""
+        return self._live_peer().receive_stream(marker)
 
     def stop(self) -> None:
         """Close the socket (1001) and end `run()`, without draining."""

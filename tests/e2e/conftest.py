@@ -300,7 +300,12 @@ async def stack(tmp_path: Path, chunk_form: str) -> AsyncIterator[Stack]:
     corestore.faults.hits = hits
     document = cluster_document(CLUSTER, {NODE: corestore.url})
     settings = stand_in_settings("base64" if chunk_form == "base64" else "buffer")
-    cloudly = StandInCloudly(token=TOKEN, cluster=document, peer_settings=settings)
+    cloudly = StandInCloudly(
+        token=TOKEN,
+        cluster=document,
+        peer_settings=settings,
+        closures_dir=tmp_path / "cloudly-closures",
+    )
     await cloudly.start()
     stack = Stack(tmp_path, corestore, cloudly, hits, tmp_path / "state")
     try:
