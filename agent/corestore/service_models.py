@@ -108,7 +108,7 @@ class ServiceBackupRecord(_Answer):
     backup_id: str
     created_at: NonNegativeSafeInt
     snapshots: list[ServiceSnapshot]
-    uncaptured: tuple[BackupUncapturedResource, ...] = ()
+    uncaptured: list[BackupUncapturedResource] = Field(default_factory=list)
     replication: BackupReplicationResult | None = None
 
 

@@ -120,11 +120,11 @@ async def send_closure(
         if not closed:
             with contextlib.suppress(Exception):
                 await asyncio.shield(sink.abort())
-        if call.done() and not call.cancelled() and call.exception() is not None:
-            refusal = call.exception()
-            assert refusal is not None
-            if refusal is not exc and isinstance(exc, Exception):
-                raise refusal from exc  # Cloudly's own answer says more than a broken stream
+        refusal = call.exception() if call.done() and not call.cancelled() else None
+        if refusal is not None and isinstance(exc, StreamBroken):
+            # The stream broke because Cloudly refused: its answer says why. Our own findings
+            # (a short, long or altered export; Corestore's errors) stay what we raise.
+            raise refusal from exc
         call.cancel()
         with contextlib.suppress(BaseException):
             await call

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-
 CLUSTER, NODE = "cluster-e2e", "node-e2e"
 SERVICE = {"id": "svc-app", "data": {"name": "app", "image": "app:1"}}
 KiB, MiB = 1024, 1024 * 1024
