@@ -538,6 +538,9 @@ class StandInCloudly:
             part.unlink(missing_ok=True)
             self._record("closure-refused", number, backup_id=key[0], reason=str(exc))
             raise
+        except BaseException:
+            part.unlink(missing_ok=True)  # the connection went away: nothing is kept
+            raise
         final = self._directory() / f"{request.backup_id}--{request.service_id}.closure"
         os.replace(part, final)
         self.closures[key] = StoredClosure(

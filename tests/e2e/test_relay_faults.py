@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from agent.corestore.routes import RouteName
-from agent.errors import CallFailed
 from agent.corestore.service_models import ServiceBackupBody
+from agent.errors import CallFailed
 from devstack.cloudly import ABSENT, Tamper, cluster_document
 
 CLUSTER, NODE = "cluster-e2e", "node-e2e"
@@ -146,7 +146,8 @@ async def test_a_dry_run_prune_changes_nothing_and_the_real_one_removes_what_it_
         dry = await stack.cloudly.call_agent("pruneClusterNodeArchive", {**prune, "dryRun": True})
         assert _files(archive) == before
         real = await stack.cloudly.call_agent("pruneClusterNodeArchive", prune)
-    assert dry["found"] is True and dry["result"]["dryRun"] is True
+    assert dry["found"] is True
+    assert dry["result"]["dryRun"] is True
     assert real["result"]["freedBytes"] == dry["result"]["freedBytes"] > 0
     assert real["result"]["removed"] == dry["result"]["removed"]
     assert sorted({path.split("/")[1] for path in _files(archive)}) == ["bk-3"]

@@ -46,7 +46,8 @@ async def test_a_move_under_another_digest_changes_nothing(store: RevisionStore)
     with pytest.raises(RevisionConflict):
         await store.move_job(KEY, op=JobOp.FAIL, expected_revision=1, digest=OTHER)
     job = await store.get_job(KEY)
-    assert job is not None and (job.status, job.revision) == ("running", 1)
+    assert job is not None
+    assert (job.status, job.revision) == ("running", 1)
 
 
 async def test_an_illegal_move_is_refused_and_changes_nothing(store: RevisionStore) -> None:
@@ -55,7 +56,8 @@ async def test_an_illegal_move_is_refused_and_changes_nothing(store: RevisionSto
     with pytest.raises(IllegalTransition):
         await store.move_job(KEY, op=JobOp.RETRY, expected_revision=1, digest=DIGEST)
     job = await store.get_job(KEY)
-    assert job is not None and (job.status, job.revision) == ("running", 1)
+    assert job is not None
+    assert (job.status, job.revision) == ("running", 1)
 
 
 async def test_retry_after_a_failure_runs_again_and_forgets_the_old_error(
@@ -91,7 +93,8 @@ async def test_a_result_holding_a_secret_is_never_written(store: RevisionStore) 
             result={"response": {"token": Secret("s3cret")}},
         )
     job = await store.get_job(KEY)
-    assert job is not None and job.status == "running"
+    assert job is not None
+    assert job.status == "running"
 
 
 def test_a_key_names_one_of_the_two_kinds() -> None:
