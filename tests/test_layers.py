@@ -1,7 +1,8 @@
 """The layering rules, checked on the source: pure core, I/O at the edges, one composition root.
 
 - The pure core (contracts, the protocol, the restore state machine and its pure helpers, the
-  Corestore route descriptions, errors, secrets, config) imports no I/O library and no asyncio.
+  relay's job table and restore plan, the Corestore route descriptions, errors, secrets,
+  config) imports no I/O library and no asyncio.
 - Each I/O library has one adapter home: aiohttp in `agent/corestore/transport.py`, websockets in
   `agent/session/transport.py`, aiosqlite in `agent/store/`.
 - Only the CLI imports the composition root `agent.app`.
@@ -33,7 +34,11 @@ PURE = [
         AGENT / "restore" / name
         for name in ("machine.py", "replay.py", "state.py", "grants.py", "routing.py")
     ),
-    *(AGENT / "corestore" / name for name in ("routes.py", "shapes.py", "models.py")),
+    *(AGENT / "relay" / name for name in ("machine.py", "plan.py")),
+    *(
+        AGENT / "corestore" / name
+        for name in ("routes.py", "shapes.py", "models.py", "service_models.py")
+    ),
     AGENT / "errors.py",
     AGENT / "secret.py",
     AGENT / "config.py",
