@@ -153,9 +153,15 @@ class Stack:
         }
 
     @asynccontextmanager
-    async def agent(self, **corestore: Any) -> AsyncIterator[AgentStatus]:
-        """The real agent in-process (`agent.app.run`), connected; stopped in order on exit."""
-        config = Config.model_validate(self.config_data(**corestore))
+    async def agent(
+        self, *, streams: dict[str, Any] | None = None, **corestore: Any
+    ) -> AsyncIterator[AgentStatus]:
+        """The real agent in-process (`agent.app.run`), connected; stopped in order on exit.
+        `streams` is its `[streams]` section (the default when None)."""
+        data = self.config_data(**corestore)
+        if streams is not None:
+            data["streams"] = streams
+        config = Config.model_validate(data)
         status, stop = AgentStatus(), asyncio.Event()
         async with asyncio.TaskGroup() as group:
             group.create_task(app.run(config, stop=stop, status=status), name="agent")

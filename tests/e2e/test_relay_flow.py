@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from devstack.corestore.storage import sha256_file
+
 CLUSTER, NODE = "cluster-e2e", "node-e2e"
 SERVICE = {"id": "svc-app", "data": {"name": "app", "image": "app:1"}}
 KiB, MiB = 1024, 1024 * 1024
@@ -57,3 +59,33 @@ async def test_a_backed_up_closure_restores_into_a_fresh_database_byte_identical
     assert restored == {"restored": backup["snapshots"]}
     assert services.database_path("svc-app").read_bytes() == original
     assert services.open_imports() == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk_form", ["base64"])
+async def test_a_512_mib_closure_goes_to_cloudly_and_back_byte_identical(
+    stack: Any, chunk_form: str
+) -> None:
+    """512 MiB: backup to the stand-in Cloudly, restore into a fresh database, same sha256
+    (4 MiB chunks, the production default; base64 chunks between our own peers)."""
+    del chunk_form  # the stack's stand-in Cloudly already speaks it
+    services = stack.corestore.services
+    size = 512 * MiB
+    digest = hashlib.sha256()
+
+    def pieces() -> Any:
+        for index in range(size // (8 * MiB)):
+            piece = hashlib.shake_256(b"big %d" % index).digest(8 * MiB)
+            digest.update(piece)
+            yield piece
+
+    services.write_database("svc-app", pieces())
+    expected = digest.hexdigest()
+    async with stack.agent(chunk_size=4 * MiB, streams={"chunk_form": "base64"}):
+        backup = await _backup(stack, "bk-big")
+        assert stack.cloudly.closures[("bk-big", "svc-app")].sha256 == expected
+        services.database_path("svc-app").unlink()
+        restored = await _restore(stack, "bk-big", backup["snapshots"])
+    assert restored == {"restored": backup["snapshots"]}
+    size_on_disk, sha_on_disk = sha256_file(services.database_path("svc-app"))
+    assert (size_on_disk, sha_on_disk) == (size, expected)
