@@ -181,7 +181,10 @@ class ClosureNotFound(Refusal):
 
 
 async def _drain_matching(
-    source: AsyncIterable[bytes], part: Path, descriptor: DatabaseClosureDescriptor
+    source: AsyncIterable[bytes],
+    part: Path,
+    descriptor: DatabaseClosureDescriptor,
+    progress: Callable[[str, int, int], None] | None,
 ) -> None:
     """Write the stream to `part`; `IntegrityError` unless it is exactly the descriptor's bytes."""
     digest, size = hashlib.sha256(), 0
@@ -192,6 +195,8 @@ async def _drain_matching(
             size += len(piece)
             if size > descriptor.size:
                 raise IntegrityError("the closure stream is longer than its descriptor")
+            if progress is not None:
+                progress("received", size, descriptor.size)
     if (size, digest.hexdigest()) != (descriptor.size, descriptor.sha256):
         raise IntegrityError("the closure stream does not match its descriptor")
 
@@ -245,6 +250,9 @@ class StandInCloudly:
         self._closures_dir = closures_dir
         self.closures: dict[tuple[str, str], StoredClosure] = {}
         self._tampers: list[Tamper] = []
+        # Told (direction, bytes so far, bytes in all) as closure bytes arrive ("received") or
+        # go out ("served"): the demo's progress lines.
+        self.closure_progress: Callable[[str, int, int], None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -533,7 +541,9 @@ class StandInCloudly:
         key = (request.backup_id, request.service_id)
         part = self._directory() / f".{secrets.token_hex(8)}.part"
         try:
-            await _drain_matching(ctx.receive_stream(request.closure), part, descriptor)
+            await _drain_matching(
+                ctx.receive_stream(request.closure), part, descriptor, self.closure_progress
+            )
         except (StreamBroken, IntegrityError) as exc:
             part.unlink(missing_ok=True)
             self._record("closure-refused", number, backup_id=key[0], reason=str(exc))
@@ -577,6 +587,8 @@ class StandInCloudly:
                     if tamper == "truncate" and sent == stored.size:
                         block = block[:-1]
                     await sink.write(block)
+                    if self.closure_progress is not None:
+                        self.closure_progress("served", sent, stored.size)
             if tamper == "extend":
                 await sink.write(b"\x00")
 
