@@ -57,6 +57,7 @@ from agent.errors import (
     StreamBroken,
     StreamNotServed,
 )
+from agent.protocol.connection import MAX_CHUNK
 from agent.protocol.routes import ByteSink, ByteSource
 from agent.protocol.stream_initiator import UNSERVED
 
@@ -149,8 +150,11 @@ async def _pump_export(
 ) -> None:
     size, digest, offset = descriptor.size, hashlib.sha256(), 0
     what = f"the database closure of service {service_id} for backup {backup_id}"
+    # One read is one stream chunk: the bytes pass through without being cut or joined, and
+    # memory stays the stream window plus one chunk.
+    read_size = min(chunk_size, MAX_CHUNK)
     while offset < size:
-        want = min(chunk_size, size - offset)
+        want = min(read_size, size - offset)
         data = await client.read_closure(service_id, backup_id, offset, want)
         if len(data) != want:
             shorter = len(data) < want
@@ -234,7 +238,7 @@ async def _pump_import(
     progress: Progress,
 ) -> None:
     size, digest = descriptor.size, hashlib.sha256()
-    offset, buffer = 0, bytearray()
+    offset, pending, pending_size = 0, list[bytes](), 0
 
     async def put(data: bytes) -> None:
         nonlocal offset
@@ -243,18 +247,28 @@ async def _pump_import(
         offset += len(data)
         progress(offset, size)
 
+    # Pieces are joined only at chunk boundaries (one copy), and only the chunk in flight and
+    # the next one's pieces are held here: memory stays a few chunks, whatever the size.
     async for piece in source:
-        if offset + len(buffer) + len(piece) > size:
+        if offset + pending_size + len(piece) > size:
             raise IntegrityError(
                 f"Cloudly's closure stream is longer than its descriptor's {size} bytes"
             )
-        buffer += piece
-        while len(buffer) >= chunk_size:
-            chunk = bytes(buffer[:chunk_size])
-            del buffer[:chunk_size]
-            await put(chunk)
-    if buffer:
-        await put(bytes(buffer))
+        pending.append(piece)
+        pending_size += len(piece)
+        if pending_size >= chunk_size:
+            joined = b"".join(pending)
+            pending.clear()
+            view = memoryview(joined)
+            while len(view) >= chunk_size:
+                await put(bytes(view[:chunk_size]) if len(view) > chunk_size else joined)
+                view = view[chunk_size:]
+            pending_size = len(view)
+            if pending_size:
+                pending.append(bytes(view))
+            del view, joined
+    if pending:
+        await put(b"".join(pending))
     if offset != size:
         raise IntegrityError(
             f"Cloudly's closure stream ended after {offset} of its descriptor's {size} bytes"
