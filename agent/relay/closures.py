@@ -261,7 +261,9 @@ async def _pump_import(
             pending.clear()
             view = memoryview(joined)
             while len(view) >= chunk_size:
-                await put(bytes(view[:chunk_size]) if len(view) > chunk_size else joined)
+                # The whole join is one chunk (the usual case): send it without another copy.
+                whole = len(view) == len(joined) == chunk_size
+                await put(joined if whole else bytes(view[:chunk_size]))
                 view = view[chunk_size:]
             pending_size = len(view)
             if pending_size:

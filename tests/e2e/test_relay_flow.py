@@ -3,7 +3,8 @@ stand-in Cloudly and the reference Corestore.
 
 A service's database goes to Cloudly as a closure when the service is backed up, and comes back
 into a fresh database when it is restored: byte-identical (sha256), for closures of 0 and 1
-byte, exactly one chunk, one chunk + 1 byte (the agent's chunk is 64 KiB here), and 512 MiB.
+byte, exactly one chunk, one chunk + 1 byte (the agent's chunk is 64 KiB here), 2 MiB + 1 (the
+stand-in's 1 MiB stream pieces each span many chunks), and 512 MiB.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ async def _restore(stack: Any, backup_id: str, snapshots: list[Any], **extra: An
     return await stack.cloudly.call_agent("restoreClusterService", request, timeout=120)
 
 
-@pytest.mark.parametrize("size", [0, 1, CHUNK, CHUNK + 1], ids=["0B", "1B", "1chunk", "1chunk+1"])
+@pytest.mark.parametrize(
+    "size",
+    [0, 1, CHUNK, CHUNK + 1, 2 * MiB + 1],
+    ids=["0B", "1B", "1chunk", "1chunk+1", "stream-pieces-over-chunks"],
+)
 async def test_a_backed_up_closure_restores_into_a_fresh_database_byte_identical(
     stack: Any, size: int
 ) -> None:
