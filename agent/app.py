@@ -3,15 +3,18 @@
     secrets (read once, registered with the log redactor) -> AgentStatus, Metrics, Notifier
     -> RevisionStore (start-up line: version, config, Cloudly URL, state, integrity)
     -> the credential source (sealed: KeyStore -> Enrollment -> SealedCredentials; file:
-       FixedCredentials) -> CorestoreClients -> IsolatedRestoreEngine -> its routes
+       FixedCredentials) -> CorestoreClients -> IsolatedRestoreEngine, RelayService -> their
+       routes
     -> CloudlySession (the agent's routes plus its own; sealed: the enrollment as a connect
        step, the credential source watching the cluster view)
     -> LoopWatch -> HealthServer (bound) -> READY=1
-    one TaskGroup: the engine's background work, the session, the loop watch (WATCHDOG=1 only
-        from a healthy loop), STATUS= on every change of the session; SIGTERM/SIGINT set `stop`
+    one TaskGroup: the engine's and the relay's background work, the session, the loop watch
+        (WATCHDOG=1 only from a healthy loop), STATUS= on every change of the session;
+        SIGTERM/SIGINT set `stop`
     shutdown, each step bounded: STOPPING=1 -> stop intake -> drain in-flight requests
         (drain_timeout_s) -> close the socket with 1001 -> stop the engine's background work
-        -> stop the health server -> close the Corestore clients -> close the store
+        -> stop the relay's jobs -> stop the health server -> close the Corestore clients
+        -> close the store
 
 Nothing is built anywhere else: every part takes its collaborators as arguments, and every
 long-lived task belongs to the one TaskGroup here. Cancellation is never swallowed: a step that
@@ -48,6 +51,8 @@ from agent.metrics import Metrics
 from agent.notify import Notifier, watchdog_seconds
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import Routes
+from agent.relay.routes import relay_routes
+from agent.relay.service import RelayService
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
@@ -159,7 +164,14 @@ async def run(
             cluster_view=lambda: session.cluster_view,
             settings=settings,
         )
-        routes = isolated_restore_routes(engine) + (extra_routes or Routes())
+        relay = RelayService(
+            store=store,
+            clients=clients,
+            cluster_view=lambda: session.cluster_view,
+            cloudly=lambda: session,  # read by a job, when the session exists
+            settings=settings,
+        )
+        routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
         steps, view_watchers = [], []
         if sealed is not None:
             enrollment, provider = sealed
@@ -197,6 +209,7 @@ async def run(
         with _stop_on_signals(stop):
             async with asyncio.TaskGroup() as group:
                 engine_task = group.create_task(engine.run(), name="isolated-restore-engine")
+                relay_task = group.create_task(relay.run(), name="relay-jobs")
                 session_task = group.create_task(session.run(), name="cloudly-session")
                 side_tasks = [
                     group.create_task(loop_watch.run(), name="loop-watch"),
@@ -216,6 +229,8 @@ async def run(
                     "stop the engine's work", lambda: engine.close(close_s), close_s
                 ):
                     engine_task.cancel()
+                if not await _step("stop the relay's jobs", lambda: relay.close(close_s), close_s):
+                    relay_task.cancel()
                 for task in side_tasks:
                     task.cancel()
     log.info("agent_stopped")

@@ -23,7 +23,9 @@ re-decides it.
     │                                                                enrolled: docs/credentials.md)
     ├── TransferError                internal        yes         bytes in flight
     │   ├── StreamBroken             transfer-interrupted yes    (VirtualStream died or went
-    │   │                                                          silent mid-way: resend it)
+    │   │   │                                                      silent mid-way: resend it)
+    │   │   └── StreamNotServed      stream-not-served   no      (the peer cannot serve `read`)
+    │   ├── ClosureNotAccepted       closure-not-accepted yes    (Cloudly answered accepted: false)
     │   └── IntegrityError           integrity-mismatch  yes     sender or storage (size/sha256)
     ├── CorestoreError                                           the node's Corestore
     │   ├── CorestoreUnavailable     corestore-unavailable yes   (unreachable, timeout, 5xx)
@@ -45,6 +47,7 @@ re-decides it.
         ├── ObjectNotInManifest      object-not-in-manifest no
         ├── GrantInvalid             grant-invalid       no
         ├── PartialRestoreRefused    partial-restore-refused no
+        ├── JobConflict              job-conflict        no   (same job key, another body)
         └── ShuttingDown             shutting-down       yes
 
 Messages are one sentence naming what failed and why. They never quote a grant, token, JWT,
@@ -61,6 +64,7 @@ __all__ = [
     "AuthenticationFailed",
     "CallFailed",
     "CallTimeout",
+    "ClosureNotAccepted",
     "ConfigError",
     "CorestoreCredentialRejected",
     "CorestoreError",
@@ -74,6 +78,7 @@ __all__ = [
     "IntegrityError",
     "InvalidRequest",
     "InvalidState",
+    "JobConflict",
     "LocalProtocolError",
     "MisroutedCluster",
     "NodeWithoutCorestore",
@@ -91,6 +96,7 @@ __all__ = [
     "StoreCorrupt",
     "StoreError",
     "StreamBroken",
+    "StreamNotServed",
     "TransferError",
     "UnknownNode",
     "wire_error_data",
@@ -228,6 +234,24 @@ class StreamBroken(TransferError):
     """
 
     code = "transfer-interrupted"
+    retryable = True
+
+
+class StreamNotServed(StreamBroken):
+    """The peer answered our `read` by echoing it: it cannot serve a stream in its response.
+
+    A typedrequest 3.3.0 responder has no `read` branch (docs/wire-notes.md, case 4). Sending the
+    same request to the same peer fails the same way, so it is not retryable.
+    """
+
+    code = "stream-not-served"
+    retryable = False
+
+
+class ClosureNotAccepted(TransferError):
+    """Cloudly answered `backupServiceDatabaseClosure` with `accepted: false`: no byte counts."""
+
+    code = "closure-not-accepted"
     retryable = True
 
 
@@ -373,6 +397,22 @@ class PartialRestoreRefused(Refusal):
     """A partial restore names a resource type it may not."""
 
     code = "partial-restore-refused"
+
+
+class JobConflict(Refusal):
+    """A relay job with this exact key exists for another request body.
+
+    The key is (cluster, node, kind, backupId, serviceId); a retry must repeat the body exactly.
+    """
+
+    code = "job-conflict"
+
+    def __init__(self, *, kind: str, backup_id: str, service_id: str, node_id: str) -> None:
+        super().__init__(
+            f"a {kind} of service {service_id} for backup {backup_id} on node {node_id} "
+            "exists for another request body",
+            kind=kind,
+        )
 
 
 class ShuttingDown(Refusal):

@@ -121,8 +121,11 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
         await process.communicate()
 
 
-def write_config(directory: Path, cloudly_url: str, chunk_mib: int, window: int) -> Path:
-    """An agent config file for the stand-ins (production defaults unless a flag says)."""
+def write_config(
+    directory: Path, cloudly_url: str, chunk_mib: int, window: int, chunk_form: str | None = None
+) -> Path:
+    """An agent config file for the stand-ins (production defaults unless a flag says;
+    `chunk_form` is how the agent encodes the chunks it sends)."""
     directory.mkdir(parents=True, exist_ok=True)
     token = secret_file(directory / "token", TOKEN)
     bearer = secret_file(directory / "bearer", BEARER)
@@ -141,6 +144,7 @@ def write_config(directory: Path, cloudly_url: str, chunk_mib: int, window: int)
                 f'directory = "{directory / "state"}"',
                 "[streams]",
                 f"window = {window}",
+                *([] if chunk_form is None else [f'chunk_form = "{chunk_form}"']),
                 "[shutdown]",
                 "drain_timeout_s = 5.0",
                 "close_timeout_s = 2.0",
@@ -179,9 +183,10 @@ async def agent_process(
     *,
     chunk_mib: int,
     window: int,
+    chunk_form: str | None = None,
 ) -> AsyncIterator[AgentProcess]:
     """Start `python -m <module...> --config F` against `cloudly`; wait until it is connected."""
-    config = write_config(directory, cloudly.url, chunk_mib, window)
+    config = write_config(directory, cloudly.url, chunk_mib, window, chunk_form)
     log_path = directory / "stderr.jsonl"
     connected = cloudly.count("cluster-config-read")
     with log_path.open("wb") as log:

@@ -10,6 +10,13 @@ same `Peer` the agent uses, in the server role. It serves what the agent calls:
   `{success: true}` (or `false` when `accept_tags` is off).
 - `getClusterConfig {identity: {jwt}}`: checks the JWT was issued here and has not expired,
   answers `{configData: <cluster document>, services}`.
+- `backupServiceDatabaseClosure {backupId, serviceId, nodeId, descriptor, closure}`: drains the
+  stream into a file (under `closures_dir`, a temporary directory by default), checks its length
+  and sha256 against the descriptor, keeps it under (backupId, serviceId) and only then answers
+  `{accepted: true}`: a stream that breaks or does not match is refused and nothing is kept.
+- `restoreServiceDatabaseClosure {backupId, serviceId, nodeId}`: answers the kept descriptor and
+  a stream it serves (it answers `read`); `tamper_next_closure()` makes the next one shorter,
+  longer or altered.
 
 With `credentials=CredentialAuthority(...)` (devstack/credentials.py) it also serves the
 recipient enrollment and each node's sealed Corestore bearer (docs/credentials.md).
@@ -27,14 +34,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import itertools
 import json
+import os
 import secrets
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 
@@ -46,7 +57,14 @@ from agent.contracts.cluster import (
     GetClusterConfigRequest,
     GetIdentityByTokenRequest,
 )
-from agent.errors import AuthenticationFailed, SessionClosed
+from agent.contracts.relay import (
+    METHOD_BACKUP_SERVICE_DATABASE_CLOSURE,
+    METHOD_RESTORE_SERVICE_DATABASE_CLOSURE,
+    BackupServiceDatabaseClosureRequest,
+    DatabaseClosureDescriptor,
+    RestoreServiceDatabaseClosureRequest,
+)
+from agent.errors import AuthenticationFailed, IntegrityError, Refusal, SessionClosed, StreamBroken
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
 from agent.session.client import METHOD_SET_TAG
@@ -54,7 +72,15 @@ from agent.session.peer import Peer
 from agent.session.transport import WebsocketTransport, quiet_websocket_logger
 from devstack.credentials import CredentialAuthority
 
-__all__ = ["ABSENT", "AgentConnection", "CloudlyEvent", "StandInCloudly", "cluster_document"]
+__all__ = [
+    "ABSENT",
+    "AgentConnection",
+    "CloudlyEvent",
+    "StandInCloudly",
+    "StoredClosure",
+    "Tamper",
+    "cluster_document",
+]
 
 _DEFAULT_MAX_FRAME = 64 * 2**20
 
@@ -135,6 +161,48 @@ class SetTagRequest(WireModel):
 
 
 AnswerEdit = Callable[[dict[str, Any]], dict[str, Any]]
+Tamper = Literal["truncate", "extend", "corrupt"]
+_SERVE_PIECE = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StoredClosure:
+    """A database closure the stand-in holds: what it was sent, where the bytes are."""
+
+    backup_id: str
+    service_id: str
+    node_id: str
+    descriptor: dict[str, Any]
+    path: Path
+    size: int
+    sha256: str
+
+
+class ClosureNotFound(Refusal):
+    """The stand-in holds no closure for (backupId, serviceId)."""
+
+    code = "closure-not-found"
+
+
+async def _drain_matching(
+    source: AsyncIterable[bytes],
+    part: Path,
+    descriptor: DatabaseClosureDescriptor,
+    progress: Callable[[str, int, int], None] | None,
+) -> None:
+    """Write the stream to `part`; `IntegrityError` unless it is exactly the descriptor's bytes."""
+    digest, size = hashlib.sha256(), 0
+    with part.open("wb") as handle:
+        async for piece in source:
+            handle.write(piece)
+            digest.update(piece)
+            size += len(piece)
+            if size > descriptor.size:
+                raise IntegrityError("the closure stream is longer than its descriptor")
+            if progress is not None:
+                progress("received", size, descriptor.size)
+    if (size, digest.hexdigest()) != (descriptor.size, descriptor.sha256):
+        raise IntegrityError("the closure stream does not match its descriptor")
 
 
 def _b64url(data: bytes) -> str:
@@ -159,6 +227,7 @@ class StandInCloudly:
         host: str = "127.0.0.1",
         port: int = 0,
         credentials: CredentialAuthority | None = None,
+        closures_dir: Path | None = None,
     ) -> None:
         self._token = token
         self.credentials = credentials
@@ -183,6 +252,13 @@ class StandInCloudly:
         self._issued: list[str] = []
         self.events: list[CloudlyEvent] = []
         self._changed = asyncio.Event()
+        self._own_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._closures_dir = closures_dir
+        self.closures: dict[tuple[str, str], StoredClosure] = {}
+        self._tampers: list[Tamper] = []
+        # Told (direction, bytes so far, bytes in all) as closure bytes arrive ("received") or
+        # go out ("served"): the demo's progress lines.
+        self.closure_progress: Callable[[str, int, int], None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -210,6 +286,12 @@ class StandInCloudly:
         if server is not None:
             server.close()
             await server.wait_closed()
+
+    def cleanup(self) -> None:
+        """Remove the temporary directory of closures (if the stand-in made one)."""
+        if self._own_dir is not None:
+            self._own_dir.cleanup()
+            self._own_dir = None
 
     async def restart(self) -> None:
         """Stop, then listen again on the same port (a Cloudly restart)."""
@@ -314,6 +396,21 @@ class StandInCloudly:
             connection.websocket.transport.pause_reading()
             self._stalled.add(connection.number)
 
+    def tamper_next_closure(self, kind: Tamper) -> None:
+        """Serve the next restored closure one byte shorter, one byte longer, or altered."""
+        self._tampers.append(kind)
+
+    def closure_bytes(self, backup_id: str, service_id: str) -> bytes:
+        """The bytes of a closure the stand-in holds (tests of small closures)."""
+        return self.closures[(backup_id, service_id)].path.read_bytes()
+
+    def _directory(self) -> Path:
+        if self._closures_dir is None:
+            self._own_dir = tempfile.TemporaryDirectory(prefix="standin-cloudly-")
+            self._closures_dir = Path(self._own_dir.name)
+        self._closures_dir.mkdir(parents=True, exist_ok=True)
+        return self._closures_dir
+
     # --- events ---------------------------------------------------------------------------
 
     def kinds(self) -> list[str]:
@@ -406,6 +503,22 @@ class StandInCloudly:
             body = {"configData": self.cluster, "services": list(self.services)}
             return answer(METHOD_GET_CLUSTER_CONFIG, body)
 
+        async def backup_closure(
+            request: BackupServiceDatabaseClosureRequest, ctx: RequestContext
+        ) -> Document:
+            return answer(
+                METHOD_BACKUP_SERVICE_DATABASE_CLOSURE,
+                await self._keep_closure(request, ctx, connection.number),
+            )
+
+        async def restore_closure(
+            request: RestoreServiceDatabaseClosureRequest, ctx: RequestContext
+        ) -> Document:
+            return answer(
+                METHOD_RESTORE_SERVICE_DATABASE_CLOSURE,
+                self._serve_closure(request, ctx, connection.number),
+            )
+
         routes = Routes(
             [
                 Route(
@@ -413,6 +526,16 @@ class StandInCloudly:
                 ),
                 Route(METHOD_SET_TAG, SetTagRequest, set_tag),
                 Route(METHOD_GET_CLUSTER_CONFIG, GetClusterConfigRequest, get_cluster_config),
+                Route(
+                    METHOD_BACKUP_SERVICE_DATABASE_CLOSURE,
+                    BackupServiceDatabaseClosureRequest,
+                    backup_closure,
+                ),
+                Route(
+                    METHOD_RESTORE_SERVICE_DATABASE_CLOSURE,
+                    RestoreServiceDatabaseClosureRequest,
+                    restore_closure,
+                ),
             ]
         )
         return routes + self._credential_routes(connection)
@@ -427,6 +550,69 @@ class StandInCloudly:
             self._record(kind, connection.number, **detail)
 
         return self.credentials.routes(record)
+
+    async def _keep_closure(
+        self, request: BackupServiceDatabaseClosureRequest, ctx: RequestContext, number: int
+    ) -> dict[str, Any]:
+        """Drain the closure stream to a file; keep it only if it matches its descriptor."""
+        descriptor = request.descriptor
+        key = (request.backup_id, request.service_id)
+        part = self._directory() / f".{secrets.token_hex(8)}.part"
+        try:
+            await _drain_matching(
+                ctx.receive_stream(request.closure), part, descriptor, self.closure_progress
+            )
+        except (StreamBroken, IntegrityError) as exc:
+            part.unlink(missing_ok=True)
+            self._record("closure-refused", number, backup_id=key[0], reason=str(exc))
+            raise
+        except BaseException:
+            part.unlink(missing_ok=True)  # the connection went away: nothing is kept
+            raise
+        final = self._directory() / f"{request.backup_id}--{request.service_id}.closure"
+        os.replace(part, final)
+        self.closures[key] = StoredClosure(
+            request.backup_id,
+            request.service_id,
+            request.node_id,
+            descriptor.to_wire(),
+            final,
+            descriptor.size,
+            descriptor.sha256,
+        )
+        self._record(
+            "closure-stored", number, backup_id=key[0], service_id=key[1], size=descriptor.size
+        )
+        return {"accepted": True}
+
+    def _serve_closure(
+        self, request: RestoreServiceDatabaseClosureRequest, ctx: RequestContext, number: int
+    ) -> dict[str, Any]:
+        stored = self.closures.get((request.backup_id, request.service_id))
+        if stored is None:
+            raise ClosureNotFound(
+                f"no closure of service {request.service_id} for backup {request.backup_id}"
+            )
+        tamper = self._tampers.pop(0) if self._tampers else None
+
+        async def produce(sink: ByteSink) -> None:
+            with stored.path.open("rb") as handle:
+                sent = 0
+                while block := handle.read(_SERVE_PIECE):
+                    sent += len(block)
+                    if tamper == "corrupt" and sent == len(block):
+                        block = bytes([block[0] ^ 0xFF]) + block[1:]
+                    if tamper == "truncate" and sent == stored.size:
+                        block = block[:-1]
+                    await sink.write(block)
+                    if self.closure_progress is not None:
+                        self.closure_progress("served", sent, stored.size)
+            if tamper == "extend":
+                await sink.write(b"\x00")
+
+        marker, _ = ctx.open_send_stream(produce)
+        self._record("closure-served", number, backup_id=request.backup_id, tamper=tamper)
+        return {"descriptor": stored.descriptor, "closure": marker.to_wire()}
 
     def _issue_jwt(self, expires_at_ms: int) -> str:
         header = _b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())

@@ -13,7 +13,9 @@ Cloudly would, `RestoreDriver` prepares a restore of three resources (a database
 files, a volume image of `--size` bytes), stages every object on a VirtualStream, executes, waits
 for `ready`, checks every staged object's sha256 on Corestore's disk, cleans up, waits for `cleaned`
 and checks that Corestore's disk holds no file of the restore any more (not even the
-prepared-restore record). The directory is removed at the end unless `--keep`.
+prepared-restore record). Then (`demo_relay`) it backs a service up, its database closure
+(`--closure-size` bytes) going to the stand-in Cloudly, and restores it into a fresh database,
+byte-identical. The directory is removed at the end unless `--keep`.
 
 Exit 0 on success, 1 with a one-line reason on stderr otherwise. `--json` prints one JSON
 object per line instead of text.
@@ -47,6 +49,7 @@ from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.corestore import CorestoreHandle, start
 from devstack.corestore.storage import Storage, sha256_file
 from devstack.credentials import CredentialAuthority
+from devstack.demo_relay import RelayDemoFailed, backup_and_restore
 from devstack.driver import (
     Progress,
     RestoreDriver,
@@ -85,6 +88,12 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=_PROG, description=__doc__.splitlines()[0])
     parser.add_argument(
         "--size", type=_size, default=64 * MiB, help="size of the large object (default 64MiB)"
+    )
+    parser.add_argument(
+        "--closure-size",
+        type=_size,
+        default=16 * MiB,
+        help="size of the service database backed up and restored (default 16MiB)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     parser.add_argument("--json", action="store_true", help="machine-readable progress")
@@ -130,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _known_failure(exc: BaseException) -> BaseException | None:
     """The first expected failure in `exc` (TaskGroups wrap them in exception groups)."""
-    if isinstance(exc, DemoFailed | AgentError | OSError | TimeoutError):
+    if isinstance(exc, DemoFailed | RelayDemoFailed | AgentError | OSError | TimeoutError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
@@ -307,7 +316,7 @@ async def _demo(arguments: argparse.Namespace, out: _Output) -> None:
     started = time.monotonic()
     try:
         # 60 s for the default run, more for a large --size (at least ~5 MB/s).
-        limit = 60.0 + arguments.size / 5e6
+        limit = 60.0 + (arguments.size + 2 * arguments.closure_size) / 5e6
         deadline = asyncio.timeout(limit)
         with _agent_log(workdir / "agent.log"):
             try:
@@ -327,7 +336,8 @@ async def _demo(arguments: argparse.Namespace, out: _Output) -> None:
         "summary",
         f"done in {seconds:.1f} s: {summary['objects']} objects ({_amount(summary['bytes'])})"
         f" staged and sha256-verified on disk, {summary['resources']} resources restored and"
-        " verified, everything cleaned up",
+        " verified, everything cleaned up; a service backed up with its"
+        f" {_amount(summary['closure_bytes'])} database closure and restored byte-identical",
         seconds=round(seconds, 2),
         **summary,
     )
@@ -350,7 +360,11 @@ async def _run_stack(arguments: argparse.Namespace, out: _Output, workdir: Path)
         settings = stand_in_settings(arguments.chunk_form)
         authority = CredentialAuthority(plan.cluster_id, {plan.node: bearer}) if sealed else None
         cloudly = StandInCloudly(
-            token=token, cluster=document, peer_settings=settings, credentials=authority
+            token=token,
+            cluster=document,
+            peer_settings=settings,
+            credentials=authority,
+            closures_dir=workdir / "cloudly-closures",
         )
         await stack.enter_async_context(cloudly)
         out.event(
@@ -378,7 +392,11 @@ async def _run_stack(arguments: argparse.Namespace, out: _Output, workdir: Path)
                     f"  agent      connected (log: {workdir / 'agent.log'})",
                     log=str(workdir / "agent.log"),
                 )
-                return await _restore(plan, cloudly, corestore, out)
+                summary = await _restore(plan, cloudly, corestore, out)
+                relay = await backup_and_restore(
+                    cloudly, corestore, plan.node, arguments.closure_size, out.event
+                )
+                return {**summary, **relay}
             finally:
                 stop.set()
     raise AssertionError("unreachable")

@@ -91,6 +91,7 @@ SHUTDOWN_ORDER = [
     "drain in-flight work",
     "close the Cloudly socket",
     "stop the engine's work",
+    "stop the relay's jobs",
     "stop the health server",
     "close the Corestore clients",
     "close the store",

@@ -421,6 +421,7 @@ async def test_ready_comes_once_store_and_endpoint_are_up_then_status_then_stopp
         "drain in-flight work",
         "close the Cloudly socket",
         "stop the engine's work",
+        "stop the relay's jobs",
         "stop the health server",
         "close the Corestore clients",
         "close the store",

@@ -1,8 +1,8 @@
 """The layering rules, checked on the source: pure core, I/O at the edges, one composition root.
 
 - The pure core (contracts, the protocol, the restore state machine and its pure helpers, the
-  Corestore route descriptions, HPKE and the credential bindings, errors, secrets, config)
-  imports no I/O library and no asyncio.
+  relay's job table and restore plan, the Corestore route descriptions, HPKE and the credential
+  bindings, errors, secrets, config) imports no I/O library and no asyncio.
 - Each I/O library has one adapter home: aiohttp in `agent/corestore/transport.py` (the
   Corestore client) and `agent/health.py` (the health endpoint), websockets in
   `agent/session/transport.py`, aiosqlite in `agent/store/`, prometheus_client in
@@ -36,7 +36,11 @@ PURE = [
         AGENT / "restore" / name
         for name in ("machine.py", "replay.py", "state.py", "grants.py", "routing.py")
     ),
-    *(AGENT / "corestore" / name for name in ("routes.py", "shapes.py", "models.py")),
+    *(AGENT / "relay" / name for name in ("machine.py", "plan.py")),
+    *(
+        AGENT / "corestore" / name
+        for name in ("routes.py", "shapes.py", "models.py", "service_models.py")
+    ),
     *(AGENT / "credentials" / name for name in ("hpke.py", "binding.py")),
     AGENT / "errors.py",
     AGENT / "secret.py",

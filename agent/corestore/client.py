@@ -32,6 +32,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from agent.clock import SYSTEM_CLOCK, Clock
+from agent.contracts.backup import ArchiveRetentionPolicy
+from agent.contracts.relay import DatabaseClosureDescriptor, ReplicationOption
 from agent.corestore import routes
 from agent.corestore.credentials import CredentialSource, NodeCredential
 from agent.corestore.models import (
@@ -46,6 +48,15 @@ from agent.corestore.models import (
 )
 from agent.corestore.routes import AnswerKind, RouteRequest, SupportsToWire
 from agent.corestore.sanitize import sanitize_code, sanitize_text
+from agent.corestore.service_models import (
+    ArchiveListing,
+    ArchivePruned,
+    ClosureChunkAccepted,
+    ClosureImportCommitted,
+    ClosureImportStatus,
+    ServiceBackupRecord,
+    ServiceRestored,
+)
 from agent.corestore.transport import CorestoreTimeouts, HttpTransport, Reply, check_credential
 from agent.errors import (
     CorestoreCredentialRejected,
@@ -263,6 +274,108 @@ class CorestoreClient:
         """
         return await self._delete(routes.build_delete_restore(restore_id, grant))
 
+    # --- the relay's service routes (bearer only) -------------------------------------------
+
+    async def service_backup(
+        self,
+        service_id: str,
+        backup_id: str,
+        *,
+        service: dict[str, Any],
+        tags: dict[str, str] | None = None,
+        replication: ReplicationOption | None = None,
+    ) -> ServiceBackupRecord:
+        """Back the service's resources up; the same body again answers the same record."""
+        request = routes.build_service_backup(
+            service_id, backup_id, service=service, tags=tags, replication=replication
+        )
+        return await self._ok(request, ServiceBackupRecord)
+
+    async def backup_record(self, service_id: str, backup_id: str) -> ServiceBackupRecord:
+        """Corestore's record of one backup of the service on this node."""
+        return await self._ok(
+            routes.build_backup_record(service_id, backup_id), ServiceBackupRecord
+        )
+
+    async def service_restore(
+        self, service_id: str, backup_id: str, snapshot_ids: list[str], *, clear: bool
+    ) -> ServiceRestored:
+        """Restore exactly these snapshots of the backup from the node's archive."""
+        request = routes.build_service_restore(service_id, backup_id, snapshot_ids, clear=clear)
+        return await self._ok(request, ServiceRestored)
+
+    async def archive_list(self) -> ArchiveListing | None:
+        """What the node's archive holds; None when the node has no archive."""
+        return await self._ok_or_none(routes.build_archive_list(), ArchiveListing)
+
+    async def archive_prune(
+        self, retention: ArchiveRetentionPolicy, *, dry_run: bool
+    ) -> ArchivePruned | None:
+        """Prune the node's archive (`dry_run`: only say what would go); None: no archive."""
+        request = routes.build_archive_prune(retention, dry_run=dry_run)
+        return await self._ok_or_none(request, ArchivePruned)
+
+    async def closure_descriptor(
+        self, service_id: str, backup_id: str
+    ) -> DatabaseClosureDescriptor:
+        """The descriptor of the backup's database closure: `{size, sha256, receipt, ...}`."""
+        request = routes.build_closure_descriptor(service_id, backup_id)
+        return await self._ok(request, DatabaseClosureDescriptor)
+
+    async def read_closure(
+        self, service_id: str, backup_id: str, offset: int, length: int
+    ) -> bytes:
+        """At most `length` bytes of the closure from `offset` (Corestore's bytes as sent: the
+        caller checks how many came and what they hash to)."""
+        request = routes.build_closure_read(service_id, backup_id, offset, length)
+        reply, credential = await self._send(request)
+        if self._judge(request, reply, credential) is not AnswerKind.OK:
+            raise self._refused(request, reply, credential)
+        return reply.body
+
+    async def open_closure_import(
+        self,
+        import_id: str,
+        *,
+        service_id: str,
+        backup_id: str,
+        descriptor: DatabaseClosureDescriptor,
+    ) -> ClosureImportStatus:
+        """Open an import for exactly the bytes `descriptor` names (Corestore checks the
+        receipt); an identical replay answers the import as it stands."""
+        request = routes.build_closure_import(
+            import_id, service_id=service_id, backup_id=backup_id, descriptor=descriptor
+        )
+        return await self._ok(request, ClosureImportStatus)
+
+    async def put_closure_chunk(
+        self, import_id: str, offset: int, data: bytes, sha256: str
+    ) -> ClosureChunkAccepted:
+        """Write one verified chunk of an import; `IntegrityError` if Corestore acknowledges
+        other bytes than these."""
+        request = routes.build_closure_import_chunk(import_id, offset, data, sha256)
+        answer = await self._ok(request, ClosureChunkAccepted)
+        if (answer.offset, answer.length, answer.sha256) != (offset, len(data), sha256):
+            raise IntegrityError(
+                f"Corestore acknowledged other bytes than the closure chunk at offset {offset}"
+            )
+        return answer
+
+    async def commit_closure_import(
+        self, import_id: str, size: int, sha256: str
+    ) -> ClosureImportCommitted:
+        """Re-hash the import and replace the service's database with it; `IntegrityError`
+        (the import is removed, the database unchanged) on a mismatch."""
+        request = routes.build_closure_import_commit(import_id, size, sha256)
+        answer = await self._ok(request, ClosureImportCommitted)
+        if (answer.size, answer.sha256) != (size, sha256):
+            raise IntegrityError("Corestore committed other bytes than the closure's")
+        return answer
+
+    async def abort_closure_import(self, import_id: str) -> DeleteOutcome:
+        """Drop an import (its bytes never touched the database)."""
+        return await self._delete(routes.build_closure_import_abort(import_id))
+
     # --- the edge -------------------------------------------------------------------------------
     # Frames that raise hold no revealed secret and no raw answer text as a local variable:
     # traceback renderers that show locals (structlog's default) would print them.
@@ -299,6 +412,11 @@ class CorestoreClient:
 
     async def _ok(self, request: RouteRequest, model: type[_M]) -> _M:
         reply, credential = await self._send(request)
+        return self._parsed(request, reply, credential, model)
+
+    def _parsed(
+        self, request: RouteRequest, reply: Reply, credential: Secret | None, model: type[_M]
+    ) -> _M:
         if self._judge(request, reply, credential) is not AnswerKind.OK:
             raise self._refused(request, reply, credential)
         try:
@@ -310,6 +428,12 @@ class CorestoreClient:
                 f"Corestore answered {request.spec.name} with a body of another shape ({where})",
                 httpStatus=reply.status,
             ) from None
+
+    async def _ok_or_none(self, request: RouteRequest, model: type[_M]) -> _M | None:
+        reply, credential = await self._send(request)
+        if self._judge(request, reply, credential) is AnswerKind.GONE:
+            return None
+        return self._parsed(request, reply, credential, model)
 
     async def _delete(self, request: RouteRequest) -> DeleteOutcome:
         reply, credential = await self._send(request)

@@ -1,4 +1,9 @@
-"""THE one place that knows Corestore's isolated-restore control routes (see docs/corestore-api.md).
+"""THE one place that knows Corestore's control routes (see docs/corestore-api.md).
+
+Two families: the isolated-restore routes (restore grant + bearer) and the service routes of
+the relay duties (bearer only): service backup and restore, the node archive (listing, prune),
+database closure export (descriptor, then ranged reads) and import (open, chunks, commit,
+abort).
 
 Pure: no I/O, no asyncio. `build_*` functions turn typed arguments into a `RouteRequest` (method,
 encoded path, query, body, the grant to carry); `parse_answer` turns a 2xx body into a small frozen
@@ -19,7 +24,9 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 
+from agent.contracts.backup import ArchiveRetentionPolicy
 from agent.contracts.base import first_problem
+from agent.contracts.relay import DatabaseClosureDescriptor, ReplicationOption
 from agent.corestore.models import (
     ArchiveManifest,
     ChunkAccepted,
@@ -34,6 +41,19 @@ from agent.corestore.models import (
     PrepareRestoreBody,
     ResourceStatus,
     VerificationAnswer,
+)
+from agent.corestore.service_models import (
+    ArchiveListing,
+    ArchivePruneBody,
+    ArchivePruned,
+    ClosureChunkAccepted,
+    ClosureImportBody,
+    ClosureImportCommitted,
+    ClosureImportStatus,
+    ServiceBackupBody,
+    ServiceBackupRecord,
+    ServiceRestoreBody,
+    ServiceRestored,
 )
 from agent.corestore.shapes import (
     MAX_CHUNK_SIZE,
@@ -56,6 +76,15 @@ __all__ = [
     "RouteRequest",
     "RouteSpec",
     "SupportsToWire",
+    "build_archive_list",
+    "build_archive_prune",
+    "build_backup_record",
+    "build_closure_descriptor",
+    "build_closure_import",
+    "build_closure_import_abort",
+    "build_closure_import_chunk",
+    "build_closure_import_commit",
+    "build_closure_read",
     "build_commit_object",
     "build_delete_object",
     "build_delete_resource",
@@ -67,6 +96,8 @@ __all__ = [
     "build_put_chunk",
     "build_resource_status",
     "build_restore_resource",
+    "build_service_backup",
+    "build_service_restore",
     "build_verify_resource",
     "classify_answer",
     "is_credential_refusal",
@@ -85,6 +116,10 @@ _RESTORE: Final = "/v1/isolated-restores/{restoreId}"
 _RESOURCE: Final = _RESTORE + "/resources/{mappingId}"
 _ARCHIVE: Final = "/v1/staging-archives/{stagingArchiveId}"
 _OBJECTS: Final = _ARCHIVE + "/objects"
+_SERVICE_BACKUP: Final = "/v1/services/{serviceId}/backups/{backupId}"
+_CLOSURE: Final = _SERVICE_BACKUP + "/closure"
+_NODE_ARCHIVE: Final = "/v1/archive"
+_IMPORT: Final = "/v1/database-closure-imports/{importId}"
 
 
 class RouteName(enum.StrEnum):
@@ -102,6 +137,17 @@ class RouteName(enum.StrEnum):
     VERIFY_RESOURCE = "verify-resource"
     DELETE_RESOURCE = "delete-resource"
     DELETE_RESTORE = "delete-restore"
+    SERVICE_BACKUP = "service-backup"
+    BACKUP_RECORD = "backup-record"
+    SERVICE_RESTORE = "service-restore"
+    ARCHIVE_LIST = "archive-list"
+    ARCHIVE_PRUNE = "archive-prune"
+    CLOSURE_DESCRIPTOR = "closure-descriptor"
+    CLOSURE_READ = "closure-read"
+    CLOSURE_IMPORT = "closure-import"
+    CLOSURE_IMPORT_CHUNK = "closure-import-chunk"
+    CLOSURE_IMPORT_COMMIT = "closure-import-commit"
+    CLOSURE_IMPORT_ABORT = "closure-import-abort"
 
 
 class AnswerKind(enum.Enum):
@@ -121,17 +167,18 @@ class RouteSpec:
     name: RouteName
     method: str
     template: str  # aiohttp-style path template
-    answer: type[BaseModel]
+    answer: type[BaseModel] | None  # None: the answer is raw bytes (a closure read)
     success: frozenset[int]
     idempotent: bool  # safe to resend after an unknown outcome: the client retries it
     grant: bool = True  # carries the restore grant
     authenticated: bool = True  # carries the bearer credential
     transfer: bool = False  # moves or hashes bulk bytes: uses the transfer timeout
-    gone_codes: frozenset[str] = frozenset()  # 404 codes meaning "already deleted"
+    gone_codes: frozenset[str] = frozenset()  # 404 codes meaning "already deleted"/"none"
+    answer_limit: int = MAX_ANSWER_BYTES  # the largest answer body the client reads
 
 
 def _spec(
-    name: RouteName, method: str, template: str, answer: type[BaseModel], **kw: Any
+    name: RouteName, method: str, template: str, answer: type[BaseModel] | None, **kw: Any
 ) -> tuple[RouteName, RouteSpec]:
     success = frozenset(kw.pop("success", (200,)))
     return name, RouteSpec(name, method, template, answer, success, **kw)
@@ -183,11 +230,65 @@ ROUTES: Final[Mapping[RouteName, RouteSpec]] = dict(
             RouteName.DELETE_RESTORE, "DELETE", _RESTORE, Deleted,
             idempotent=True, gone_codes=frozenset({"restore-not-found"}),
         ),
+        # --- the relay's service routes: the bearer only, no restore grant ---
+        # The same body answers the same record (201 the first time): a replay after a crash
+        # never makes a second backup; another body for the same ids is 409 backup-conflict.
+        _spec(
+            RouteName.SERVICE_BACKUP, "PUT", _SERVICE_BACKUP, ServiceBackupRecord,
+            success=(200, 201), idempotent=True, grant=False, transfer=True,
+        ),
+        _spec(
+            RouteName.BACKUP_RECORD, "GET", _SERVICE_BACKUP, ServiceBackupRecord,
+            idempotent=True, grant=False,
+        ),
+        _spec(
+            RouteName.SERVICE_RESTORE, "POST", _SERVICE_BACKUP + "/restore", ServiceRestored,
+            idempotent=True, grant=False, transfer=True,
+        ),
+        _spec(
+            RouteName.ARCHIVE_LIST, "GET", _NODE_ARCHIVE, ArchiveListing,
+            idempotent=True, grant=False, gone_codes=frozenset({"archive-not-found"}),
+        ),
+        # Idempotent: a second prune with the same retention finds nothing more to remove.
+        _spec(
+            RouteName.ARCHIVE_PRUNE, "POST", _NODE_ARCHIVE + "/prune", ArchivePruned,
+            idempotent=True, grant=False, transfer=True,
+            gone_codes=frozenset({"archive-not-found"}),
+        ),
+        _spec(
+            RouteName.CLOSURE_DESCRIPTOR, "GET", _CLOSURE, DatabaseClosureDescriptor,
+            idempotent=True, grant=False,
+        ),
+        _spec(
+            RouteName.CLOSURE_READ, "GET", _CLOSURE + "/bytes", None,
+            idempotent=True, grant=False, transfer=True, answer_limit=MAX_CHUNK_SIZE,
+        ),
+        _spec(
+            RouteName.CLOSURE_IMPORT, "PUT", _IMPORT, ClosureImportStatus,
+            success=(200, 201), idempotent=True, grant=False,
+        ),
+        _spec(
+            RouteName.CLOSURE_IMPORT_CHUNK, "PUT", _IMPORT + "/chunks", ClosureChunkAccepted,
+            idempotent=True, grant=False, transfer=True,
+        ),
+        # Not retried, like commit-object: a mismatch removes the import, and the re-hash of a
+        # large closure may outlast the timeout; after an unknown outcome the caller asks the
+        # import's state (`closure-import`: `committed` = done).
+        _spec(
+            RouteName.CLOSURE_IMPORT_COMMIT, "POST", _IMPORT + "/commit", ClosureImportCommitted,
+            idempotent=False, grant=False, transfer=True,
+        ),
+        _spec(
+            RouteName.CLOSURE_IMPORT_ABORT, "DELETE", _IMPORT, Deleted,
+            idempotent=True, grant=False, gone_codes=frozenset({"import-not-found"}),
+        ),
     ]
 )  # fmt: skip
 
 # 422 codes for bytes that do not match their digest: the sender may resend them.
-_INTEGRITY_CODES: Final = frozenset({"chunk-digest-mismatch", "object-digest-mismatch"})
+_INTEGRITY_CODES: Final = frozenset(
+    {"chunk-digest-mismatch", "object-digest-mismatch", "closure-digest-mismatch"}
+)
 
 
 class SupportsToWire(Protocol):
@@ -384,6 +485,147 @@ def build_delete_restore(restore_id: str, grant: Secret) -> RouteRequest:
     """`DELETE /v1/isolated-restores/{restoreId}`: forget the prepared restore (the last step)."""
     path = _path(_RESTORE, restoreId=restore_id)
     return _request(RouteName.DELETE_RESTORE, grant, path)
+
+
+# --- the relay's service routes -----------------------------------------------------------------
+
+
+def _body_of(name: RouteName, build: Any) -> bytes:
+    try:
+        model: BaseModel = build()
+    except ValidationError as exc:
+        field, reason = first_problem(exc, root="body")
+        raise LocalProtocolError(f"{name} body is invalid: {field}: {reason}") from exc
+    return _json(model)
+
+
+def _service_path(template: str, service_id: str, backup_id: str) -> str:
+    return _path(template, serviceId=service_id, backupId=backup_id)
+
+
+def build_service_backup(
+    service_id: str,
+    backup_id: str,
+    *,
+    service: Mapping[str, Any],
+    tags: Mapping[str, str] | None,
+    replication: ReplicationOption | None,
+) -> RouteRequest:
+    """`PUT /v1/services/{serviceId}/backups/{backupId}`: back the service's resources up."""
+    name = RouteName.SERVICE_BACKUP
+    body = _body_of(
+        name,
+        lambda: ServiceBackupBody(
+            service=dict(service),
+            tags=None if tags is None else dict(tags),
+            replication=replication,
+        ),
+    )
+    path = _service_path(_SERVICE_BACKUP, service_id, backup_id)
+    return _request(name, None, path, body=body, content_type="application/json")
+
+
+def build_backup_record(service_id: str, backup_id: str) -> RouteRequest:
+    """`GET /v1/services/{serviceId}/backups/{backupId}`: Corestore's record of the backup."""
+    path = _service_path(_SERVICE_BACKUP, service_id, backup_id)
+    return _request(RouteName.BACKUP_RECORD, None, path)
+
+
+def build_service_restore(
+    service_id: str, backup_id: str, snapshot_ids: list[str], *, clear: bool
+) -> RouteRequest:
+    """`POST .../backups/{backupId}/restore`: restore exactly these snapshots from the archive."""
+    name = RouteName.SERVICE_RESTORE
+    body = _body_of(name, lambda: ServiceRestoreBody(snapshot_ids=snapshot_ids, clear=clear))
+    path = _service_path(ROUTES[name].template, service_id, backup_id)
+    return _request(name, None, path, body=body, content_type="application/json")
+
+
+def build_archive_list() -> RouteRequest:
+    """`GET /v1/archive`: the backups the node's archive holds (404 archive-not-found: none)."""
+    return _request(RouteName.ARCHIVE_LIST, None, _NODE_ARCHIVE)
+
+
+def build_archive_prune(retention: ArchiveRetentionPolicy, *, dry_run: bool) -> RouteRequest:
+    """`POST /v1/archive/prune` (404 archive-not-found: the node has no archive)."""
+    name = RouteName.ARCHIVE_PRUNE
+    body = _body_of(name, lambda: ArchivePruneBody(retention=retention, dry_run=dry_run))
+    return _request(name, None, ROUTES[name].template, body=body, content_type="application/json")
+
+
+def build_closure_descriptor(service_id: str, backup_id: str) -> RouteRequest:
+    """`GET .../backups/{backupId}/closure`: the database closure's descriptor."""
+    path = _service_path(_CLOSURE, service_id, backup_id)
+    return _request(RouteName.CLOSURE_DESCRIPTOR, None, path)
+
+
+def build_closure_read(service_id: str, backup_id: str, offset: int, length: int) -> RouteRequest:
+    """`GET .../closure/bytes?offset=N&length=L`: at most `length` bytes from `offset` (fewer
+    only at the end of the closure, none at or past it)."""
+    if offset < 0 or not 0 < length <= MAX_CHUNK_SIZE:
+        raise LocalProtocolError(
+            f"a closure read is offset >= 0 and 1 to {MAX_CHUNK_SIZE} bytes, not {offset}+{length}"
+        )
+    name = RouteName.CLOSURE_READ
+    path = _service_path(ROUTES[name].template, service_id, backup_id)
+    return _request(name, None, path, query={"offset": str(offset), "length": str(length)})
+
+
+def build_closure_import(
+    import_id: str,
+    *,
+    service_id: str,
+    backup_id: str,
+    descriptor: DatabaseClosureDescriptor,
+) -> RouteRequest:
+    """`PUT /v1/database-closure-imports/{importId}`: open an import for exactly these bytes."""
+    name = RouteName.CLOSURE_IMPORT
+    body = _body_of(
+        name,
+        lambda: ClosureImportBody(
+            service_id=service_id,
+            backup_id=backup_id,
+            size=descriptor.size,
+            sha256=descriptor.sha256,
+            receipt=descriptor.receipt,
+        ),
+    )
+    path = _path(_IMPORT, importId=import_id)
+    return _request(name, None, path, body=body, content_type="application/json")
+
+
+def build_closure_import_chunk(
+    import_id: str, offset: int, data: bytes, sha256: str
+) -> RouteRequest:
+    """`PUT .../{importId}/chunks?offset=N`: one chunk, its sha256 in the chunk header."""
+    if not 0 < len(data) <= MAX_CHUNK_SIZE:
+        raise LocalProtocolError(f"a chunk holds 1 to {MAX_CHUNK_SIZE} bytes, not {len(data)}")
+    if offset < 0:
+        raise LocalProtocolError(f"a chunk offset is >= 0, not {offset}")
+    check_sha256(sha256, "chunk sha256")
+    name = RouteName.CLOSURE_IMPORT_CHUNK
+    return _request(
+        name,
+        None,
+        _path(ROUTES[name].template, importId=import_id),
+        query={"offset": str(offset)},
+        body=bytes(data),
+        content_type="application/octet-stream",
+        chunk_sha256=sha256,
+    )
+
+
+def build_closure_import_commit(import_id: str, size: int, sha256: str) -> RouteRequest:
+    """`POST .../{importId}/commit` with `{size, sha256}`: re-hash, then replace the database."""
+    name = RouteName.CLOSURE_IMPORT_COMMIT
+    body = _body_of(name, lambda: CommitObjectBody(size=size, sha256=sha256))
+    path = _path(ROUTES[name].template, importId=import_id)
+    return _request(name, None, path, body=body, content_type="application/json")
+
+
+def build_closure_import_abort(import_id: str) -> RouteRequest:
+    """`DELETE /v1/database-closure-imports/{importId}`: drop the import; the database stays."""
+    return _request(RouteName.CLOSURE_IMPORT_ABORT, None, _path(_IMPORT, importId=import_id))
 
 
 # --- answers ------------------------------------------------------------------------------------

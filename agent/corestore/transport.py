@@ -251,10 +251,10 @@ async def _read(response: aiohttp.ClientResponse, request: RouteRequest) -> byte
     body = bytearray()
     async for piece in response.content.iter_chunked(64 * 1024):
         body += piece
-        if len(body) > routes.MAX_ANSWER_BYTES:
+        if len(body) > request.spec.answer_limit:
             body.clear()  # foreign text out of this frame before it appears in a traceback
             raise CorestoreRefused(
                 f"Corestore answered {request.spec.name} with more than "
-                f"{routes.MAX_ANSWER_BYTES} bytes"
+                f"{request.spec.answer_limit} bytes"
             )
     return bytes(body)

@@ -5,18 +5,21 @@ of JSON; `orjson.loads` builds a million-int list that `bytes()` then walks. Her
 array is handed to simdjson, which writes it into a uint64 buffer without creating Python ints,
 and the small rest of the frame goes to orjson with the array spliced out.
 
-The result is the object `orjson.loads(frame)` would give, except that `request.chunkData` is a
-`DecodedBuffer` holding the bytes the int list stands for. Every step is checked and anything
+The result is the object `orjson.loads(frame)` would give, except that the `chunkData` of
+`request` (a chunk we receive as a responder) or of `response` (the answer to a `read` we sent
+as the initiator reading a stream) is a `DecodedBuffer` holding the bytes the int list stands
+for. Every step is checked and anything
 unexpected returns `None`, so the caller takes the plain orjson path:
 - the array is the first raw `"chunkData":{"type":"Buffer","data":[`; its opening quote is not
   preceded by a backslash, so it opens a key (an unescaped quote inside a string is invalid
   JSON), and the array ends at the first `]` (an int array holds none; anything nested makes
   the slice invalid JSON, which simdjson rejects);
 - simdjson must read the slice as unsigned integers, each 0..255;
-- the rest is parsed twice, with `[]` and with `[0]` spliced in: `request.chunkData.data` must
-  follow the splice, which proves the spliced array is the one the frame's `request.chunkData`
-  resolves to (not another object with the same text, nor one hidden by a duplicate key). This
-  check alone settles where the array sits; the backslash test above is a cheap early exit.
+- the rest is parsed twice, with `[]` and with `[0]` spliced in: `request.chunkData.data` (or
+  `response.chunkData.data`) must follow the splice, which proves the spliced array is the one
+  the frame's `chunkData` resolves to (not another object with the same text, nor one hidden by
+  a duplicate key). This check alone settles where the array sits; the backslash test above is
+  a cheap early exit.
 
 Without simdjson installed (`simdjson` is `None`) the fast path is off.
 """
@@ -49,7 +52,7 @@ _local = threading.local()  # a simdjson parser is not thread-safe; reusing one 
 
 
 def decode_buffer_frame(frame: bytes, method: str) -> dict[str, Any] | None:
-    """`orjson.loads(frame)` with `request.chunkData` as a `DecodedBuffer`, or `None`.
+    """`orjson.loads(frame)` with its `chunkData` as a `DecodedBuffer`, or `None`.
 
     `None` means the fast path does not apply (or simdjson is missing): parse with orjson.
     Only frames whose `method` equals `method` are decoded.
@@ -71,10 +74,11 @@ def decode_buffer_frame(frame: bytes, method: str) -> dict[str, Any] | None:
     probe = _loads(head + b"[0]" + tail)
     if obj is None or probe is None or obj.get("method") != method:
         return None
-    if _chunk_data(obj) != _EMPTY or _chunk_data(probe) != _PROBE:
-        return None
-    obj["request"]["chunkData"] = DecodedBuffer(data)
-    return obj
+    for side in ("request", "response"):
+        if _chunk_data(obj, side) == _EMPTY and _chunk_data(probe, side) == _PROBE:
+            obj[side]["chunkData"] = DecodedBuffer(data)
+            return obj
+    return None
 
 
 def _byte_array(lib: ModuleType, text: bytes) -> bytes | None:
@@ -120,6 +124,6 @@ def _loads(text: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _chunk_data(obj: dict[str, Any]) -> Any:
-    request = obj.get("request")
-    return request.get("chunkData") if isinstance(request, dict) else None
+def _chunk_data(obj: dict[str, Any], side: str) -> Any:
+    package = obj.get(side)
+    return package.get("chunkData") if isinstance(package, dict) else None

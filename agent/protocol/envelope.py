@@ -110,7 +110,8 @@ def parse_frame(frame: bytes | str) -> dict[str, Any]:
     """The JSON object of one text frame; raises `RemoteProtocolError` if it is none.
 
     A `##VirtualStream##` frame in bytes with a Buffer-form chunk comes back with
-    `request.chunkData` as a `DecodedBuffer` (see `chunk_frames`); `decode_chunk` reads it.
+    its `chunkData` (in `request` or `response`) as a `DecodedBuffer` (see `chunk_frames`);
+    `decode_chunk` reads it.
     """
     if isinstance(frame, bytes):
         fast = decode_buffer_frame(frame, STREAM_METHOD)

@@ -89,7 +89,7 @@ from agent.errors import (
 from agent.log import scrub_text
 from agent.observe import NULL_OBSERVER, PeerObserver, SessionObserver
 from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
+from agent.protocol.routes import ByteSink, ByteSource, RequestContext, Route, Routes
 from agent.retry import Backoff
 from agent.secret import MASK, Secret
 from agent.session.faults import HINTS, Fault, Outage, Report, ReportKind, classify
@@ -256,6 +256,11 @@ class CloudlySession:
                 reader.exception()  # SessionClosed: the end of every peer run
         assert self._view is not None  # _read_cluster published it
         return self._view
+
+    def receive_stream(self, marker: StreamMarker) -> ByteSource:
+        """Read the stream whose marker came in the response to one of our calls (on the
+        current connection; stop early with `aclose()`)."""
+        return self._live_peer().receive_stream(marker)
 
     def stop(self) -> None:
         """Close the socket (1001) and end `run()`, without draining."""

@@ -15,6 +15,13 @@ Tables (version 1):
 - `staged_chunk`: resumable staging progress, one row per chunk written to Corestore.
 - `staged_object`: objects proven complete (size and sha256 checked).
 
+Version 2 adds `relay_job`: one row per relay backup or restore, keyed by (cluster_id, node_id,
+kind, backup_id, service_id). `status` one of `agent.relay.machine.JOB_STATUSES`, `revision` >= 1
+(advanced by every move of the job table), `request_digest` the canonical digest of the request
+that owns the key, `result_json` the recorded outcome (`{"response", "report"}` once succeeded,
+`{"error"}` once failed, NULL while running), `attempts` how many times the work started,
+`created_at`/`updated_at` in epoch milliseconds.
+
 SQL only, no Python values: the status list is written out, not generated, so that changing
 the state machine can never silently rewrite a released migration.
 """
@@ -80,7 +87,27 @@ CREATE TABLE staged_object (
 ) WITHOUT ROWID;
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1,)
+_V2: Final = """
+CREATE TABLE relay_job (
+    cluster_id     TEXT    NOT NULL CHECK (length(cluster_id) > 0),
+    node_id        TEXT    NOT NULL CHECK (length(node_id) > 0),
+    kind           TEXT    NOT NULL CHECK (kind IN ('backup', 'restore')),
+    backup_id      TEXT    NOT NULL CHECK (length(backup_id) > 0),
+    service_id     TEXT    NOT NULL CHECK (length(service_id) > 0),
+    revision       INTEGER NOT NULL CHECK (typeof(revision) = 'integer' AND revision >= 1),
+    status         TEXT    NOT NULL CHECK (status IN ('running', 'succeeded', 'failed')),
+    request_digest TEXT    NOT NULL CHECK (length(request_digest) = 64),
+    result_json    TEXT,
+    attempts       INTEGER NOT NULL CHECK (typeof(attempts) = 'integer' AND attempts >= 1),
+    created_at     INTEGER NOT NULL,
+    updated_at     INTEGER NOT NULL,
+    PRIMARY KEY (cluster_id, node_id, kind, backup_id, service_id)
+) WITHOUT ROWID;
+
+CREATE INDEX relay_job_by_status ON relay_job (status);
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2)
 """Ordered; index `i` upgrades version `i` to `i + 1`."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

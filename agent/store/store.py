@@ -50,8 +50,10 @@ from agent.errors import (
     StoreError,
 )
 from agent.observe import NULL_OBSERVER, StoreObserver
+from agent.relay.machine import JobOp, JobStatus
 from agent.restore.machine import IN_FLIGHT, Op, sources
 from agent.restore.state import PreparedPlan
+from agent.store import jobs
 from agent.store.codec import (
     check_count,
     check_path,
@@ -61,6 +63,7 @@ from agent.store.codec import (
     is_sha256,
     to_stored,
 )
+from agent.store.jobs import JobKey, StoredJob
 from agent.store.records import ChunkRecord, ObjectRecord, RestoreKey, StoredState
 from agent.store.startup import open_database
 
@@ -403,6 +406,42 @@ class RevisionStore:
             await db.execute_fetchall(
                 f"DELETE FROM staged_chunk WHERE {_KEY_WHERE} AND object_path = :path",  # noqa: S608
                 params,
+            )
+
+    # --- relay jobs (agent.relay; the SQL lives in jobs.py) ------------------------------------
+
+    async def get_job(self, key: JobKey) -> StoredJob | None:
+        """The relay job stored under `key`, or None."""
+        async with self._connection() as db:
+            return await jobs.get_job(db, key)
+
+    async def list_jobs(self, status: JobStatus | None = None) -> list[StoredJob]:
+        """Every relay job (or those in `status`), oldest change first."""
+        async with self._connection() as db:
+            return await jobs.list_jobs(db, status)
+
+    async def move_job(
+        self,
+        key: JobKey,
+        *,
+        op: JobOp,
+        expected_revision: int,
+        digest: str,
+        result: dict[str, Any] | None = None,
+    ) -> StoredJob:
+        """Apply `op` to the relay job at `expected_revision` (one transaction), or raise
+        `RevisionConflict`/`IllegalTransition` and change nothing."""
+        if not is_sha256(digest):
+            raise InvalidState("a job digest must be 64 lower-case hex characters")
+        async with self._connection() as db:
+            return await jobs.move_job(
+                db,
+                key,
+                op=op,
+                expected_revision=expected_revision,
+                digest=digest,
+                now=self._now_ms(),
+                result=result,
             )
 
     # --- plumbing ---------------------------------------------------------------------------

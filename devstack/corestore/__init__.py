@@ -14,7 +14,8 @@ Standalone (for the demo and crash tests; the bearer is read from a file, never 
 prints one JSON line `{"url": "http://127.0.0.1:P"}` once it listens, and stops on SIGTERM or
 SIGINT. What it checks and what it does not (it does not verify the grant's signature) is in
 docs/corestore-api.md. Modules: `storage` (prepared restores, staging objects), `scratch`
-(restored resources), `server` (HTTP, auth, faults), `faults` (switchable faults).
+(restored resources), `services` (service data, the node archive, database closures; its HTTP
+handlers in `service_routes`), `server` (HTTP, auth, faults), `faults` (switchable faults).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from agent.secret import Secret
 from devstack.corestore.faults import FaultRule, Faults
 from devstack.corestore.scratch import Scratch
 from devstack.corestore.server import Bearer, Jobs, create_app
+from devstack.corestore.services import Services
 from devstack.corestore.storage import Storage
 
 __all__ = ["Bearer", "CorestoreHandle", "FaultRule", "Faults", "start"]
@@ -43,6 +45,11 @@ class CorestoreHandle:
     faults: Faults
     bearer: Bearer  # the accepted control credential; `bearer.set()` rotates it
     _runner: web.AppRunner
+
+    @property
+    def services(self) -> Services:
+        """The service data, archive and closure imports on this Corestore's disk."""
+        return Services(self.data_dir)
 
     async def stop(self) -> None:
         """Stop listening, cancel running restores, close open connections."""

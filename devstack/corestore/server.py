@@ -35,14 +35,16 @@ from agent.errors import CorestoreRefused
 from agent.secret import Secret
 from devstack.corestore.faults import Faults
 from devstack.corestore.scratch import Scratch
+from devstack.corestore.service_routes import TRUNCATE, service_handlers
+from devstack.corestore.services import Services
 from devstack.corestore.storage import Storage, refuse
 
 __all__ = ["Bearer", "Jobs", "create_app"]
 
 _log = structlog.get_logger("devstack.corestore")
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# How many bytes of the body the "truncate" fault drops.
-_TRUNCATE = web.RequestKey("truncate", int)
+# How many bytes of the body the "truncate" fault drops (of a closure read: of the answer).
+_TRUNCATE = TRUNCATE
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -140,7 +142,12 @@ async def _until_either(first: asyncio.Event, second: asyncio.Event) -> None:
 
 
 def create_app(
-    storage: Storage, scratch: Scratch, jobs: Jobs, faults: Faults, bearer: Bearer
+    storage: Storage,
+    scratch: Scratch,
+    jobs: Jobs,
+    faults: Faults,
+    bearer: Bearer,
+    services: Services | None = None,
 ) -> web.Application:
     """The reference Corestore as an aiohttp application."""
     stopping = asyncio.Event()
@@ -194,7 +201,8 @@ def create_app(
         await jobs.close()
 
     app = web.Application(middlewares=[control], client_max_size=MAX_CHUNK_SIZE + 64 * 1024)
-    handlers = _Handlers(storage, scratch, jobs).by_route()
+    services = services if services is not None else Services(storage.root)
+    handlers = _Handlers(storage, scratch, jobs).by_route() | service_handlers(services)
     for name, spec in routes.ROUTES.items():
         app.router.add_route(spec.method, spec.template, handlers[name])
     app.on_shutdown.append(on_shutdown)

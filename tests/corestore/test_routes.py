@@ -163,16 +163,45 @@ def test_prepare_body_is_checked_before_sending(
         )
 
 
-def test_only_commit_is_not_retried() -> None:
-    """Every route is idempotent except the commit, whose mismatch removes the object."""
+def test_only_the_commits_are_not_retried() -> None:
+    """Every route is idempotent except the two commits, whose mismatch removes what they
+    would commit (a staging object, a closure import)."""
     not_idempotent = {name for name, spec in ROUTES.items() if not spec.idempotent}
-    assert not_idempotent == {RouteName.COMMIT_OBJECT}
+    assert not_idempotent == {RouteName.COMMIT_OBJECT, RouteName.CLOSURE_IMPORT_COMMIT}
+
+
+SERVICE_ROUTES = {
+    RouteName.SERVICE_BACKUP,
+    RouteName.BACKUP_RECORD,
+    RouteName.SERVICE_RESTORE,
+    RouteName.ARCHIVE_LIST,
+    RouteName.ARCHIVE_PRUNE,
+    RouteName.CLOSURE_DESCRIPTOR,
+    RouteName.CLOSURE_READ,
+    RouteName.CLOSURE_IMPORT,
+    RouteName.CLOSURE_IMPORT_CHUNK,
+    RouteName.CLOSURE_IMPORT_COMMIT,
+    RouteName.CLOSURE_IMPORT_ABORT,
+}
 
 
 def test_only_health_is_unauthenticated() -> None:
-    """Every control route needs the bearer and the grant; health needs neither."""
-    open_routes = {n for n, s in ROUTES.items() if not s.authenticated or not s.grant}
-    assert open_routes == {RouteName.HEALTH}
+    """Every control route needs the bearer; health does not."""
+    unauthenticated = {n for n, s in ROUTES.items() if not s.authenticated}
+    assert unauthenticated == {RouteName.HEALTH}
+
+
+def test_the_isolated_restore_routes_and_only_they_carry_the_grant() -> None:
+    """The relay's service routes carry no restore grant (their requests have none); every
+    isolated-restore route does; health does not."""
+    without_grant = {n for n, s in ROUTES.items() if not s.grant}
+    assert without_grant == SERVICE_ROUTES | {RouteName.HEALTH}
+
+
+def test_only_the_closure_read_answers_raw_bytes_up_to_a_chunk() -> None:
+    """Every answer is a small JSON document except a closure read (bytes, one chunk at most)."""
+    raw = {n: s.answer_limit for n, s in ROUTES.items() if s.answer is None}
+    assert raw == {RouteName.CLOSURE_READ: MAX_CHUNK_SIZE}
 
 
 @pytest.mark.parametrize(

@@ -156,9 +156,15 @@ class Stack:
         }
 
     @asynccontextmanager
-    async def agent(self, **corestore: Any) -> AsyncIterator[AgentStatus]:
-        """The real agent in-process (`agent.app.run`), connected; stopped in order on exit."""
-        config = Config.model_validate(self.config_data(**corestore))
+    async def agent(
+        self, *, streams: dict[str, Any] | None = None, **corestore: Any
+    ) -> AsyncIterator[AgentStatus]:
+        """The real agent in-process (`agent.app.run`), connected; stopped in order on exit.
+        `streams` is its `[streams]` section (the default when None)."""
+        data = self.config_data(**corestore)
+        if streams is not None:
+            data["streams"] = streams
+        config = Config.model_validate(data)
         status, stop = AgentStatus(), asyncio.Event()
         async with asyncio.TaskGroup() as group:
             group.create_task(
@@ -308,7 +314,12 @@ async def stack(tmp_path: Path, chunk_form: str) -> AsyncIterator[Stack]:
     corestore.faults.hits = hits
     document = cluster_document(CLUSTER, {NODE: corestore.url})
     settings = stand_in_settings("base64" if chunk_form == "base64" else "buffer")
-    cloudly = StandInCloudly(token=TOKEN, cluster=document, peer_settings=settings)
+    cloudly = StandInCloudly(
+        token=TOKEN,
+        cluster=document,
+        peer_settings=settings,
+        closures_dir=tmp_path / "cloudly-closures",
+    )
     await cloudly.start()
     stack = Stack(tmp_path, corestore, cloudly, hits, tmp_path / "state")
     try:

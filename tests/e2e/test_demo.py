@@ -52,6 +52,22 @@ def test_the_demo_restores_verifies_and_cleans_up_leaving_nothing_behind(
     assert not Path(events[0]["workdir"]).exists()
 
 
+def test_the_demo_backs_a_service_up_and_restores_its_database_byte_identical(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The closure goes to the stand-in Cloudly and comes back into a fresh database with the
+    same sha256, with progress lines both ways."""
+    code = demo.main(["--size", "1k", "--closure-size", "3MiB", "--json"])
+    out, err = capsys.readouterr()
+    events = {event["event"]: event for event in _events(out)}
+    assert (code, err) == (0, "")
+    assert events["backed-up"]["snapshots"] == ["database", "objectstorage"]
+    assert events["restored"]["sha256"] == events["backed-up"]["sha256"]
+    assert events["summary"]["closure_bytes"] == 3 * 1024 * 1024
+    directions = {e["direction"] for e in _events(out) if e["event"] == "closure-progress"}
+    assert directions == {"received", "served"}
+
+
 def test_the_demo_keeps_its_directory_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
     """`--keep` leaves the directory (config, the 0600 machine token and recipient key, the agent
     log) and says where; by default no Corestore credential file exists: it came sealed."""

@@ -8,7 +8,7 @@
 // line is {"event":"listening","port":N,...}; then one JSON command per stdin line, one reply per
 // stdout line. The methods served and the commands are listed in README.md.
 
-import { randomBytes } from 'node:crypto';
+import { createHmac, randomBytes } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import { createServer } from 'node:http';
 import { parseArgs } from 'node:util';
@@ -34,6 +34,7 @@ const { values: args } = parseArgs({
     'log-file': { type: 'string' },
     'trace-file': { type: 'string' },
     'frame-log': { type: 'string', default: '2000' },
+    'closure-bytes': { type: 'string', default: '4096' },
   },
 });
 if (!args.token) {
@@ -45,6 +46,7 @@ const clusterId = args['cluster-id'];
 const userId = args['user-id'] ?? `${clusterId}-machine-user`;
 const jwtTtlMs = Number(args['jwt-ttl-ms']);
 const frameLogCap = Number(args['frame-log']);
+const closureBytes = Number(args['closure-bytes']);
 const trace = args['trace-file'] ? createWriteStream(args['trace-file'], { flags: 'a' }) : null;
 
 let clusterConfig = {
@@ -214,6 +216,20 @@ function installHandlers(router, peer) {
     const { backupId, serviceId, nodeId, descriptor } = request;
     receiveStreams('backupServiceDatabaseClosure', request, peer, { backupId, serviceId, nodeId, descriptor });
     return { accepted: true };
+  });
+  // Cloudly -> relay: answers the descriptor of deterministic bytes (seed `${backupId}/${serviceId}`,
+  // `closureBytes` long, 4096 by default) with a receipt the reference Corestore accepts, and a
+  // VirtualStream in the response. typedrequest 3.3.0 cannot serve that stream (no `read`): the
+  // agent is expected to fail fast. Recorded in `calls` like every request.
+  serve('restoreServiceDatabaseClosure', async ({ backupId, serviceId }) => {
+    const data = deterministicBytes(`${backupId}/${serviceId}`, closureBytes);
+    const sha256 = sha256Hex(data);
+    const mac = createHmac('sha256', 'reference-corestore-receipt-key')
+      .update(`${serviceId}\n${backupId}\n${data.length}\n${sha256}`)
+      .digest('hex');
+    const closure = new VirtualStream();
+    feedStream(closure, data, { chunkSize: 65536 }).catch(() => {});
+    return { descriptor: { size: data.length, sha256, receipt: { issuer: 'reference-corestore', mac } }, closure };
   });
   // any method set with the `handle` command that has no built-in handler
   for (const method of overrides.keys()) addOverrideHandler(router, method);

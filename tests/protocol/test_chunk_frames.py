@@ -40,13 +40,14 @@ def fast(frame: bytes) -> dict[str, Any] | None:
     return chunk_frames.decode_buffer_frame(frame, STREAM_METHOD)
 
 
-def assert_same_as_orjson(frame: bytes) -> bytes:
-    """The fast path applies and equals orjson's reading; returns the decoded chunk."""
+def assert_same_as_orjson(frame: bytes, side: str = "request") -> bytes:
+    """The fast path applies and equals orjson's reading; returns the decoded chunk (the
+    `chunkData` of `side`)."""
     got = fast(frame)
     assert got is not None, "fast path did not apply"
     want = orjson.loads(frame)
-    got_chunk = got["request"].pop("chunkData")
-    want_chunk = want["request"].pop("chunkData")
+    got_chunk = got[side].pop("chunkData")
+    want_chunk = want[side].pop("chunkData")
     assert isinstance(got_chunk, DecodedBuffer)
     assert got == want
     decoded = decode_chunk(got_chunk)
@@ -131,11 +132,20 @@ def test_pattern_in_a_later_nested_object_keeps_its_ints() -> None:
     assert assert_same_as_orjson(frame) == b"\x07"
 
 
-def test_pattern_outside_request_falls_back() -> None:
-    """A Buffer chunkData that is not `request.chunkData` leaves the frame to orjson."""
+def test_the_chunk_of_a_read_answer_is_decoded_like_orjson() -> None:
+    """`response.chunkData` (the answer to a `read` we sent) takes the fast path too."""
     frame = (
-        b'{"method":"##VirtualStream##","response":{"chunkData":{"type":"Buffer","data":[1]}},'
-        b'"request":null}'
+        b'{"method":"##VirtualStream##","response":{"chunkData":{"type":"Buffer","data":[1,2]}},'
+        b'"request":{"mainPurpose":"read"}}'
+    )
+    assert assert_same_as_orjson(frame, "response") == b"\x01\x02"
+
+
+def test_pattern_outside_request_and_response_falls_back() -> None:
+    """A Buffer chunkData under neither `request` nor `response` leaves the frame to orjson."""
+    frame = (
+        b'{"method":"##VirtualStream##","other":{"chunkData":{"type":"Buffer","data":[1]}},'
+        b'"request":null,"response":null}'
     )
     assert_falls_back(frame)
 

@@ -1,0 +1,165 @@
+"""Body shapes of Corestore's service routes: backup, restore, archive, database closures.
+
+Pure pydantic, camelCase on the wire (the `WireModel` conventions), as `models.py` is for the
+isolated-restore routes. Request bodies are exact; answers ignore fields a newer Corestore adds,
+except where a document passes through (`ServiceSnapshot`: Cloudly receives it verbatim and
+sends it back in a restore request, so nothing of it may be dropped). docs/corestore-api.md
+shows them as JSON.
+
+What the agent uses of an answer, exactly: a snapshot's `type` and `snapshotId` (the id the
+restore route takes), `uncaptured` (logged and recorded), an archive prune's `result`, an
+import's `state`/`verifiedBytes`, and a closure descriptor's `size`, `sha256` and `receipt`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, JsonValue
+
+from agent.contracts.backup import (
+    ArchivePruneResult,
+    ArchiveRetentionPolicy,
+    BackupReplicationResult,
+    BackupResourceType,
+    BackupUncapturedResource,
+    Sha256Hex,
+)
+from agent.contracts.base import NonNegativeSafeInt, PassThroughModel, PathSegmentId, WireModel
+from agent.contracts.relay import ReplicationOption
+
+__all__ = [
+    "ArchiveListing",
+    "ArchivePruneBody",
+    "ArchivePruned",
+    "ArchivedBackup",
+    "ClosureChunkAccepted",
+    "ClosureImportBody",
+    "ClosureImportCommitted",
+    "ClosureImportStatus",
+    "ServiceBackupBody",
+    "ServiceBackupRecord",
+    "ServiceRestoreBody",
+    "ServiceRestored",
+    "ServiceSnapshot",
+]
+
+
+class _Answer(WireModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# --- request bodies -----------------------------------------------------------------------------
+
+
+class ServiceBackupBody(WireModel):
+    """Body of `PUT /v1/services/{serviceId}/backups/{backupId}`: the `IService` document as
+    Cloudly sent it (Corestore reads the resources it declares), tags and replication."""
+
+    service: dict[str, Any]
+    tags: dict[str, str] | None = None
+    replication: ReplicationOption | None = None
+
+
+class ServiceRestoreBody(WireModel):
+    """Body of `POST .../backups/{backupId}/restore`: exactly these snapshots, in this order."""
+
+    snapshot_ids: list[PathSegmentId] = Field(min_length=1)
+    clear: bool
+
+
+class ArchivePruneBody(WireModel):
+    """Body of `POST /v1/archive/prune`."""
+
+    retention: ArchiveRetentionPolicy
+    dry_run: bool
+
+
+class ClosureImportBody(WireModel):
+    """Body of `PUT /v1/database-closure-imports/{importId}`: the descriptor the bytes must
+    match, and whose service database they replace once committed."""
+
+    service_id: PathSegmentId
+    backup_id: PathSegmentId
+    size: NonNegativeSafeInt
+    sha256: Sha256Hex
+    receipt: JsonValue
+
+
+# --- answers ------------------------------------------------------------------------------------
+
+
+class ServiceSnapshot(PassThroughModel):
+    """One `TBackupSnapshot` as Corestore made it: `type` and `snapshotId` read, the rest kept
+    verbatim (nulls included)."""
+
+    type: BackupResourceType
+    snapshot_id: PathSegmentId
+
+
+class ServiceBackupRecord(_Answer):
+    """Corestore's record of one service backup on its node (also the backup's answer).
+
+    `uncaptured` names each resource the service declares that the backup did not capture
+    (seed 002's `TBackupUncapturedResource`): a record with any is an `incomplete` backup.
+    """
+
+    service_id: str
+    backup_id: str
+    created_at: NonNegativeSafeInt
+    snapshots: list[ServiceSnapshot]
+    uncaptured: list[BackupUncapturedResource] = Field(default_factory=list)
+    replication: BackupReplicationResult | None = None
+
+
+class ServiceRestored(_Answer):
+    """The snapshots Corestore restored, in the order restored."""
+
+    restored: list[ServiceSnapshot]
+
+
+class ArchivedBackup(_Answer):
+    """One backup in a node's archive."""
+
+    service_id: str
+    backup_id: str
+    created_at: NonNegativeSafeInt
+    size: NonNegativeSafeInt
+
+
+class ArchiveListing(_Answer):
+    """What the node's archive holds, oldest first."""
+
+    backups: list[ArchivedBackup]
+
+
+class ArchivePruned(_Answer):
+    """A prune's outcome (`dryRun` true: what it would free; nothing was removed)."""
+
+    result: ArchivePruneResult
+
+
+class ClosureImportStatus(_Answer):
+    """An open (or committed) closure import; a resumed one continues at `verified_bytes`."""
+
+    import_id: str
+    state: Literal["open", "committed"]
+    size: NonNegativeSafeInt
+    verified_bytes: NonNegativeSafeInt
+
+
+class ClosureChunkAccepted(_Answer):
+    """A chunk of an import was verified against its sha256 and counted."""
+
+    offset: NonNegativeSafeInt
+    length: NonNegativeSafeInt
+    sha256: Sha256Hex
+    verified_bytes: NonNegativeSafeInt
+
+
+class ClosureImportCommitted(_Answer):
+    """Corestore re-hashed the whole closure and replaced the service's database with it."""
+
+    import_id: str
+    size: NonNegativeSafeInt
+    sha256: Sha256Hex

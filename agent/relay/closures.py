@@ -1,0 +1,294 @@
+"""Database closures, both directions, in bounded chunks with sha256 verified before anything
+counts.
+
+Relay -> Cloudly (`send_closure`, `backupServiceDatabaseClosure`; the agent initiates and sends):
+
+1. Corestore's export descriptor (`size`, `sha256`, `receipt`) is read and validated
+   (`DatabaseClosureDescriptor`) before any byte moves;
+2. the call goes out with the marker of a stream the agent sends, and exactly `size` bytes
+   follow, read from Corestore in ranged reads of `chunk_size`, hashed as they pass;
+3. a read that answers fewer or more bytes than asked (a short export), bytes past `size` (a
+   long export, found by one probe read at `size`) or a digest other than the descriptor's (an
+   altered export) fails with `IntegrityError`, and the stream is aborted **without** its closing
+   bit, so Cloudly never holds a complete closure;
+4. confirmation: `accepted: true` only permits sending (seed 001). Cloudly holds the bytes once
+   the stream's own completion says so: `ByteSink.close()` returns only after the responder
+   acknowledged the closing bit, after every chunk before it. The closure counts as backed up
+   when both hold — the closing bit acknowledged and `accepted: true` — in whichever order
+   they come (our stand-in answers after draining, a TypedRequest handler may answer first).
+   `accepted: false` is `ClosureNotAccepted`; an error answer is Cloudly's `CallFailed`.
+
+Cloudly -> relay (`receive_closure`, `restoreServiceDatabaseClosure`; the agent initiates and
+reads): Cloudly answers the descriptor and the marker of a stream it serves. The agent opens the
+Corestore import from the descriptor first (Corestore checks the receipt), then drains the
+stream into it in `chunk_size` chunks (each PUT carries its sha256), refusing the moment more
+than `size` bytes arrive; at the end it checks the length and the whole sha256 and only then
+asks Corestore to commit (Corestore re-hashes and replaces the database in one step). Any
+failure aborts the import: the database stays as it was. A responder that cannot serve a stream
+in its response (typedrequest 3.3.0 echoes our `read`) fails fast as `StreamNotServed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
+
+import structlog
+from pydantic import ValidationError
+
+from agent.contracts.base import StreamMarker, first_problem
+from agent.contracts.relay import (
+    METHOD_BACKUP_SERVICE_DATABASE_CLOSURE,
+    METHOD_RESTORE_SERVICE_DATABASE_CLOSURE,
+    BackupServiceDatabaseClosureRequest,
+    BackupServiceDatabaseClosureResponse,
+    DatabaseClosureDescriptor,
+    RestoreServiceDatabaseClosureRequest,
+    RestoreServiceDatabaseClosureResponse,
+)
+from agent.corestore.client import CorestoreClient
+from agent.errors import (
+    ClosureNotAccepted,
+    IntegrityError,
+    RemoteProtocolError,
+    StreamBroken,
+    StreamNotServed,
+)
+from agent.protocol.connection import MAX_CHUNK
+from agent.protocol.routes import ByteSink, ByteSource
+from agent.protocol.stream_initiator import UNSERVED
+
+__all__ = ["CloudlyCalls", "Progress", "receive_closure", "send_closure"]
+
+_log = structlog.get_logger("agent.relay.closures")
+
+Progress = Callable[[int, int], None]
+"""Called with (bytes done, bytes in all) after every chunk."""
+
+
+class CloudlyCalls(Protocol):
+    """What the closures need of the session with Cloudly (`CloudlySession` has it)."""
+
+    async def call(
+        self,
+        method: str,
+        request: Mapping[str, Any],
+        timeout: float,  # noqa: ASYNC109  # a per-call deadline
+    ) -> dict[str, Any]: ...
+
+    def open_send_stream(self) -> tuple[StreamMarker, ByteSink]: ...
+
+    def receive_stream(self, marker: StreamMarker) -> ByteSource: ...
+
+
+async def send_closure(
+    *,
+    client: CorestoreClient,
+    cloudly: CloudlyCalls,
+    service_id: str,
+    backup_id: str,
+    node_id: str,
+    chunk_size: int,
+    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    progress: Progress,
+) -> DatabaseClosureDescriptor:
+    """Export the backup's closure from Corestore and stream it to Cloudly; the descriptor
+    once Cloudly holds exactly those bytes (module docstring, step 4)."""
+    descriptor = await client.closure_descriptor(service_id, backup_id)
+    marker, sink = cloudly.open_send_stream()
+    request = BackupServiceDatabaseClosureRequest(
+        backup_id=backup_id,
+        service_id=service_id,
+        node_id=node_id,
+        descriptor=descriptor,
+        closure=marker,
+    )
+    call = asyncio.ensure_future(
+        cloudly.call(METHOD_BACKUP_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout)
+    )
+    closed = False
+    try:
+        await _pump_export(
+            client, sink, call, service_id, backup_id, descriptor, chunk_size, progress
+        )
+        await sink.close()  # returns once Cloudly acknowledged the closing bit
+        closed = True
+        answer = _parse(BackupServiceDatabaseClosureResponse, await call)
+    except BaseException as exc:
+        if not closed:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(sink.abort())
+        refusal = call.exception() if call.done() and not call.cancelled() else None
+        if refusal is not None and isinstance(exc, StreamBroken):
+            # The stream broke because Cloudly refused: its answer says why. Our own findings
+            # (a short, long or altered export; Corestore's errors) stay what we raise.
+            raise refusal from exc
+        call.cancel()
+        with contextlib.suppress(BaseException):
+            await call
+        raise
+    if not answer.accepted:
+        raise ClosureNotAccepted(
+            f"Cloudly did not accept the database closure of service {service_id} for backup "
+            f"{backup_id}"
+        )
+    return descriptor
+
+
+async def _pump_export(
+    client: CorestoreClient,
+    sink: ByteSink,
+    call: asyncio.Future[dict[str, Any]],
+    service_id: str,
+    backup_id: str,
+    descriptor: DatabaseClosureDescriptor,
+    chunk_size: int,
+    progress: Progress,
+) -> None:
+    size, digest, offset = descriptor.size, hashlib.sha256(), 0
+    what = f"the database closure of service {service_id} for backup {backup_id}"
+    # One read is one stream chunk: the bytes pass through without being cut or joined, and
+    # memory stays the stream window plus one chunk.
+    read_size = min(chunk_size, MAX_CHUNK)
+    while offset < size:
+        want = min(read_size, size - offset)
+        data = await client.read_closure(service_id, backup_id, offset, want)
+        if len(data) != want:
+            shorter = len(data) < want
+            raise IntegrityError(
+                f"Corestore's export of {what} answered {len(data)} bytes at offset {offset} "
+                f"where {want} were asked ({'shorter' if shorter else 'longer'} than its "
+                f"descriptor's {size} bytes)"
+            )
+        digest.update(data)
+        if call.done():
+            # Cloudly answered before the end: an error or `accepted: false` stops the transfer
+            # now; `accepted: true` early is permission, so go on.
+            answer = _parse(BackupServiceDatabaseClosureResponse, call.result())
+            if not answer.accepted:
+                raise ClosureNotAccepted(f"Cloudly did not accept {what}")
+        await sink.write(data)
+        offset += want
+        progress(offset, size)
+    if await client.read_closure(service_id, backup_id, size, 1):
+        raise IntegrityError(
+            f"Corestore's export of {what} is longer than its descriptor's {size} bytes"
+        )
+    if digest.hexdigest() != descriptor.sha256:
+        raise IntegrityError(f"Corestore's export of {what} does not match its descriptor's sha256")
+
+
+async def receive_closure(
+    *,
+    client: CorestoreClient,
+    cloudly: CloudlyCalls,
+    service_id: str,
+    backup_id: str,
+    node_id: str,
+    import_id: str,
+    chunk_size: int,
+    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    progress: Progress,
+) -> DatabaseClosureDescriptor:
+    """Fetch the backup's closure from Cloudly into a Corestore import and commit it; the
+    descriptor once Corestore replaced the service's database with exactly those bytes."""
+    request = RestoreServiceDatabaseClosureRequest(
+        backup_id=backup_id, service_id=service_id, node_id=node_id
+    )
+    answer = _parse(
+        RestoreServiceDatabaseClosureResponse,
+        await cloudly.call(METHOD_RESTORE_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout),
+    )
+    descriptor = answer.descriptor
+    # A previous attempt (the agent died mid-import) may have left its import open: start over.
+    await client.abort_closure_import(import_id)
+    await client.open_closure_import(
+        import_id, service_id=service_id, backup_id=backup_id, descriptor=descriptor
+    )
+    source = cloudly.receive_stream(answer.closure)
+    try:
+        await _pump_import(client, source, import_id, descriptor, chunk_size, progress)
+        await client.commit_closure_import(import_id, descriptor.size, descriptor.sha256)
+    except BaseException as exc:
+        closer = getattr(source, "aclose", None)
+        with contextlib.suppress(Exception):
+            if closer is not None:
+                await asyncio.shield(closer())
+        with contextlib.suppress(Exception):
+            await asyncio.shield(client.abort_closure_import(import_id))
+        if isinstance(exc, StreamBroken) and UNSERVED in str(exc):
+            raise StreamNotServed(
+                f"Cloudly did not serve the database closure stream of service {service_id} "
+                f"for backup {backup_id}: its TypedRequest cannot stream in a response "
+                "(typedrequest 3.3.0 answers no read); nothing was imported"
+            ) from exc
+        raise
+    return descriptor
+
+
+async def _pump_import(
+    client: CorestoreClient,
+    source: ByteSource,
+    import_id: str,
+    descriptor: DatabaseClosureDescriptor,
+    chunk_size: int,
+    progress: Progress,
+) -> None:
+    size, digest = descriptor.size, hashlib.sha256()
+    offset, pending, pending_size = 0, list[bytes](), 0
+
+    async def put(data: bytes) -> None:
+        nonlocal offset
+        digest.update(data)
+        await client.put_closure_chunk(import_id, offset, data, hashlib.sha256(data).hexdigest())
+        offset += len(data)
+        progress(offset, size)
+
+    # Pieces are joined only at chunk boundaries (one copy), and only the chunk in flight and
+    # the next one's pieces are held here: memory stays a few chunks, whatever the size.
+    async for piece in source:
+        if offset + pending_size + len(piece) > size:
+            raise IntegrityError(
+                f"Cloudly's closure stream is longer than its descriptor's {size} bytes"
+            )
+        pending.append(piece)
+        pending_size += len(piece)
+        if pending_size >= chunk_size:
+            joined = b"".join(pending)
+            pending.clear()
+            view = memoryview(joined)
+            while len(view) >= chunk_size:
+                # The whole join is one chunk (the usual case): send it without another copy.
+                whole = len(view) == len(joined) == chunk_size
+                await put(joined if whole else bytes(view[:chunk_size]))
+                view = view[chunk_size:]
+            pending_size = len(view)
+            if pending_size:
+                pending.append(bytes(view))
+            del view, joined
+    if pending:
+        await put(b"".join(pending))
+    if offset != size:
+        raise IntegrityError(
+            f"Cloudly's closure stream ended after {offset} of its descriptor's {size} bytes"
+        )
+    if digest.hexdigest() != descriptor.sha256:
+        raise IntegrityError("Cloudly's closure stream does not match its descriptor's sha256")
+
+
+_Answer = TypeVar(
+    "_Answer", BackupServiceDatabaseClosureResponse, RestoreServiceDatabaseClosureResponse
+)
+
+
+def _parse(model: type[_Answer], body: Mapping[str, Any]) -> _Answer:
+    try:
+        return model.from_wire(body)
+    except ValidationError as exc:
+        field, reason = first_problem(exc, root="response")
+        raise RemoteProtocolError(
+            f"Cloudly answered with a body of another shape: {field}: {reason}"
+        ) from None

@@ -1,0 +1,51 @@
+"""The three relay routes Cloudly calls, bound to one `RelayService`.
+
+Each names its exact request model (camelCase only; a body that fails it is `invalid-request`
+naming the field, before the service sees it) and answers its response model. Refusals are the
+service's `AgentError`s, turned into `error {text, data: {code, retryable, ...}}` by the session.
+"""
+
+from __future__ import annotations
+
+from agent.contracts.relay import (
+    METHOD_BACKUP_CLUSTER_SERVICE,
+    METHOD_PRUNE_CLUSTER_NODE_ARCHIVE,
+    METHOD_RESTORE_CLUSTER_SERVICE,
+    BackupClusterServiceRequest,
+    BackupClusterServiceResponse,
+    PruneClusterNodeArchiveRequest,
+    PruneClusterNodeArchiveResponse,
+    RestoreClusterServiceRequest,
+    RestoreClusterServiceResponse,
+)
+from agent.protocol.routes import RequestContext, Route, Routes
+from agent.relay.service import RelayService
+
+__all__ = ["relay_routes"]
+
+
+def relay_routes(relay: RelayService) -> Routes:
+    """The routes of backupClusterService, restoreClusterService and pruneClusterNodeArchive."""
+
+    async def backup(
+        request: BackupClusterServiceRequest, ctx: RequestContext
+    ) -> BackupClusterServiceResponse:
+        return await relay.backup(request)
+
+    async def restore(
+        request: RestoreClusterServiceRequest, ctx: RequestContext
+    ) -> RestoreClusterServiceResponse:
+        return await relay.restore(request)
+
+    async def prune(
+        request: PruneClusterNodeArchiveRequest, ctx: RequestContext
+    ) -> PruneClusterNodeArchiveResponse:
+        return await relay.prune(request)
+
+    return Routes(
+        [
+            Route(METHOD_BACKUP_CLUSTER_SERVICE, BackupClusterServiceRequest, backup),
+            Route(METHOD_RESTORE_CLUSTER_SERVICE, RestoreClusterServiceRequest, restore),
+            Route(METHOD_PRUNE_CLUSTER_NODE_ARCHIVE, PruneClusterNodeArchiveRequest, prune),
+        ]
+    )

@@ -1,0 +1,210 @@
+"""The relay jobs table: typed rows and the compare-and-swap SQL built from the job table.
+
+`JobKey` is the exact key of one relay backup or restore (cluster, node, kind, backupId,
+serviceId); `StoredJob` one row. `move()` is one SQL statement, hence one transaction: an
+`INSERT ... ON CONFLICT DO NOTHING` for `start` (revision 0 -> 1), otherwise an `UPDATE ...
+SET revision = revision + 1, status = CASE status ... END WHERE <key> AND revision = :expected
+AND status IN (<statuses the operation may leave>)` built from `agent.relay.machine`. When no
+row changed, the row is read once to say why (`RevisionConflict` or `IllegalTransition`).
+
+What a row holds is plain JSON written here only: the recorded outcome (`result`) and the
+request digest. Never a secret: the relay requests carry none, and `encode_result` refuses any
+value JSON cannot represent (a `Secret` among them).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiosqlite
+
+from agent.errors import IllegalTransition, InvalidState, RevisionConflict, StoreError
+from agent.relay.machine import JOB_KINDS, JOB_STATUSES, JobKind, JobOp, JobStatus, sources
+
+__all__ = ["JobKey", "StoredJob", "get_job", "list_jobs", "move_job"]
+
+_COLUMNS: Final = (
+    "cluster_id, node_id, kind, backup_id, service_id, revision, status, request_digest, "
+    "result_json, attempts, created_at, updated_at"
+)
+_KEY_WHERE: Final = (
+    "cluster_id = :cluster_id AND node_id = :node_id AND kind = :kind "
+    "AND backup_id = :backup_id AND service_id = :service_id"
+)
+_STATUS: Final[dict[str, JobStatus]] = {status: status for status in JOB_STATUSES}
+_KIND: Final[dict[str, JobKind]] = {kind: kind for kind in JOB_KINDS}
+
+
+@dataclass(frozen=True, slots=True)
+class JobKey:
+    """The exact key of one relay job."""
+
+    cluster_id: str
+    node_id: str
+    kind: JobKind
+    backup_id: str
+    service_id: str
+
+    def __post_init__(self) -> None:
+        for name in ("cluster_id", "node_id", "backup_id", "service_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise InvalidState(f"JobKey.{name} must be a non-empty string")
+        if self.kind not in JOB_KINDS:
+            raise InvalidState(f"JobKey.kind must be one of {JOB_KINDS}")
+
+    def as_params(self) -> dict[str, str]:
+        """The key as named SQL parameters."""
+        return {
+            "cluster_id": self.cluster_id,
+            "node_id": self.node_id,
+            "kind": self.kind,
+            "backup_id": self.backup_id,
+            "service_id": self.service_id,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StoredJob:
+    """One relay job as persisted."""
+
+    key: JobKey
+    revision: int
+    status: JobStatus
+    request_digest: str
+    result: Mapping[str, Any] | None
+    """The recorded outcome: `{"response", "report"}` (succeeded), `{"error"}` (failed)."""
+    attempts: int
+    created_at: int
+    updated_at: int
+
+
+def encode_result(result: Mapping[str, Any] | None) -> str | None:
+    """`result` as JSON text; `InvalidState` for anything JSON cannot hold (a `Secret`)."""
+    if result is None:
+        return None
+    try:
+        return json.dumps(result, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidState(f"a relay job result must be plain JSON: {exc}") from None
+
+
+def _to_job(row: Iterable[Any]) -> StoredJob:
+    (cluster, node, kind, backup, service, revision, status, digest, result, attempts, created,
+     updated) = tuple(row)  # fmt: skip
+    try:
+        decoded = None if result is None else json.loads(result)
+        return StoredJob(
+            JobKey(cluster, node, _KIND[kind], backup, service),
+            revision,
+            _STATUS[status],
+            digest,
+            decoded,
+            attempts,
+            created,
+            updated,
+        )
+    except (KeyError, ValueError, InvalidState) as exc:
+        raise StoreError(f"a relay job row does not read back: {type(exc).__name__}") from exc
+
+
+async def get_job(db: aiosqlite.Connection, key: JobKey) -> StoredJob | None:
+    """The job stored under `key`, or None."""
+    rows = await db.execute_fetchall(
+        f"SELECT {_COLUMNS} FROM relay_job WHERE {_KEY_WHERE}",  # noqa: S608
+        key.as_params(),
+    )
+    return next((_to_job(row) for row in rows), None)
+
+
+async def list_jobs(db: aiosqlite.Connection, status: JobStatus | None = None) -> list[StoredJob]:
+    """Every job (or those in `status`), oldest change first."""
+    where = "" if status is None else "WHERE status = :status"
+    rows = await db.execute_fetchall(
+        f"SELECT {_COLUMNS} FROM relay_job {where} "  # noqa: S608
+        "ORDER BY updated_at, cluster_id, node_id, kind, backup_id, service_id",
+        {"status": status},
+    )
+    return [_to_job(row) for row in rows]
+
+
+_INSERT: Final = f"""
+INSERT INTO relay_job ({_COLUMNS})
+VALUES (:cluster_id, :node_id, :kind, :backup_id, :service_id, 1, :to_status, :digest,
+        NULL, 1, :now, :now)
+ON CONFLICT (cluster_id, node_id, kind, backup_id, service_id) DO NOTHING
+RETURNING {_COLUMNS}
+"""  # noqa: S608  # placeholders only; column names are constants
+
+
+def _update_statement(op: JobOp) -> tuple[str, dict[str, str]] | None:
+    moves = [(source, to) for source, to in sources(op).items() if source is not None]
+    if not moves:
+        return None
+    params: dict[str, str] = {}
+    whens: list[str] = []
+    for index, (source, to) in enumerate(moves):
+        params[f"from_{index}"], params[f"to_{index}"] = source, to
+        whens.append(f"WHEN :from_{index} THEN :to_{index}")
+    allowed = ", ".join(f":from_{index}" for index in range(len(moves)))
+    # A move back to `running` is a new attempt: its old outcome no longer stands.
+    restarts = op in (JobOp.RESUME, JobOp.RETRY)
+    sql = f"""
+UPDATE relay_job
+SET revision = revision + 1,
+    status = CASE status {" ".join(whens)} END,
+    result_json = :result_json,
+    attempts = attempts + {1 if restarts else 0},
+    updated_at = :now
+WHERE {_KEY_WHERE} AND revision = :expected AND request_digest = :digest
+      AND status IN ({allowed})
+RETURNING {_COLUMNS}
+"""  # noqa: S608  # placeholders only; the shape comes from the transition table
+    return sql, params
+
+
+_UPDATES: Final = {op: st for op in JobOp if (st := _update_statement(op)) is not None}
+
+
+async def move_job(
+    db: aiosqlite.Connection,
+    key: JobKey,
+    *,
+    op: JobOp,
+    expected_revision: int,
+    digest: str,
+    now: int,
+    result: Mapping[str, Any] | None = None,
+) -> StoredJob:
+    """Apply `op` at `expected_revision` in one statement; the new row, or why not.
+
+    Raises `RevisionConflict` (the revision moved, or another body owns the key),
+    `IllegalTransition` (revision current, `op` illegal in its status).
+    """
+    params: dict[str, Any] = {
+        **key.as_params(),
+        "expected": expected_revision,
+        "digest": digest,
+        "now": now,
+        "result_json": encode_result(result),
+    }
+    rows: Iterable[sqlite3.Row] = ()
+    insert_to = sources(op).get(None)
+    update = _UPDATES.get(op)
+    if expected_revision == 0 and insert_to is not None:
+        rows = await db.execute_fetchall(_INSERT, {**params, "to_status": insert_to})
+    elif expected_revision > 0 and update is not None:
+        sql, status_params = update
+        rows = await db.execute_fetchall(sql, {**params, **status_params})
+    for row in rows:
+        return _to_job(row)
+    current = await get_job(db, key)
+    revision = 0 if current is None else current.revision
+    status = None if current is None else current.status
+    if revision != expected_revision or (current is not None and current.request_digest != digest):
+        raise RevisionConflict(expected=expected_revision, current=revision, status=status)
+    raise IllegalTransition(operation=op.value, status=status, current=revision)
