@@ -39,19 +39,20 @@ class _Progress:
 
     def __init__(self, emit: Emit) -> None:
         self._emit, self._shown = emit, 0.0
-        self._started: dict[str, float] = {}
+        self._started: dict[str, tuple[float, int]] = {}
 
     def __call__(self, direction: str, done: int, total: int) -> None:
         now = time.monotonic()
-        started = self._started.setdefault(direction, now)
+        started, first = self._started.setdefault(direction, (now, done))
         if done < total and now - self._shown < 1.0:
             return
         self._shown = now
-        rate = done / max(now - started, 1e-9) / 1e6
+        # A rate over a few milliseconds (a window filled at once) says nothing: leave it out.
+        elapsed = now - started
+        rate = f" ({(done - first) / elapsed / 1e6:.1f} MB/s)" if elapsed >= 0.2 else ""
         self._emit(
             "closure-progress",
-            f"  closure    {direction:<8} {done / _MiB:8.1f} of {total / _MiB:.1f} MiB"
-            f" ({rate:.1f} MB/s)",
+            f"  closure    {direction:<8} {done / _MiB:8.1f} of {total / _MiB:.1f} MiB{rate}",
             direction=direction,
             bytes=done,
             total=total,
