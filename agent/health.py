@@ -8,6 +8,9 @@
     GET /metrics      the Prometheus text of `agent.metrics.Metrics`, gauges refreshed first
     GET /v1/restores  every node state as the operator's rows (`agent.overview.restore_rows`):
                       key, status, revision, age, progress; never a grant (none is stored)
+    GET /v1/jobs      every relay job (service backups and restores) as the operator's rows
+                      (`agent.overview.job_rows`): key, status, revision, attempts, age, the
+                      types a restore restored and whether it was partial; never the service
 
 `start()` returns once the socket is bound (the app sends `READY=1` after it); `stop()` closes
 the listener and waits for requests in progress. The address comes from `[health] listen`,
@@ -31,7 +34,7 @@ from agent.config import HealthListen
 from agent.errors import ConfigError, StoreError
 from agent.loopwatch import LoopWatch
 from agent.metrics import CONTENT_TYPE, Metrics
-from agent.overview import StagingTotals, readiness, restore_rows
+from agent.overview import StagingTotals, job_rows, readiness, restore_rows
 from agent.status import AgentStatus
 from agent.store import RevisionStore
 
@@ -78,6 +81,7 @@ class HealthServer:
                 web.get("/readyz", self._readyz),
                 web.get("/metrics", self._metrics_text),
                 web.get("/v1/restores", self._restores),
+                web.get("/v1/jobs", self._jobs),
             ]
         )
         # A scrape in progress at shutdown gets a second, not aiohttp's default minute: the
@@ -161,6 +165,16 @@ class HealthServer:
             "restores": restore_rows(states, staging, now_ms=epoch_ms(self._clock)),
         }
         return web.json_response(body)
+
+    async def _jobs(self, request: web.Request) -> web.Response:
+        del request
+        if not self._store.is_open:
+            return web.json_response({"error": "the revision store is not open"}, status=503)
+        try:
+            jobs = await self._store.list_jobs()
+        except StoreError as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        return web.json_response({"jobs": job_rows(jobs, now_ms=epoch_ms(self._clock))})
 
 
 def _bound_tcp(runner: web.AppRunner, listen: HealthListen) -> str:

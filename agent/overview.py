@@ -23,6 +23,10 @@ and, while work is under way, its progress as `{done, total, unit}`:
     cleaning            resources whose cleanup finished (unit `resources`)
 
 A row never carries a grant (none is stored) nor the plan's mappings: only counts.
+
+A job row (`job_rows()`) says where one relay job (a service backup or restore) is: its key,
+status, revision, attempts and age; a finished restore names the resource types it restored and
+whether it was partial, a failed job its error code and message. Never the service document.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from agent.status import SessionState, StatusSnapshot
+from agent.store.jobs import StoredJob
 from agent.store.records import StoredState
 
-__all__ = ["StagingTotals", "readiness", "restore_row", "restore_rows"]
+__all__ = ["StagingTotals", "job_rows", "readiness", "restore_row", "restore_rows"]
 
 _BYTES_STATUSES: Final = frozenset({"prepared", "staging"})
 
@@ -151,3 +156,34 @@ def restore_rows(
         )
         for stored in states
     ]
+
+
+def job_rows(jobs: Sequence[StoredJob], *, now_ms: int) -> list[dict[str, Any]]:
+    """One operator's row per relay job, in the order given."""
+    return [_job_row(job, now_ms=now_ms) for job in jobs]
+
+
+def _job_row(job: StoredJob, *, now_ms: int) -> dict[str, Any]:
+    result = job.result or {}
+    report = _mapping(result.get("report"))
+    error = _mapping(result.get("error"))
+    return {
+        "clusterId": job.key.cluster_id,
+        "nodeId": job.key.node_id,
+        "kind": job.key.kind,
+        "backupId": job.key.backup_id,
+        "serviceId": job.key.service_id,
+        "status": job.status,
+        "revision": job.revision,
+        "attempts": job.attempts,
+        "updatedAt": job.updated_at,
+        "ageSeconds": max(0, now_ms - job.updated_at) // 1000,
+        "resourceTypes": report.get("resourceTypes"),
+        "partial": bool(report.get("partial", False)),
+        "errorCode": error.get("code"),
+        "errorMessage": error.get("message"),
+    }
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}

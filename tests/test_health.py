@@ -257,7 +257,7 @@ async def test_restores_endpoint_lists_nothing_before_any_restore(
 async def test_unknown_paths_and_methods_are_refused(
     tmp_path: Path, cloudly: StandInCloudly
 ) -> None:
-    """Only the four GET routes exist."""
+    """Only the five GET routes exist."""
     async with running(_config(tmp_path, cloudly)) as agent, aiohttp.ClientSession() as http:
         async with http.get(agent.url + "/admin") as missing:
             missing_status = missing.status

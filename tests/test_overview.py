@@ -13,10 +13,11 @@ from agent.contracts.isolatedrestore import (
     ResourceVerification,
     StagingCleanupProgress,
 )
-from agent.overview import StagingTotals, readiness, restore_row
+from agent.overview import StagingTotals, job_rows, readiness, restore_row
 from agent.status import ClusterSummary, NodeSummary, SessionState, StatusSnapshot
 from agent.statusview import render
 from agent.store import StoredState
+from agent.store.jobs import JobKey, StoredJob
 from tests.store.states import KEY, node_state, plan
 
 NOW = 1_000_000.0
@@ -213,3 +214,48 @@ def test_the_status_table_with_no_restore_has_no_header() -> None:
     """Nothing to list: the count says 0 and no empty table follows."""
     data = {"ready": True, "reasons": {}, "session": {"state": "connected"}, "restores": []}
     assert render(data, now=NOW) == "agent:    ready\nsession:  connected\nrestores: 0\n"
+
+
+# --- relay job rows ------------------------------------------------------------------------------
+
+
+def _job(status: str, result: dict[str, Any] | None) -> StoredJob:
+    key = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
+    return StoredJob(key, 3, status, "d" * 64, result, 2, 1_000_000, 1_010_000)  # type: ignore[arg-type]
+
+
+def test_a_partial_restore_row_names_its_types_and_says_partial() -> None:
+    """A finished restore's row carries the types it restored and `partial: true`."""
+    recorded = {
+        "response": {"restored": []},
+        "report": {"resourceTypes": ["database"], "partial": True},
+    }
+    [row] = job_rows([_job("succeeded", recorded)], now_ms=1_070_000)
+    assert row == {
+        "clusterId": "cluster-1",
+        "nodeId": "node-1",
+        "kind": "restore",
+        "backupId": "bk-1",
+        "serviceId": "svc-1",
+        "status": "succeeded",
+        "revision": 3,
+        "attempts": 2,
+        "updatedAt": 1_010_000,
+        "ageSeconds": 60,
+        "resourceTypes": ["database"],
+        "partial": True,
+        "errorCode": None,
+        "errorMessage": None,
+    }
+
+
+def test_a_failed_job_row_names_its_error() -> None:
+    """A failed job's row carries the recorded error code and message, no types."""
+    recorded = {"error": {"code": "integrity-mismatch", "message": "short", "retryable": True}}
+    [row] = job_rows([_job("failed", recorded)], now_ms=1_010_000)
+    assert (row["status"], row["errorCode"], row["errorMessage"]) == (
+        "failed",
+        "integrity-mismatch",
+        "short",
+    )
+    assert (row["resourceTypes"], row["partial"]) == (None, False)

@@ -10,8 +10,10 @@ stand-in's 1 MiB stream pieces each span many chunks), and 512 MiB.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
+import aiohttp
 import pytest
 
 from devstack.corestore.storage import sha256_file
@@ -94,3 +96,33 @@ async def test_a_512_mib_closure_goes_to_cloudly_and_back_byte_identical(
     assert restored == {"restored": backup["snapshots"]}
     size_on_disk, sha_on_disk = sha256_file(services.database_path("svc-app"))
     assert (size_on_disk, sha_on_disk) == (size, expected)
+
+
+async def test_the_health_endpoint_lists_each_relay_job_without_the_service(stack: Any) -> None:
+    """/v1/jobs: one row per job key (kind, status, revision, the restored types, partial or
+    not); the service document never appears in it."""
+    services = stack.corestore.services
+    services.write_database("svc-app", [_pattern(1000)])
+    async with stack.agent():
+        backup = await _backup(stack, "bk-jobs")
+        await _restore(stack, "bk-jobs", backup["snapshots"])
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://{stack.health}/v1/jobs") as answer,
+        ):
+            status, body = answer.status, await answer.text()
+    rows = {row["kind"]: row for row in json.loads(body)["jobs"]}
+    assert status == 200
+    assert set(rows) == {"backup", "restore"}
+    for kind, row in rows.items():
+        assert (row["clusterId"], row["nodeId"], row["backupId"], row["serviceId"]) == (
+            CLUSTER,
+            NODE,
+            "bk-jobs",
+            "svc-app",
+        ), kind
+        assert (row["status"], row["errorCode"]) == ("succeeded", None), kind
+    restored_types = sorted({snapshot["type"] for snapshot in backup["snapshots"]})
+    assert sorted(rows["restore"]["resourceTypes"]) == restored_types
+    assert rows["restore"]["partial"] is False
+    assert "app:1" not in body  # the service document's content
