@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from agent.errors import InvalidState, StreamBroken
-from agent.protocol.chunks import CLOSING, CLOSING_BIT, encode_chunk
+from agent.protocol.chunks import CLOSING, CLOSING_BIT, EncodedChunk, encode_chunk
 from agent.protocol.envelope import Envelope
 from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
 from agent.protocol.stream_responder import ResponderStream, Role, StreamState
@@ -28,6 +29,12 @@ def send(stream: ResponderStream, purpose: str, now: float = 1.0, **fields: Any)
     answer = stream.handle(*frame(purpose, **fields), now)
     assert answer is not None
     return answer
+
+
+def wire(chunk_data: Any) -> Any:
+    """What a peer parses out of a `chunkData` we send (`encode_chunk` writes JSON text)."""
+    assert isinstance(chunk_data, EncodedChunk)
+    return orjson.loads(chunk_data.json)
 
 
 def chunk(data: bytes | None) -> dict[str, Any]:
@@ -156,7 +163,7 @@ def test_read_is_answered_with_the_next_chunk_and_next() -> None:
     stream.offer(b"one")
     answer = send(stream, "read")
     assert answer.response["mainPurpose"] == "chunk"
-    assert answer.response["chunkData"] == {"type": "Buffer", "data": list(b"one")}
+    assert wire(answer.response["chunkData"]) == {"type": "Buffer", "data": list(b"one")}
     assert answer.response["next"] is True  # open: more may come
 
 
@@ -167,7 +174,7 @@ def test_read_on_an_empty_open_stream_is_parked_until_data() -> None:
     released = stream.offer(b"late")
     assert released is not None
     assert released.response["cycleId"] == "r1"
-    assert released.response["chunkData"]["data"] == list(b"late")
+    assert wire(released.response["chunkData"])["data"] == list(b"late")
 
 
 def test_parked_read_is_answered_empty_after_the_park_timeout() -> None:
@@ -201,7 +208,7 @@ def test_offer_on_a_full_send_queue_raises_and_changes_nothing() -> None:
     assert not stream.has_space()
     with pytest.raises(InvalidState):
         stream.offer(b"3")
-    assert send(stream, "read").response["chunkData"]["data"] == list(b"1")
+    assert wire(send(stream, "read").response["chunkData"])["data"] == list(b"1")
 
 
 def test_offer_after_abort_raises_stream_broken() -> None:
