@@ -90,6 +90,7 @@ def session_settings(config: Config) -> SessionSettings:
         stable_after=cloudly.stable_after_s,
         connection=ConnectionSettings(
             stream_window=streams.window,
+            stream_window_bytes=streams.window_bytes,
             keepalive_timeout=streams.keepalive_timeout_s,
             chunk_form=streams.chunk_form,
             max_concurrent_requests=cloudly.max_concurrent_requests,

@@ -7,11 +7,11 @@ from typing import Any
 import orjson
 import pytest
 
-from agent.errors import InvalidState, StreamBroken
-from agent.protocol.chunks import CLOSING, CLOSING_BIT, EncodedChunk, encode_chunk
+from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
+from agent.protocol.chunks import CLOSING, CLOSING_BIT, EncodedChunk, RawChunk, encode_chunk
 from agent.protocol.envelope import Envelope
 from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
-from agent.protocol.stream_responder import ResponderStream, Role, StreamState
+from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role, StreamState
 
 WINDOW = 2
 
@@ -226,3 +226,140 @@ def test_finished_registration_lingers_then_may_go() -> None:
     stream.take()
     assert not stream.finished(5.0, linger=10.0)
     assert stream.finished(11.0, linger=10.0)
+
+
+# --- pipelined receive: large chunks are answered before they are decoded --------------------
+
+
+def pipelined(window: int = 4, window_bytes: int = 1000) -> ResponderStream:
+    """A receiving stream that leaves every raw chunk (any size) for the driver to decode."""
+    return ResponderStream(
+        "s1",
+        Role.RECEIVE,
+        now=0.0,
+        window=window,
+        idle_timeout=10.0,
+        park_timeout=1.0,
+        window_bytes=window_bytes,
+        inline_decode_max=0,
+    )
+
+
+def raw(data: bytes, frame_bytes: int = 100) -> dict[str, Any]:
+    """A Buffer-form chunk as the frame splitter hands it over (`frame_bytes` of frame)."""
+    text = orjson.dumps(list(data))
+    return {"chunk_data": RawChunk("buffer", memoryview(text), frame_bytes)}
+
+
+def received(stream: ResponderStream) -> list[PendingChunk]:
+    chunks, stream.received[:] = list(stream.received), []
+    return chunks
+
+
+def test_large_chunk_is_answered_before_it_is_decoded() -> None:
+    """The answer goes out at once; the consumer sees nothing until the chunk is settled."""
+    stream = pipelined()
+    answer = send(stream, "chunk", **raw(b"ab"))
+    assert answer.response["mainPurpose"] == "feedback"
+    [pending] = received(stream)
+    assert stream.take() is None
+    stream.settle(pending, pending.decode(), 1.0)
+    assert stream.take() == b"ab"
+
+
+def test_chunks_are_delivered_in_order_whatever_order_they_settle_in() -> None:
+    """A later chunk decoded first waits behind the earlier one."""
+    stream = pipelined()
+    send(stream, "chunk", **raw(b"1"))
+    send(stream, "chunk", **raw(b"2"))
+    first, second = received(stream)
+    stream.settle(second, second.decode(), 1.0)
+    assert stream.take() is None
+    stream.settle(first, first.decode(), 1.0)
+    assert [stream.take(), stream.take(), stream.take()] == [b"1", b"2", None]
+
+
+def test_a_chunk_that_does_not_decode_breaks_the_stream_after_the_good_ones() -> None:
+    """What came before the bad chunk is delivered; it and what came after it are not."""
+    stream = pipelined()
+    send(stream, "chunk", **raw(b"ok"))
+    bad = {"chunk_data": RawChunk("buffer", memoryview(b"[1,256]"), 100)}
+    send(stream, "chunk", **bad)
+    send(stream, "chunk", **raw(b"later"))
+    good, broken, later = received(stream)
+    stream.settle(good, good.decode(), 1.0)
+    with pytest.raises(RemoteProtocolError) as caught:
+        broken.decode()
+    stream.settle(broken, caught.value, 1.0)
+    assert stream.state is StreamState.BROKEN
+    assert stream.broken_reason.startswith("undecodable chunk: ")
+    with pytest.raises(RemoteProtocolError, match="dropped"):
+        later.decode()  # dropped with the stream: nothing left to decode
+    stream.settle(later, b"later", 1.0)  # too late: ignored
+    assert stream.take() == b"ok"
+    with pytest.raises(StreamBroken, match="undecodable chunk"):
+        stream.take()
+
+
+def test_after_a_bad_chunk_the_next_keepalive_is_answered_false() -> None:
+    """The peer's next frame after the bad chunk already hears that the stream is over."""
+    stream = pipelined()
+    send(stream, "chunk", **{"chunk_data": RawChunk("buffer", memoryview(b"[x]"), 100)})
+    [bad] = received(stream)
+    stream.settle(bad, RemoteProtocolError("chunkData.data is not a JSON array"), 1.0)
+    assert send(stream, "keepAlive", keep_alive=True).response["keepAlive"] is False
+
+
+def test_closing_bit_behind_undecoded_chunks_ends_once_they_decoded() -> None:
+    """The stream ends only when every chunk before the closing bit is settled."""
+    stream = pipelined()
+    send(stream, "chunk", **raw(b"last"))
+    send(stream, "chunk", **chunk(None))
+    assert stream.state is StreamState.OPEN
+    send(stream, "chunk", cycle="k9", **raw(b"after the end"))  # dropped, as after an end
+    [pending] = received(stream)
+    stream.settle(pending, pending.decode(), 2.0)
+    assert stream.state is StreamState.ENDED
+    assert [stream.take(), stream.take()] == [b"last", CLOSING]
+
+
+def test_a_break_drops_the_chunks_not_decoded_yet() -> None:
+    """An idle timeout with an undecoded chunk queued delivers the decoded ones only."""
+    stream = pipelined()
+    send(stream, "chunk", **raw(b"a"))
+    send(stream, "chunk", **raw(b"b"))
+    first, second = received(stream)
+    stream.settle(first, first.decode(), 1.0)
+    stream.expire(20.0)
+    assert stream.state is StreamState.BROKEN
+    stream.settle(second, b"b", 20.0)
+    assert stream.take() == b"a"
+    with pytest.raises(StreamBroken):
+        stream.take()
+
+
+def test_the_byte_window_reports_backpressure_at_window_bytes_of_frames() -> None:
+    """Queued frames count their size until decoded, then their bytes."""
+    stream = pipelined(window=16, window_bytes=1000)
+    assert send(stream, "chunk", **raw(b"x", frame_bytes=600)).response["backpressure"] is False
+    assert send(stream, "chunk", **raw(b"y", frame_bytes=600)).response["backpressure"] is True
+    for pending in received(stream):
+        stream.settle(pending, pending.decode(), 1.0)
+    assert send(stream, "feedback").response["backpressure"] is False
+
+
+def test_a_sender_past_twice_the_byte_window_breaks_the_stream() -> None:
+    """Frames beyond 2 x window_bytes queued mean the initiator ignored backpressure."""
+    stream = pipelined(window=16, window_bytes=1000)
+    for cycle in ("a", "b", "c", "d", "e"):
+        send(stream, "chunk", cycle=cycle, **raw(b"z", frame_bytes=600))
+    assert stream.state is StreamState.BROKEN
+    assert stream.broken_reason == "the initiator ignored backpressure"
+
+
+def test_small_chunks_are_still_decoded_at_once() -> None:
+    """Below `inline_decode_max` a raw chunk is decoded on arrival, as before."""
+    stream = responder(Role.RECEIVE)
+    send(stream, "chunk", **{"chunk_data": RawChunk("buffer", memoryview(b"[5]"), 100)})
+    assert stream.received == []
+    assert stream.take() == b"\x05"
