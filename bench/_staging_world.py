@@ -302,11 +302,11 @@ class BenchObject:
         return self.spec.size
 
 
-def plan_for(restore_id: str, obj: BenchObject) -> RestorePlan:
-    """One restore of one object (a database mapping over it; never executed here)."""
+def plan_for(restore_id: str, obj: BenchObject, node: str = NODE) -> RestorePlan:
+    """One restore of one object on `node` (a database mapping over it; never executed here)."""
     return RestorePlan(
         CLUSTER,
-        NODE,
+        node,
         (MappingSpec("map-db", "database", "snap-db", "app", "mongodb"),),
         (obj.spec,),
         restore_id=restore_id,

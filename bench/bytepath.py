@@ -151,11 +151,13 @@ class Run:
         )
         stop = asyncio.Event()
         pids = {"agent": child.pid, "corestore": corestore.process.pid}
+        idle_rss, _ = memory_kib(child.pid)
+        reset = reset_peak_rss(child.pid)
+        sampler = sampler if sampler is not None else RssSampler(child.pid, 0.02)
         async with asyncio.TaskGroup() as group:
             if probe:
                 group.create_task(status.run(stop))
-            if sampler is not None:
-                group.create_task(sampler.run(stop))
+            group.create_task(sampler.run(stop))
             meter = CpuMeter(pids)
             try:
                 result = await replay_stage(
@@ -169,6 +171,8 @@ class Run:
             finally:
                 cpu = meter.spent()
                 stop.set()
+        _, hwm = memory_kib(child.pid)
+        peak = max(sampler.peak_kib, hwm) if reset else sampler.peak_kib
         drop_staged(corestore, plan)
         if (result.state["status"], result.state["revision"]) != ("staging", 3):
             raise RuntimeError(f"the stage ended in {result.state['status']}")
@@ -179,6 +183,12 @@ class Run:
             "mb_per_s": round(result.mb_per_s, 1),
             "cpu_s_per_gib": {k: round(v / gib, 2) for k, v in cpu.items()},
             "probes": result.probes,
+            # idle: connected and prepared, just before the stage
+            "idle_rss_mib": round(idle_rss / 1024, 1),
+            "peak_rss_mib": round(peak / 1024, 1),
+            "rss_above_idle_mib": round((peak - idle_rss) / 1024, 1),
+            "hwm_reset": reset,
+            "rss_samples": sampler.samples,
         }
         if probe:
             row["status"] = status.summary()
@@ -242,7 +252,7 @@ async def throughput(run: Run, kind: str) -> list[dict[str, Any]]:
             for cl, child in paths.values():
                 if warm:
                     await run.stage(cl, corestore, child, form, warm)
-            targets = [*paths, *(["js"] if form == "buffer" else [])]
+            targets = [*paths, *(["js"] if form == "buffer" and args.js else [])]
             for round_ in range(args.repeat):
                 order = targets if round_ % 2 == 0 else list(reversed(targets))
                 for name in order:
@@ -259,29 +269,15 @@ async def throughput(run: Run, kind: str) -> list[dict[str, Any]]:
 
 
 async def rss_and_status(run: Run, form: str) -> dict[str, Any]:
-    """A fresh agent: idle RSS, then a long stage into the reference Corestore with status
-    round-trips fired at it and its RSS sampled."""
+    """A fresh agent stages a long object into the reference Corestore while status round-trips
+    are fired at it on the same session and its RSS is sampled."""
     async with (
         corestore_process(run.work, run.log, name=f"cs-rss-{form}") as corestore,
         run.cloudly(corestore) as cloudly,
         run.agent(f"agent-rss-{form}", cloudly) as child,
     ):
-        idle_rss, _ = memory_kib(child.pid)
-        reset = reset_peak_rss(child.pid)
-        sampler = RssSampler(child.pid, 0.02)
-        row = await run.stage(
-            cloudly, corestore, child, form, run.args.rss_mib * MiB, probe=True, sampler=sampler
-        )
-        _, hwm = memory_kib(child.pid)
-    peak = max(sampler.peak_kib, hwm) if reset else sampler.peak_kib
-    return row | {
-        "form": form,
-        "idle_rss_mib": round(idle_rss / 1024, 1),
-        "peak_rss_mib": round(peak / 1024, 1),
-        "above_idle_mib": round((peak - idle_rss) / 1024, 1),
-        "hwm_reset": reset,
-        "samples": sampler.samples,
-    }
+        row = await run.stage(cloudly, corestore, child, form, run.args.rss_mib * MiB, probe=True)
+    return row | {"form": form, "above_idle_mib": row["rss_above_idle_mib"]}
 
 
 def _median(rows: list[dict[str, Any]], **where: str) -> float | None:
@@ -298,13 +294,13 @@ def report(facts: dict[str, str], rows: list[dict[str, Any]], rss: list[dict[str
         f"{args.chunk_mib} MiB, max_in_flight {args.max_in_flight}, window {args.window} / "
         f"{args.window_mib} MiB\n"
     )
-    print("| Corestore | form | path | round | MB/s | s | CPU s/GiB |")
-    print("|---|---|---|---:|---:|---:|---|")
+    print("| Corestore | form | path | round | MB/s | s | CPU s/GiB | RSS above idle MiB |")
+    print("|---|---|---|---:|---:|---:|---|---:|")
     for r in rows:
         cpu = ", ".join(f"{k} {v}" for k, v in r["cpu_s_per_gib"].items())
         print(
             f"| {r['corestore']} | {r['form']} | {r['path']} | {r['round']} | {r['mb_per_s']} "
-            f"| {r['seconds']} | {cpu} |"
+            f"| {r['seconds']} | {cpu} | {r.get('rss_above_idle_mib', '')} |"
         )
     summary: dict[str, Any] = {}
     print("\n| Corestore | form | agent MB/s | old agent MB/s | JS MB/s | agent/JS | agent/old |")
@@ -372,6 +368,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "--corestores", type=lambda s: s.split(","), default=["reference", "discard"]
     )
     parser.add_argument("--baseline-root", type=Path, default=None)
+    parser.add_argument("--no-js", dest="js", action="store_false", help="skip the JS responder")
     parser.add_argument("--chunk-mib", type=int, default=4)
     parser.add_argument("--max-in-flight", type=int, default=4)
     parser.add_argument("--window", type=int, default=16)
@@ -388,7 +385,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-async def amain(args: argparse.Namespace) -> dict[str, Any]:
+async def amain(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, Any]:
+    """Run everything; print the report unless `quiet`; return the figures."""
     facts = machine_facts()
     facts["loadavg_at_start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     work = Path(tempfile.mkdtemp(prefix="bench-bytepath-", dir=args.dir))
@@ -407,6 +405,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     facts["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    if quiet:
+        return {"machine": facts, "rows": rows, "rss": rss}
     return report(facts, rows, rss, args)
 
 
