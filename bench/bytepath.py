@@ -23,7 +23,7 @@ after connect + prepare, VmHWM reset (`clear_refs` 5), peak = max(VmHWM after, s
 
     .venv/bin/python -m bench.bytepath [--quick] [--mib 512] [--rss-mib 2048] [--repeat 2]
         [--forms buffer,base64] [--corestores reference,discard] [--baseline-root DIR]
-        [--chunk-mib 4] [--max-in-flight 4] [--window 16] [--window-mib 16] [--json out.json]
+        [--chunk-mib 4] [--max-in-flight 4] [--window 16] [--window-mib 8] [--json out.json]
 
 Needs node and tests/interop/node_modules (scripts/bootstrap). Targets (issue 11): Buffer form
 >= 8x the JS responder into the reference Corestore, >= 10x into the discarding one; base64
@@ -372,7 +372,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--chunk-mib", type=int, default=4)
     parser.add_argument("--max-in-flight", type=int, default=4)
     parser.add_argument("--window", type=int, default=16)
-    parser.add_argument("--window-mib", type=int, default=16)
+    parser.add_argument("--window-mib", type=int, default=8)
     parser.add_argument("--probe-ms", type=float, default=50.0)
     parser.add_argument("--status-interval-ms", type=float, default=20.0)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk-mib", type=int, default=4)
     parser.add_argument("--max-in-flight", type=int, default=4)
     parser.add_argument("--window", type=int, default=16)
-    parser.add_argument("--window-mib", type=int, default=16)
+    parser.add_argument("--window-mib", type=int, default=8)
     parser.add_argument("--probe-ms", type=float, default=50.0)
     parser.add_argument("--status-interval-ms", type=float, default=20.0)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))

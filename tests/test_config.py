@@ -81,7 +81,7 @@ def test_minimal_file_gets_every_default(tmp_path: Path) -> None:
     assert config.corestore.restore_poll_interval_s == 1.0
     assert config.state.directory == Path("/var/lib/restore-agent")
     assert (config.streams.window, config.streams.keepalive_timeout_s) == (16, 10.0)
-    assert config.streams.window_bytes == 16 * 1024 * 1024
+    assert config.streams.window_bytes == 8 * 1024 * 1024
     assert config.streams.chunk_form == "buffer"
     assert (config.shutdown.drain_timeout_s, config.shutdown.close_timeout_s) == (20.0, 5.0)
     assert (config.log.format, config.log.level) == ("auto", "info")

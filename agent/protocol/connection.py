@@ -115,7 +115,7 @@ class ConnectionSettings:
     """
 
     stream_window: int = 16
-    stream_window_bytes: int = 16 * 1024 * 1024
+    stream_window_bytes: int = 8 * 1024 * 1024
     inline_decode_max: int = 64 * 1024
     keepalive_interval: float = 1.0
     keepalive_timeout: float = 10.0

@@ -119,7 +119,7 @@ class ResponderStream:
         idle_timeout: float,
         park_timeout: float,
         chunk_form: ChunkForm = "buffer",
-        window_bytes: int = 16 * 1024 * 1024,
+        window_bytes: int = 8 * 1024 * 1024,
         inline_decode_max: int = 64 * 1024,
     ) -> None:
         if window < 1 or window_bytes < 1:

@@ -41,7 +41,7 @@ class StreamSettings:
     """Tunables shared by every stream of a connection."""
 
     window: int = 16
-    window_bytes: int = 16 * 1024 * 1024
+    window_bytes: int = 8 * 1024 * 1024
     inline_decode_max: int = 64 * 1024
     keepalive_interval: float = 1.0
     keepalive_timeout: float = 10.0
