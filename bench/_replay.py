@@ -10,7 +10,11 @@ the chunk JSON encoded once per distinct chunk before timing, so the initiator c
 nothing and the agent receives byte-identical frames to those the JS responder gets.
 
 The agent's answers are read through the stand-in connection's `taps` (the stand-in's peer
-drops them: they answer no cycle it sent).
+drops them: they answer no cycle it sent). Concurrent replays on one connection send one frame
+at a time (a lock per websocket): on Python 3.11 an asyncio transport keeps unsent data in one
+bytearray and deletes what each partial send took from its front, so sixteen 3.7 MB frames
+written at once cost this process a memmove of the whole backlog per send -- a cost of the
+bench's own Cloudly, which the agent's node would never pay.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -28,6 +33,8 @@ from devstack.cloudly import StandInCloudly
 from devstack.driver import ObjectSpec, RestoreDriver
 
 __all__ = ["ReplayResult", "replay_stage"]
+
+_SEND_LOCKS: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 STREAM_METHOD: Final = "##VirtualStream##"
 CLOSING_BIT: Final = "#############CLOSING BIT#############"
@@ -70,6 +77,12 @@ async def replay_stage(
         raise ValueError("the object must be a whole number of chunks")
     connection = cloudly.connection
     websocket = connection.websocket
+    lock = _SEND_LOCKS.setdefault(websocket, asyncio.Lock())
+
+    async def send(frame: bytes) -> None:
+        async with lock:
+            await websocket.send(frame, text=True)
+
     stream_id = "uni_" + secrets.token_hex(12)
     tag = stream_id[-8:]
     answers: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
@@ -102,7 +115,7 @@ async def replay_stage(
         nonlocal probes
         for attempt in range(100_000):
             cycle = f"{tag}-{prefix}{attempt}"  # cycle ids are unique on a connection, as in TS
-            await websocket.send(_package(stream_id, cycle, "feedback"), text=True)
+            await send(_package(stream_id, cycle, "feedback"))
             answer = await next_answer()
             if answer is not None and not answer.get("backpressure"):
                 return
@@ -126,7 +139,7 @@ async def replay_stage(
         for index in range(count):
             cycle = f"{tag}-c{index:09d}".encode()
             frame = b"".join((head, cycle, mid, chunk_json[index % len(chunk_json)], tail))
-            await websocket.send(frame, text=True)
+            await send(frame)
             answer = await next_answer()
             if answer is None:
                 raise RuntimeError(f"the agent did not take chunk {index}")
@@ -142,7 +155,7 @@ async def replay_stage(
             next=False,
             chunkData=CLOSING_BIT,
         )
-        await websocket.send(closing, text=True)
+        await send(closing)
         await next_answer()
         answer = await call
         seconds = time.perf_counter() - started

@@ -30,8 +30,9 @@ Intake rules for a request frame, in this order:
 
 Received chunks: a large chunk of a stream we answer for is queued undecoded and announced as a
 `ChunkReceived` event; the driver decodes it off the event loop (`chunk.decode()`) and reports
-with `settle_chunk()` -- before it feeds the next frame, so a chunk that does not decode breaks
-its stream before the peer's next frame is answered (`stream_responder`).
+with `settle_chunk()`. Frames of that stream arriving meanwhile wait and are answered once it is
+settled, so a chunk that does not decode has broken its stream before the peer's next frame of
+it is answered (`stream_responder`); other streams' frames and requests do not wait.
 
 A malformed envelope that still names a method and a request correlation id gets an
 `invalid-request` answer; anything else malformed is dropped with a log line. Stream frames are
@@ -291,6 +292,8 @@ class Connection:
             responder = self._streams.responders.get(stream_id)
             if responder is not None and responder.broken_reason and responder.done:
                 log.warning("stream_broken", stream_id=stream_id, reason=responder.broken_reason)
+            if responder is not None:
+                self._release(responder)
         for stream in list(self._streams.initiators.values()):
             self._pump(stream, now)
 
@@ -466,6 +469,17 @@ class Connection:
         self._changed[stream_id] = None
         if was_open and stream.done and stream.broken_reason:
             log.warning("stream_broken", stream_id=stream_id, reason=stream.broken_reason)
+        self._release(stream)
+
+    def _release(self, stream: ResponderStream) -> None:
+        """Answer the frames that waited for `stream`'s chunks; announce new chunks to decode."""
+        if self._closed is not None:
+            return
+        for answer in stream.release():
+            self._outbox.append(encode_envelope(answer))
+        if stream.received:
+            self._events.extend(ChunkReceived(stream.stream_id, c) for c in stream.received)
+            stream.received.clear()
 
     def stop_reading(self, stream: Stream, now: float) -> None:
         """The reader stopped before the end: what still arrives is discarded."""
@@ -578,9 +592,8 @@ class Connection:
             return
         self._changed[result.stream_id] = None
         responder = self._streams.responders.get(result.stream_id)
-        if responder is not None and responder.received:
-            self._events.extend(ChunkReceived(result.stream_id, c) for c in responder.received)
-            responder.received.clear()
+        if responder is not None:
+            self._release(responder)
         initiator = self._streams.initiators.get(result.stream_id)
         if initiator is not None:
             self._pump(initiator, now)

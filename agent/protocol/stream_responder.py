@@ -17,10 +17,12 @@ Pipelined receive: a chunk whose payload is at least `inline_decode_max` charact
 reports the outcome with `settle()`. A chunk that does not decode breaks the stream
 (`undecodable chunk: ...`): what came before it is still delivered, nothing after it is. The
 consumer only ever sees decoded bytes, in order (`take()` waits for the oldest chunk to be
-settled); a closing bit behind undecoded chunks ends the stream once they all decoded. The driver
-settles each chunk before it feeds the connection the next frame (`agent.session.peer`), so a
-bad chunk breaks the stream before the peer's next frame is answered: one frame later at most.
-Smaller chunks are decoded at once, as before.
+settled); a closing bit behind undecoded chunks ends the stream once they all decoded. A frame
+of the stream that arrives while one of its chunks is still being decoded waits (`handle`
+answers None) and is answered by `release()` once the chunk is settled, so a bad chunk has
+broken the stream before the peer's next frame of it is answered: one frame later at most
+(frames of other streams, and requests, do not wait). At most `2 x window` frames may wait;
+more break the stream. Smaller chunks are decoded at once, as before.
 
 Bounds: the receive queue holds at most `window` chunks, and at most `window_bytes` bytes
 (a queued chunk counts the frame it keeps alive until it is decoded, then its bytes), before we
@@ -141,6 +143,8 @@ class ResponderStream:
         self._unsettled = 0  # RECEIVE: queued chunks not decoded yet
         self._closing = False  # RECEIVE: the closing bit is queued behind unsettled chunks
         self.received: list[PendingChunk] = []  # RECEIVE: queued undecoded; the driver drains it
+        # RECEIVE: frames that arrived while a chunk was being decoded, answered after it
+        self._deferred: deque[tuple[Envelope, StreamPackage, float]] = deque()
         self._queued_close = False  # SEND: the producer called close()
         self._abandoned = False  # RECEIVE: nobody will read; accept and discard
         self._parked: _Parked | None = None
@@ -148,8 +152,39 @@ class ResponderStream:
     # --- frames from the initiator -------------------------------------------------------
 
     def handle(self, env: Envelope, package: StreamPackage, now: float) -> Envelope | None:
-        """The answer to one stream frame, or None when a `read` is parked."""
-        self.last_seen = now
+        """The answer to one stream frame, or None when a `read` is parked or the frame waits
+        behind a chunk not decoded yet (`release()` answers it once that chunk is settled)."""
+        if self._unsettled or self._deferred:
+            self.last_seen = now
+            self._deferred.append((env, package, now))
+            if len(self._deferred) > 2 * self._window:
+                self._break("the initiator ignored backpressure", now)
+            return None
+        return self._handle_now(env, package, now)
+
+    def release(self) -> list[Envelope]:
+        """Answer the frames that waited for the stream's chunks to be decoded, in order, until
+        one leaves a chunk to decode again (or none waits)."""
+        answers: list[Envelope] = []
+        while self._deferred and not self._unsettled:
+            env, package, at = self._deferred.popleft()
+            answer = self._handle_now(env, package, at)
+            if answer is not None:
+                answers.append(answer)
+        return answers
+
+    @property
+    def queued_bytes(self) -> int:
+        """What the receive queue holds, for the byte window (frames until decoded, then bytes)."""
+        return self._queued_bytes
+
+    @property
+    def waiting(self) -> int:
+        """Frames waiting for the stream's chunks to be decoded."""
+        return len(self._deferred)
+
+    def _handle_now(self, env: Envelope, package: StreamPackage, now: float) -> Envelope | None:
+        self.last_seen = max(self.last_seen, now)
         if package.keep_alive is False and self.state is StreamState.OPEN:
             # The initiator stopped the stream; without a closing bit it is broken.
             self._break("the initiator stopped the stream before its end", now)
@@ -369,7 +404,7 @@ class ResponderStream:
 
     def finished(self, now: float, linger: float) -> bool:
         """Whether the registration may go: over, drained, and quiet for `linger` seconds."""
-        if self.closed_at is None or self._parked is not None:
+        if self.closed_at is None or self._parked is not None or self._deferred:
             return False
         return self._drained() and now >= self._linger_end(linger)
 

@@ -10,9 +10,10 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
   woken, received chunks decoded) and sends its frames, in order, under one lock.
 - A large received chunk is acknowledged before it is decoded (the connection queues it raw):
   a task decodes it in a worker thread (the native decoder and pybase64 let go of the GIL, so
-  the event loop keeps answering) and settles it with the connection. The read loop settles
-  every such chunk before it feeds the next frame, so decoding overlaps the round trip to the
-  peer, and a chunk that does not decode breaks its stream one frame later at most.
+  the event loop keeps answering, and chunks of different streams decode in parallel) and
+  settles it with the connection, which holds the stream's next frame until then: decoding
+  overlaps the round trip to the peer, and a chunk that does not decode breaks its stream one
+  frame later at most.
 - A request runs its typed `Route`: parse the body (`invalid-request` on failure), await the
   handler, serialise the response model; an `AgentError` becomes `error {text, data}`, anything
   else `internal` (traceback logged, never the request body).
@@ -90,7 +91,6 @@ class Peer:
         self._signals: dict[str, Signal] = {}
         self._handlers: dict[asyncio.Task[None], int] = {}
         self._children: set[asyncio.Task[None]] = set()
-        self._decoding: set[asyncio.Task[None]] = set()
         self._timer = Signal()
         self._timer_target: float | None = None
         self._group: asyncio.TaskGroup | None = None
@@ -108,9 +108,6 @@ class Peer:
             try:
                 while True:
                     frame = await self._transport.recv()
-                    if self._decoding:
-                        # The chunks of earlier frames are settled before this frame counts.
-                        await asyncio.wait(self._decoding)
                     self.connection.receive(frame, self.now())
                     await self.flush()
             except SessionClosed as exc:
@@ -218,10 +215,7 @@ class Peer:
                 if (signal := self._signals.get(event.stream_id)) is not None:
                     signal.fire()
             elif isinstance(event, ChunkReceived):
-                task = self._spawn(self._decode(event))
-                if task is not None:
-                    self._decoding.add(task)
-                    task.add_done_callback(self._decoding.discard)
+                self._spawn(self._decode(event))
             elif isinstance(event, RequestReceived):
                 route = self._routes.get(event.method)
                 assert route is not None  # the connection refuses unrouted methods

@@ -287,6 +287,26 @@ class TestPipelinedChunks:
         with pytest.raises(StreamBroken, match="undecodable chunk"):
             conn.take(stream, 0.1)
 
+    def test_only_the_streams_own_frames_wait_for_its_chunk_to_decode(self) -> None:
+        """While a chunk of s1 decodes, s1's next frame waits for it; a request and a frame of
+        another stream are answered at once. Settling answers the waiting frame."""
+        conn = connection(inline_decode_max=0)
+        conn.receive(request("echo", {"a": marker("s1"), "b": marker("s2")}), 0.0)
+        requests(conn)
+        conn.receive(chunk_frame("s1", "k1", b"[1]"), 0.0)
+        [received] = [e for e in conn.events_received() if isinstance(e, ChunkReceived)]
+        sent(conn)
+        conn.receive(stray("s1", "k2"), 0.0)
+        assert sent(conn) == []
+        conn.receive(stray("s2", "k3"), 0.0)
+        conn.receive(request("echo", {}, "c2"), 0.0)
+        [answer] = sent(conn)
+        assert answer["response"]["streamId"] == "s2"
+        assert len(requests(conn)) == 1
+        conn.settle_chunk("s1", received.chunk, b"\x01", 0.1)
+        [waited] = sent(conn)
+        assert (waited["response"]["cycleId"], waited["response"]["keepAlive"]) == ("k2", True)
+
     def test_small_chunks_are_decoded_on_arrival(self) -> None:
         """Below `inline_decode_max` no event: the bytes are there at once."""
         conn = connection()

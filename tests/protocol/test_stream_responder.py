@@ -267,35 +267,52 @@ def test_large_chunk_is_answered_before_it_is_decoded() -> None:
     assert stream.take() == b"ab"
 
 
-def test_chunks_are_delivered_in_order_whatever_order_they_settle_in() -> None:
-    """A later chunk decoded first waits behind the earlier one."""
+def settle_all(stream: ResponderStream) -> list[Envelope]:
+    """Decode and settle every chunk handed out; the answers of the frames that waited."""
+    answers: list[Envelope] = []
+    while chunks := received(stream):
+        for pending in chunks:
+            stream.settle(pending, pending.decode(), 1.0)
+        answers += stream.release()
+    return answers
+
+
+def test_a_frame_arriving_while_a_chunk_decodes_waits_for_it() -> None:
+    """The stream's next frame is answered only once the chunk before it is settled, in order."""
     stream = pipelined()
     send(stream, "chunk", **raw(b"1"))
-    send(stream, "chunk", **raw(b"2"))
-    first, second = received(stream)
-    stream.settle(second, second.decode(), 1.0)
-    assert stream.take() is None
+    assert stream.handle(*frame("chunk", cycle="k2", **raw(b"2")), 1.0) is None
+    assert stream.handle(*frame("keepAlive", cycle="k3", keep_alive=True), 1.0) is None
+    assert stream.waiting == 2
+    [first] = received(stream)
     stream.settle(first, first.decode(), 1.0)
+    [chunk_answer] = stream.release()  # the second chunk: now it waits for its own decode
+    assert chunk_answer.response["cycleId"] == "k2"
+    [keepalive_answer] = settle_all(stream)
+    assert keepalive_answer.response["cycleId"] == "k3"
     assert [stream.take(), stream.take(), stream.take()] == [b"1", b"2", None]
 
 
 def test_a_chunk_that_does_not_decode_breaks_the_stream_after_the_good_ones() -> None:
-    """What came before the bad chunk is delivered; it and what came after it are not."""
+    """What came before the bad chunk is delivered; it and what came after it are not, and the
+    frame that waited for it already hears that the stream is over."""
     stream = pipelined()
     send(stream, "chunk", **raw(b"ok"))
-    bad = {"chunk_data": RawChunk("buffer", memoryview(b"[1,256]"), 100)}
-    send(stream, "chunk", **bad)
-    send(stream, "chunk", **raw(b"later"))
-    good, broken, later = received(stream)
-    stream.settle(good, good.decode(), 1.0)
+    settle_all(stream)
+    send(stream, "chunk", **{"chunk_data": RawChunk("buffer", memoryview(b"[1,256]"), 100)})
+    assert stream.handle(*frame("chunk", cycle="k2", **raw(b"later")), 1.0) is None
+    assert stream.handle(*frame("keepAlive", cycle="k3", keep_alive=True), 1.0) is None
+    [bad] = received(stream)
     with pytest.raises(RemoteProtocolError) as caught:
-        broken.decode()
-    stream.settle(broken, caught.value, 1.0)
+        bad.decode()
+    stream.settle(bad, caught.value, 1.0)
     assert stream.state is StreamState.BROKEN
     assert stream.broken_reason.startswith("undecodable chunk: ")
+    _, keepalive = stream.release()
+    assert keepalive.response["keepAlive"] is False
+    assert received(stream) == []  # the later chunk was dropped, not handed out
     with pytest.raises(RemoteProtocolError, match="dropped"):
-        later.decode()  # dropped with the stream: nothing left to decode
-    stream.settle(later, b"later", 1.0)  # too late: ignored
+        bad.decode()  # settled: nothing left to decode
     assert stream.take() == b"ok"
     with pytest.raises(StreamBroken, match="undecodable chunk"):
         stream.take()
@@ -310,49 +327,71 @@ def test_after_a_bad_chunk_the_next_keepalive_is_answered_false() -> None:
     assert send(stream, "keepAlive", keep_alive=True).response["keepAlive"] is False
 
 
-def test_closing_bit_behind_undecoded_chunks_ends_once_they_decoded() -> None:
-    """The stream ends only when every chunk before the closing bit is settled."""
+def test_closing_bit_behind_an_undecoded_chunk_ends_once_it_decoded() -> None:
+    """The closing bit waits for the chunk before it; then the stream ends."""
     stream = pipelined()
     send(stream, "chunk", **raw(b"last"))
-    send(stream, "chunk", **chunk(None))
+    assert stream.handle(*frame("chunk", cycle="k2", **chunk(None)), 1.0) is None
     assert stream.state is StreamState.OPEN
-    send(stream, "chunk", cycle="k9", **raw(b"after the end"))  # dropped, as after an end
-    [pending] = received(stream)
-    stream.settle(pending, pending.decode(), 2.0)
+    settle_all(stream)
     assert stream.state is StreamState.ENDED
     assert [stream.take(), stream.take()] == [b"last", CLOSING]
 
 
 def test_a_break_drops_the_chunks_not_decoded_yet() -> None:
-    """An idle timeout with an undecoded chunk queued delivers the decoded ones only."""
+    """An idle timeout with an undecoded chunk queued delivers the decoded ones only, and
+    answers what waited."""
     stream = pipelined()
     send(stream, "chunk", **raw(b"a"))
-    send(stream, "chunk", **raw(b"b"))
-    first, second = received(stream)
-    stream.settle(first, first.decode(), 1.0)
+    settle_all(stream)
+    send(stream, "chunk", cycle="k2", **raw(b"b"))
+    assert stream.handle(*frame("keepAlive", cycle="k3", keep_alive=True), 1.0) is None
+    [second] = received(stream)
     stream.expire(20.0)
     assert stream.state is StreamState.BROKEN
-    stream.settle(second, b"b", 20.0)
+    [keepalive] = stream.release()
+    assert keepalive.response["keepAlive"] is False
+    stream.settle(second, b"b", 20.0)  # too late: ignored
     assert stream.take() == b"a"
     with pytest.raises(StreamBroken):
         stream.take()
 
 
-def test_the_byte_window_reports_backpressure_at_window_bytes_of_frames() -> None:
-    """Queued frames count their size until decoded, then their bytes."""
+def test_a_flood_of_frames_behind_an_undecoded_chunk_breaks_the_stream() -> None:
+    """More than 2 x window frames waiting for one chunk means the initiator does not wait
+    for answers: the stream breaks."""
+    stream = pipelined(window=2)
+    send(stream, "chunk", **raw(b"a"))
+    for cycle in ("b", "c", "d", "e"):
+        stream.handle(*frame("keepAlive", cycle=cycle, keep_alive=True), 1.0)
+    assert stream.state is StreamState.OPEN
+    stream.handle(*frame("keepAlive", cycle="f", keep_alive=True), 1.0)
+    assert stream.broken_reason == "the initiator ignored backpressure"
+    assert len(stream.release()) == 5
+
+
+def test_the_byte_window_reports_backpressure_at_window_bytes() -> None:
+    """A queued chunk counts its frame until decoded, then its bytes; at `window_bytes`
+    queued the answers report backpressure."""
     stream = pipelined(window=16, window_bytes=1000)
-    assert send(stream, "chunk", **raw(b"x", frame_bytes=600)).response["backpressure"] is False
-    assert send(stream, "chunk", **raw(b"y", frame_bytes=600)).response["backpressure"] is True
-    for pending in received(stream):
-        stream.settle(pending, pending.decode(), 1.0)
-    assert send(stream, "feedback").response["backpressure"] is False
+    big = bytes(600)
+    assert send(stream, "chunk", **raw(big, frame_bytes=700)).response["backpressure"] is False
+    assert stream.queued_bytes == 700
+    settle_all(stream)
+    assert stream.queued_bytes == 600
+    assert send(stream, "chunk", cycle="k2", **raw(big)).response["backpressure"] is False
+    settle_all(stream)
+    assert send(stream, "feedback", cycle="k3").response["backpressure"] is True
+    stream.take()
+    assert send(stream, "feedback", cycle="k4").response["backpressure"] is False
 
 
 def test_a_sender_past_twice_the_byte_window_breaks_the_stream() -> None:
-    """Frames beyond 2 x window_bytes queued mean the initiator ignored backpressure."""
+    """Chunks beyond 2 x window_bytes queued mean the initiator ignored backpressure."""
     stream = pipelined(window=16, window_bytes=1000)
-    for cycle in ("a", "b", "c", "d", "e"):
-        send(stream, "chunk", cycle=cycle, **raw(b"z", frame_bytes=600))
+    for cycle in ("a", "b", "c", "d", "e"):  # 4 x 600 queued, then the fifth breaks it
+        send(stream, "chunk", cycle=cycle, **raw(bytes(600)))
+        settle_all(stream)
     assert stream.state is StreamState.BROKEN
     assert stream.broken_reason == "the initiator ignored backpressure"
 
