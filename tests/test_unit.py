@@ -66,10 +66,11 @@ def test_the_unit_is_a_notify_service_with_a_watchdog_and_start_limits() -> None
 
 
 def test_secrets_and_state_come_from_systemd_directories() -> None:
-    """Credentials by LoadCredential=, state and runtime directories made by systemd."""
+    """The machine token by LoadCredential= (Corestore's credentials come sealed from Cloudly,
+    never from a file), state and runtime directories made by systemd."""
     service = _unit()["Service"]
     names = sorted(value.split(":", 1)[0] for value in service["LoadCredential"])
-    assert names == ["corestore-credential", "machine-token"]
+    assert names == ["machine-token"]
     assert service["StateDirectory"] == ["restore-agent"]
     assert service["RuntimeDirectory"] == ["restore-agent"]
     assert "/run/credentials" not in UNIT.read_text()
@@ -77,10 +78,12 @@ def test_secrets_and_state_come_from_systemd_directories() -> None:
 
 def test_the_stop_timeout_outlasts_the_agents_own_shutdown() -> None:
     """TimeoutStopSec exceeds the drain deadline plus the bounded close steps (socket,
-    engine, health endpoint, clients, store), so systemd never kills a clean shutdown."""
+    engine, relay jobs, health endpoint, clients, store, each with its second of grace), so
+    systemd never kills a clean shutdown."""
     defaults = ShutdownConfig()
-    close_steps = 5
-    needed = defaults.drain_timeout_s + close_steps * defaults.close_timeout_s
+    close_steps = 6
+    grace_s = 1.0
+    needed = defaults.drain_timeout_s + close_steps * (defaults.close_timeout_s + grace_s)
     assert float(_unit()["Service"]["TimeoutStopSec"][0]) > needed
 
 

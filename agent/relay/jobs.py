@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
 from agent.errors import AgentError, InvalidState, JobConflict, ShuttingDown
+from agent.locks import KeyedLocks
 from agent.relay.machine import JobOp
 from agent.store import JobKey, RevisionStore, StoredJob
 
@@ -45,7 +46,7 @@ class JobRunner:
 
     def __init__(self, store: RevisionStore) -> None:
         self._store = store
-        self._locks: dict[JobKey, tuple[asyncio.Lock, int]] = {}
+        self._locks: KeyedLocks[JobKey] = KeyedLocks()
         self._running: dict[JobKey, asyncio.Future[dict[str, Any]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._group: asyncio.TaskGroup | None = None
@@ -232,19 +233,9 @@ class JobRunner:
         for stored in unfinished:
             _log.info("relay_job_unfinished", **_fields(stored.key), attempts=stored.attempts)
 
-    @contextlib.asynccontextmanager
-    async def _key_lock(self, key: JobKey) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users <= 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
+    def _key_lock(self, key: JobKey) -> contextlib.AbstractAsyncContextManager[None]:
+        """One holder of `key` at a time (see `agent.locks`)."""
+        return self._locks.hold(key)
 
 
 def _fields(key: JobKey) -> dict[str, str]:

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import structlog
 
 from agent.errors import InvalidState, ShuttingDown
+from agent.locks import KeyedLocks
 from agent.store import RestoreKey, RevisionStore, StoredState
 
 __all__ = ["Observer", "WorkOwner", "running"]
@@ -40,7 +41,7 @@ class WorkOwner:
 
     def __init__(self, store: RevisionStore) -> None:
         self._store = store
-        self._locks: dict[RestoreKey, tuple[asyncio.Lock, int]] = {}
+        self._locks: KeyedLocks[RestoreKey] = KeyedLocks()
         self._work: dict[RestoreKey, asyncio.Task[None]] = {}
         self._observers: list[Observer] = []
         self._group: asyncio.TaskGroup | None = None
@@ -181,20 +182,9 @@ class WorkOwner:
                 revision=stored.revision,
             )
 
-    @contextlib.asynccontextmanager
-    async def _key_lock(self, key: RestoreKey) -> AsyncIterator[None]:
-        """One mutating request per restore at a time; the lock is dropped when unused."""
-        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users <= 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
+    def _key_lock(self, key: RestoreKey) -> contextlib.AbstractAsyncContextManager[None]:
+        """One holder of `key` at a time (see `agent.locks`)."""
+        return self._locks.hold(key)
 
 
 @contextlib.asynccontextmanager

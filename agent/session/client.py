@@ -231,18 +231,8 @@ class CloudlySession:
         or timed out), `AuthenticationFailed`, `RemoteProtocolError` (classify it with
         `agent.session.faults.classify`).
         """
-        settings = self._settings
-        transport = await connect_transport(
-            self._url,
-            ssl_context=self._ssl,
-            max_size=settings.max_frame_bytes,
-            compression="deflate" if settings.compression else None,
-            ping_interval=None,
-            ping_timeout=None,
-            open_timeout=settings.open_timeout,
-            close_timeout=settings.close_timeout,
-        )
-        peer = Peer(transport, Routes(), settings=settings.connection, clock=self._clock)
+        transport = await self._connect()
+        peer = Peer(transport, Routes(), settings=self._settings.connection, clock=self._clock)
         # Owned here: cancelled and awaited below, whatever happens.
         reader = asyncio.create_task(peer.run(), name="cloudly-probe-peer")
         try:
@@ -370,19 +360,23 @@ class CloudlySession:
             sleeper.cancel()
             stopper.cancel()
 
-    async def _one_session(self) -> None:
+    async def _connect(self) -> WebsocketTransport:
         settings = self._settings
-        transport = await connect_transport(
+        return await connect_transport(
             self._url,
             ssl_context=self._ssl,
             max_size=settings.max_frame_bytes,
             compression="deflate" if settings.compression else None,
-            # The session's own keepalive (below) pings: it records every pong.
+            # The session's own keepalive pings (it records every pong); a probe pings not at all.
             ping_interval=None,
             ping_timeout=None,
             open_timeout=settings.open_timeout,
             close_timeout=settings.close_timeout,
         )
+
+    async def _one_session(self) -> None:
+        settings = self._settings
+        transport = await self._connect()
         close_code, reason = INTERNAL_ERROR, "internal error"  # unless a known loss below
         try:
             peer = Peer(
