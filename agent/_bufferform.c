@@ -107,7 +107,8 @@ static const unsigned M1[4] = {0, 0, 1, 10};
 static const unsigned M2[4] = {0, 0, 0, 1};
 
 /* One value [start, comma): its byte, or a mark in `*bad` (empty, leading zero, over three
- * digits, above 255). Reads start[0..2], which the callers guarantee are inside the text. */
+ * digits, above 255). Reads start[0..2] whatever `len` is: the callers guarantee all three are
+ * inside the text (the block loop stops 66 characters before the closing bracket). */
 static inline unsigned char value_of(const unsigned char *start, Py_ssize_t len, unsigned *bad)
 {
     unsigned L = len > 3 ? 0u : (unsigned)len;
@@ -118,19 +119,30 @@ static inline unsigned char value_of(const unsigned char *start, Py_ssize_t len,
     return (unsigned char)v;
 }
 
+/* One value [start, start + len) read with no look-ahead: its byte, or -1 if it is not one. */
+static int value_exact(const unsigned char *start, Py_ssize_t len)
+{
+    if (len < 1 || len > 3 || (len > 1 && start[0] == '0')) return -1;
+    unsigned v = 0;
+    for (Py_ssize_t k = 0; k < len; k++) v = v * 10 + (start[k] - (unsigned)'0');
+    return v > 255 ? -1 : (int)v;
+}
+
 /* The canonical text (JSON.stringify's: digits and commas only between the brackets), the
  * common case, done by finding the commas 64 characters at a time (SSE2 on x86-64) and reading
  * each value off its position: no per-digit branch, no dependency from one value to the next
  * but the comma bitmask. [s, last) is the interior, `last` the closing bracket. -1: not the
  * canonical text, or not valid (the general parser decides). */
 static Py_ssize_t parse_canonical(const unsigned char *s, const unsigned char *last,
-                                  unsigned char *out)
+                                  unsigned char *out, Py_ssize_t cap)
 {
     unsigned char *o = out;
     const unsigned char *start = s;
     Py_ssize_t n = last - s, i = 0;
     unsigned bad = 0;
-    for (; i + 64 <= n; i += 64) {
+    /* 66, not 64: a value that starts at the block's last comma is read three characters
+     * ahead (value_of), and those must still be inside the text. */
+    for (; i + 66 <= n; i += 64) {
         uint64_t commas = 0, good = 0;
 #if defined(__SSE2__)
         const __m128i comma = _mm_set1_epi8(','), zero = _mm_set1_epi8('0');
@@ -153,6 +165,9 @@ static Py_ssize_t parse_canonical(const unsigned char *s, const unsigned char *l
         }
 #endif
         if (good != ~(uint64_t)0) return -1;
+        /* Text that is mostly commas has more values than the output can hold (it is sized
+         * for a digit and a comma each); such text is not an array of bytes anyway. */
+        if ((o - out) + __builtin_popcountll(commas) > cap) return -1;
         while (commas) {
             const unsigned char *e = s + i + __builtin_ctzll(commas);
             commas &= commas - 1;
@@ -160,30 +175,31 @@ static Py_ssize_t parse_canonical(const unsigned char *s, const unsigned char *l
             start = e + 1;
         }
     }
+    if (bad) return -1;
     for (; i < n; i++) {
         unsigned char c = s[i];
         if (c == ',') {
-            *o++ = value_of(start, s + i - start, &bad);
+            int v = value_exact(start, s + i - start);
+            if (v < 0 || o - out >= cap) return -1;
+            *o++ = (unsigned char)v;
             start = s + i + 1;
         } else if (!is_digit[c]) {
             return -1;
         }
     }
-    /* the last value, [start, last): read only what is there */
-    Py_ssize_t len = last - start;
-    if (len < 1 || len > 3) return -1;
-    unsigned v = 0;
-    for (Py_ssize_t k = 0; k < len; k++) v = v * 10 + (start[k] - (unsigned)'0');
-    if ((len > 1 && start[0] == '0') || v > 255 || bad) return -1;
+    /* the last value, [start, last) */
+    int v = value_exact(start, last - start);
+    if (v < 0 || o - out >= cap) return -1;
     *o++ = (unsigned char)v;
     return (Py_ssize_t)(o - out);
 }
 
 /* Either parser, canonical first. */
-static Py_ssize_t parse_any(const unsigned char *p, const unsigned char *end, unsigned char *out)
+static Py_ssize_t parse_any(const unsigned char *p, const unsigned char *end, unsigned char *out,
+                            Py_ssize_t cap)
 {
     if (end - p >= 3 && p[0] == '[' && end[-1] == ']') {
-        Py_ssize_t n = parse_canonical(p + 1, end - 1, out);
+        Py_ssize_t n = parse_canonical(p + 1, end - 1, out, cap);
         if (n >= 0) return n;
     }
     return parse_array(p, end, out);
@@ -194,7 +210,9 @@ static PyObject *decode(PyObject *module, PyObject *arg)
     (void)module;
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    /* At most one value per two characters (a digit and a comma). */
+    /* A byte array has at most one value per two characters (a digit and a comma):
+     * parse_array writes a value only after consuming at least that, and parse_canonical,
+     * which counts commas before it writes, stops at `bound` (hostile text is mostly commas). */
     Py_ssize_t bound = view.len / 2 + 1;
     PyObject *result = PyBytes_FromStringAndSize(NULL, bound);
     if (result == NULL) {
@@ -205,7 +223,7 @@ static PyObject *decode(PyObject *module, PyObject *arg)
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
     Py_ssize_t written;
     Py_BEGIN_ALLOW_THREADS
-    written = parse_any(text, text + view.len, out);
+    written = parse_any(text, text + view.len, out, bound);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (written < 0) {

@@ -83,6 +83,15 @@ def mutated_arrays(draw: st.DrawFn) -> bytes:
     return bytes(text)
 
 
+@st.composite
+def comma_digit_runs(draw: st.DrawFn) -> bytes:
+    """Bracketed runs of commas and digits long enough for the native decoder's 64-character
+    block path, commas often dense: arrays, near-arrays and hostile comma floods."""
+    alphabet = draw(st.sampled_from([b",", b",,,0", b",0123456789", b"0123456789,,,,"]))
+    body = draw(st.lists(st.sampled_from(list(alphabet)), min_size=60, max_size=700))
+    return b"[" + bytes(body) + b"]"
+
+
 class TestBufferForm:
     @given(st.binary(max_size=5000))
     def test_canonical_arrays_decode_to_their_bytes(self, data: bytes) -> None:
@@ -161,6 +170,23 @@ class TestNative:
         got = native.decode(text)
         if got is not None:
             assert got == pure(text)
+
+    @needs_native
+    @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+    @given(comma_digit_runs())
+    def test_native_gives_the_pure_verdict_on_long_comma_digit_runs(self, text: bytes) -> None:
+        """Through the block path too: arrays decode, anything else is left to the pure path."""
+        assert native is not None
+        got = native.decode(text)
+        assert got == pure(text)
+
+    @needs_native
+    @pytest.mark.parametrize("commas", [1, 2, 63, 64, 65, 66, 67, 130, 100_000, 4_000_000])
+    def test_native_refuses_a_flood_of_commas_within_its_buffer(self, commas: int) -> None:
+        """More commas than the output holds values (one per two characters) is refused, not
+        written past the buffer (this crashed the process once)."""
+        assert native is not None
+        assert native.decode(b"[" + b"," * commas + b"]") is None
 
     @needs_native
     def test_native_leaves_the_rare_json_forms_to_the_pure_path(self) -> None:
