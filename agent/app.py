@@ -49,6 +49,7 @@ from agent.log import register_secret
 from agent.loopwatch import LoopWatch, watch_interval
 from agent.metrics import Metrics
 from agent.notify import Notifier, watchdog_seconds
+from agent.protocol.bytearrays import codec_backends
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import Routes
 from agent.relay.routes import relay_routes
@@ -89,6 +90,7 @@ def session_settings(config: Config) -> SessionSettings:
         stable_after=cloudly.stable_after_s,
         connection=ConnectionSettings(
             stream_window=streams.window,
+            stream_window_bytes=streams.window_bytes,
             keepalive_timeout=streams.keepalive_timeout_s,
             chunk_form=streams.chunk_form,
             max_concurrent_requests=cloudly.max_concurrent_requests,
@@ -138,6 +140,7 @@ async def run(
             health=config.health.listen,
             watchdog_s=watchdog_s,
             systemd_notify=notifier.enabled,
+            chunk_decoders=codec_backends(),
         )
         settings = EngineSettings.from_config(config.corestore)
         corestore = config.corestore

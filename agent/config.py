@@ -241,6 +241,7 @@ class StreamsConfig(_Section):
     """`[streams]`: VirtualStream flow control and chunk encoding."""
 
     window: Annotated[int, Field(ge=1, le=256)] = 16
+    window_bytes: Annotated[int, Field(ge=1 * MiB, le=256 * MiB)] = 8 * MiB
     keepalive_timeout_s: Seconds = 10.0
     chunk_form: ChunkForm = "buffer"
 

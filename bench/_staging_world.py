@@ -69,10 +69,13 @@ class Corestore:
 
 
 @contextlib.asynccontextmanager
-async def corestore_process(work: Path, log: IO[bytes]) -> AsyncIterator[Corestore]:
-    """Start the reference Corestore under `work/corestore`; SIGTERM it on exit."""
-    data_dir = work / "corestore"
-    bearer = secret_file(work / "corestore-bearer", BEARER)
+async def corestore_process(
+    work: Path, log: IO[bytes], *, discard: bool = False, name: str = "corestore"
+) -> AsyncIterator[Corestore]:
+    """Start the reference Corestore under `work/<name>`; SIGTERM it on exit. `discard`: the
+    discarding Corestore (chunks verified and thrown away)."""
+    data_dir = work / name
+    bearer = secret_file(work / f"{name}-bearer", BEARER)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -81,6 +84,7 @@ async def corestore_process(work: Path, log: IO[bytes]) -> AsyncIterator[Coresto
         str(data_dir),
         "--bearer-file",
         str(bearer),
+        *(["--discard"] if discard else []),
         cwd=ROOT,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -122,10 +126,18 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
 
 
 def write_config(
-    directory: Path, cloudly_url: str, chunk_mib: int, window: int, chunk_form: str | None = None
+    directory: Path,
+    cloudly_url: str,
+    chunk_mib: int,
+    window: int,
+    chunk_form: str | None = None,
+    *,
+    max_in_flight: int | None = None,
+    window_bytes: int | None = None,
 ) -> Path:
     """An agent config file for the stand-ins (production defaults unless a flag says;
-    `chunk_form` is how the agent encodes the chunks it sends)."""
+    `chunk_form` is how the agent encodes the chunks it sends; `window_bytes` is left out for
+    an agent that predates it)."""
     directory.mkdir(parents=True, exist_ok=True)
     token = secret_file(directory / "token", TOKEN)
     bearer = secret_file(directory / "bearer", BEARER)
@@ -140,10 +152,12 @@ def write_config(
                 'credential_source = "file"',
                 f'credential_file = "{bearer}"',
                 f"chunk_size = {chunk_mib * MiB}",
+                *([] if max_in_flight is None else [f"max_in_flight = {max_in_flight}"]),
                 "[state]",
                 f'directory = "{directory / "state"}"',
                 "[streams]",
                 f"window = {window}",
+                *([] if window_bytes is None else [f"window_bytes = {window_bytes}"]),
                 *([] if chunk_form is None else [f'chunk_form = "{chunk_form}"']),
                 "[shutdown]",
                 "drain_timeout_s = 5.0",
@@ -184,19 +198,32 @@ async def agent_process(
     chunk_mib: int,
     window: int,
     chunk_form: str | None = None,
+    max_in_flight: int | None = None,
+    window_bytes: int | None = None,
+    checkout: Path = ROOT,
 ) -> AsyncIterator[AgentProcess]:
-    """Start `python -m <module...> --config F` against `cloudly`; wait until it is connected."""
-    config = write_config(directory, cloudly.url, chunk_mib, window, chunk_form)
+    """Start `python -m <module...> --config F` against `cloudly`; wait until it is connected.
+    `checkout`: run another checkout's code with its own `.venv` (an old agent, side by side)."""
+    config = write_config(
+        directory,
+        cloudly.url,
+        chunk_mib,
+        window,
+        chunk_form,
+        max_in_flight=max_in_flight,
+        window_bytes=window_bytes,
+    )
+    python = sys.executable if checkout == ROOT else str(checkout / ".venv" / "bin" / "python")
     log_path = directory / "stderr.jsonl"
     connected = cloudly.count("cluster-config-read")
     with log_path.open("wb") as log:
         process = await asyncio.create_subprocess_exec(
-            sys.executable,
+            python,
             "-m",
             *module,
             "--config",
             str(config),
-            cwd=ROOT,
+            cwd=checkout,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -275,11 +302,11 @@ class BenchObject:
         return self.spec.size
 
 
-def plan_for(restore_id: str, obj: BenchObject) -> RestorePlan:
-    """One restore of one object (a database mapping over it; never executed here)."""
+def plan_for(restore_id: str, obj: BenchObject, node: str = NODE) -> RestorePlan:
+    """One restore of one object on `node` (a database mapping over it; never executed here)."""
     return RestorePlan(
         CLUSTER,
-        NODE,
+        node,
         (MappingSpec("map-db", "database", "snap-db", "app", "mongodb"),),
         (obj.spec,),
         restore_id=restore_id,

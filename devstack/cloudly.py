@@ -133,6 +133,9 @@ class AgentConnection:
     websocket: ServerConnection
     tags: dict[str, Any] = field(default_factory=dict)
     stream_frames_received: int = 0  # `##VirtualStream##` frames the agent sent us
+    # Called with every frame the agent sends, before the peer reads it (a benchmark's replay
+    # initiator watches its stream answers here; the peer drops answers it did not ask for).
+    taps: list[Callable[[bytes], None]] = field(default_factory=list)
 
 
 class _CountingTransport(WebsocketTransport):
@@ -146,6 +149,8 @@ class _CountingTransport(WebsocketTransport):
         frame = await super().recv()
         if b'"##VirtualStream##"' in frame[:64]:
             self._agent.stream_frames_received += 1
+        for tap in self._agent.taps:
+            tap(frame)
         return frame
 
 

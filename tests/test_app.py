@@ -207,7 +207,7 @@ def test_session_settings_follow_the_configuration(tmp_path: Path) -> None:
                 "tag_payload": {"cluster": "c1"},
             },
             "corestore": {"credential_source": "file", "credential_file": str(tmp_path / "c")},
-            "streams": {"window": 8},
+            "streams": {"window": 8, "window_bytes": 4 * 2**20},
             "shutdown": {"close_timeout_s": 3.0},
         }
     )
@@ -216,6 +216,7 @@ def test_session_settings_follow_the_configuration(tmp_path: Path) -> None:
     assert (settings.max_frame_bytes, settings.ping_interval) == (32 * 2**20, 7.0)
     assert settings.tag_payload == {"cluster": "c1"}
     assert (settings.close_timeout, settings.connection.stream_window) == (3.0, 8)
+    assert settings.connection.stream_window_bytes == 4 * 2**20
 
 
 async def test_the_secrets_it_reads_are_masked_in_every_log_line(

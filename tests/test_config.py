@@ -81,6 +81,7 @@ def test_minimal_file_gets_every_default(tmp_path: Path) -> None:
     assert config.corestore.restore_poll_interval_s == 1.0
     assert config.state.directory == Path("/var/lib/restore-agent")
     assert (config.streams.window, config.streams.keepalive_timeout_s) == (16, 10.0)
+    assert config.streams.window_bytes == 8 * 1024 * 1024
     assert config.streams.chunk_form == "buffer"
     assert (config.shutdown.drain_timeout_s, config.shutdown.close_timeout_s) == (20.0, 5.0)
     assert (config.log.format, config.log.level) == ("auto", "info")
@@ -319,6 +320,10 @@ REFUSALS = [
         "config corestore.restore_poll_interval_s: expected a number, got a string",
     ),
     (("", "[streams]\nwindow = 0\n"), "config streams.window: must be >= 1, got 0"),
+    (
+        ("", "[streams]\nwindow_bytes = 1000\n"),
+        "config streams.window_bytes: must be >= 1048576, got 1000",
+    ),
     (
         ("", '[streams]\nchunk_form = "hex"\n'),
         "config streams.chunk_form: must be 'buffer' or 'base64'",

@@ -28,6 +28,7 @@ from agent.config import Config
 from agent.errors import ConfigError
 from agent.log import configure_logging
 from agent.notify import Notifier
+from agent.protocol.bytearrays import codec_backends
 from agent.protocol.routes import RequestContext, Routes
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 from devstack.cloudly import ABSENT, StandInCloudly, cluster_document
@@ -446,7 +447,7 @@ async def test_the_start_up_line_says_what_runs_against_what(
     tmp_path: Path, cloudly: StandInCloudly
 ) -> None:
     """One info line at start: version, config path, Cloudly URL, state directory, the
-    store's integrity result and where the health endpoint listens."""
+    store's integrity result, where the health endpoint listens and which chunk decoders run."""
     config = _config(tmp_path, cloudly)
     with structlog.testing.capture_logs() as logs:
         async with running(config):
@@ -458,4 +459,5 @@ async def test_the_start_up_line_says_what_runs_against_what(
     assert line["state_directory"] == str(tmp_path / "state")
     assert line["store_integrity"] == "new"
     assert line["health"] == "127.0.0.1:0"
+    assert line["chunk_decoders"] == codec_backends()
     assert TOKEN not in repr(line)

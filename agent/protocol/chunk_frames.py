@@ -1,119 +1,92 @@
-"""Fast decode of a Buffer-form chunk frame: the byte array parsed natively, not as Python ints.
+"""Cutting a chunk frame's payload out without parsing it: Buffer-form and base64 chunk frames.
 
 A 1 MiB chunk in the Buffer form (`"chunkData":{"type":"Buffer","data":[1,2,..]}`) is ~3.7 MB
-of JSON; `orjson.loads` builds a million-int list that `bytes()` then walks. Here only the int
-array is handed to simdjson, which writes it into a uint64 buffer without creating Python ints,
-and the small rest of the frame goes to orjson with the array spliced out.
+of JSON, in the base64 form ~1.4 MB; `orjson.loads` of the whole frame would build a million-int
+list (or a 1.4 MB string) on the event loop. Here the payload is found by its pattern and cut
+out as a `RawChunk` (a view into the frame, no copy); only the few hundred bytes around it go
+through orjson, and the payload is decoded later -- by the responder's consumer, off the event
+loop (`agent.protocol.stream_responder`), or at once on the initiator's side.
 
 The result is the object `orjson.loads(frame)` would give, except that the `chunkData` of
-`request` (a chunk we receive as a responder) or of `response` (the answer to a `read` we sent
-as the initiator reading a stream) is a `DecodedBuffer` holding the bytes the int list stands
-for. Every step is checked and anything
-unexpected returns `None`, so the caller takes the plain orjson path:
-- the array is the first raw `"chunkData":{"type":"Buffer","data":[`; its opening quote is not
-  preceded by a backslash, so it opens a key (an unescaped quote inside a string is invalid
-  JSON), and the array ends at the first `]` (an int array holds none; anything nested makes
-  the slice invalid JSON, which simdjson rejects);
-- simdjson must read the slice as unsigned integers, each 0..255;
-- the rest is parsed twice, with `[]` and with `[0]` spliced in: `request.chunkData.data` (or
-  `response.chunkData.data`) must follow the splice, which proves the spliced array is the one
-  the frame's `chunkData` resolves to (not another object with the same text, nor one hidden by
-  a duplicate key). This check alone settles where the array sits; the backslash test above is
-  a cheap early exit.
+`request` (a chunk we receive as a responder) or of `response` (the answer to a `read` we sent as
+the initiator reading a stream) is the `RawChunk`. Every step is checked and anything unexpected
+returns `None`, so the caller takes the plain orjson path:
+- the payload is the first raw `"chunkData":{"type":"Buffer","data":[` (or
+  `..."type":"EncodedBuffer","data":"`); its opening quote is not preceded by a backslash, so it
+  opens a key (an unescaped quote inside a string is invalid JSON). An int array ends at the
+  first `]` (it holds none; anything nested makes the array text invalid, which its decoder
+  refuses); a base64 string at the first `"`, and one holding a backslash (a JSON escape, legal
+  but never written by an encoder) is left to orjson;
+- the rest is parsed twice, with an empty payload and with a probe (`[]`/`[0]`, `""`/`"0"`)
+  spliced in: `request.chunkData` (or `response.chunkData`) must follow the splice, which proves
+  the cut-out payload is the one the frame's `chunkData` resolves to (not another object with the
+  same text, nor one hidden by a duplicate key).
 
-Without simdjson installed (`simdjson` is `None`) the fast path is off.
+What is NOT checked here is the payload itself: its decoder is the judge (`RawChunk.decode()`),
+so a frame whose payload is no array of bytes, or no valid base64, is taken and its stream
+breaks when the chunk is decoded (`undecodable chunk`), where orjson would have dropped the
+whole frame as invalid JSON.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-from types import ModuleType
 from typing import Any, Final
 
 import orjson
 
-from agent.protocol.chunks import DecodedBuffer
+from agent.protocol.chunks import ChunkForm, RawChunk
 
-simdjson: ModuleType | None
-try:
-    import simdjson
-except ImportError:  # pragma: no cover - the agent still runs on the orjson path
-    simdjson = None
+__all__ = ["split_chunk_frame"]
 
-__all__ = ["decode_buffer_frame"]
+_BUFFER: Final = b'"chunkData":{"type":"Buffer","data":['
+_BASE64: Final = b'"chunkData":{"type":"EncodedBuffer","data":"'
+_SPLICES: Final[dict[ChunkForm, tuple[bytes, bytes, Any, Any]]] = {
+    "buffer": (b"[]", b"[0]", {"type": "Buffer", "data": []}, {"type": "Buffer", "data": [0]}),
+    "base64": (
+        b'""',
+        b'"0"',
+        {"type": "EncodedBuffer", "data": ""},
+        {"type": "EncodedBuffer", "data": "0"},
+    ),
+}
 
-_PATTERN: Final = b'"chunkData":{"type":"Buffer","data":['
-_EMPTY: Final = {"type": "Buffer", "data": []}
-_PROBE: Final = {"type": "Buffer", "data": [0]}
-# The low byte of a uint64 is its first byte only on a little-endian machine.
-_LITTLE_ENDIAN: Final = sys.byteorder == "little"
-_local = threading.local()  # a simdjson parser is not thread-safe; reusing one halves parse time
 
+def split_chunk_frame(frame: bytes, method: str) -> dict[str, Any] | None:
+    """`orjson.loads(frame)` with its `chunkData` as a `RawChunk`, or `None`.
 
-def decode_buffer_frame(frame: bytes, method: str) -> dict[str, Any] | None:
-    """`orjson.loads(frame)` with its `chunkData` as a `DecodedBuffer`, or `None`.
-
-    `None` means the fast path does not apply (or simdjson is missing): parse with orjson.
-    Only frames whose `method` equals `method` are decoded.
+    `None` means the fast path does not apply: parse with orjson. Only frames whose `method`
+    equals `method` are split.
     """
-    if simdjson is None or not _LITTLE_ENDIAN:
-        return None
-    start = frame.find(_PATTERN)
+    form: ChunkForm = "buffer"
+    start = frame.find(_BUFFER)
+    if start < 0:
+        form, start = "base64", frame.find(_BASE64)
     if start <= 0 or frame[start - 1] == 0x5C:  # a backslash: the quote may be escaped
         return None
-    open_at = start + len(_PATTERN) - 1
-    close_at = frame.find(b"]", open_at)
+    if form == "buffer":
+        open_at = start + len(_BUFFER) - 1  # the `[`
+        close_at = frame.find(b"]", open_at)  # the `]`
+        text_from, text_to = open_at, close_at + 1
+    else:
+        open_at = start + len(_BASE64) - 1  # the opening quote
+        close_at = frame.find(b'"', open_at + 1)  # the closing quote
+        text_from, text_to = open_at + 1, close_at
+        if close_at >= 0 and frame.find(b"\\", text_from, text_to) >= 0:
+            return None
     if close_at < 0:
         return None
-    data = _byte_array(simdjson, frame[open_at : close_at + 1])
-    if data is None:
-        return None
+    empty, probe_text, empty_value, probe_value = _SPLICES[form]
     head, tail = frame[:open_at], frame[close_at + 1 :]
-    obj = _loads(head + b"[]" + tail)
-    probe = _loads(head + b"[0]" + tail)
+    obj = _loads(head + empty + tail)
+    probe = _loads(head + probe_text + tail)
     if obj is None or probe is None or obj.get("method") != method:
         return None
     for side in ("request", "response"):
-        if _chunk_data(obj, side) == _EMPTY and _chunk_data(probe, side) == _PROBE:
-            obj[side]["chunkData"] = DecodedBuffer(data)
+        if _chunk_data(obj, side) == empty_value and _chunk_data(probe, side) == probe_value:
+            view = memoryview(frame)[text_from:text_to]
+            obj[side]["chunkData"] = RawChunk(form, view, len(frame))
             return obj
     return None
-
-
-def _byte_array(lib: ModuleType, text: bytes) -> bytes | None:
-    """The bytes a JSON array of ints 0..255 stands for, or `None` if `text` is anything else."""
-    parser = getattr(_local, "parser", None)
-    if parser is None:
-        parser = _local.parser = lib.Parser()
-    try:
-        doc = parser.parse(text)
-        try:
-            # as_buffer would flatten nested arrays, but the slice cannot hold one: it ends at
-            # the first `]`, so an inner `[` would leave the outer array open (a parse error).
-            # The buffer is simdjson's own copy; it is viewed, never copied again.
-            words = memoryview(doc.as_buffer(of_type="u")).cast("B")
-        finally:
-            del doc  # the parser refuses to parse again while a proxy of its document lives
-    except Exception:  # noqa: BLE001 - any failure of the accelerator means: use orjson
-        return None
-    with words:
-        return _low_bytes(words)
-
-
-def _low_bytes(words: memoryview) -> bytes | None:
-    """The low byte of every uint64 in `words`, or `None` if any value is above 255."""
-    low = words[::8].tobytes()
-    # Every value is 0..255 exactly when each 8-byte word is its low byte and seven zeros.
-    # The zeroed template is kept per thread (chunk sizes repeat); only every 8th byte of it is
-    # ever written, so the other bytes stay zero.
-    template: bytearray | None = getattr(_local, "template", None)
-    if template is None or len(template) != len(words):
-        template = _local.template = bytearray(len(words))
-    template[::8] = low
-    if template != words:
-        return None
-    return low
 
 
 def _loads(text: bytes) -> dict[str, Any] | None:

@@ -8,29 +8,39 @@ Accepted on input, whatever the sender's JSON serialiser made of its bytes:
 
 Sent: the Buffer form by default, the only one a plain `JSON.parse` TS peer turns back into
 bytes; `"base64"` sends EncodedBuffer, which only a smartjson-parsing peer revives.
+`encode_chunk` hands back an `EncodedChunk`: the chunkData's JSON text, made by
+`agent.protocol.bytearrays` (the native encoder when built) and spliced into the frame as it is.
 
-Speed (bench/codec.py): a Buffer-form frame arriving as bytes has its int array parsed natively
-by `chunk_frames` (simdjson), which hands `decode_chunk` a `DecodedBuffer`; any other frame is
-parsed by orjson as a whole and `bytes(list)` builds the chunk. Measured pure-Python
-alternatives (slicing the array text and parsing it with orjson, `split` plus a lookup table,
-regexes) were slower than orjson, so there is no hand-written parser to get wrong.
+Speed (bench/codec.py): a Buffer-form or base64 frame arriving as bytes has its payload cut out
+without parsing it (`chunk_frames`), as a `RawChunk` that `decode_chunk` turns into bytes later
+(`bytearrays`: native or pybase64) -- off the event loop, for a large chunk (the responder
+queues it undecoded; `agent.protocol.stream_responder`). Any other frame is parsed by orjson as a
+whole and `bytes(list)` builds the chunk.
 """
 
 from __future__ import annotations
 
-import binascii
 import enum
 from functools import lru_cache
 from typing import Any, Final, Literal
 
+import orjson
+
 from agent.errors import RemoteProtocolError
+from agent.protocol.bytearrays import (
+    decode_base64,
+    decode_int_array,
+    encode_base64,
+    encode_int_array,
+)
 
 __all__ = [
     "CLOSING",
     "CLOSING_BIT",
     "ChunkForm",
     "Closing",
-    "DecodedBuffer",
+    "EncodedChunk",
+    "RawChunk",
     "decode_chunk",
     "encode_chunk",
 ]
@@ -38,6 +48,7 @@ __all__ = [
 CLOSING_BIT: Final = "#############CLOSING BIT#############"
 ChunkForm = Literal["buffer", "base64"]
 _BASE64_PREFIX: Final = "base64:"
+_BASE64_PREFIX_BYTES: Final = b"base64:"
 
 
 class Closing(enum.Enum):
@@ -49,36 +60,75 @@ class Closing(enum.Enum):
 CLOSING: Final = Closing.CLOSING
 
 
-class DecodedBuffer:
-    """A Buffer-form `chunkData` whose int array the frame decoder already turned into bytes.
+class RawChunk:
+    """A Buffer-form or base64 `chunkData` cut out of its frame, not decoded yet.
 
-    A plain class, not a dataclass: orjson would serialise a dataclass as `{"data": bytes}`
-    instead of asking the encoder's `default` hook (which writes `to_json()`).
+    `text` is a view into the frame (no copy): the int array (`[..]`, form `buffer`) or the
+    EncodedBuffer string's content (`base64:..`, form `base64`). `frame_bytes` is the size of
+    the frame it keeps alive, what a receive window counts. `decode()` (pure, thread-safe) gives
+    the bytes or raises `RemoteProtocolError`; `to_json()` writes the value back as it came
+    (an echoed frame). A plain class: orjson asks the encoder's `default` hook for it.
     """
 
-    __slots__ = ("data",)
+    __slots__ = ("form", "frame_bytes", "text")
 
-    def __init__(self, data: bytes) -> None:
-        self.data: Final = data
+    def __init__(self, form: ChunkForm, text: memoryview, frame_bytes: int) -> None:
+        self.form: Final = form
+        self.text: Final = text
+        self.frame_bytes: Final = frame_bytes
 
     def __repr__(self) -> str:
-        return f"DecodedBuffer({len(self.data)} bytes)"
+        return f"RawChunk({self.form}, {len(self.text)} characters)"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, DecodedBuffer) and other.data == self.data
+        return isinstance(other, RawChunk) and (other.form, other.text) == (self.form, self.text)
 
     def __hash__(self) -> int:
-        return hash(self.data)
+        return hash((self.form, bytes(self.text)))
 
-    def to_json(self) -> dict[str, Any]:
-        """The Buffer form it was decoded from, for a frame that echoes it back."""
-        return {"type": "Buffer", "data": list(self.data)}
+    def decode(self) -> bytes:
+        """The bytes it stands for; raises `RemoteProtocolError`."""
+        if self.form == "buffer":
+            return decode_int_array(self.text)
+        if self.text[: len(_BASE64_PREFIX_BYTES)].tobytes() != _BASE64_PREFIX_BYTES:
+            raise RemoteProtocolError("EncodedBuffer data lacks the base64: prefix")
+        return decode_base64(self.text[len(_BASE64_PREFIX_BYTES) :])
+
+    def to_json(self) -> orjson.Fragment:
+        """The `chunkData` JSON it was cut from."""
+        if self.form == "buffer":
+            return orjson.Fragment(b'{"type":"Buffer","data":' + self.text + b"}")
+        return orjson.Fragment(b'{"type":"EncodedBuffer","data":"' + self.text + b'"}')
+
+
+class EncodedChunk:
+    """A `chunkData` already written as JSON text (`json`), spliced into a frame unchanged."""
+
+    __slots__ = ("json",)
+
+    def __init__(self, json: bytes) -> None:
+        self.json: Final = json
+
+    def __repr__(self) -> str:
+        return f"EncodedChunk({len(self.json)} characters)"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EncodedChunk) and other.json == self.json
+
+    def __hash__(self) -> int:
+        return hash(self.json)
+
+    def to_json(self) -> orjson.Fragment:
+        """The text, for orjson to embed."""
+        return orjson.Fragment(self.json)
 
 
 def decode_chunk(value: Any) -> bytes | Closing:
     """The bytes (or `CLOSING`) a `chunkData` value stands for; raises `RemoteProtocolError`."""
-    if isinstance(value, DecodedBuffer):
-        return value.data
+    if isinstance(value, RawChunk):
+        return value.decode()
+    if isinstance(value, EncodedChunk):  # our own chunk, handed over in-process
+        value = orjson.loads(value.json)
     if value == CLOSING_BIT:
         return CLOSING
     if not isinstance(value, dict):
@@ -91,20 +141,18 @@ def decode_chunk(value: Any) -> bytes | Closing:
     return _from_index_object(value)
 
 
-def encode_chunk(data: bytes | Closing, form: ChunkForm = "buffer") -> Any:
-    """The JSON-ready `chunkData` for `data` in `form`."""
+def encode_chunk(data: bytes | Closing, form: ChunkForm = "buffer") -> EncodedChunk | str:
+    """The `chunkData` for `data` in `form`: JSON text to splice in, or the closing-bit string."""
     if data is CLOSING:
         return CLOSING_BIT
     assert isinstance(data, bytes | bytearray | memoryview)
     if form == "base64":
-        return {"type": "EncodedBuffer", "data": _BASE64_PREFIX + _b64(data)}
+        return EncodedChunk(
+            b'{"type":"EncodedBuffer","data":"base64:' + encode_base64(data) + b'"}'
+        )
     if form == "buffer":
-        return {"type": "Buffer", "data": list(data)}
+        return EncodedChunk(b'{"type":"Buffer","data":' + encode_int_array(data) + b"}")
     raise ValueError(f"unknown chunk form {form!r}")
-
-
-def _b64(data: bytes | bytearray | memoryview) -> str:
-    return binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
 def _from_ints(values: list[Any]) -> bytes:
@@ -118,10 +166,7 @@ def _from_ints(values: list[Any]) -> bytes:
 def _from_base64(text: str) -> bytes:
     if not text.startswith(_BASE64_PREFIX):
         raise RemoteProtocolError("EncodedBuffer data lacks the base64: prefix")
-    try:
-        return binascii.a2b_base64(text[len(_BASE64_PREFIX) :], strict_mode=True)
-    except (binascii.Error, ValueError) as exc:
-        raise RemoteProtocolError("EncodedBuffer data is not valid base64") from exc
+    return decode_base64(text[len(_BASE64_PREFIX) :])
 
 
 def _from_index_object(value: dict[str, Any]) -> bytes:

@@ -28,6 +28,12 @@ Intake rules for a request frame, in this order:
    more) and starts the streams the handler announced in its response (`open_reply_stream`);
    one it opened but left out of the response is aborted.
 
+Received chunks: a large chunk of a stream we answer for is queued undecoded and announced as a
+`ChunkReceived` event; the driver decodes it off the event loop (`chunk.decode()`) and reports
+with `settle_chunk()`. Frames of that stream arriving meanwhile wait and are answered once it is
+settled, so a chunk that does not decode has broken its stream before the peer's next frame of
+it is answered (`stream_responder`); other streams' frames and requests do not wait.
+
 A malformed envelope that still names a method and a request correlation id gets an
 `invalid-request` answer; anything else malformed is dropped with a log line. Stream frames are
 routed by `StreamRegistry` (which answers a frame for an unknown stream at most once). Nothing
@@ -72,12 +78,13 @@ from agent.protocol.envelope import (
 from agent.protocol.ids import new_uni_id
 from agent.protocol.markers import find_stream_ids
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
-from agent.protocol.stream_responder import ResponderStream, Role
+from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role
 from agent.protocol.streams import StreamRegistry, StreamSettings
 
 __all__ = [
     "MAX_CHUNK",
     "UNKNOWN_METHOD_TEXT",
+    "ChunkReceived",
     "Completed",
     "Connection",
     "ConnectionSettings",
@@ -101,9 +108,16 @@ log = structlog.get_logger("agent.protocol")
 
 @dataclass(frozen=True, slots=True)
 class ConnectionSettings:
-    """Tunables of one connection (`chunk_form`: "buffer" or "base64", see `chunks`)."""
+    """Tunables of one connection (`chunk_form`: "buffer" or "base64", see `chunks`).
+
+    `stream_window` (chunks) and `stream_window_bytes` bound what one stream we receive may
+    queue; `inline_decode_max` is the payload size (characters) from which a received chunk is
+    left for the driver to decode off the event loop.
+    """
 
     stream_window: int = 16
+    stream_window_bytes: int = 8 * 1024 * 1024
+    inline_decode_max: int = 64 * 1024
     keepalive_interval: float = 1.0
     keepalive_timeout: float = 10.0
     backpressure_probe: float = 0.05
@@ -117,11 +131,17 @@ class ConnectionSettings:
             raise InvalidState(f"unknown chunk_form {self.chunk_form!r}")
         if self.max_concurrent_requests < 1:
             raise InvalidState("max_concurrent_requests must be at least 1")
+        if self.stream_window_bytes < 1 or self.inline_decode_max < 0:
+            raise InvalidState(
+                "stream_window_bytes must be positive, inline_decode_max not negative"
+            )
 
     def streams(self) -> StreamSettings:
         """The settings every stream of the connection shares."""
         return StreamSettings(
             window=self.stream_window,
+            window_bytes=self.stream_window_bytes,
+            inline_decode_max=self.inline_decode_max,
             keepalive_interval=self.keepalive_interval,
             keepalive_timeout=self.keepalive_timeout,
             probe_interval=self.backpressure_probe,
@@ -146,7 +166,17 @@ class StreamChanged:
     stream_id: str
 
 
-Event = RequestReceived | Completed | Failed | StreamChanged
+@dataclass(frozen=True, slots=True)
+class ChunkReceived:
+    """A chunk of stream `stream_id` was queued undecoded: decode it (`chunk.decode()`, pure,
+    best in a worker thread) and report the bytes or the `RemoteProtocolError` with
+    `settle_chunk()` before feeding the connection its next frame."""
+
+    stream_id: str
+    chunk: PendingChunk
+
+
+Event = RequestReceived | Completed | Failed | StreamChanged | ChunkReceived
 
 
 class ConnectionState(enum.Enum):
@@ -262,6 +292,8 @@ class Connection:
             responder = self._streams.responders.get(stream_id)
             if responder is not None and responder.broken_reason and responder.done:
                 log.warning("stream_broken", stream_id=stream_id, reason=responder.broken_reason)
+            if responder is not None:
+                self._release(responder)
         for stream in list(self._streams.initiators.values()):
             self._pump(stream, now)
 
@@ -423,6 +455,32 @@ class Connection:
             self._pump(stream, now)  # room in our window: ask for more
         return item
 
+    def settle_chunk(
+        self, stream_id: str, chunk: PendingChunk, outcome: bytes | RemoteProtocolError, now: float
+    ) -> None:
+        """Report how a `ChunkReceived` chunk decoded: its bytes, or why it is no chunk."""
+        self._now = now
+        stream = self._streams.responders.get(stream_id)
+        if stream is None:
+            chunk.raw = None
+            return
+        was_open = not stream.done
+        stream.settle(chunk, outcome, now)
+        self._changed[stream_id] = None
+        if was_open and stream.done and stream.broken_reason:
+            log.warning("stream_broken", stream_id=stream_id, reason=stream.broken_reason)
+        self._release(stream)
+
+    def _release(self, stream: ResponderStream) -> None:
+        """Answer the frames that waited for `stream`'s chunks; announce new chunks to decode."""
+        if self._closed is not None:
+            return
+        for answer in stream.release():
+            self._outbox.append(encode_envelope(answer))
+        if stream.received:
+            self._events.extend(ChunkReceived(stream.stream_id, c) for c in stream.received)
+            stream.received.clear()
+
     def stop_reading(self, stream: Stream, now: float) -> None:
         """The reader stopped before the end: what still arrives is discarded."""
         self._now = now
@@ -533,6 +591,9 @@ class Connection:
         if result.stream_id is None:
             return
         self._changed[result.stream_id] = None
+        responder = self._streams.responders.get(result.stream_id)
+        if responder is not None:
+            self._release(responder)
         initiator = self._streams.initiators.get(result.stream_id)
         if initiator is not None:
             self._pump(initiator, now)

@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 
 from agent.errors import RemoteProtocolError
-from agent.protocol.chunk_frames import decode_buffer_frame
-from agent.protocol.chunks import DecodedBuffer
+from agent.protocol.chunk_frames import split_chunk_frame
+from agent.protocol.chunks import EncodedChunk, RawChunk
 from agent.protocol.markers import omit_markers
 
 __all__ = [
@@ -109,12 +109,12 @@ def classify(env: Envelope) -> FrameKind:
 def parse_frame(frame: bytes | str) -> dict[str, Any]:
     """The JSON object of one text frame; raises `RemoteProtocolError` if it is none.
 
-    A `##VirtualStream##` frame in bytes with a Buffer-form chunk comes back with
-    its `chunkData` (in `request` or `response`) as a `DecodedBuffer` (see `chunk_frames`);
-    `decode_chunk` reads it.
+    A `##VirtualStream##` frame in bytes with a Buffer-form or base64 chunk comes back with
+    its `chunkData` (in `request` or `response`) as a `RawChunk` (see `chunk_frames`), not
+    decoded yet; `decode_chunk` decodes it.
     """
     if isinstance(frame, bytes):
-        fast = decode_buffer_frame(frame, STREAM_METHOD)
+        fast = split_chunk_frame(frame, STREAM_METHOD)
         if fast is not None:
             return fast
     try:
@@ -213,8 +213,9 @@ def retry_reply(env: Envelope, wait_for_ms: float, reason: str) -> Envelope:
 
 
 def _revive(value: Any) -> Any:
-    # An echoed stream frame carries the chunk parse_frame decoded: write it as it came.
-    if isinstance(value, DecodedBuffer):
+    # Chunk JSON written by encode_chunk, or a chunk parse_frame cut out (an echoed stream
+    # frame): spliced in as it is.
+    if isinstance(value, EncodedChunk | RawChunk):
         return value.to_json()
     raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
 

@@ -11,9 +11,24 @@ answer `read` with the next chunk and `next`. A `read` that finds the queue empt
 stream is still open is parked (long poll) until data arrives or `park_timeout` passes, so an
 initiator that reads while `next` is true neither spins nor stalls.
 
-Bounds: the receive queue holds at most `window` chunks before we report backpressure; a peer
-that keeps sending past `2 * window` breaks the stream. The send queue holds `window` chunks;
-the producer waits for `has_space()`. Memory is window x chunk size, never stream length.
+Pipelined receive: a chunk whose payload is at least `inline_decode_max` characters (a
+`RawChunk`: the frame decoder cut it out undecoded) is answered as soon as it is queued, as a
+`PendingChunk`; the driver decodes it off the event loop (`PendingChunk.decode()`, pure) and
+reports the outcome with `settle()`. A chunk that does not decode breaks the stream
+(`undecodable chunk: ...`): what came before it is still delivered, nothing after it is. The
+consumer only ever sees decoded bytes, in order (`take()` waits for the oldest chunk to be
+settled); a closing bit behind undecoded chunks ends the stream once they all decoded. A frame
+of the stream that arrives while one of its chunks is still being decoded waits (`handle`
+answers None) and is answered by `release()` once the chunk is settled, so a bad chunk has
+broken the stream before the peer's next frame of it is answered: one frame later at most
+(frames of other streams, and requests, do not wait). At most `2 x window` frames may wait;
+more break the stream. Smaller chunks are decoded at once, as before.
+
+Bounds: the receive queue holds at most `window` chunks, and at most `window_bytes` bytes
+(a queued chunk counts the frame it keeps alive until it is decoded, then its bytes), before we
+report backpressure; a peer that keeps sending past twice either bound breaks the stream. The
+send queue holds `window` chunks; the producer waits for `has_space()`. Memory per stream is
+at most 2 x `window_bytes` of queued frames, never stream length.
 """
 
 from __future__ import annotations
@@ -23,11 +38,18 @@ from collections import deque
 from dataclasses import dataclass
 
 from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
-from agent.protocol.chunks import CLOSING, ChunkForm, Closing, decode_chunk, encode_chunk
+from agent.protocol.chunks import (
+    CLOSING,
+    ChunkForm,
+    Closing,
+    RawChunk,
+    decode_chunk,
+    encode_chunk,
+)
 from agent.protocol.envelope import Envelope
 from agent.protocol.stream_frames import Purpose, StreamPackage, stream_reply
 
-__all__ = ["TRANSITIONS", "ResponderStream", "Role", "StreamState"]
+__all__ = ["TRANSITIONS", "PendingChunk", "ResponderStream", "Role", "StreamState"]
 
 
 class Role(enum.Enum):
@@ -53,6 +75,32 @@ TRANSITIONS: dict[StreamState, frozenset[StreamState]] = {
 }
 
 
+class PendingChunk:
+    """A received chunk queued before it was decoded (identity matters: `settle()` finds it)."""
+
+    __slots__ = ("data", "raw", "size")
+
+    def __init__(self, raw: RawChunk) -> None:
+        self.raw: RawChunk | None = raw
+        self.data: bytes | None = None
+        self.size = raw.frame_bytes  # what it holds now, for the window
+
+    def __repr__(self) -> str:
+        state = "pending" if self.data is None else f"{len(self.data)} bytes"
+        return f"PendingChunk({state})"
+
+    def decode(self) -> bytes:
+        """Decode the raw payload (pure; safe in a worker thread): `RemoteProtocolError` if it
+        is no chunk, or was dropped meanwhile (its stream broke: `settle` ignores it then)."""
+        raw = self.raw
+        if raw is None:
+            raise RemoteProtocolError("the chunk was dropped before it was decoded")
+        return raw.decode()
+
+
+Item = bytes | Closing | PendingChunk
+
+
 @dataclass(slots=True)
 class _Parked:
     env: Envelope
@@ -73,8 +121,10 @@ class ResponderStream:
         idle_timeout: float,
         park_timeout: float,
         chunk_form: ChunkForm = "buffer",
+        window_bytes: int = 8 * 1024 * 1024,
+        inline_decode_max: int = 64 * 1024,
     ) -> None:
-        if window < 1:
+        if window < 1 or window_bytes < 1:
             raise InvalidState("stream window must be at least 1")
         self.stream_id = stream_id
         self.role = role
@@ -83,10 +133,18 @@ class ResponderStream:
         self.last_seen = now
         self.closed_at: float | None = None  # when ENDED/BROKEN was reached
         self._window = window
+        self._window_bytes = window_bytes
+        self._inline_max = inline_decode_max
         self._idle_timeout = idle_timeout
         self._park_timeout = park_timeout
         self._form: ChunkForm = chunk_form
-        self._queue: deque[bytes | Closing] = deque()
+        self._queue: deque[Item] = deque()
+        self._queued_bytes = 0  # RECEIVE: what the queue holds, for the byte window
+        self._unsettled = 0  # RECEIVE: queued chunks not decoded yet
+        self._closing = False  # RECEIVE: the closing bit is queued behind unsettled chunks
+        self.received: list[PendingChunk] = []  # RECEIVE: queued undecoded; the driver drains it
+        # RECEIVE: frames that arrived while a chunk was being decoded, answered after it
+        self._deferred: deque[tuple[Envelope, StreamPackage, float]] = deque()
         self._queued_close = False  # SEND: the producer called close()
         self._abandoned = False  # RECEIVE: nobody will read; accept and discard
         self._parked: _Parked | None = None
@@ -94,8 +152,39 @@ class ResponderStream:
     # --- frames from the initiator -------------------------------------------------------
 
     def handle(self, env: Envelope, package: StreamPackage, now: float) -> Envelope | None:
-        """The answer to one stream frame, or None when a `read` is parked."""
-        self.last_seen = now
+        """The answer to one stream frame, or None when a `read` is parked or the frame waits
+        behind a chunk not decoded yet (`release()` answers it once that chunk is settled)."""
+        if self._unsettled or self._deferred:
+            self.last_seen = now
+            self._deferred.append((env, package, now))
+            if len(self._deferred) > 2 * self._window:
+                self._break("the initiator ignored backpressure", now)
+            return None
+        return self._handle_now(env, package, now)
+
+    def release(self) -> list[Envelope]:
+        """Answer the frames that waited for the stream's chunks to be decoded, in order, until
+        one leaves a chunk to decode again (or none waits)."""
+        answers: list[Envelope] = []
+        while self._deferred and not self._unsettled:
+            env, package, at = self._deferred.popleft()
+            answer = self._handle_now(env, package, at)
+            if answer is not None:
+                answers.append(answer)
+        return answers
+
+    @property
+    def queued_bytes(self) -> int:
+        """What the receive queue holds, for the byte window (frames until decoded, then bytes)."""
+        return self._queued_bytes
+
+    @property
+    def waiting(self) -> int:
+        """Frames waiting for the stream's chunks to be decoded."""
+        return len(self._deferred)
+
+    def _handle_now(self, env: Envelope, package: StreamPackage, now: float) -> Envelope | None:
+        self.last_seen = max(self.last_seen, now)
         if package.keep_alive is False and self.state is StreamState.OPEN:
             # The initiator stopped the stream; without a closing bit it is broken.
             self._break("the initiator stopped the stream before its end", now)
@@ -140,21 +229,56 @@ class ResponderStream:
         return bool(self._queue) or self.state is StreamState.OPEN
 
     def _backpressured(self) -> bool:
-        return self.role is Role.RECEIVE and len(self._queue) >= self._window
+        return self.role is Role.RECEIVE and (
+            len(self._queue) >= self._window or self._queued_bytes >= self._window_bytes
+        )
 
     def _accept_chunk(self, package: StreamPackage, now: float) -> None:
-        if self.role is not Role.RECEIVE or self.state is not StreamState.OPEN or self._abandoned:
+        if (
+            self.role is not Role.RECEIVE
+            or self.state is not StreamState.OPEN
+            or self._abandoned
+            or self._closing
+        ):
             return  # nobody reads it (late chunk, or data on a stream we send on): drop it
-        try:
-            item = decode_chunk(package.chunk_data)
-        except RemoteProtocolError as exc:
-            self._break(f"undecodable chunk: {exc}", now)
-            return
-        if len(self._queue) >= 2 * self._window:
+        if len(self._queue) >= 2 * self._window or self._queued_bytes >= 2 * self._window_bytes:
             self._break("the initiator ignored backpressure", now)
             return
+        raw = package.chunk_data
+        item: Item
+        if isinstance(raw, RawChunk) and len(raw.text) >= self._inline_max:
+            item = PendingChunk(raw)
+            self._unsettled += 1
+            self.received.append(item)
+        else:
+            try:
+                item = decode_chunk(raw)
+            except RemoteProtocolError as exc:
+                self._break(f"undecodable chunk: {exc}", now)
+                return
         self._queue.append(item)
+        self._queued_bytes += _size(item)
         if item is CLOSING:
+            if self._unsettled:
+                self._closing = True  # ends once the chunks before it are decoded
+            else:
+                self._end(now)
+
+    def settle(self, chunk: PendingChunk, outcome: bytes | RemoteProtocolError, now: float) -> None:
+        """The driver decoded `chunk` (its bytes), or could not (the error): deliver it, or
+        break the stream there. A chunk no longer queued (abandoned, broken) is ignored."""
+        if chunk.data is not None or not any(item is chunk for item in self._queue):
+            chunk.raw = None
+            return
+        if isinstance(outcome, RemoteProtocolError):
+            # What came before it is delivered; it and everything after it count for nothing.
+            self._break(f"undecodable chunk: {outcome}", now)
+            return
+        self._unsettled -= 1
+        self._queued_bytes += len(outcome) - chunk.size
+        chunk.raw, chunk.data, chunk.size = None, outcome, len(outcome)
+        if self._closing and not self._unsettled:
+            self._closing = False
             self._end(now)
 
     def _answer_read(self, env: Envelope, package: StreamPackage, now: float) -> Envelope | None:
@@ -172,6 +296,7 @@ class ResponderStream:
             item = self._queue.popleft()
             if item is CLOSING:
                 self._end(now)
+            assert not isinstance(item, PendingChunk)  # only received chunks are ever pending
             answer = StreamPackage(
                 stream_id=self.stream_id,
                 cycle_id=package.cycle_id,
@@ -197,7 +322,16 @@ class ResponderStream:
         if self.role is not Role.RECEIVE:
             raise InvalidState("take() on a stream we send on")
         if self._queue:
-            return self._queue.popleft()
+            head = self._queue[0]
+            if isinstance(head, PendingChunk):
+                if head.data is None:
+                    return None  # the oldest chunk is still being decoded
+                self._queue.popleft()
+                self._queued_bytes -= head.size
+                return head.data
+            self._queue.popleft()
+            self._queued_bytes -= _size(head)
+            return head
         if self.state is StreamState.BROKEN:
             raise StreamBroken(f"stream {self.stream_id} broke: {self.broken_reason}")
         if self._abandoned:
@@ -207,7 +341,7 @@ class ResponderStream:
     def abandon(self, now: float) -> None:
         """Nobody will read: drop what is queued, discard what comes, answer keepAlive false."""
         self._abandoned = True
-        self._queue.clear()
+        self._drop_queue()
         if self.closed_at is None:
             self.closed_at = now
 
@@ -270,7 +404,7 @@ class ResponderStream:
 
     def finished(self, now: float, linger: float) -> bool:
         """Whether the registration may go: over, drained, and quiet for `linger` seconds."""
-        if self.closed_at is None or self._parked is not None:
+        if self.closed_at is None or self._parked is not None or self._deferred:
             return False
         return self._drained() and now >= self._linger_end(linger)
 
@@ -296,3 +430,36 @@ class ResponderStream:
         self.broken_reason = reason
         if self.role is Role.SEND:
             self._queue.clear()
+        elif self._unsettled:
+            # A chunk not decoded yet is never delivered once the stream broke (its verdict is
+            # not awaited), and nothing after it is; the chunks before it still are.
+            first = next(i for i, item in enumerate(self._queue) if _unsettled(item))
+            while len(self._queue) > first:
+                self._pop_last()
+            self._drop_unsettled()
+
+    def _pop_last(self) -> None:
+        item = self._queue.pop()
+        self._queued_bytes -= _size(item)
+        if isinstance(item, PendingChunk):
+            item.raw = None
+
+    def _drop_queue(self) -> None:
+        while self._queue:
+            self._pop_last()
+        self._drop_unsettled()
+
+    def _drop_unsettled(self) -> None:
+        self._unsettled = 0
+        self._closing = False
+        self.received.clear()
+
+
+def _unsettled(item: Item) -> bool:
+    return isinstance(item, PendingChunk) and item.data is None
+
+
+def _size(item: Item) -> int:
+    if isinstance(item, PendingChunk):
+        return item.size
+    return 0 if isinstance(item, Closing) else len(item)

@@ -41,6 +41,8 @@ class StreamSettings:
     """Tunables shared by every stream of a connection."""
 
     window: int = 16
+    window_bytes: int = 8 * 1024 * 1024
+    inline_decode_max: int = 64 * 1024
     keepalive_interval: float = 1.0
     keepalive_timeout: float = 10.0
     probe_interval: float = 0.05
@@ -80,6 +82,8 @@ class StreamRegistry:
             idle_timeout=s.keepalive_timeout,
             park_timeout=s.keepalive_interval,
             chunk_form=s.chunk_form,
+            window_bytes=s.window_bytes,
+            inline_decode_max=s.inline_decode_max,
         )
         self.responders[stream_id] = stream
         return stream

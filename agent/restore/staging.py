@@ -94,8 +94,10 @@ async def rechunk(
     async for piece in source:
         buffer += piece
         while len(buffer) >= target:
-            yield bytes(buffer[:target])
+            with memoryview(buffer) as view:
+                chunk = bytes(view[:target])  # one copy (a slice of the bytearray is another)
             del buffer[:target]
+            yield chunk
             target = plan.pop(0) if plan else chunk_size
     if buffer:
         yield bytes(buffer)

@@ -7,7 +7,13 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
   connection's next deadline, then calls `advance`), every handler and every producer; when it
   ends, pending calls fail with `SessionClosed`, streams break and those tasks are cancelled.
 - `flush()` hands the connection's events out (handlers started, calls resolved, stream waiters
-  woken) and sends its frames, in order, under one lock.
+  woken, received chunks decoded) and sends its frames, in order, under one lock.
+- A large received chunk is acknowledged before it is decoded (the connection queues it raw):
+  a task decodes it in a worker thread (the native decoder and pybase64 let go of the GIL, so
+  the event loop keeps answering, and chunks of different streams decode in parallel) and
+  settles it with the connection, which holds the stream's next frame until then: decoding
+  overlaps the round trip to the peer, and a chunk that does not decode breaks its stream one
+  frame later at most.
 - A request runs its typed `Route`: parse the body (`invalid-request` on failure), await the
   handler, serialise the response model; an `AgentError` becomes `error {text, data}`, anything
   else `internal` (traceback logged, never the request body).
@@ -27,9 +33,10 @@ import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.base import StreamMarker
-from agent.errors import AgentError, SessionClosed, ShuttingDown
+from agent.errors import AgentError, RemoteProtocolError, SessionClosed, ShuttingDown
 from agent.observe import NULL_OBSERVER, Direction, PeerObserver
 from agent.protocol.connection import (
+    ChunkReceived,
     Completed,
     Connection,
     ConnectionSettings,
@@ -207,6 +214,8 @@ class Peer:
             if isinstance(event, StreamChanged):
                 if (signal := self._signals.get(event.stream_id)) is not None:
                     signal.fire()
+            elif isinstance(event, ChunkReceived):
+                self._spawn(self._decode(event))
             elif isinstance(event, RequestReceived):
                 route = self._routes.get(event.method)
                 assert route is not None  # the connection refuses unrouted methods
@@ -252,6 +261,16 @@ class Peer:
         finally:
             seconds = self._clock.monotonic() - began
             self._observer.request_handled(method=method, code=code, seconds=seconds)
+        await self._flush_quietly()
+
+    async def _decode(self, event: ChunkReceived) -> None:
+        """Decode one received chunk in a worker thread and settle it with the connection."""
+        outcome: bytes | RemoteProtocolError
+        try:
+            outcome = await asyncio.to_thread(event.chunk.decode)
+        except RemoteProtocolError as exc:
+            outcome = exc
+        self.connection.settle_chunk(event.stream_id, event.chunk, outcome, self.now())
         await self._flush_quietly()
 
     async def _produce(self, stream: ResponderStream, producer: Producer) -> None:

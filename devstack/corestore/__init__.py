@@ -9,7 +9,7 @@
 
 Standalone (for the demo and crash tests; the bearer is read from a file, never argv):
 
-    python -m devstack.corestore --data-dir D --port P --bearer-file F
+    python -m devstack.corestore --data-dir D --port P --bearer-file F [--discard]
 
 prints one JSON line `{"url": "http://127.0.0.1:P"}` once it listens, and stops on SIGTERM or
 SIGINT. What it checks and what it does not (it does not verify the grant's signature) is in
@@ -69,12 +69,14 @@ async def start(
     host: str = "127.0.0.1",
     port: int = 0,
     faults: Faults | None = None,
+    discard: bool = False,
 ) -> CorestoreHandle:
-    """Start a reference Corestore on `host:port` (0: a free port) storing under `data_dir`."""
+    """Start a reference Corestore on `host:port` (0: a free port) storing under `data_dir`
+    (`discard`: staging chunks are verified and thrown away, for benchmarks)."""
     root = Path(data_dir)
     await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
     faults = faults if faults is not None else Faults()
-    storage = Storage(root)
+    storage = Storage(root, discard=discard)
     scratch = Scratch(storage)
     accepted = Bearer(bearer if isinstance(bearer, Secret) else Secret(bearer))
     app = create_app(storage, scratch, Jobs(scratch, faults), faults, accepted)

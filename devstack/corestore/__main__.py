@@ -1,4 +1,7 @@
-"""`python -m devstack.corestore --data-dir D --port P --bearer-file F [--host H]`.
+"""`python -m devstack.corestore --data-dir D --port P --bearer-file F [--host H] [--discard]`.
+
+`--discard`: a discarding Corestore for benchmarks (staging chunks verified, judged and thrown
+away; the ledger in memory only).
 
 Prints `{"url": ...}` on one line when listening; stops cleanly on SIGTERM/SIGINT (exit 0).
 Logs go to stderr (JSON lines, `--log-level`, default warning) so stdout carries only that line:
@@ -26,6 +29,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--bearer-file", type=Path, required=True)
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--discard", action="store_true", help="throw staging bytes away")
     return parser.parse_args(argv)
 
 
@@ -36,7 +40,11 @@ async def _serve(arguments: argparse.Namespace) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     handle = await start(
-        data_dir=arguments.data_dir, bearer=bearer, host=arguments.host, port=arguments.port
+        data_dir=arguments.data_dir,
+        bearer=bearer,
+        host=arguments.host,
+        port=arguments.port,
+        discard=arguments.discard,
     )
     try:
         sys.stdout.write(json.dumps({"url": handle.url}) + "\n")

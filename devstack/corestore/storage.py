@@ -6,10 +6,25 @@ Synchronous and thread-safe (the server calls it through `asyncio.to_thread`). L
     restores/<restoreId>.json                 the prepare body, as accepted (until forgotten)
     staging/<archive>/<object path>           object bytes, written at their offsets
     staging-meta/<archive>/archive.json       which restore owns the archive
-    staging-meta/<archive>/objects/<h>.json   the object's chunk ledger (h = sha256 of its path)
+    staging-meta/<archive>/ledger.jsonl       the chunk ledger of every object of the archive
 
 (`scratch.py` keeps the restored resources.) Refusals are `CorestoreRefused` carrying
 `httpStatus` and `corestoreCode`, which the server turns into the error answer.
+
+**Crash guarantee** (unchanged): a chunk is answered only once its bytes and its ledger entry
+are on disk, so after a crash the ledger counts exactly the answered chunks (or, for the one in
+flight, possibly that one too; never a chunk whose bytes are not there). The ledger is an
+append-only journal per archive (one JSON line per counted chunk, commit or removal; a torn last
+line is a write the crash cut short, never answered, and is ignored on reading), kept in memory
+once read. **Group commit:** appending a record does not fsync it alone: the first writer
+fdatasyncs the journal for every record appended so far while the others wait for that one
+sync, so chunks of one archive arriving together share one ledger sync (and no chunk rewrites
+or renames a whole ledger file any more). The chunk's bytes are fdatasynced before its record
+is appended.
+
+`Storage(root, discard=True)` is the benchmarks' discarding Corestore: chunks are verified and
+judged as usual but their bytes are thrown away, and the ledger lives in memory only; commit
+compares the digest of the bytes it was sent.
 """
 
 from __future__ import annotations
@@ -20,6 +35,7 @@ import os
 import shutil
 import threading
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -67,13 +83,101 @@ def sha256_file(path: Path) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-class Storage:
-    """All state of one reference Corestore, on disk."""
+@dataclass(slots=True)
+class _Ledger:
+    """One object's counted chunks and whether it is committed."""
 
-    def __init__(self, data_dir: Path) -> None:
+    chunks: list[Chunk] = field(default_factory=list)
+    committed: bool = False
+    running: Any = None  # discard mode: the sha256 of the bytes counted so far
+
+
+class _Journal:
+    """One archive's append-only ledger journal, with group commit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._cond = threading.Condition()
+        self._fd: int | None = None
+        self._written = 0  # records appended
+        self._durable = 0  # records known to be on disk
+        self._syncing = False
+
+    def read(self) -> dict[str, _Ledger]:
+        """Every object's ledger as the journal says (a torn last line is ignored)."""
+        ledgers: dict[str, _Ledger] = {}
+        try:
+            text = self.path.read_bytes()
+        except FileNotFoundError:
+            return ledgers
+        if not text.endswith(b"\n") and text:
+            # A record a crash cut short (never answered): cut it off, so the next append
+            # starts a line of its own.
+            text = text[: text.rfind(b"\n") + 1]
+            os.truncate(self.path, len(text))
+        for line in text.split(b"\n")[:-1]:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # cut short by a crash: never answered
+            path = record["path"]
+            if record.get("removed"):
+                ledgers.pop(path, None)
+            elif record.get("committed"):
+                ledgers.setdefault(path, _Ledger()).committed = True
+            else:
+                ledger = ledgers.setdefault(path, _Ledger())
+                ledger.chunks.append(Chunk(record["offset"], record["length"], record["sha256"]))
+        return ledgers
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Append `record` and return once it is on disk (sharing one sync with its peers)."""
+        line = json.dumps(record, sort_keys=True).encode() + b"\n"
+        with self._cond:
+            if self._fd is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.write(self._fd, line)  # O_APPEND, one write: records never interleave
+            self._written += 1
+            mine = self._written
+            self._cond.notify_all()  # whoever waits for records to be appended
+            while self._durable < mine:
+                if self._syncing:
+                    self._cond.wait()  # a sync is running; it may cover this record
+                    continue
+                self._syncing, target, fd = True, self._written, self._fd
+                self._cond.release()
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    self._cond.acquire()
+                    self._syncing = False
+                    self._cond.notify_all()
+                self._durable = max(self._durable, target)
+
+    def wait_appended(self, count: int, timeout: float) -> bool:
+        """Whether `count` records were appended within `timeout` seconds (tests)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._written >= count, timeout)
+
+    def close(self) -> None:
+        """Close the file (the archive is being deleted)."""
+        with self._cond:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+class Storage:
+    """All state of one reference Corestore, on disk (`discard`: staging bytes are dropped)."""
+
+    def __init__(self, data_dir: Path, *, discard: bool = False) -> None:
         self.root = data_dir
+        self.discard = discard
         self._lock = threading.RLock()  # metadata, restores, resources
         self._object_locks: dict[tuple[str, str], threading.Lock] = {}
+        self._journals: dict[str, _Journal] = {}
+        self._ledgers: dict[str, dict[str, _Ledger]] = {}  # archive -> path -> ledger
 
     # --- restores -------------------------------------------------------------------------------
 
@@ -139,47 +243,62 @@ class Storage:
         chunk = Chunk(offset, len(data), sha256)
         with self._object_lock(archive, path):
             ledger = self._ledger(archive, path)
-            counted = [Chunk(**c) for c in ledger["chunks"]]
-            verdict = judge_chunk(counted, entry.size, ledger["committed"], chunk)
+            verdict = judge_chunk(ledger.chunks, entry.size, ledger.committed, chunk)
             if verdict is ChunkVerdict.APPEND:
-                target = self._object_path(archive, path)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with target.open("r+b" if target.exists() else "wb") as handle:
-                    handle.truncate(offset)  # bytes past the verified prefix were never counted
-                    handle.seek(offset)
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                counted.append(chunk)
-                ledger["chunks"].append({"offset": offset, "length": len(data), "sha256": sha256})
-                write_json(self._ledger_path(archive, path), ledger)
+                if self.discard:
+                    ledger.running = ledger.running or hashlib.sha256()
+                    ledger.running.update(data)
+                else:
+                    self._write_at(self._object_path(archive, path), offset, data)
+                    record = {"path": path, "offset": offset, "length": len(data), "sha256": sha256}
+                    self._journal(archive).append(record)
+                ledger.chunks.append(chunk)
             elif verdict is not ChunkVerdict.REPLAY:
                 raise refuse(409, verdict.value, f"the chunk at offset {offset} is refused")
+            verified = verified_bytes(ledger.chunks)
         return {
             "path": path,
             "offset": offset,
             "length": len(data),
             "sha256": sha256,
-            "verifiedBytes": verified_bytes(counted),
+            "verifiedBytes": verified,
         }
+
+    @staticmethod
+    def _write_at(target: Path, offset: int, data: bytes) -> None:
+        """`data` at `offset`, on disk before this returns; bytes past it are cut off (never
+        counted: the remains of a chunk whose answer a crash lost)."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size != offset:
+                os.ftruncate(fd, offset)
+            view = memoryview(data)
+            while view:
+                view = view[os.pwrite(fd, view, offset + len(data) - len(view)) :]
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def progress(self, archive: str, path: str) -> dict[str, Any]:
         """The `ObjectProgress` answer."""
         entry = self._entry(archive, path)
         with self._object_lock(archive, path):
-            ledger = read_json(self._ledger_path(archive, path))
-        if ledger is None:
-            return {"path": path, "state": "absent", "size": entry.size, "verifiedBytes": 0}
-        counted = [Chunk(**c) for c in ledger["chunks"]]
-        answer = {
-            "path": path,
-            "state": "committed" if ledger["committed"] else "partial",
-            "size": entry.size,
-            "verifiedBytes": verified_bytes(counted),
-            "chunks": ledger["chunks"],
-        }
-        if ledger["committed"]:
-            answer["sha256"] = entry.sha256
+            ledger = self._ledgers_of(archive).get(path)
+            if ledger is None:
+                return {"path": path, "state": "absent", "size": entry.size, "verifiedBytes": 0}
+            chunks = [
+                {"offset": c.offset, "length": c.length, "sha256": c.sha256} for c in ledger.chunks
+            ]
+            answer = {
+                "path": path,
+                "state": "committed" if ledger.committed else "partial",
+                "size": entry.size,
+                "verifiedBytes": verified_bytes(ledger.chunks),
+                "chunks": chunks,
+            }
+            if ledger.committed:
+                answer["sha256"] = entry.sha256
         return answer
 
     def commit(self, archive: str, path: str, size: int, sha256: str) -> dict[str, Any]:
@@ -190,21 +309,26 @@ class Storage:
         answer = {"path": path, "size": size, "sha256": sha256}
         with self._object_lock(archive, path):
             ledger = self._ledger(archive, path)
-            if ledger["committed"]:
+            if ledger.committed:
                 return answer
-            verified = verified_bytes([Chunk(**c) for c in ledger["chunks"]])
+            verified = verified_bytes(ledger.chunks)
             if verified < size:
                 raise refuse(409, "object-incomplete", f"{verified} of {size} bytes are verified")
-            target = self._object_path(archive, path)
-            if size == 0:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.touch()
-            actual = sha256_file(target)
+            if self.discard:
+                digest = (ledger.running or hashlib.sha256()).hexdigest()
+                actual = (verified, digest)
+            else:
+                target = self._object_path(archive, path)
+                if size == 0:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.touch()
+                actual = sha256_file(target)
             if actual != (size, sha256):
                 self._remove_object(archive, path)
                 raise refuse(422, "object-digest-mismatch", "the object does not match its sha256")
-            ledger["committed"] = True
-            write_json(self._ledger_path(archive, path), ledger)
+            if not self.discard:
+                self._journal(archive).append({"path": path, "committed": True})
+            ledger.committed = True
         return answer
 
     def delete_object(self, archive: str, path: str) -> None:
@@ -217,6 +341,10 @@ class Storage:
     def delete_archive(self, archive: str) -> None:
         """Remove the whole staging archive, or a 404 refusal when it does not exist."""
         with self._lock:
+            journal = self._journals.pop(archive, None)
+            if journal is not None:
+                journal.close()
+            self._ledgers.pop(archive, None)
             found = False
             for directory in (self.root / "staging" / segment(archive), self._meta_dir(archive)):
                 if directory.exists():
@@ -243,8 +371,8 @@ class Storage:
 
     def committed(self, archive: str, path: str) -> bool:
         """Whether the object is committed."""
-        ledger = read_json(self._ledger_path(archive, path))
-        return bool(ledger and ledger["committed"])
+        ledger = self._ledgers_of(archive).get(path)
+        return ledger is not None and ledger.committed
 
     def object_path(self, archive: str, path: str) -> Path:
         """Where the object's bytes are."""
@@ -289,20 +417,37 @@ class Storage:
             raise refuse(400, "invalid-request", "the object path leaves the archive")
         return target
 
-    def _ledger_path(self, archive: str, path: str) -> Path:
-        name = hashlib.sha256(path.encode()).hexdigest()
-        return self._meta_dir(archive) / "objects" / f"{name}.json"
+    def _journal(self, archive: str) -> _Journal:
+        with self._lock:
+            journal = self._journals.get(archive)
+            if journal is None:
+                journal = self._journals[archive] = _Journal(
+                    self._meta_dir(archive) / "ledger.jsonl"
+                )
+            return journal
 
-    def _ledger(self, archive: str, path: str) -> dict[str, Any]:
-        known = read_json(self._ledger_path(archive, path))
-        return known if known is not None else {"path": path, "chunks": [], "committed": False}
+    def _ledgers_of(self, archive: str) -> dict[str, _Ledger]:
+        """The archive's ledgers, read from its journal the first time."""
+        with self._lock:
+            ledgers = self._ledgers.get(archive)
+            if ledgers is None:
+                ledgers = {} if self.discard else self._journal(archive).read()
+                self._ledgers[archive] = ledgers
+            return ledgers
+
+    def _ledger(self, archive: str, path: str) -> _Ledger:
+        return self._ledgers_of(archive).setdefault(path, _Ledger())
 
     def _remove_object(self, archive: str, path: str) -> bool:
-        removed = False
-        for file in (self._ledger_path(archive, path), self._object_path(archive, path)):
-            if file.exists():
-                file.unlink()
-                removed = True
+        """Forget the object (a durable removal record first), then delete its bytes."""
+        ledger = self._ledgers_of(archive).pop(path, None)
+        removed = ledger is not None and (bool(ledger.chunks) or ledger.committed)
+        if ledger is not None and not self.discard:
+            self._journal(archive).append({"path": path, "removed": True})
+        target = self._object_path(archive, path)
+        if target.exists():
+            target.unlink()
+            removed = True
         return removed
 
     def _object_lock(self, archive: str, path: str) -> threading.Lock:

@@ -1,4 +1,5 @@
-"""The simdjson fast path for Buffer-form chunk frames: same result as orjson, or it steps aside."""
+"""Splitting chunk frames: the payload cut out undecoded, the rest exactly orjson's reading, or
+the splitter steps aside; decoding the payload gives orjson's verdict."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from agent.errors import RemoteProtocolError
 from agent.protocol import chunk_frames
-from agent.protocol.chunks import CLOSING, DecodedBuffer, decode_chunk, encode_chunk
+from agent.protocol.chunks import CLOSING, RawChunk, decode_chunk, encode_chunk
 from agent.protocol.envelope import (
     STREAM_METHOD,
     Envelope,
@@ -37,7 +38,7 @@ def chunk_frame(data: bytes) -> bytes:
 
 
 def fast(frame: bytes) -> dict[str, Any] | None:
-    return chunk_frames.decode_buffer_frame(frame, STREAM_METHOD)
+    return chunk_frames.split_chunk_frame(frame, STREAM_METHOD)
 
 
 def assert_same_as_orjson(frame: bytes, side: str = "request") -> bytes:
@@ -48,7 +49,8 @@ def assert_same_as_orjson(frame: bytes, side: str = "request") -> bytes:
     want = orjson.loads(frame)
     got_chunk = got[side].pop("chunkData")
     want_chunk = want[side].pop("chunkData")
-    assert isinstance(got_chunk, DecodedBuffer)
+    assert isinstance(got_chunk, RawChunk)
+    assert got_chunk.frame_bytes == len(frame)
     assert got == want
     decoded = decode_chunk(got_chunk)
     assert decoded == decode_chunk(want_chunk)
@@ -81,12 +83,12 @@ random_chunks = st.one_of(
 @settings(max_examples=60, deadline=None)
 @given(random_chunks)
 def test_random_chunks_decode_as_orjson_does(data: bytes) -> None:
-    """Any chunk of 0..64 KiB decodes on the fast path to the bytes and object orjson gives."""
+    """Any chunk of 0..64 KiB is split and decodes to the bytes and object orjson gives."""
     assert assert_same_as_orjson(chunk_frame(data)) == data
 
 
 def test_every_byte_value_decodes() -> None:
-    """All 256 byte values survive the uint64 round trip."""
+    """All 256 byte values survive the round trip."""
     data = bytes(range(256)) * 3
     assert assert_same_as_orjson(chunk_frame(data)) == data
 
@@ -97,7 +99,7 @@ def test_empty_array_decodes_to_an_empty_chunk() -> None:
 
 
 def test_whitespace_inside_the_array_and_around_the_frame_decodes() -> None:
-    """JSON whitespace inside the array and outside the marker pattern keeps the fast path."""
+    """JSON whitespace inside the array and outside the marker pattern keeps the split."""
     frame = (
         b'{ "method" : "##VirtualStream##" ,\n "request" : {"streamId":"uni_a","cycleId":"uni_b",'
         b'"cycle":"request","mainPurpose":"chunk",\t"chunkData":{"type":"Buffer","data":'
@@ -183,15 +185,82 @@ def test_escaped_quote_before_the_pattern_falls_back() -> None:
     assert_falls_back(frame)
 
 
+def orjson_verdict(frame: bytes) -> bytes | None:
+    """The chunk the plain orjson path reads from `frame`, or None where it refuses."""
+    try:
+        return decode_chunk(orjson.loads(frame)["request"]["chunkData"])  # type: ignore[return-value]
+    except (orjson.JSONDecodeError, RemoteProtocolError):
+        return None
+
+
 @pytest.mark.parametrize(
     "array",
-    [b"[256]", b"[1,-1]", b"[1.5]", b"[1.0]", b"[1e2]", b"[true]", b"[null]", b'["1"]',
-     b"[18446744073709551616]", b"[01]", b"[[1],[2]]", b"[1,[2]]", b"[1,]", b"[1"],
+    [b"[256]", b"[1,-1]", b"[1.5]", b"[1.0]", b"[1e2]", b"[null]", b'["1"]',
+     b"[18446744073709551616]", b"[01]", b"[1,]", b"[,1]", b"[1 2]", b"[1,,2]"],
 )  # fmt: skip
-def test_non_byte_values_fall_back(array: bytes) -> None:
-    """Anything but ints 0..255 leaves the frame to orjson, whose verdict stands."""
+def test_arrays_of_non_bytes_are_cut_out_and_refused_when_decoded(array: bytes) -> None:
+    """Anything but ints 0..255 is taken from the frame and refused by its decoder, as orjson
+    refuses it (where the frame is invalid JSON, orjson refused the whole frame)."""
+    frame = HEAD + b'"chunkData":{"type":"Buffer","data":' + array + b"}" + TAIL
+    got = fast(frame)
+    assert got is not None
+    with pytest.raises(RemoteProtocolError):
+        decode_chunk(got["request"]["chunkData"])
+    assert orjson_verdict(frame) is None
+
+
+@pytest.mark.parametrize(
+    ("array", "data"), [(b"[true,false]", b"\x01\x00"), (b"[-0]", b"\x00"), (b"[ 7 ]", b"\x07")]
+)
+def test_arrays_orjson_reads_as_bytes_decode_alike(array: bytes, data: bytes) -> None:
+    """Booleans (0/1, as in a Uint8Array), `-0` and spaced arrays decode as orjson reads them."""
+    frame = HEAD + b'"chunkData":{"type":"Buffer","data":' + array + b"}" + TAIL
+    assert assert_same_as_orjson(frame) == data == orjson_verdict(frame)
+
+
+@pytest.mark.parametrize("array", [b"[[1],[2]]", b"[1,[2]]", b"[1"])
+def test_nested_or_unclosed_arrays_fall_back(array: bytes) -> None:
+    """A nested or unclosed array leaves the rest no valid JSON: orjson decides the frame."""
     frame = HEAD + b'"chunkData":{"type":"Buffer","data":' + array + b"}" + TAIL
     assert_falls_back(frame)
+
+
+def test_base64_chunk_frames_are_cut_out_too() -> None:
+    """An EncodedBuffer chunk is split like a Buffer one and decodes to orjson's reading."""
+    data = random.Random(7).randbytes(5000)
+    package = StreamPackage(
+        "uni_a", "uni_b", "request", "chunk", chunk_data=encode_chunk(data, "base64")
+    )
+    frame = encode_envelope(stream_frame(package))
+    assert assert_same_as_orjson(frame) == data
+
+
+def test_base64_with_a_json_escape_falls_back() -> None:
+    """`\\/` (a legal JSON escape of `/`) is left to orjson, which reads the same bytes."""
+    frame = HEAD + b'"chunkData":{"type":"EncodedBuffer","data":"base64:AB\\/A"}' + TAIL
+    assert_falls_back(frame)
+    assert decode_chunk(parse_frame(frame)["request"]["chunkData"]) == b"\x00\x1f\xc0"
+
+
+@pytest.mark.parametrize("text", [b"AQI", b"AQI=A", b"AQ I=", b"A\xffI="])
+def test_bad_base64_is_cut_out_and_refused_when_decoded(text: bytes) -> None:
+    """Invalid base64 (or bytes no JSON string may hold) is refused by its decoder."""
+    frame = HEAD + b'"chunkData":{"type":"EncodedBuffer","data":"base64:' + text + b'"}' + TAIL
+    got = fast(frame)
+    assert got is not None
+    with pytest.raises(RemoteProtocolError, match="not valid base64"):
+        decode_chunk(got["request"]["chunkData"])
+    assert orjson_verdict(frame) is None
+
+
+def test_base64_without_its_prefix_is_refused_when_decoded() -> None:
+    """EncodedBuffer data without `base64:` is refused, as on the orjson path."""
+    frame = HEAD + b'"chunkData":{"type":"EncodedBuffer","data":"AQI="}' + TAIL
+    got = fast(frame)
+    assert got is not None
+    with pytest.raises(RemoteProtocolError, match="prefix"):
+        decode_chunk(got["request"]["chunkData"])
+    assert orjson_verdict(frame) is None
 
 
 def test_closing_bit_frame_falls_back() -> None:
@@ -213,23 +282,15 @@ def test_text_frames_take_the_orjson_path() -> None:
     assert parse_frame(frame)["request"]["chunkData"] == {"type": "Buffer", "data": [1, 2]}
 
 
-def test_without_simdjson_the_orjson_path_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With simdjson missing the fast path is off and frames still decode."""
-    monkeypatch.setattr(chunk_frames, "simdjson", None)
-    frame = chunk_frame(b"\x01\x02")
-    assert fast(frame) is None
-    assert parse_frame(frame)["request"]["chunkData"] == {"type": "Buffer", "data": [1, 2]}
-
-
 def test_parse_frame_uses_the_fast_path_for_chunk_frames() -> None:
-    """`parse_frame` hands back a DecodedBuffer that the stream package and decoder accept."""
+    """`parse_frame` hands back a RawChunk that the stream package and decoder accept."""
     package = package_from_json(decode_envelope(chunk_frame(b"\x00\x10\xff")).request)
-    assert isinstance(package.chunk_data, DecodedBuffer)
+    assert isinstance(package.chunk_data, RawChunk)
     assert decode_chunk(package.chunk_data) == b"\x00\x10\xff"
 
 
 def test_echoed_decoded_chunk_encodes_as_it_came() -> None:
-    """Re-encoding a fast-decoded request writes the same Buffer-form JSON as the orjson path."""
+    """Re-encoding a split request writes the same Buffer-form JSON as the orjson path."""
     frame = chunk_frame(bytes(range(256)))
     fast_env = decode_envelope(frame)
     fast_echo = Envelope(fast_env.method, fast_env.request, None, is_reply=True)
@@ -238,6 +299,6 @@ def test_echoed_decoded_chunk_encodes_as_it_came() -> None:
 
 
 def test_unserialisable_payloads_still_raise_type_error() -> None:
-    """The encoder's DecodedBuffer hook refuses every other non-JSON type."""
+    """The encoder's chunk hook refuses every other non-JSON type."""
     with pytest.raises(TypeError):
         encode_envelope(Envelope("m", request={"x": object()}))

@@ -8,7 +8,15 @@ import orjson
 import pytest
 
 from agent.errors import RemoteProtocolError
-from agent.protocol.chunks import CLOSING, CLOSING_BIT, decode_chunk, encode_chunk
+from agent.protocol.chunks import (
+    CLOSING,
+    CLOSING_BIT,
+    EncodedChunk,
+    decode_chunk,
+    encode_chunk,
+)
+from agent.protocol.envelope import encode_envelope
+from agent.protocol.stream_frames import StreamPackage, stream_frame
 
 DATA = bytes([104, 101, 108, 108, 111, 0, 255])
 
@@ -43,18 +51,29 @@ def test_closing_bit_decodes_to_closing() -> None:
     assert decode_chunk(CLOSING_BIT) is CLOSING
 
 
-def test_buffer_form_is_sent_by_default_and_round_trips() -> None:
-    """encode_chunk sends the Buffer form a JSON.parse peer rebuilds."""
-    wire = orjson.loads(orjson.dumps(encode_chunk(DATA)))
-    assert wire == {"type": "Buffer", "data": list(DATA)}
-    assert decode_chunk(wire) == DATA
+def test_buffer_form_is_sent_by_default_as_json_stringify_writes_it() -> None:
+    """encode_chunk writes the Buffer form a JSON.parse peer rebuilds, byte for byte as
+    `JSON.stringify(buffer)` does, and it round-trips."""
+    encoded = encode_chunk(DATA)
+    assert isinstance(encoded, EncodedChunk)
+    assert encoded.json == b'{"type":"Buffer","data":[104,101,108,108,111,0,255]}'
+    assert decode_chunk(orjson.loads(encoded.json)) == DATA
+    assert decode_chunk(encoded) == DATA
 
 
 def test_base64_form_round_trips() -> None:
-    """The EncodedBuffer form round-trips."""
-    wire = encode_chunk(DATA, "base64")
-    assert wire["type"] == "EncodedBuffer"
-    assert decode_chunk(orjson.loads(orjson.dumps(wire))) == DATA
+    """The EncodedBuffer form is smartjson's text and round-trips."""
+    encoded = encode_chunk(DATA, "base64")
+    assert isinstance(encoded, EncodedChunk)
+    assert encoded.json == b'{"type":"EncodedBuffer","data":"base64:aGVsbG8A/w=="}'
+    assert decode_chunk(orjson.loads(encoded.json)) == DATA
+
+
+def test_encoded_chunks_splice_into_a_frame_unchanged() -> None:
+    """The envelope encoder embeds an encoded chunk's JSON text as it is."""
+    package = StreamPackage("s", "c", "request", "chunk", chunk_data=encode_chunk(b"\x01"))
+    frame = encode_envelope(stream_frame(package))
+    assert b'"chunkData":{"type":"Buffer","data":[1]}' in frame
 
 
 def test_closing_encodes_to_the_closing_bit_string() -> None:

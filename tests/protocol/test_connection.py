@@ -20,12 +20,14 @@ from agent.errors import (
     CallTimeout,
     InvalidState,
     LocalProtocolError,
+    RemoteProtocolError,
     RestoreNotFound,
     SessionClosed,
     StreamBroken,
 )
 from agent.protocol.chunks import CLOSING
 from agent.protocol.connection import (
+    ChunkReceived,
     Completed,
     Connection,
     ConnectionSettings,
@@ -241,6 +243,90 @@ class TestIntake:
         assert (conn.data_to_send(), conn.events_received()) == ([], [])
         conn.receive(request("echo", {}), 0.0)
         assert len(requests(conn)) == 1
+
+
+def chunk_frame(stream_id: str, cycle_id: str, array: bytes) -> bytes:
+    """A Buffer-form chunk frame, as a typedrequest initiator writes it."""
+    return (
+        b'{"method":"##VirtualStream##","request":{"streamId":"' + stream_id.encode()
+        + b'","cycleId":"' + cycle_id.encode()
+        + b'","cycle":"request","mainPurpose":"chunk","chunkData":{"type":"Buffer","data":'
+        + array + b'}},"response":null}'
+    )  # fmt: skip
+
+
+class TestPipelinedChunks:
+    def test_a_large_chunk_is_answered_and_handed_out_to_decode(self) -> None:
+        """The chunk's answer goes out at once; a `ChunkReceived` event carries the raw chunk,
+        and `settle_chunk` makes its bytes readable (a stream change for its waiters)."""
+        conn = connection(inline_decode_max=0)
+        conn.receive(request("echo", {"a": marker("s1")}), 0.0)
+        [event] = requests(conn)
+        stream = conn.request_stream(event.request_id, "s1")
+        conn.receive(chunk_frame("s1", "k1", b"[1,2]"), 0.0)
+        [answer] = sent(conn)
+        assert answer["response"]["mainPurpose"] == "feedback"
+        [received] = [e for e in conn.events_received() if isinstance(e, ChunkReceived)]
+        assert received.stream_id == "s1"
+        assert conn.take(stream, 0.0) is None
+        conn.settle_chunk("s1", received.chunk, received.chunk.decode(), 0.1)
+        assert StreamChanged("s1") in conn.events_received()
+        assert conn.take(stream, 0.1) == b"\x01\x02"
+
+    def test_a_chunk_that_does_not_decode_breaks_its_stream(self) -> None:
+        """Settling with the decoder's error breaks the stream, naming the chunk."""
+        conn = connection(inline_decode_max=0)
+        conn.receive(request("echo", {"a": marker("s1")}), 0.0)
+        [event] = requests(conn)
+        stream = conn.request_stream(event.request_id, "s1")
+        conn.receive(chunk_frame("s1", "k1", b"[1,300]"), 0.0)
+        [received] = [e for e in conn.events_received() if isinstance(e, ChunkReceived)]
+        with pytest.raises(RemoteProtocolError) as caught:
+            received.chunk.decode()
+        conn.settle_chunk("s1", received.chunk, caught.value, 0.1)
+        with pytest.raises(StreamBroken, match="undecodable chunk"):
+            conn.take(stream, 0.1)
+
+    def test_only_the_streams_own_frames_wait_for_its_chunk_to_decode(self) -> None:
+        """While a chunk of s1 decodes, s1's next frame waits for it; a request and a frame of
+        another stream are answered at once. Settling answers the waiting frame."""
+        conn = connection(inline_decode_max=0)
+        conn.receive(request("echo", {"a": marker("s1"), "b": marker("s2")}), 0.0)
+        requests(conn)
+        conn.receive(chunk_frame("s1", "k1", b"[1]"), 0.0)
+        [received] = [e for e in conn.events_received() if isinstance(e, ChunkReceived)]
+        sent(conn)
+        conn.receive(stray("s1", "k2"), 0.0)
+        assert sent(conn) == []
+        conn.receive(stray("s2", "k3"), 0.0)
+        conn.receive(request("echo", {}, "c2"), 0.0)
+        [answer] = sent(conn)
+        assert answer["response"]["streamId"] == "s2"
+        assert len(requests(conn)) == 1
+        conn.settle_chunk("s1", received.chunk, b"\x01", 0.1)
+        [waited] = sent(conn)
+        assert (waited["response"]["cycleId"], waited["response"]["keepAlive"]) == ("k2", True)
+
+    def test_small_chunks_are_decoded_on_arrival(self) -> None:
+        """Below `inline_decode_max` no event: the bytes are there at once."""
+        conn = connection()
+        conn.receive(request("echo", {"a": marker("s1")}), 0.0)
+        [event] = requests(conn)
+        stream = conn.request_stream(event.request_id, "s1")
+        conn.receive(chunk_frame("s1", "k1", b"[7]"), 0.0)
+        assert not [e for e in conn.events_received() if isinstance(e, ChunkReceived)]
+        assert conn.take(stream, 0.0) == b"\x07"
+
+    def test_a_settled_chunk_of_a_forgotten_stream_is_ignored(self) -> None:
+        """The session closed while the chunk decoded: settling changes nothing."""
+        conn = connection(inline_decode_max=0)
+        conn.receive(request("echo", {"a": marker("s1")}), 0.0)
+        conn.receive(chunk_frame("s1", "k1", b"[1]"), 0.0)
+        [received] = [e for e in conn.events_received() if isinstance(e, ChunkReceived)]
+        conn.close(SessionClosed(1006, "gone"))
+        conn.settle_chunk("s1", received.chunk, b"\x01", 0.1)
+        conn.settle_chunk("nobody", received.chunk, b"\x01", 0.1)
+        assert conn.data_to_send() == []
 
 
 class TestRequestStreams:

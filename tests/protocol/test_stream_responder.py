@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
-from agent.errors import InvalidState, StreamBroken
-from agent.protocol.chunks import CLOSING, CLOSING_BIT, encode_chunk
+from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
+from agent.protocol.chunks import CLOSING, CLOSING_BIT, EncodedChunk, RawChunk, encode_chunk
 from agent.protocol.envelope import Envelope
 from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
-from agent.protocol.stream_responder import ResponderStream, Role, StreamState
+from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role, StreamState
 
 WINDOW = 2
 
@@ -28,6 +29,12 @@ def send(stream: ResponderStream, purpose: str, now: float = 1.0, **fields: Any)
     answer = stream.handle(*frame(purpose, **fields), now)
     assert answer is not None
     return answer
+
+
+def wire(chunk_data: Any) -> Any:
+    """What a peer parses out of a `chunkData` we send (`encode_chunk` writes JSON text)."""
+    assert isinstance(chunk_data, EncodedChunk)
+    return orjson.loads(chunk_data.json)
 
 
 def chunk(data: bytes | None) -> dict[str, Any]:
@@ -156,7 +163,7 @@ def test_read_is_answered_with_the_next_chunk_and_next() -> None:
     stream.offer(b"one")
     answer = send(stream, "read")
     assert answer.response["mainPurpose"] == "chunk"
-    assert answer.response["chunkData"] == {"type": "Buffer", "data": list(b"one")}
+    assert wire(answer.response["chunkData"]) == {"type": "Buffer", "data": list(b"one")}
     assert answer.response["next"] is True  # open: more may come
 
 
@@ -167,7 +174,7 @@ def test_read_on_an_empty_open_stream_is_parked_until_data() -> None:
     released = stream.offer(b"late")
     assert released is not None
     assert released.response["cycleId"] == "r1"
-    assert released.response["chunkData"]["data"] == list(b"late")
+    assert wire(released.response["chunkData"])["data"] == list(b"late")
 
 
 def test_parked_read_is_answered_empty_after_the_park_timeout() -> None:
@@ -201,7 +208,7 @@ def test_offer_on_a_full_send_queue_raises_and_changes_nothing() -> None:
     assert not stream.has_space()
     with pytest.raises(InvalidState):
         stream.offer(b"3")
-    assert send(stream, "read").response["chunkData"]["data"] == list(b"1")
+    assert wire(send(stream, "read").response["chunkData"])["data"] == list(b"1")
 
 
 def test_offer_after_abort_raises_stream_broken() -> None:
@@ -219,3 +226,179 @@ def test_finished_registration_lingers_then_may_go() -> None:
     stream.take()
     assert not stream.finished(5.0, linger=10.0)
     assert stream.finished(11.0, linger=10.0)
+
+
+# --- pipelined receive: large chunks are answered before they are decoded --------------------
+
+
+def pipelined(window: int = 4, window_bytes: int = 1000) -> ResponderStream:
+    """A receiving stream that leaves every raw chunk (any size) for the driver to decode."""
+    return ResponderStream(
+        "s1",
+        Role.RECEIVE,
+        now=0.0,
+        window=window,
+        idle_timeout=10.0,
+        park_timeout=1.0,
+        window_bytes=window_bytes,
+        inline_decode_max=0,
+    )
+
+
+def raw(data: bytes, frame_bytes: int = 100) -> dict[str, Any]:
+    """A Buffer-form chunk as the frame splitter hands it over (`frame_bytes` of frame)."""
+    text = orjson.dumps(list(data))
+    return {"chunk_data": RawChunk("buffer", memoryview(text), frame_bytes)}
+
+
+def received(stream: ResponderStream) -> list[PendingChunk]:
+    chunks, stream.received[:] = list(stream.received), []
+    return chunks
+
+
+def test_large_chunk_is_answered_before_it_is_decoded() -> None:
+    """The answer goes out at once; the consumer sees nothing until the chunk is settled."""
+    stream = pipelined()
+    answer = send(stream, "chunk", **raw(b"ab"))
+    assert answer.response["mainPurpose"] == "feedback"
+    [pending] = received(stream)
+    assert stream.take() is None
+    stream.settle(pending, pending.decode(), 1.0)
+    assert stream.take() == b"ab"
+
+
+def settle_all(stream: ResponderStream) -> list[Envelope]:
+    """Decode and settle every chunk handed out; the answers of the frames that waited."""
+    answers: list[Envelope] = []
+    while chunks := received(stream):
+        for pending in chunks:
+            stream.settle(pending, pending.decode(), 1.0)
+        answers += stream.release()
+    return answers
+
+
+def test_a_frame_arriving_while_a_chunk_decodes_waits_for_it() -> None:
+    """The stream's next frame is answered only once the chunk before it is settled, in order."""
+    stream = pipelined()
+    send(stream, "chunk", **raw(b"1"))
+    assert stream.handle(*frame("chunk", cycle="k2", **raw(b"2")), 1.0) is None
+    assert stream.handle(*frame("keepAlive", cycle="k3", keep_alive=True), 1.0) is None
+    assert stream.waiting == 2
+    [first] = received(stream)
+    stream.settle(first, first.decode(), 1.0)
+    [chunk_answer] = stream.release()  # the second chunk: now it waits for its own decode
+    assert chunk_answer.response["cycleId"] == "k2"
+    [keepalive_answer] = settle_all(stream)
+    assert keepalive_answer.response["cycleId"] == "k3"
+    assert [stream.take(), stream.take(), stream.take()] == [b"1", b"2", None]
+
+
+def test_a_chunk_that_does_not_decode_breaks_the_stream_after_the_good_ones() -> None:
+    """What came before the bad chunk is delivered; it and what came after it are not, and the
+    frame that waited for it already hears that the stream is over."""
+    stream = pipelined()
+    send(stream, "chunk", **raw(b"ok"))
+    settle_all(stream)
+    send(stream, "chunk", **{"chunk_data": RawChunk("buffer", memoryview(b"[1,256]"), 100)})
+    assert stream.handle(*frame("chunk", cycle="k2", **raw(b"later")), 1.0) is None
+    assert stream.handle(*frame("keepAlive", cycle="k3", keep_alive=True), 1.0) is None
+    [bad] = received(stream)
+    with pytest.raises(RemoteProtocolError) as caught:
+        bad.decode()
+    stream.settle(bad, caught.value, 1.0)
+    assert stream.state is StreamState.BROKEN
+    assert stream.broken_reason.startswith("undecodable chunk: ")
+    _, keepalive = stream.release()
+    assert keepalive.response["keepAlive"] is False
+    assert received(stream) == []  # the later chunk was dropped, not handed out
+    with pytest.raises(RemoteProtocolError, match="dropped"):
+        bad.decode()  # settled: nothing left to decode
+    assert stream.take() == b"ok"
+    with pytest.raises(StreamBroken, match="undecodable chunk"):
+        stream.take()
+
+
+def test_after_a_bad_chunk_the_next_keepalive_is_answered_false() -> None:
+    """The peer's next frame after the bad chunk already hears that the stream is over."""
+    stream = pipelined()
+    send(stream, "chunk", **{"chunk_data": RawChunk("buffer", memoryview(b"[x]"), 100)})
+    [bad] = received(stream)
+    stream.settle(bad, RemoteProtocolError("chunkData.data is not a JSON array"), 1.0)
+    assert send(stream, "keepAlive", keep_alive=True).response["keepAlive"] is False
+
+
+def test_closing_bit_behind_an_undecoded_chunk_ends_once_it_decoded() -> None:
+    """The closing bit waits for the chunk before it; then the stream ends."""
+    stream = pipelined()
+    send(stream, "chunk", **raw(b"last"))
+    assert stream.handle(*frame("chunk", cycle="k2", **chunk(None)), 1.0) is None
+    assert stream.state is StreamState.OPEN
+    settle_all(stream)
+    assert stream.state is StreamState.ENDED
+    assert [stream.take(), stream.take()] == [b"last", CLOSING]
+
+
+def test_a_break_drops_the_chunks_not_decoded_yet() -> None:
+    """An idle timeout with an undecoded chunk queued delivers the decoded ones only, and
+    answers what waited."""
+    stream = pipelined()
+    send(stream, "chunk", **raw(b"a"))
+    settle_all(stream)
+    send(stream, "chunk", cycle="k2", **raw(b"b"))
+    assert stream.handle(*frame("keepAlive", cycle="k3", keep_alive=True), 1.0) is None
+    [second] = received(stream)
+    stream.expire(20.0)
+    assert stream.state is StreamState.BROKEN
+    [keepalive] = stream.release()
+    assert keepalive.response["keepAlive"] is False
+    stream.settle(second, b"b", 20.0)  # too late: ignored
+    assert stream.take() == b"a"
+    with pytest.raises(StreamBroken):
+        stream.take()
+
+
+def test_a_flood_of_frames_behind_an_undecoded_chunk_breaks_the_stream() -> None:
+    """More than 2 x window frames waiting for one chunk means the initiator does not wait
+    for answers: the stream breaks."""
+    stream = pipelined(window=2)
+    send(stream, "chunk", **raw(b"a"))
+    for cycle in ("b", "c", "d", "e"):
+        stream.handle(*frame("keepAlive", cycle=cycle, keep_alive=True), 1.0)
+    assert stream.state is StreamState.OPEN
+    stream.handle(*frame("keepAlive", cycle="f", keep_alive=True), 1.0)
+    assert stream.broken_reason == "the initiator ignored backpressure"
+    assert len(stream.release()) == 5
+
+
+def test_the_byte_window_reports_backpressure_at_window_bytes() -> None:
+    """A queued chunk counts its frame until decoded, then its bytes; at `window_bytes`
+    queued the answers report backpressure."""
+    stream = pipelined(window=16, window_bytes=1000)
+    big = bytes(600)
+    assert send(stream, "chunk", **raw(big, frame_bytes=700)).response["backpressure"] is False
+    assert stream.queued_bytes == 700
+    settle_all(stream)
+    assert stream.queued_bytes == 600
+    assert send(stream, "chunk", cycle="k2", **raw(big)).response["backpressure"] is False
+    settle_all(stream)
+    assert send(stream, "feedback", cycle="k3").response["backpressure"] is True
+    stream.take()
+    assert send(stream, "feedback", cycle="k4").response["backpressure"] is False
+
+
+def test_a_sender_past_twice_the_byte_window_breaks_the_stream() -> None:
+    """Chunks beyond 2 x window_bytes queued mean the initiator ignored backpressure."""
+    stream = pipelined(window=16, window_bytes=1000)
+    for cycle in ("a", "b", "c", "d", "e"):  # 4 x 600 queued, then the fifth breaks it
+        send(stream, "chunk", cycle=cycle, **raw(bytes(600)))
+        settle_all(stream)
+    assert stream.state is StreamState.BROKEN
+    assert stream.broken_reason == "the initiator ignored backpressure"
+
+
+def test_small_chunks_are_still_decoded_at_once() -> None:
+    """Below `inline_decode_max` a raw chunk is decoded on arrival, as before."""
+    stream = responder(Role.RECEIVE)
+    send(stream, "chunk", **{"chunk_data": RawChunk("buffer", memoryview(b"[5]"), 100)})
+    assert stream.received == []
+    assert stream.take() == b"\x05"

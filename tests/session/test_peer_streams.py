@@ -7,6 +7,7 @@ import hashlib
 import os
 from typing import Any
 
+import orjson
 import pytest
 
 from agent.contracts.base import StreamMarker, WireModel
@@ -241,3 +242,59 @@ async def test_handler_send_stream_missing_from_the_response_is_aborted() -> Non
         assert await left.call("forgetful", {}, timeout=2) == {}
         with pytest.raises(StreamBroken):
             await sinks[0].write(b"late")
+
+
+async def test_a_bad_chunk_breaks_the_stream_before_the_next_frame_is_answered() -> None:
+    """A chunk is answered before it is decoded, and a bad one has broken its stream by the
+    time the peer's next frame is answered (one frame later at most): that keepAlive hears
+    `false`, and the upload is refused `transfer-interrupted`, naming the undecodable chunk."""
+    ours, theirs = transport_pair()
+    settings = ConnectionSettings(inline_decode_max=0)  # every chunk takes the pipelined path
+    peer = Peer(ours, upload_router([]), settings=settings)
+    run = asyncio.create_task(peer.run())
+    marker = {"_isVirtualStream": True, "streamId": "s1"}
+
+    def stream_frame(cycle: str, purpose: str, tail: bytes) -> bytes:
+        return (
+            b'{"method":"##VirtualStream##","request":{"streamId":"s1","cycleId":"'
+            + cycle.encode()
+            + b'","cycle":"request","mainPurpose":"'
+            + purpose.encode()
+            + b'"'
+            + tail
+            + b'},"response":null}'
+        )
+
+    async def next_frame() -> dict[str, Any]:
+        frame: dict[str, Any] = orjson.loads(await theirs.recv())
+        return frame
+
+    try:
+        await theirs.send(
+            orjson.dumps(
+                {
+                    "method": "upload",
+                    "request": {"data": marker},
+                    "response": None,
+                    "correlation": {"id": "c1", "phase": "request"},
+                }
+            )
+        )
+        good = b',"chunkData":{"type":"Buffer","data":[1,2,3]}'
+        await theirs.send(stream_frame("k1", "chunk", good))
+        assert (await next_frame())["response"]["mainPurpose"] == "feedback"
+        bad = b',"chunkData":{"type":"Buffer","data":[1,256]}'
+        # Back to back: the keepAlive is read while the bad chunk may still be decoding.
+        await theirs.send(stream_frame("k2", "chunk", bad))
+        await theirs.send(stream_frame("k3", "keepAlive", b',"keepAlive":true'))
+        assert (await next_frame())["response"]["mainPurpose"] == "feedback"
+        frames = [await next_frame(), await next_frame()]
+        answer = next(f for f in frames if f["method"] == "##VirtualStream##")
+        refusal = next(f for f in frames if f["method"] == "upload")
+        assert answer["response"]["keepAlive"] is False
+        assert refusal["error"]["data"]["code"] == "transfer-interrupted"
+        assert "undecodable chunk" in refusal["error"]["text"]
+    finally:
+        theirs.close()
+        with pytest.raises(SessionClosed):
+            await run

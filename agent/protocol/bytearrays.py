@@ -1,0 +1,163 @@
+"""The two binary chunk payloads as text <-> bytes: the Buffer form's int array and base64.
+
+Chosen at import, reported by `codec_backends()` (and in the agent's start-up line):
+
+- **Buffer form** (`[1,2,..]`, JSON ints 0..255): the optional C extension `agent._bufferform`
+  (`native`) when it was built: one pass over the text, the GIL released, so a worker thread
+  decodes while the event loop keeps serving. Without it, today's pure path: pysimdjson parses
+  the array into a uint64 buffer (`simdjson`), else orjson builds an int list (`orjson`).
+  Whatever decodes, the verdict is the pure path's: the native decoder answers only text it
+  knows is a plain array of bytes (digits, commas, JSON whitespace) and hands anything else
+  (`true`, `-0`, `1.0`, a leading zero, 256, ...) to orjson + `bytes()`, which accept or refuse
+  exactly as before (booleans pass as 0/1, as in a `Uint8Array`). tests/protocol/
+  test_bytearrays.py checks that differentially on generated and malformed arrays.
+- **base64** (EncodedBuffer's payload): `pybase64` (SIMD, ~25x `binascii` here) with
+  `validate=True`; when it refuses, `binascii.a2b_base64(strict_mode=True)` is asked again and
+  its verdict stands. The two differ only where pybase64 is stricter (padding after a complete
+  quantum, `AAAA=`, which binascii's strict mode lets through), so the result is exactly
+  binascii's, at pybase64's speed for every valid payload.
+
+Encoding is the reverse (the native encoder writes what `JSON.stringify` writes for a Buffer's
+`data`); both directions work on any bytes-like object, memoryviews included (no copy).
+"""
+
+from __future__ import annotations
+
+import binascii
+import sys
+import threading
+from types import ModuleType
+from typing import Final
+
+import orjson
+import pybase64
+
+from agent.errors import RemoteProtocolError
+
+__all__ = [
+    "BUFFER_BACKEND",
+    "codec_backends",
+    "decode_base64",
+    "decode_int_array",
+    "encode_base64",
+    "encode_int_array",
+]
+
+_native: ModuleType | None
+try:
+    import agent._bufferform as _native
+except ImportError:  # pragma: no cover - built wherever a C compiler was; tests assert it is
+    _native = None
+
+simdjson: ModuleType | None
+try:
+    import simdjson
+except ImportError:  # pragma: no cover - a dependency; the orjson path still works without it
+    simdjson = None
+
+# The low byte of a uint64 is its first byte only on a little-endian machine.
+_LITTLE_ENDIAN: Final = sys.byteorder == "little"
+_local = threading.local()  # a simdjson parser is not thread-safe; reusing one halves parse time
+
+BUFFER_BACKEND: Final = (
+    "native"
+    if _native is not None
+    else ("simdjson" if simdjson is not None and _LITTLE_ENDIAN else "orjson")
+)
+_BASE64_BACKEND: Final = (
+    "pybase64-c" if "C extension active" in str(pybase64.get_version()) else "pybase64-python"
+)
+
+
+def codec_backends() -> dict[str, str]:
+    """Which decoder serves each form: `buffer` native/simdjson/orjson, `base64` pybase64-c."""
+    return {"buffer": BUFFER_BACKEND, "base64": _BASE64_BACKEND}
+
+
+def decode_int_array(text: bytes | memoryview) -> bytes:
+    """The bytes the JSON array `text` stands for; `RemoteProtocolError` unless it is an array
+    of integers 0..255 (JSON booleans pass as 0/1)."""
+    if _native is not None:
+        data: bytes | None = _native.decode(text)
+        if data is not None:
+            return data
+    elif simdjson is not None and _LITTLE_ENDIAN:
+        data = _simdjson_bytes(simdjson, text)
+        if data is not None:
+            return data
+    return pure_int_array(text)
+
+
+def pure_int_array(text: bytes | memoryview) -> bytes:
+    """`decode_int_array` by orjson and `bytes()` alone: the verdict every path must match."""
+    try:
+        values = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise RemoteProtocolError("chunkData.data is not a JSON array") from exc
+    if not isinstance(values, list):
+        raise RemoteProtocolError("chunkData.data is not a JSON array")
+    try:
+        # bytes() checks every item is an int in 0..255 (bool passes as 0/1, as in a Uint8Array).
+        return bytes(values)
+    except (TypeError, ValueError) as exc:
+        raise RemoteProtocolError("chunkData.data holds a value that is no byte") from exc
+
+
+def encode_int_array(data: bytes | bytearray | memoryview) -> bytes:
+    """The JSON array text of `data` (`[1,2,3]`), as `JSON.stringify` writes a Buffer's data."""
+    if _native is not None:
+        text: bytes = _native.encode(data)
+        return text
+    return orjson.dumps(list(data))
+
+
+def decode_base64(text: bytes | memoryview | str) -> bytes:
+    """Strict base64 (`binascii`'s strict verdict); raises `RemoteProtocolError`."""
+    try:
+        return pybase64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        pass  # refused: binascii decides (it also accepts padding after a complete quantum)
+    try:
+        return binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise RemoteProtocolError("EncodedBuffer data is not valid base64") from exc
+
+
+def encode_base64(data: bytes | bytearray | memoryview) -> bytes:
+    """Standard base64 with padding, no line breaks."""
+    encoded: bytes = pybase64.b64encode(data)
+    return encoded
+
+
+def _simdjson_bytes(lib: ModuleType, text: bytes | memoryview) -> bytes | None:
+    """The bytes of a JSON array of ints 0..255 via simdjson, or `None` for anything else."""
+    parser = getattr(_local, "parser", None)
+    if parser is None:
+        parser = _local.parser = lib.Parser()
+    try:
+        doc = parser.parse(bytes(text))
+        try:
+            # as_buffer would flatten nested arrays, but the array text ends at its first `]`
+            # (chunk_frames), so an inner `[` leaves the outer array open: a parse error.
+            words = memoryview(doc.as_buffer(of_type="u")).cast("B")
+        finally:
+            del doc  # the parser refuses to parse again while a proxy of its document lives
+    except Exception:  # noqa: BLE001 - any failure of the accelerator means: ask orjson
+        return None
+    with words:
+        return _low_bytes(words)
+
+
+def _low_bytes(words: memoryview) -> bytes | None:
+    """The low byte of every uint64 in `words`, or `None` if any value is above 255."""
+    low = words[::8].tobytes()
+    # Every value is 0..255 exactly when each 8-byte word is its low byte and seven zeros.
+    # The zeroed template is kept per thread (chunk sizes repeat); only every 8th byte of it is
+    # ever written, so the other bytes stay zero.
+    template: bytearray | None = getattr(_local, "template", None)
+    if template is None or len(template) != len(words):
+        template = _local.template = bytearray(len(words))
+    template[::8] = low
+    if template != words:
+        return None
+    return low

@@ -1,0 +1,304 @@
+"""A whole cluster at once: one relay agent staging `--streams` objects concurrently across
+`--nodes` nodes, each node's Corestore its own reference Corestore process (`--corestores`;
+fewer than nodes: node i uses Corestore i mod N, one process serving several node ids).
+
+One `python -m agent run` holds one session to the stand-in Cloudly (this process); every
+stage is its own restore of one `--mib` MiB object on its node, its stream replayed as
+typedrequest 3.3.0's initiator sends it (bench/_replay.py: 1 MiB chunk frames, one in flight
+per stream, so `--streams` frames in flight on the session). Measured in one run:
+
+1. **single**: one stage alone (the single-stream figure);
+2. **cluster**: all `--streams` stages at once, a status round-trip fired every
+   `--status-interval-ms` meanwhile, the agent's RSS sampled every 20 ms:
+   - aggregate MB/s = all bytes / (first chunk sent -> last stage answered), against single;
+   - fairness = the slowest stream's MB/s / the mean stream's MB/s (each stream's own span);
+   - memory: peak RSS above idle against the stated bound, per stream
+     `window_bytes` (queued frames) + `window` x 1 MiB chunks decoded + `(max_in_flight + 2) x
+     chunk_size` (staging), times the streams;
+   - status p50/p99/max.
+
+    .venv/bin/python -m bench.cluster [--quick] [--streams 16] [--nodes 8] [--corestores 8]
+        [--mib 256] [--form buffer] [--json out.json]
+
+Targets (issue 11): aggregate >= 0.8x single, slowest >= 0.5x mean, memory within the bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.log import configure_logging
+from agent.protocol.connection import ConnectionSettings
+from bench._initiator import ChunkSet
+from bench._procstat import machine_facts, memory_kib
+from bench._replay import ReplayResult, replay_stage
+from bench._staging_runs import CpuMeter, RssSampler, StatusProbe, reset_peak_rss
+from bench._staging_world import (
+    CLUSTER,
+    TOKEN,
+    BenchObject,
+    Corestore,
+    agent_process,
+    corestore_process,
+    plan_for,
+)
+from devstack.cloudly import StandInCloudly, cluster_document
+from devstack.driver import RestoreDriver, RestorePlan
+
+__all__ = ["main"]
+
+MiB = 2**20
+GiB = 2**30
+SEED = "cluster"
+FRAME_CHUNK = MiB
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def prepare_all(cloudly: StandInCloudly, plans: list[RestorePlan]) -> list[RestoreDriver]:
+    """A driver per plan, every restore prepared (concurrently)."""
+    drivers = [RestoreDriver(cloudly, plan, call_timeout=3600.0) for plan in plans]
+    async with asyncio.TaskGroup() as group:
+        for driver in drivers:
+            group.create_task(driver.prepare())
+    return drivers
+
+
+async def stage_all(
+    cloudly: StandInCloudly,
+    drivers: list[RestoreDriver],
+    chunk_json: tuple[bytes, ...],
+    probe_ms: float,
+) -> tuple[list[ReplayResult], float]:
+    """Replay every driver's stage at once; (results, wall seconds from the start of the first
+    to the last answer)."""
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        tasks = [
+            group.create_task(
+                replay_stage(
+                    cloudly,
+                    driver,
+                    driver.plan.objects[0],
+                    chunk_json=chunk_json,
+                    chunk_size=FRAME_CHUNK,
+                    probe_interval=probe_ms / 1000,
+                    timeout=3600.0,
+                )
+            )
+            for driver in drivers
+        ]
+    wall = time.perf_counter() - started
+    return [task.result() for task in tasks], wall
+
+
+async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    chunks = ChunkSet.generate(SEED, FRAME_CHUNK, 4)
+    chunk_json = chunks.encode(args.form)
+    obj = BenchObject.make(args.mib * MiB, args.chunk_mib * MiB, seed=SEED.encode())
+    nodes = [f"node-{i + 1}" for i in range(args.nodes)]
+    counter = 0
+
+    def plans(count: int) -> list[RestorePlan]:
+        nonlocal counter
+        made = []
+        for index in range(count):
+            counter += 1
+            made.append(plan_for(f"cluster-{counter}", obj, nodes[index % len(nodes)]))
+        return made
+
+    async with contextlib.AsyncExitStack() as stack:
+        log = stack.enter_context((work / "children.log").open("wb"))
+        corestores: list[Corestore] = [
+            await stack.enter_async_context(corestore_process(work, log, name=f"cs-{i}"))
+            for i in range(args.corestores)
+        ]
+        document = cluster_document(
+            CLUSTER, {node: corestores[i % len(corestores)].url for i, node in enumerate(nodes)}
+        )
+        cloudly = await stack.enter_async_context(
+            StandInCloudly(token=TOKEN, cluster=document, peer_settings=ConnectionSettings())
+        )
+        child = await stack.enter_async_context(
+            agent_process(
+                "agent",
+                ["agent", "run"],
+                work / "agent",
+                cloudly,
+                chunk_mib=args.chunk_mib,
+                window=args.window,
+                max_in_flight=args.max_in_flight,
+                window_bytes=args.window_mib * MiB,
+            )
+        )
+        pids = {"agent": child.pid, **{f"cs{i}": c.process.pid for i, c in enumerate(corestores)}}
+
+        def drop(done: list[RestorePlan]) -> None:
+            for plan in done:
+                for corestore in corestores:
+                    shutil.rmtree(
+                        corestore.data_dir / "staging" / plan.staging_archive_id,
+                        ignore_errors=True,
+                    )
+
+        say("warm-up ...")
+        warm = plans(1)
+        await stage_all(cloudly, await prepare_all(cloudly, warm), chunk_json, args.probe_ms)
+        drop(warm)
+
+        say("one stream alone ...")
+        single_plans = plans(1)
+        drivers = await prepare_all(cloudly, single_plans)
+        meter = CpuMeter(pids)
+        [single], single_wall = await stage_all(cloudly, drivers, chunk_json, args.probe_ms)
+        single_cpu = meter.spent()
+        drop(single_plans)
+
+        say(f"{args.streams} streams at once across {args.nodes} nodes ...")
+        many = plans(args.streams)
+        drivers = await prepare_all(cloudly, many)
+        idle_rss, _ = memory_kib(child.pid)
+        reset = reset_peak_rss(child.pid)
+        sampler = RssSampler(child.pid, 0.02)
+        status = StatusProbe(
+            RestoreDriver(cloudly, many[0], call_timeout=60.0), args.status_interval_ms / 1000
+        )
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(sampler.run(stop))
+            group.create_task(status.run(stop))
+            meter = CpuMeter(pids)
+            try:
+                results, wall = await stage_all(cloudly, drivers, chunk_json, args.probe_ms)
+            finally:
+                cpu = meter.spent()
+                stop.set()
+        _, hwm = memory_kib(child.pid)
+        peak = max(sampler.peak_kib, hwm) if reset else sampler.peak_kib
+        drop(many)
+
+    total = sum(r.bytes for r in results)
+    rates = [r.mb_per_s for r in results]
+    aggregate = total / 1e6 / wall
+    mean = statistics.mean(rates)
+    per_stream_bound = args.window_mib + args.window + (args.max_in_flight + 2) * args.chunk_mib
+    return {
+        "single": {
+            "mb_per_s": round(single.mb_per_s, 1),
+            "wall_s": round(single_wall, 2),
+            "cpu_s_per_gib": {k: round(v / (single.bytes / GiB), 2) for k, v in single_cpu.items()},
+        },
+        "cluster": {
+            "streams": len(results),
+            "nodes": args.nodes,
+            "corestores": args.corestores,
+            "bytes": total,
+            "wall_s": round(wall, 2),
+            "aggregate_mb_per_s": round(aggregate, 1),
+            "aggregate_over_single": round(aggregate / single.mb_per_s, 2),
+            "stream_mb_per_s": [round(r, 1) for r in rates],
+            "mean_mb_per_s": round(mean, 1),
+            "slowest_mb_per_s": round(min(rates), 1),
+            "fairness": round(min(rates) / mean, 2),
+            "cpu_s_per_gib": {k: round(v / (total / GiB), 2) for k, v in cpu.items()},
+            "idle_rss_mib": round(idle_rss / 1024, 1),
+            "peak_rss_mib": round(peak / 1024, 1),
+            "rss_above_idle_mib": round((peak - idle_rss) / 1024, 1),
+            "memory_bound_mib": per_stream_bound * len(results),
+            "per_stream_bound_mib": per_stream_bound,
+            "hwm_reset": reset,
+            "status": status.summary(),
+        },
+    }
+
+
+def report(result: dict[str, Any], facts: dict[str, str], args: argparse.Namespace) -> None:
+    single, cluster = result["single"], result["cluster"]
+    print("\nmachine: " + ", ".join(f"{k} {v}" for k, v in facts.items()))
+    print(
+        f"{cluster['streams']} streams x {args.mib} MiB, {args.form} form, {args.nodes} nodes on "
+        f"{args.corestores} reference Corestores; agent chunk {args.chunk_mib} MiB, "
+        f"max_in_flight {args.max_in_flight}, window {args.window} / {args.window_mib} MiB\n"
+    )
+    print("| | MB/s | wall s | CPU s/GiB |\n|---|---:|---:|---|")
+    cpu1 = ", ".join(f"{k} {v}" for k, v in single["cpu_s_per_gib"].items())
+    print(f"| one stream alone | {single['mb_per_s']} | {single['wall_s']} | {cpu1} |")
+    cpu = ", ".join(f"{k} {v}" for k, v in cluster["cpu_s_per_gib"].items())
+    print(
+        f"| {cluster['streams']} at once (aggregate) | {cluster['aggregate_mb_per_s']} "
+        f"| {cluster['wall_s']} | {cpu} |"
+    )
+    status = cluster["status"]
+    print(
+        f"\naggregate / single {cluster['aggregate_over_single']}; streams MB/s mean "
+        f"{cluster['mean_mb_per_s']}, slowest {cluster['slowest_mb_per_s']} (fairness "
+        f"{cluster['fairness']}); per stream: {cluster['stream_mb_per_s']}"
+    )
+    print(
+        f"RSS idle {cluster['idle_rss_mib']} MiB, peak {cluster['peak_rss_mib']} MiB, above idle "
+        f"{cluster['rss_above_idle_mib']} MiB; stated bound {cluster['memory_bound_mib']} MiB "
+        f"({cluster['per_stream_bound_mib']} MiB per stream)"
+    )
+    print(
+        f"status during the stages: n {status.get('count')}, p50 {status.get('p50_ms', 0):.1f} ms, "
+        f"p99 {status.get('p99_ms', 0):.1f} ms, max {status.get('max_ms', 0):.1f} ms"
+    )
+    verdicts = {
+        "aggregate >= 0.8x single": cluster["aggregate_over_single"] >= 0.8,
+        "slowest >= 0.5x mean": cluster["fairness"] >= 0.5,
+        "memory within the bound": cluster["rss_above_idle_mib"] <= cluster["memory_bound_mib"],
+    }
+    print("\ntargets:")
+    for name, ok in verdicts.items():
+        print(f"  {'PASS' if ok else 'MISS'}  {name}")
+    result["targets"] = verdicts
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 4 streams, 2 nodes")
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--corestores", type=int, default=8)
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--form", default="buffer", choices=["buffer", "base64"])
+    parser.add_argument("--chunk-mib", type=int, default=4)
+    parser.add_argument("--max-in-flight", type=int, default=4)
+    parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--window-mib", type=int, default=8)
+    parser.add_argument("--probe-ms", type=float, default=50.0)
+    parser.add_argument("--status-interval-ms", type=float, default=20.0)
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.streams, args.nodes, args.corestores, args.mib = 4, 2, 2, 16
+    configure_logging("console", "warning", sys.stderr)
+    facts = machine_facts()
+    facts["loadavg_at_start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    work = Path(tempfile.mkdtemp(prefix="bench-cluster-", dir=args.dir))
+    try:
+        result = asyncio.run(run(args, work))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    facts["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    report(result, facts, args)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"machine": facts, **result}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
