@@ -7,14 +7,18 @@ Test modules cannot import this file (importlib mode), so everything travels as 
   cluster whose node points at it (stream chunk form from the `chunk_form` fixture), and ways to
   run the real agent against them: in-process (`async with stack.agent():`, `agent.app.run`
   with its websocket session) or as a subprocess (`await stack.spawn()`, `python -m agent run`).
+  The agent gets its Corestore bearer as production does: sealed to its own key by the stand-in
+  Cloudly's credential authority (`credential_source="file"` as a keyword selects the file
+  option instead).
 - `plan`: a restore of three resources whose objects are small except the volume image
   (`big_size`, a fixture a module may override); `stack.driver(plan)` drives it.
 - `captured_logs`: the in-process structlog/stdlib output as JSON lines (debug level), with the
   logging configuration restored afterwards.
 
 Secrets are recognisable so leak tests can search for them: `TOKEN`, `BEARER`, the stand-in's
-JWTs (`cloudly.issued_jwts`) and every grant a driver issued (`driver.issued_grants`, all with
-`GRANT_MARK` in their payload).
+JWTs (`cloudly.issued_jwts`), every sealed text it sent (`authority.sealed_texts`), the agent's
+private key and every grant a driver issued (`driver.issued_grants`, all with `GRANT_MARK` in
+their payload).
 """
 
 from __future__ import annotations
@@ -37,12 +41,15 @@ import structlog
 
 from agent import app
 from agent.config import Config
+from agent.contracts.credentials import b64url
 from agent.corestore.routes import RouteName
+from agent.credentials.keys import KEY_FILE
 from agent.log import configure_logging
 from agent.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.corestore import CorestoreHandle, start
 from devstack.corestore.storage import Storage
+from devstack.credentials import CredentialAuthority
 from devstack.driver import (
     GRANT_MARK,
     MappingSpec,
@@ -120,6 +127,7 @@ class Stack:
     tmp: Path
     corestore: CorestoreHandle
     cloudly: StandInCloudly
+    authority: CredentialAuthority
     hits: SignallingCounter
     state_dir: Path
     processes: list[AgentProcess] = field(default_factory=list)
@@ -131,9 +139,12 @@ class Stack:
 
     def config_data(self, **corestore: Any) -> dict[str, Any]:
         """The agent's configuration (quick reconnects, small chunks, a 0.05 s restore poll
-        instead of 1 s per resource, unless overridden)."""
+        instead of 1 s per resource, unless overridden). The Corestore bearer comes sealed, as
+        in production, unless `credential_source="file"` is given: then from a 0600 file."""
         token = _secret_file(self.tmp / "machine-token", TOKEN)
-        credential = _secret_file(self.tmp / "corestore-credential", BEARER)
+        if corestore.get("credential_source") == "file":
+            credential = _secret_file(self.tmp / "corestore-credential", BEARER)
+            corestore = {"credential_file": str(credential), **corestore}
         return {
             "cloudly": {
                 "url": self.cloudly.url,
@@ -142,8 +153,6 @@ class Stack:
                 "backoff_cap_s": 0.2,
             },
             "corestore": {
-                "credential_source": "file",
-                "credential_file": str(credential),
                 "chunk_size": 64 * KiB,
                 "retries": 1,
                 "restore_poll_interval_s": 0.05,
@@ -247,6 +256,10 @@ class Stack:
         named = {"machine token": TOKEN, "corestore bearer": BEARER, "grant mark": GRANT_MARK}
         named |= {f"grant #{n}": grant for n, grant in enumerate(driver.issued_grants)}
         named |= {f"jwt #{n}": jwt for n, jwt in enumerate(self.cloudly.issued_jwts)}
+        named |= {f"sealed #{n}": text for n, text in enumerate(self.authority.sealed_texts)}
+        if (key := self.state_dir / KEY_FILE).exists():
+            private = key.read_bytes()
+            named |= {"private key hex": private.hex(), "private key base64url": b64url(private)}
         return sorted(name for name, value in named.items() if value in text)
 
     def database_bytes(self) -> bytes:
@@ -314,14 +327,16 @@ async def stack(tmp_path: Path, chunk_form: str) -> AsyncIterator[Stack]:
     corestore.faults.hits = hits
     document = cluster_document(CLUSTER, {NODE: corestore.url})
     settings = stand_in_settings("base64" if chunk_form == "base64" else "buffer")
+    authority = CredentialAuthority(CLUSTER, {NODE: BEARER})
     cloudly = StandInCloudly(
         token=TOKEN,
         cluster=document,
         peer_settings=settings,
         closures_dir=tmp_path / "cloudly-closures",
+        credentials=authority,
     )
     await cloudly.start()
-    stack = Stack(tmp_path, corestore, cloudly, hits, tmp_path / "state")
+    stack = Stack(tmp_path, corestore, cloudly, authority, hits, tmp_path / "state")
     try:
         yield stack
     finally:

@@ -15,6 +15,7 @@ import pytest
 
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
 from agent.corestore.routes import RouteName
+from agent.credentials.keys import KEY_FILE
 from agent.errors import SessionClosed
 from agent.store import DB_NAME, RestoreKey, RevisionStore
 from devstack.driver import RestorePlan
@@ -93,6 +94,36 @@ async def test_an_agent_killed_while_staging_resumes_the_object_after_a_restart(
     assert "cloudly_connected" in output, "the agents' logs were captured"
     assert stack.leaked(output, driver) == []
     assert stack.leaked(killed_db + stack.database_bytes(), driver) == []
+
+
+async def test_an_agent_killed_mid_stage_comes_back_with_its_key_and_enrollment(
+    stack: Any, plan: RestorePlan
+) -> None:
+    """The bearer came sealed to the agent's key; after SIGKILL the restarted agent opens the
+    same key file and enrollment (one recipient at Cloudly), fetches the bearer sealed again
+    and finishes the stage."""
+    driver = stack.driver(plan, retries=5, reconnect_timeout=30.0)
+    first = await stack.spawn()
+    await driver.prepare()
+    stack.on_hit(RouteName.PUT_CHUNK, stack.hits[RouteName.PUT_CHUNK] + 5, first.kill)
+    driver.retries = 0
+    with pytest.raises(SessionClosed):
+        await driver.stage(VOLUME)
+    await _killed(first, stack)
+    key_before = (stack.state_dir / KEY_FILE).read_bytes()
+    sealed_before = stack.cloudly.count("credential-sealed")
+
+    second = await stack.spawn()
+    driver.retries = 5
+    staged = await driver.stage(VOLUME)
+    assert await second.terminate() == 0
+
+    assert staged["status"] == "staging"
+    assert stack.staged_digest(driver.plan, VOLUME) == driver.plan.object(VOLUME).sha256
+    assert (stack.state_dir / KEY_FILE).read_bytes() == key_before
+    assert len(stack.authority.recipients) == 1, "the restarted agent did not re-enroll"
+    assert sealed_before >= 1
+    assert stack.cloudly.count("credential-sealed") > sealed_before
 
 
 async def test_an_agent_killed_during_execute_finishes_when_cloudly_repeats_execute(
