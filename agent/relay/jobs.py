@@ -26,8 +26,9 @@ from typing import Any
 
 import structlog
 
-from agent.errors import AgentError, InvalidState, JobConflict, ShuttingDown
+from agent.errors import AgentError, JobConflict, ShuttingDown
 from agent.locks import KeyedLocks
+from agent.owner import TaskOwner
 from agent.relay.machine import JobOp
 from agent.store import JobKey, RevisionStore, StoredJob
 
@@ -48,50 +49,21 @@ class JobRunner:
         self._store = store
         self._locks: KeyedLocks[JobKey] = KeyedLocks()
         self._running: dict[JobKey, asyncio.Future[dict[str, Any]]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._group: asyncio.TaskGroup | None = None
-        self._started = asyncio.Event()
-        self._closing = asyncio.Event()
-        self._stopped = asyncio.Event()
-        self._run_task: asyncio.Task[None] | None = None
+        self._owner = TaskOwner("the relay job runner")
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Own the jobs' tasks until `close()`; then cancel and await them."""
-        if self._started.is_set():
-            raise InvalidState("the relay job runner may run once")
-        self._run_task = asyncio.current_task()
-        try:
-            async with asyncio.TaskGroup() as group:
-                self._group = group
-                self._started.set()
-                await self._report_unfinished()
-                await self._closing.wait()
-                self._group = None
-                for task in list(self._tasks):
-                    task.cancel()
-        finally:
-            self._group = None
-            self._stopped.set()
+        """Own the jobs' tasks until `close()`; then cancel and await them (`agent.owner`)."""
+        await self._owner.run(self._report_unfinished)
 
     async def started(self) -> None:
         """Wait until `run()` takes work."""
-        await self._started.wait()
+        await self._owner.started()
 
     async def close(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109  # a shutdown bound
         """Stop taking work, cancel the running jobs, wait at most `timeout` s for `run()`."""
-        self._closing.set()
-        if not self._started.is_set():
-            return
-        try:
-            async with asyncio.timeout(timeout):
-                await self._stopped.wait()
-        except TimeoutError:
-            _log.error("relay_jobs_close_overran", timeout_s=timeout)
-            if self._run_task is not None:
-                self._run_task.cancel()
-            await self._stopped.wait()
+        await self._owner.close(timeout)
 
     def working(self, key: JobKey) -> bool:
         """Whether the work of `key` runs in this process."""
@@ -118,9 +90,9 @@ class JobRunner:
                 return dict(stored.result["response"])
             outcome = self._running.get(key)
             if outcome is None:
-                self._check_running()
+                self._owner.check()
                 work = await start()
-                self._check_running()
+                self._owner.check()
                 stored = await self._move_to_running(key, stored, digest)
                 outcome = self._spawn(stored, work)
             else:
@@ -141,24 +113,15 @@ class JobRunner:
 
     # --- the tasks ----------------------------------------------------------------------------
 
-    def _check_running(self) -> None:
-        if self._group is None or self._closing.is_set():
-            raise ShuttingDown("the relay job runner is not running")
-
     def _spawn(self, stored: StoredJob, work: Work) -> asyncio.Future[dict[str, Any]]:
-        group = self._group
-        if group is None:  # pragma: no cover - _check_running() ran under the same lock
-            raise ShuttingDown("the relay job runner is not running")
         outcome: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         # Retrieve the outcome here too: a job whose callers all left must not warn.
         outcome.add_done_callback(lambda done: done.cancelled() or done.exception())
         key = stored.key
+        task = self._owner.spawn(self._execute(stored, work, outcome), name=f"relay-{key.kind}")
         self._running[key] = outcome
-        task = group.create_task(self._execute(stored, work, outcome), name=f"relay-{key.kind}")
-        self._tasks.add(task)
 
         def forget(done: asyncio.Task[None]) -> None:
-            self._tasks.discard(done)
             if self._running.get(key) is outcome:
                 del self._running[key]
 

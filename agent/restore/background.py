@@ -25,8 +25,9 @@ from typing import Any, TypeVar
 
 import structlog
 
-from agent.errors import InvalidState, ShuttingDown
+from agent.errors import ShuttingDown
 from agent.locks import KeyedLocks
+from agent.owner import TaskOwner
 from agent.store import RestoreKey, RevisionStore, StoredState
 
 __all__ = ["Observer", "WorkOwner", "running"]
@@ -44,38 +45,21 @@ class WorkOwner:
         self._locks: KeyedLocks[RestoreKey] = KeyedLocks()
         self._work: dict[RestoreKey, asyncio.Task[None]] = {}
         self._observers: list[Observer] = []
-        self._group: asyncio.TaskGroup | None = None
-        self._run_task: asyncio.Task[None] | None = None
-        self._started = asyncio.Event()
-        self._closing = asyncio.Event()
-        self._stopped = asyncio.Event()
+        self._owner = TaskOwner("the isolated-restore engine")
 
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Own the background work until `close()`; then cancel and await it.
+        """Own the background work until `close()`; then cancel and await it (`agent.owner`).
 
         Run it as a task of the caller's TaskGroup; it returns once `close()` was called and
         every piece of work ended.
         """
-        if self._started.is_set():
-            raise InvalidState("the isolated-restore engine may run once")
-        self._run_task = asyncio.current_task()
-        try:
-            async with asyncio.TaskGroup() as group:
-                self._group = group
-                self._started.set()
-                await self._report_unfinished()
-                await self._closing.wait()
-                for task in list(self._work.values()):
-                    task.cancel()
-        finally:
-            self._group = None
-            self._stopped.set()
+        await self._owner.run(self._report_unfinished)
 
     async def started(self) -> None:
         """Wait until `run()` takes work (requests before that are refused `shutting-down`)."""
-        await self._started.wait()
+        await self._owner.started()
 
     async def close(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109  # a shutdown bound
         """Stop taking work, cancel the running work, wait at most `timeout` s for `run()` to end.
@@ -83,17 +67,7 @@ class WorkOwner:
         A `run()` that overruns the bound (work that ignores its cancellation) is cancelled
         itself, and waited for.
         """
-        self._closing.set()
-        if not self._started.is_set():
-            return
-        try:
-            async with asyncio.timeout(timeout):
-                await self._stopped.wait()
-        except TimeoutError:
-            _log.error("restore_engine_close_overran", timeout_s=timeout)
-            if self._run_task is not None:
-                self._run_task.cancel()
-            await self._stopped.wait()
+        await self._owner.close(timeout)
 
     # --- observation --------------------------------------------------------------------------
 
@@ -138,18 +112,18 @@ class WorkOwner:
 
     def _check_running(self) -> None:
         """`ShuttingDown` unless background work can be started now."""
-        if self._group is None or self._closing.is_set():
-            raise ShuttingDown("the isolated-restore engine is not running")
+        self._owner.check()
 
     def _spawn(
         self, key: RestoreKey, work: Coroutine[Any, Any, None], fields: dict[str, str]
     ) -> None:
         """Run `work` as the background task of `key` (the caller checked none runs)."""
-        group = self._group
-        if group is None:
+        try:
+            self._owner.check()
+        except ShuttingDown:
             work.close()
-            raise ShuttingDown("the isolated-restore engine is not running")
-        task = group.create_task(self._guarded(work, fields), name=f"restore-{key.restore_id}")
+            raise
+        task = self._owner.spawn(self._guarded(work, fields), name=f"restore-{key.restore_id}")
         self._work[key] = task
 
         def forget(done: asyncio.Task[None]) -> None:

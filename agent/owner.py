@@ -1,0 +1,93 @@
+"""`TaskOwner`: the one TaskGroup that owns a component's background tasks.
+
+The isolated-restore engine and the relay's job runner both start work that outlives the request
+that asked for it. Each holds a `TaskOwner` and follows one lifecycle:
+
+- `run(on_start)` runs once, as a task of the caller's TaskGroup: it opens the group, awaits
+  `on_start()` (a report of what a previous run left unfinished), then waits for `close()`,
+  cancels every task it spawned and returns when they all ended;
+- `started()` waits until work can be taken; `check()` raises `ShuttingDown` when it cannot
+  (not started yet, or closing), so a request is refused before anything is stored;
+- `spawn(coroutine, name=...)` runs one piece of work in the group;
+- `close(timeout)` stops taking work and waits at most `timeout` seconds for `run()` to end; a
+  `run()` that overruns (work that ignores its cancellation) is cancelled itself, and awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import structlog
+
+from agent.errors import InvalidState, ShuttingDown
+
+__all__ = ["TaskOwner"]
+
+_log = structlog.get_logger("agent.owner")
+
+
+class TaskOwner:
+    """Owns the background tasks of the component named `what` (it appears in refusals)."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._group: asyncio.TaskGroup | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._run_task: asyncio.Task[None] | None = None
+        self._started = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._stopped = asyncio.Event()
+
+    async def run(self, on_start: Callable[[], Awaitable[None]]) -> None:
+        """Own the tasks until `close()`; then cancel and await them."""
+        if self._started.is_set():
+            raise InvalidState(f"{self._what} may run once")
+        self._run_task = asyncio.current_task()
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                self._started.set()
+                await on_start()
+                await self._closing.wait()
+                self._group = None
+                for task in list(self._tasks):
+                    task.cancel()
+        finally:
+            self._group = None
+            self._stopped.set()
+
+    async def started(self) -> None:
+        """Wait until `run()` takes work."""
+        await self._started.wait()
+
+    async def close(self, timeout: float) -> None:  # noqa: ASYNC109  # a shutdown bound
+        """Stop taking work, cancel the running tasks, wait at most `timeout` s for `run()`."""
+        self._closing.set()
+        if not self._started.is_set():
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                await self._stopped.wait()
+        except TimeoutError:
+            _log.error("task_owner_close_overran", owner=self._what, timeout_s=timeout)
+            if self._run_task is not None:
+                self._run_task.cancel()
+            await self._stopped.wait()
+
+    def check(self) -> None:
+        """`ShuttingDown` unless work can be started now."""
+        if self._group is None or self._closing.is_set():
+            raise ShuttingDown(f"{self._what} is not running")
+
+    def spawn(self, work: Coroutine[Any, Any, None], *, name: str) -> asyncio.Task[None]:
+        """Run `work` as a task of the group (`ShuttingDown`, and `work` closed, if it cannot)."""
+        group = self._group
+        if group is None or self._closing.is_set():
+            work.close()
+            raise ShuttingDown(f"{self._what} is not running")
+        task = group.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
