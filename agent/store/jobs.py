@@ -24,6 +24,7 @@ import aiosqlite
 
 from agent.errors import IllegalTransition, InvalidState, RevisionConflict, StoreError
 from agent.relay.machine import JOB_KINDS, JOB_STATUSES, JobKind, JobOp, JobStatus, sources
+from agent.store.transitions import status_moves
 
 __all__ = ["JobKey", "StoredJob", "get_job", "list_jobs", "move_job"]
 
@@ -142,29 +143,23 @@ RETURNING {_COLUMNS}
 
 
 def _update_statement(op: JobOp) -> tuple[str, dict[str, str]] | None:
-    moves = [(source, to) for source, to in sources(op).items() if source is not None]
-    if not moves:
+    moves = status_moves(sources(op).items())
+    if moves is None:
         return None
-    params: dict[str, str] = {}
-    whens: list[str] = []
-    for index, (source, to) in enumerate(moves):
-        params[f"from_{index}"], params[f"to_{index}"] = source, to
-        whens.append(f"WHEN :from_{index} THEN :to_{index}")
-    allowed = ", ".join(f":from_{index}" for index in range(len(moves)))
     # A move back to `running` is a new attempt: its old outcome no longer stands.
     restarts = op in (JobOp.RESUME, JobOp.RETRY)
     sql = f"""
 UPDATE relay_job
 SET revision = revision + 1,
-    status = CASE status {" ".join(whens)} END,
+    status = {moves.case},
     result_json = :result_json,
     attempts = attempts + {1 if restarts else 0},
     updated_at = :now
 WHERE {_KEY_WHERE} AND revision = :expected AND request_digest = :digest
-      AND status IN ({allowed})
+      AND status IN ({moves.allowed})
 RETURNING {_COLUMNS}
 """  # noqa: S608  # placeholders only; the shape comes from the transition table
-    return sql, params
+    return sql, moves.params
 
 
 _UPDATES: Final = {op: st for op in JobOp if (st := _update_statement(op)) is not None}

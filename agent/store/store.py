@@ -66,6 +66,7 @@ from agent.store.codec import (
 from agent.store.jobs import JobKey, StoredJob
 from agent.store.records import ChunkRecord, ObjectRecord, RestoreKey, StoredState
 from agent.store.startup import open_database
+from agent.store.transitions import status_moves
 
 __all__ = ["DB_NAME", "RevisionStore"]
 
@@ -91,27 +92,21 @@ RETURNING {_COLUMNS}
 
 def _update_statement(op: Op) -> tuple[str, dict[str, str]] | None:
     """The CAS `UPDATE` for `op`, its status CASE and IN list built from the table."""
-    moves = [(source, to) for source, to in sources(op).items() if source is not None]
-    if not moves:
+    moves = status_moves(sources(op).items())
+    if moves is None:
         return None
-    params: dict[str, str] = {}
-    whens: list[str] = []
-    for index, (source, to) in enumerate(moves):
-        params[f"from_{index}"], params[f"to_{index}"] = source, to
-        whens.append(f"WHEN :from_{index} THEN :to_{index}")
-    allowed = ", ".join(f":from_{index}" for index in range(len(moves)))
     sql = f"""
 UPDATE restore_state
 SET revision = revision + 1,
-    status = CASE status {" ".join(whens)} END,
+    status = {moves.case},
     state_json = :state_json,
     private_json = COALESCE(:private_json, private_json),
     mutation_digest = COALESCE(:digest, mutation_digest),
     updated_at = :now
-WHERE {_KEY_WHERE} AND revision = :expected AND status IN ({allowed})
+WHERE {_KEY_WHERE} AND revision = :expected AND status IN ({moves.allowed})
 RETURNING {_COLUMNS}
 """  # noqa: S608  # placeholders only; the shape comes from the transition table
-    return sql, params
+    return sql, moves.params
 
 
 _UPDATES: Final = {op: statement for op in Op if (statement := _update_statement(op)) is not None}

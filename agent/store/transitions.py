@@ -1,0 +1,36 @@
+"""A transition table's moves as SQL, for the compare-and-swap `UPDATE`s of both tables.
+
+`status_moves(sources(op).items())` gives the `CASE status WHEN .. THEN .. END` that moves each
+allowed source status to its target, the `IN (..)` list of those sources for the `WHERE`, and
+their parameters; None when the op starts from nothing only (an `INSERT`, not an `UPDATE`). Both the
+isolated-restore states (`store.py`) and the relay jobs (`jobs.py`) build their statements with
+it from their own machine's table, so SQLite enforces the same table the Python side checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["StatusMoves", "status_moves"]
+
+
+@dataclass(frozen=True, slots=True)
+class StatusMoves:
+    case: str  # CASE status WHEN :from_0 THEN :to_0 ... END
+    allowed: str  # :from_0, :from_1, ...
+    params: dict[str, str]
+
+
+def status_moves(table: Iterable[tuple[str | None, str]]) -> StatusMoves | None:
+    """The SQL of `table`'s moves from an existing status (`None`, a fresh row, is left out)."""
+    moves = [(source, to) for source, to in table if source is not None]
+    if not moves:
+        return None
+    params: dict[str, str] = {}
+    whens: list[str] = []
+    for index, (source, to) in enumerate(moves):
+        params[f"from_{index}"], params[f"to_{index}"] = source, to
+        whens.append(f"WHEN :from_{index} THEN :to_{index}")
+    allowed = ", ".join(f":from_{index}" for index in range(len(moves)))
+    return StatusMoves(f"CASE status {' '.join(whens)} END", allowed, params)
