@@ -27,15 +27,13 @@ from agent.corestore.routes import RouteName
 from agent.corestore.shapes import (
     MAX_CHUNK_SIZE,
     archive_path_problem,
-    id_problem,
     is_compact_jws,
-    sha256_problem,
 )
 from agent.errors import CorestoreRefused
 from agent.secret import Secret
 from devstack.corestore.faults import Faults
 from devstack.corestore.scratch import Scratch
-from devstack.corestore.service_routes import TRUNCATE, service_handlers
+from devstack.corestore.service_routes import TRUNCATE, path_id, read_chunk, service_handlers
 from devstack.corestore.services import Services
 from devstack.corestore.storage import Storage, refuse
 
@@ -43,8 +41,6 @@ __all__ = ["Bearer", "Jobs", "create_app"]
 
 _log = structlog.get_logger("devstack.corestore")
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# How many bytes of the body the "truncate" fault drops (of a closure read: of the answer).
-_TRUNCATE = TRUNCATE
 
 
 def _error(status: int, code: str, message: str) -> web.Response:
@@ -177,7 +173,7 @@ def create_app(
             problem = _grant_problem(request.headers.get(routes.HEADER_RESTORE_GRANT))
             if problem is not None:
                 return _error(403, *problem)
-        request[_TRUNCATE] = rule.drop_bytes if rule is not None and kind == "truncate" else 0
+        request[TRUNCATE] = rule.drop_bytes if rule is not None and kind == "truncate" else 0
         if route is RouteName.PREPARE_RESTORE and not faults.prepare_gate.is_set():
             faults.prepare_held.set()
             await _until_either(faults.prepare_gate, stopping)
@@ -234,14 +230,6 @@ def _lie_about_digest(response: web.Response) -> web.Response:
     return web.json_response(payload, status=response.status)
 
 
-def _id(request: web.Request, key: str) -> str:
-    value = request.match_info[key]
-    problem = id_problem(value)
-    if problem:
-        raise refuse(400, "invalid-request", f"{key} {problem}")
-    return value
-
-
 def _object_path(request: web.Request) -> str:
     path = request.query.get("path")
     problem = "is required" if path is None else archive_path_problem(path)
@@ -284,37 +272,26 @@ class _Handlers:
         return web.json_response({"status": "ok"})
 
     async def prepare_restore(self, request: web.Request) -> web.Response:
-        restore_id = _id(request, "restoreId")
+        restore_id = path_id(request, "restoreId")
         body = PrepareRestoreBody.model_validate_json(await request.read())
         answer, created = await asyncio.to_thread(self._storage.prepare, restore_id, body)
         return web.json_response(answer, status=201 if created else 200)
 
     async def put_chunk(self, request: web.Request) -> web.Response:
-        archive, path = _id(request, "stagingArchiveId"), _object_path(request)
+        archive, path = path_id(request, "stagingArchiveId"), _object_path(request)
         offset = _offset(request)
-        sha256 = request.headers.get(routes.HEADER_CHUNK_SHA256, "")
-        problem = sha256_problem(sha256)
-        if problem:
-            raise refuse(400, "invalid-request", f"{routes.HEADER_CHUNK_SHA256} {problem}")
-        length = request.content_length
-        if length is None:
-            raise refuse(411, "length-required", "a chunk needs a Content-Length")
-        if not 0 < length <= MAX_CHUNK_SIZE:
-            raise refuse(413, "chunk-too-large", f"a chunk holds 1 to {MAX_CHUNK_SIZE} bytes")
-        data = await request.read()
-        if request[_TRUNCATE]:
-            data = data[: max(0, len(data) - request[_TRUNCATE])]
+        sha256, data = await read_chunk(request)
         answer = await asyncio.to_thread(
             self._storage.put_chunk, archive, path, offset, data, sha256
         )
         return web.json_response(answer)
 
     async def object_progress(self, request: web.Request) -> web.Response:
-        archive, path = _id(request, "stagingArchiveId"), _object_path(request)
+        archive, path = path_id(request, "stagingArchiveId"), _object_path(request)
         return web.json_response(await asyncio.to_thread(self._storage.progress, archive, path))
 
     async def commit_object(self, request: web.Request) -> web.Response:
-        archive, path = _id(request, "stagingArchiveId"), _object_path(request)
+        archive, path = path_id(request, "stagingArchiveId"), _object_path(request)
         body = CommitObjectBody.model_validate_json(await request.read())
         answer = await asyncio.to_thread(
             self._storage.commit, archive, path, body.size, body.sha256
@@ -322,17 +299,17 @@ class _Handlers:
         return web.json_response(answer)
 
     async def delete_object(self, request: web.Request) -> web.Response:
-        archive, path = _id(request, "stagingArchiveId"), _object_path(request)
+        archive, path = path_id(request, "stagingArchiveId"), _object_path(request)
         await asyncio.to_thread(self._storage.delete_object, archive, path)
         return web.json_response({"deleted": True})
 
     async def delete_staging_archive(self, request: web.Request) -> web.Response:
-        archive = _id(request, "stagingArchiveId")
+        archive = path_id(request, "stagingArchiveId")
         await asyncio.to_thread(self._storage.delete_archive, archive)
         return web.json_response({"deleted": True})
 
     async def restore_resource(self, request: web.Request) -> web.Response:
-        restore_id, mapping_id = _id(request, "restoreId"), _id(request, "mappingId")
+        restore_id, mapping_id = path_id(request, "restoreId"), path_id(request, "mappingId")
         # Marking the resource `running` and starting its job are one step: a client that
         # disconnects in between must not leave a `running` resource that no job owns.
         answer = await asyncio.shield(self._start_restore(restore_id, mapping_id))
@@ -345,22 +322,22 @@ class _Handlers:
         return answer
 
     async def resource_status(self, request: web.Request) -> web.Response:
-        restore_id, mapping_id = _id(request, "restoreId"), _id(request, "mappingId")
+        restore_id, mapping_id = path_id(request, "restoreId"), path_id(request, "mappingId")
         answer = await asyncio.to_thread(self._scratch.status, restore_id, mapping_id)
         return web.json_response(answer)
 
     async def verify_resource(self, request: web.Request) -> web.Response:
-        restore_id, mapping_id = _id(request, "restoreId"), _id(request, "mappingId")
+        restore_id, mapping_id = path_id(request, "restoreId"), path_id(request, "mappingId")
         answer = await asyncio.to_thread(self._scratch.verify, restore_id, mapping_id)
         return web.json_response(answer)
 
     async def delete_resource(self, request: web.Request) -> web.Response:
-        restore_id, mapping_id = _id(request, "restoreId"), _id(request, "mappingId")
+        restore_id, mapping_id = path_id(request, "restoreId"), path_id(request, "mappingId")
         self._jobs.cancel(restore_id, mapping_id)
         await asyncio.to_thread(self._scratch.delete, restore_id, mapping_id)
         return web.json_response({"deleted": True})
 
     async def delete_restore(self, request: web.Request) -> web.Response:
-        restore_id = _id(request, "restoreId")
+        restore_id = path_id(request, "restoreId")
         await asyncio.to_thread(self._scratch.forget, restore_id)
         return web.json_response({"deleted": True})

@@ -23,14 +23,15 @@ from agent.corestore.shapes import MAX_CHUNK_SIZE, id_problem, sha256_problem
 from devstack.corestore.services import Services
 from devstack.corestore.storage import refuse
 
-__all__ = ["TRUNCATE", "service_handlers"]
+__all__ = ["TRUNCATE", "path_id", "read_chunk", "service_handlers"]
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # How many bytes the "truncate" fault drops: of a chunk's body, or of a closure read's answer.
 TRUNCATE = web.RequestKey("truncate", int)
 
 
-def _id(request: web.Request, key: str) -> str:
+def path_id(request: web.Request, key: str) -> str:
+    """The path segment `key`, checked as an identifier (`400 invalid-request` otherwise)."""
     value = request.match_info[key]
     problem = id_problem(value)
     if problem:
@@ -45,11 +46,29 @@ def _count(request: web.Request, key: str, *, minimum: int = 0) -> int:
     return int(text)
 
 
+async def read_chunk(request: web.Request) -> tuple[str, bytes]:
+    """A chunk PUT's declared sha256 and its body, checked as every chunk route checks them
+    (the "truncate" fault applied): `400`, `411` or `413` otherwise."""
+    sha256 = request.headers.get(routes.HEADER_CHUNK_SHA256, "")
+    problem = sha256_problem(sha256)
+    if problem:
+        raise refuse(400, "invalid-request", f"{routes.HEADER_CHUNK_SHA256} {problem}")
+    length = request.content_length
+    if length is None:
+        raise refuse(411, "length-required", "a chunk needs a Content-Length")
+    if not 0 < length <= MAX_CHUNK_SIZE:
+        raise refuse(413, "chunk-too-large", f"a chunk holds 1 to {MAX_CHUNK_SIZE} bytes")
+    data = await request.read()
+    if request[TRUNCATE]:
+        data = data[: max(0, len(data) - request[TRUNCATE])]
+    return sha256, data
+
+
 def service_handlers(services: Services) -> dict[RouteName, _Handler]:
     """The handler of every service route."""
 
     async def backup(request: web.Request) -> web.Response:
-        service_id, backup_id = _id(request, "serviceId"), _id(request, "backupId")
+        service_id, backup_id = path_id(request, "serviceId"), path_id(request, "backupId")
         body = ServiceBackupBody.model_validate_json(await request.read())
         # Shielded: a client that disconnects mid-backup must not cut the archive's rename.
         record, created = await asyncio.shield(
@@ -58,11 +77,11 @@ def service_handlers(services: Services) -> dict[RouteName, _Handler]:
         return web.json_response(record, status=201 if created else 200)
 
     async def record(request: web.Request) -> web.Response:
-        service_id, backup_id = _id(request, "serviceId"), _id(request, "backupId")
+        service_id, backup_id = path_id(request, "serviceId"), path_id(request, "backupId")
         return web.json_response(await asyncio.to_thread(services.record, service_id, backup_id))
 
     async def restore(request: web.Request) -> web.Response:
-        service_id, backup_id = _id(request, "serviceId"), _id(request, "backupId")
+        service_id, backup_id = path_id(request, "serviceId"), path_id(request, "backupId")
         body = ServiceRestoreBody.model_validate_json(await request.read())
         answer = await asyncio.to_thread(services.restore, service_id, backup_id, body)
         return web.json_response(answer)
@@ -75,12 +94,12 @@ def service_handlers(services: Services) -> dict[RouteName, _Handler]:
         return web.json_response(await asyncio.to_thread(services.prune, body))
 
     async def descriptor(request: web.Request) -> web.Response:
-        service_id, backup_id = _id(request, "serviceId"), _id(request, "backupId")
+        service_id, backup_id = path_id(request, "serviceId"), path_id(request, "backupId")
         answer = await asyncio.to_thread(services.descriptor, service_id, backup_id)
         return web.json_response(answer)
 
     async def read(request: web.Request) -> web.Response:
-        service_id, backup_id = _id(request, "serviceId"), _id(request, "backupId")
+        service_id, backup_id = path_id(request, "serviceId"), path_id(request, "backupId")
         offset = _count(request, "offset")
         length = _count(request, "length", minimum=1)
         if length > MAX_CHUNK_SIZE:
@@ -91,31 +110,20 @@ def service_handlers(services: Services) -> dict[RouteName, _Handler]:
         return web.Response(body=data, content_type="application/octet-stream")
 
     async def open_import(request: web.Request) -> web.Response:
-        import_id = _id(request, "importId")
+        import_id = path_id(request, "importId")
         body = ClosureImportBody.model_validate_json(await request.read())
         status, created = await asyncio.to_thread(services.open_import, import_id, body)
         return web.json_response(status, status=201 if created else 200)
 
     async def put_chunk(request: web.Request) -> web.Response:
-        import_id = _id(request, "importId")
+        import_id = path_id(request, "importId")
         offset = _count(request, "offset")
-        sha256 = request.headers.get(routes.HEADER_CHUNK_SHA256, "")
-        problem = sha256_problem(sha256)
-        if problem:
-            raise refuse(400, "invalid-request", f"{routes.HEADER_CHUNK_SHA256} {problem}")
-        length = request.content_length
-        if length is None:
-            raise refuse(411, "length-required", "a chunk needs a Content-Length")
-        if not 0 < length <= MAX_CHUNK_SIZE:
-            raise refuse(413, "chunk-too-large", f"a chunk holds 1 to {MAX_CHUNK_SIZE} bytes")
-        data = await request.read()
-        if request[TRUNCATE]:
-            data = data[: max(0, len(data) - request[TRUNCATE])]
+        sha256, data = await read_chunk(request)
         answer = await asyncio.to_thread(services.put_import_chunk, import_id, offset, data, sha256)
         return web.json_response(answer)
 
     async def commit(request: web.Request) -> web.Response:
-        import_id = _id(request, "importId")
+        import_id = path_id(request, "importId")
         body = CommitObjectBody.model_validate_json(await request.read())
         # Shielded: the database is replaced whole or not at all, whatever the client does.
         answer = await asyncio.shield(
@@ -124,7 +132,7 @@ def service_handlers(services: Services) -> dict[RouteName, _Handler]:
         return web.json_response(answer)
 
     async def abort(request: web.Request) -> web.Response:
-        await asyncio.to_thread(services.abort_import, _id(request, "importId"))
+        await asyncio.to_thread(services.abort_import, path_id(request, "importId"))
         return web.json_response({"deleted": True})
 
     return {
