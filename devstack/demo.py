@@ -284,6 +284,9 @@ directory = "state"
 [shutdown]
 drain_timeout_s = 5.0
 close_timeout_s = 2.0
+[health]
+# A free port: the demo runs on machines where an agent already holds the default one.
+listen = "127.0.0.1:0"
 """
 
 

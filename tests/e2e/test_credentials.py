@@ -89,6 +89,7 @@ class Sealed:
             "[corestore]\nchunk_size = 65536\nretries = 1\nrestore_poll_interval_s = 0.05\n"
             f'[state]\ndirectory = "{self.state_dir}"\n'
             "[shutdown]\ndrain_timeout_s = 2.0\nclose_timeout_s = 2.0\n"
+            '[health]\nlisten = "127.0.0.1:0"\n'
         )
         return load_config(path)
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import shutil
+import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,16 @@ def _restore_logging() -> Iterator[None]:
     root.handlers[:] = handlers
     root.setLevel(level)
     logging.getLogger("websockets").setLevel(websockets_level)
+
+
+@pytest.fixture(autouse=True)
+def _scratch_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The demo's scratch directories go under the test's own tmp dir: a failing `--keep` test
+    leaves no 0600 secret files in the machine's temp dir."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    return scratch
 
 
 def _events(text: str) -> list[dict[str, Any]]:
@@ -50,6 +63,7 @@ def test_the_demo_restores_verifies_and_cleans_up_leaving_nothing_behind(
     verified = next(event for event in events if event["event"] == "verified")
     assert verified["objects"] == 9
     assert not Path(events[0]["workdir"]).exists()
+    assert not list(Path(tempfile.gettempdir()).iterdir())
 
 
 def test_the_demo_backs_a_service_up_and_restores_its_database_byte_identical(
@@ -100,3 +114,30 @@ def test_the_demo_runs_the_file_credential_option_too(capsys: pytest.CaptureFixt
         assert not (kept / "state" / "recipient.key").exists()
     finally:
         shutil.rmtree(kept, ignore_errors=True)
+
+
+@pytest.fixture
+def _default_health_port_held() -> Iterator[None]:
+    """127.0.0.1:9733 (the default `[health] listen`) taken, as on a node running an agent."""
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        holder.bind(("127.0.0.1", 9733))
+        holder.listen(1)
+    except OSError as exc:  # someone else holds it already: the condition this test wants
+        if exc.errno != errno.EADDRINUSE:
+            raise
+    try:
+        yield
+    finally:
+        holder.close()
+
+
+@pytest.mark.usefixtures("_default_health_port_held")
+def test_the_demo_runs_where_an_agent_already_holds_the_default_health_port(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Nodes and dev boxes run an agent on 127.0.0.1:9733: the demo listens on a free port."""
+    code = demo.main(["--size", "1k", "--closure-size", "64k", "--json"])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    assert _events(out)[-1]["event"] == "summary"

@@ -35,6 +35,7 @@ def _config(tmp_path: Path, cloudly: StandInCloudly, bearer: str) -> Config:
             },
             "state": {"directory": str(tmp_path / "state")},
             "shutdown": {"drain_timeout_s": 2.0, "close_timeout_s": 2.0},
+            "health": {"listen": "127.0.0.1:0"},
         }
     )
 
