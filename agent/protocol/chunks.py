@@ -66,8 +66,9 @@ class RawChunk:
     `text` is a view into the frame (no copy): the int array (`[..]`, form `buffer`) or the
     EncodedBuffer string's content (`base64:..`, form `base64`). `frame_bytes` is the size of
     the frame it keeps alive, what a receive window counts. `decode()` (pure, thread-safe) gives
-    the bytes or raises `RemoteProtocolError`; `to_json()` writes the value back as it came
-    (an echoed frame). A plain class: orjson asks the encoder's `default` hook for it.
+    the bytes or raises `RemoteProtocolError`. It has no JSON form: its text is the peer's and
+    unchecked, and nothing we send carries it back (the encoder refuses it like any non-JSON
+    value).
     """
 
     __slots__ = ("form", "frame_bytes", "text")
@@ -93,12 +94,6 @@ class RawChunk:
         if self.text[: len(_BASE64_PREFIX_BYTES)].tobytes() != _BASE64_PREFIX_BYTES:
             raise RemoteProtocolError("EncodedBuffer data lacks the base64: prefix")
         return decode_base64(self.text[len(_BASE64_PREFIX_BYTES) :])
-
-    def to_json(self) -> orjson.Fragment:
-        """The `chunkData` JSON it was cut from."""
-        if self.form == "buffer":
-            return orjson.Fragment(b'{"type":"Buffer","data":' + self.text + b"}")
-        return orjson.Fragment(b'{"type":"EncodedBuffer","data":"' + self.text + b'"}')
 
 
 class EncodedChunk:

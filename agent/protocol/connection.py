@@ -35,9 +35,12 @@ settled, so a chunk that does not decode has broken its stream before the peer's
 it is answered (`stream_responder`); other streams' frames and requests do not wait.
 
 A malformed envelope that still names a method and a request correlation id gets an
-`invalid-request` answer; anything else malformed is dropped with a log line. Stream frames are
-routed by `StreamRegistry` (which answers a frame for an unknown stream at most once). Nothing
-here logs a payload or a secret.
+`invalid-request` answer that echoes nothing of it; anything else malformed is dropped with a
+log line. A frame nesting deeper than `envelope.MAX_DEPTH` is malformed. No frame a peer sends
+makes `receive` raise, and no reply it triggers (`respond`, `refuse` included) fails to encode
+for the peer's sake: an echoed request that does not encode is sent as `request: null`.
+Stream frames are routed by `StreamRegistry` (which answers a frame for an unknown stream at
+most once); no answer carries a peer's payload back. Nothing here logs a payload or a secret.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from agent.protocol.envelope import (
     answerable,
     classify,
     encode_envelope,
+    encode_reply,
     envelope_from_json,
     error_reply,
     parse_frame,
@@ -329,7 +333,7 @@ class Connection:
         request = self._requests.get(request_id)
         if request is None or self._closed is not None:
             return []  # the session closed meanwhile: nobody is waiting for the answer
-        frame = encode_envelope(reply(request.env, dict(response)))
+        frame = encode_reply(reply(request.env, dict(response)))
         del self._requests[request_id]
         self._outbox.append(frame)
         announced = set(find_stream_ids(response))
@@ -348,7 +352,7 @@ class Connection:
         if request is None or self._closed is not None:
             return
         self._outbox.append(
-            encode_envelope(error_reply(request.env, str(error), wire_error_data(error)))
+            encode_reply(error_reply(request.env, str(error), wire_error_data(error)))
         )
         self._release_request_streams(request)
         for stream in request.reply_streams:
@@ -537,7 +541,7 @@ class Connection:
         self._refuse_now(env, InvalidRequest(f"malformed envelope: {exc}"))
 
     def _refuse_now(self, env: Envelope, error: AgentError) -> None:
-        self._outbox.append(encode_envelope(error_reply(env, str(error), wire_error_data(error))))
+        self._outbox.append(encode_reply(error_reply(env, str(error), wire_error_data(error))))
 
     def _on_request(self, env: Envelope, now: float) -> None:
         if not self._intake_open:
@@ -547,7 +551,7 @@ class Connection:
             return
         if env.method not in self._methods:
             data = {"code": "unknown-method", "retryable": False}
-            self._outbox.append(encode_envelope(error_reply(env, UNKNOWN_METHOD_TEXT, data)))
+            self._outbox.append(encode_reply(error_reply(env, UNKNOWN_METHOD_TEXT, data)))
             return
         if not isinstance(env.request, dict):
             self._refuse_now(env, InvalidRequest("request: the request is not a JSON object"))
@@ -556,9 +560,7 @@ class Connection:
         if len(self._requests) >= limit:
             log.warning("request_deferred", method=env.method, in_flight=len(self._requests))
             reason = f"the agent is busy with {limit} requests; send it again"
-            self._outbox.append(
-                encode_envelope(retry_reply(env, self.settings.busy_retry_ms, reason))
-            )
+            self._outbox.append(encode_reply(retry_reply(env, self.settings.busy_retry_ms, reason)))
             return
         stream_ids = tuple(find_stream_ids(env.request))
         for index, stream_id in enumerate(stream_ids):

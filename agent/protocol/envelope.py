@@ -10,6 +10,12 @@ SmartServe adapter writes into `localData` and would fail on `null`).
 Decoding is two steps so the driver can answer a frame whose envelope is malformed but still
 names a method and a correlation id: `parse_frame` (bytes -> JSON object) and
 `envelope_from_json` (object -> `Envelope`); `decode_envelope` does both.
+
+Depth: a frame may nest at most `MAX_DEPTH` arrays and objects (the envelope counts as one);
+`envelope_from_json` refuses a deeper one. orjson reads 1,024 levels but writes only 255, so
+without the bound a reply echoing a deep request could not be written; with it, every value a
+frame brings can be written back. `encode_reply` still falls back to `request: null` should an
+echo not encode, so a reply is always sent.
 """
 
 from __future__ import annotations
@@ -18,16 +24,17 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 from agent.errors import RemoteProtocolError
 from agent.protocol.chunk_frames import split_chunk_frame
-from agent.protocol.chunks import EncodedChunk, RawChunk
+from agent.protocol.chunks import EncodedChunk
 from agent.protocol.markers import omit_markers
 
 __all__ = [
+    "MAX_DEPTH",
     "STREAM_METHOD",
     "Correlation",
     "Envelope",
@@ -38,14 +45,20 @@ __all__ = [
     "classify",
     "decode_envelope",
     "encode_envelope",
+    "encode_reply",
     "envelope_from_json",
     "error_reply",
+    "nests_deeper",
     "parse_frame",
     "reply",
     "retry_reply",
 ]
 
 STREAM_METHOD = "##VirtualStream##"
+# Arrays and objects one frame may nest, the envelope itself included. Far above any document
+# the contracts define, far below the 255 levels orjson writes (docs/wire-notes.md).
+MAX_DEPTH: Final = 128
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +144,8 @@ def envelope_from_json(obj: Mapping[str, Any]) -> Envelope:
     method = obj.get("method")
     if not isinstance(method, str) or not method:
         raise RemoteProtocolError("envelope.method is not a non-empty string")
+    if nests_deeper(obj, MAX_DEPTH):
+        raise RemoteProtocolError(f"the frame nests deeper than {MAX_DEPTH} levels")
     return Envelope(
         method=method,
         request=obj.get("request"),
@@ -160,6 +175,24 @@ def answerable(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     return method, corr_id
 
 
+def nests_deeper(value: Any, limit: int) -> bool:
+    """Whether `value` nests more than `limit` arrays and objects (a scalar nests none)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:  # iterative: what is walked came from the peer
+        container, depth = stack.pop()
+        if not isinstance(container, dict | list):
+            continue
+        if depth > limit:
+            return True
+        items = container.values() if isinstance(container, dict) else container
+        # A long array of scalars (an index-object chunk, a Buffer array) is passed over by one
+        # C-level scan of its types rather than a Python loop over its items.
+        if _SCALARS.issuperset(map(type, items)):
+            continue
+        stack.extend((item, depth + 1) for item in items if isinstance(item, dict | list))
+    return False
+
+
 def encode_envelope(env: Envelope) -> bytes:
     """UTF-8 JSON text of `env`, keys in the order the TS router writes them.
 
@@ -179,6 +212,18 @@ def encode_envelope(env: Envelope) -> bytes:
         return orjson.dumps(obj, default=_revive)
     except orjson.JSONEncodeError as exc:
         raise TypeError(f"a {env.method} frame is not JSON-serialisable: {exc}") from exc
+
+
+def encode_reply(env: Envelope) -> bytes:
+    """`encode_envelope` of a reply, with `request: null` when the echoed request does not
+    encode: a reply always reaches the caller. Raises `TypeError` only when the rest (our
+    response) is no JSON."""
+    try:
+        return encode_envelope(env)
+    except TypeError:
+        if env.request is None:
+            raise
+    return encode_envelope(replace(env, request=None))
 
 
 def reply(env: Envelope, response: Any) -> Envelope:
@@ -213,9 +258,9 @@ def retry_reply(env: Envelope, wait_for_ms: float, reason: str) -> Envelope:
 
 
 def _revive(value: Any) -> Any:
-    # Chunk JSON written by encode_chunk, or a chunk parse_frame cut out (an echoed stream
-    # frame): spliced in as it is.
-    if isinstance(value, EncodedChunk | RawChunk):
+    # Chunk JSON written by encode_chunk is spliced in as it is. A `RawChunk` (peer text cut
+    # out by parse_frame, unchecked) is refused like any other non-JSON value.
+    if isinstance(value, EncodedChunk):
         return value.to_json()
     raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
 

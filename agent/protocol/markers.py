@@ -56,11 +56,31 @@ def omit_markers(payload: Any) -> Any:
     return _omit(payload)
 
 
-def _omit(value: Any) -> Any:
-    if isinstance(value, dict):
-        if is_marker(value):
-            return dict(OMITTED_MARKER)
-        return {key: _omit(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_omit(item) for item in value]
-    return value
+def _omit(payload: Any) -> Any:
+    # Iterative, like find_stream_ids: the copy is built top down, each container is created
+    # empty and filled when its turn comes, so no nesting depth reaches the recursion limit.
+    def copy(value: Any) -> Any:
+        if isinstance(value, dict):
+            if is_marker(value):
+                return dict(OMITTED_MARKER)
+            out: dict[str, Any] = {}
+            work.append((value, out))
+            return out
+        if isinstance(value, list):
+            items: list[Any] = []
+            work.append((value, items))
+            return items
+        return value
+
+    work: list[tuple[dict[str, Any] | list[Any], dict[str, Any] | list[Any]]] = []
+    root = copy(payload)
+    while work:
+        source, target = work.pop()
+        if isinstance(source, dict):
+            assert isinstance(target, dict)
+            for key, item in source.items():
+                target[key] = copy(item)
+        else:
+            assert isinstance(target, list)
+            target.extend(copy(item) for item in source)
+    return root

@@ -8,7 +8,7 @@ written in the order typedrequest 3.3.0 writes them; absent optional fields are 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from agent.errors import RemoteProtocolError
@@ -59,6 +59,10 @@ class StreamPackage:
             obj["chunkData"] = self.chunk_data
         return obj
 
+    def echo(self) -> dict[str, Any]:
+        """The wire object without `chunkData`: what an answer carries back of a request."""
+        return replace(self, chunk_data=None).to_json()
+
 
 def package_from_json(value: Any) -> StreamPackage:
     """Validate a package; raises `RemoteProtocolError` naming the offending field."""
@@ -91,12 +95,18 @@ def stream_frame(package: StreamPackage) -> Envelope:
     return Envelope(method=STREAM_METHOD, request=package.to_json(), response=None)
 
 
-def stream_reply(request: Envelope, package: StreamPackage, *, echo_request: bool) -> Envelope:
-    """The answer to stream frame `request`: `chunk` answers carry `request: null` as in TS."""
+def stream_reply(request: StreamPackage, answer: StreamPackage, *, echo_request: bool) -> Envelope:
+    """The answer to the stream frame carrying `request`: `chunk` answers carry `request: null`
+    as in TS; the others echo the request package as we read it, without its `chunkData`.
+
+    typedrequest 3.3.0 echoes the frame's whole `request`, but no initiator reads it back (it
+    reads `response`); what we echo is what we validated, never the peer's payload, so an
+    answer is JSON whatever the peer put into its frame.
+    """
     return Envelope(
         method=STREAM_METHOD,
-        request=request.request if echo_request else None,
-        response=package.to_json(),
+        request=request.echo() if echo_request else None,
+        response=answer.to_json(),
         is_reply=True,
     )
 

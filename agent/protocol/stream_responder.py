@@ -6,7 +6,9 @@ the responder for every marker in a request we handle (role RECEIVE: the initiat
 
 Answers follow typedrequest 3.3.0 (`handleStreamTr`): `keepAlive` -> our keep-alive flag,
 `next` (we have data to send) and `backpressure` (our receive queue is full); `feedback` -> the
-same without the flag; `chunk` -> a `feedback` package with `request: null`. Beyond 3.3.0 we
+same without the flag; `chunk` -> a `feedback` package with `request: null`. Where TS echoes
+the frame's `request`, we echo the package as we read it, without its `chunkData`: an answer
+never carries the peer's payload back (`stream_frames.stream_reply`). Beyond 3.3.0 we
 answer `read` with the next chunk and `next`. A `read` that finds the queue empty while the
 stream is still open is parked (long poll) until data arrives or `park_timeout` passes, so an
 initiator that reads while `next` is true neither spins nor stalls.
@@ -191,14 +193,14 @@ class ResponderStream:
         purpose = package.main_purpose
         if purpose == "chunk":
             self._accept_chunk(package, now)
-            return stream_reply(env, self._package(package, "feedback"), echo_request=False)
+            return stream_reply(package, self._package(package, "feedback"), echo_request=False)
         if purpose == "read":
             return self._answer_read(env, package, now)
         if purpose == "keepAlive":
             answer = self._package(package, "keepAlive", keep_alive=self.keep_alive)
-            return stream_reply(env, answer, echo_request=True)
+            return stream_reply(package, answer, echo_request=True)
         # feedback, and the unused start/end, get a feedback package
-        return stream_reply(env, self._package(package, "feedback"), echo_request=True)
+        return stream_reply(package, self._package(package, "feedback"), echo_request=True)
 
     @property
     def done(self) -> bool:
@@ -306,8 +308,8 @@ class ResponderStream:
                 backpressure=False,
                 chunk_data=encode_chunk(item, self._form),
             )
-            return stream_reply(env, answer, echo_request=True)
-        return stream_reply(env, self._package(package, "feedback"), echo_request=True)
+            return stream_reply(package, answer, echo_request=True)
+        return stream_reply(package, self._package(package, "feedback"), echo_request=True)
 
     def _release_parked(self) -> Envelope | None:
         parked, self._parked = self._parked, None

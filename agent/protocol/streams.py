@@ -5,8 +5,11 @@ Stream frames carry no correlation (wire.md §4.3). An incoming `##VirtualStream
 - one of OUR frames coming back when its `request.cycleId` is a cycle we sent: the peer did not
   serve it (TS echoes frames for unknown streams, and a 3.3.0 responder answers `read` with
   `response: null`), so that stream breaks;
-- otherwise a REQUEST for a stream we answer for; unknown stream ids are echoed back unchanged
-  with `localData: null`, as the TS router does, ONCE per cycle id.
+- otherwise a REQUEST for a stream we answer for; unknown stream ids are echoed back with
+  `localData: null`, as the TS router does, ONCE per cycle id. The echo carries the package as
+  we read it (ids, purpose, flags) and `response: null`, never the frame's `chunkData` or
+  other keys: the TS router would send them back as they came, but an answer of ours is JSON
+  we wrote, whatever the peer put into its frame.
 Anything else is malformed and dropped (stream frames cannot carry an `error`).
 
 Echo suppression: a peer that echoes frames for unknown streams (typedrequest 3.3.0 does, and
@@ -27,7 +30,7 @@ from typing import Final
 from agent.errors import InvalidState, RemoteProtocolError
 from agent.protocol.chunks import ChunkForm
 from agent.protocol.envelope import Envelope
-from agent.protocol.stream_frames import package_from_json, stream_frame
+from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
 from agent.protocol.stream_initiator import InitiatorStream
 from agent.protocol.stream_responder import ResponderStream, Role
 
@@ -127,16 +130,18 @@ class StreamRegistry:
             return FrameResult(dropped="stream request with cycle response")
         responder = self.responders.get(package.stream_id)
         if responder is None:
-            return self._echo_once(env, package.cycle_id)
+            return self._echo_once(env, package)
         return FrameResult(reply=responder.handle(env, package, now), stream_id=responder.stream_id)
 
-    def _echo_once(self, env: Envelope, cycle_id: str) -> FrameResult:
-        if cycle_id in self._echoed:
+    def _echo_once(self, env: Envelope, package: StreamPackage) -> FrameResult:
+        if package.cycle_id in self._echoed:
             return FrameResult(dropped="our echo of an unknown stream's frame came back")
-        self._echoed[cycle_id] = None
+        self._echoed[package.cycle_id] = None
         if len(self._echoed) > ECHO_MEMORY:
             del self._echoed[next(iter(self._echoed))]
-        echo = Envelope(env.method, env.request, env.response, is_reply=True)
+        # The package as we read it, without its payload: the echo is JSON whatever the frame
+        # carried (an undecoded chunk cut out of it is no JSON we vouch for).
+        echo = Envelope(env.method, package.echo(), None, is_reply=True)
         return FrameResult(reply=echo, dropped="unknown stream, echoed once")
 
     def _on_answer(self, env: Envelope, now: float) -> FrameResult:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 
 from agent.errors import RemoteProtocolError
 from agent.protocol.envelope import (
+    MAX_DEPTH,
     Correlation,
     Envelope,
     FrameKind,
@@ -15,7 +18,10 @@ from agent.protocol.envelope import (
     classify,
     decode_envelope,
     encode_envelope,
+    encode_reply,
+    envelope_from_json,
     error_reply,
+    nests_deeper,
     parse_frame,
     reply,
 )
@@ -160,3 +166,47 @@ def test_encoding_a_secret_fails_without_revealing_it() -> None:
     with pytest.raises(TypeError) as caught:
         encode_envelope(env)
     assert "hunter2" not in str(caught.value)
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_reply_whose_echo_does_not_encode_carries_request_null() -> None:
+    """An echo orjson cannot write (here 300 levels) is left out: the reply still goes out."""
+    env = Envelope("m", {"x": _nested(300)}, None, Correlation("c1", "request"))
+    assert orjson.loads(encode_reply(reply(env, {"ok": True}))) == {
+        "method": "m",
+        "request": None,
+        "response": {"ok": True},
+        "correlation": {"id": "c1", "phase": "response"},
+        "localData": None,
+    }
+
+
+def test_a_reply_whose_own_response_does_not_encode_still_raises() -> None:
+    """The fallback is for the peer's echo only; our own non-JSON response is our bug."""
+    env = Envelope("m", {"x": 1}, None, Correlation("c1", "request"))
+    with pytest.raises(TypeError):
+        encode_reply(reply(env, {"x": object()}))
+
+
+@pytest.mark.parametrize(
+    ("value", "depth"),
+    [(1, 0), ({}, 1), ([], 1), ({"a": [{}]}, 3), ([1, [2, [3]], "x"], 3), ({"a": 1, "b": [[]]}, 3)],
+)
+def test_nesting_depth_counts_arrays_and_objects(value: Any, depth: int) -> None:
+    """`nests_deeper(value, n)` holds exactly when more than n containers nest."""
+    assert not nests_deeper(value, depth)
+    assert depth == 0 or nests_deeper(value, depth - 1)
+
+
+def test_a_frame_past_the_depth_bound_is_no_envelope() -> None:
+    """`envelope_from_json` refuses a frame nesting more than MAX_DEPTH levels."""
+    ok = {"method": "m", "request": _nested(MAX_DEPTH - 1)}  # the envelope is one level
+    assert envelope_from_json(ok).request == _nested(MAX_DEPTH - 1)
+    with pytest.raises(RemoteProtocolError, match="deeper than"):
+        envelope_from_json({"method": "m", "request": _nested(MAX_DEPTH)})

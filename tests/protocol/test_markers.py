@@ -41,3 +41,16 @@ def test_deeply_nested_payload_does_not_hit_the_recursion_limit() -> None:
     for _ in range(100_000):
         payload = [payload]
     assert find_stream_ids(payload) == ["deep"]
+
+
+def test_omitting_markers_walks_100000_levels_without_recursion() -> None:
+    """omit_markers copies a payload nested 100 000 deep (it used to hit RecursionError at
+    about 1,000), the marker at the bottom replaced."""
+    payload: Any = marker("deep")
+    for _ in range(100_000):
+        payload = {"a": [payload, 1]}
+    out = omit_markers(payload)
+    for _ in range(100_000):
+        assert out["a"][1] == 1
+        out = out["a"][0]
+    assert out == OMITTED_MARKER

@@ -28,8 +28,8 @@ def wire(env: Envelope) -> Envelope:
     return decode_envelope(encode_envelope(env))
 
 
-def test_frame_for_an_unknown_stream_is_echoed_unchanged() -> None:
-    """As the TS router: the frame comes back with response unchanged and localData null."""
+def test_frame_for_an_unknown_stream_is_echoed_as_read() -> None:
+    """As the TS router: the frame's package comes back, response null and localData null."""
     frame = (
         b'{"method":"##VirtualStream##","request":{"streamId":"nope","cycleId":"c1",'
         b'"cycle":"request","mainPurpose":"keepAlive","keepAlive":true},"response":null}'
