@@ -11,8 +11,9 @@
  *   (space, tab, LF, CR) allowed wherever JSON allows it. Anything else -- a value above 255, a
  *   leading zero, a sign, a fraction or exponent, `true`/`false`/`null`, a string, a nested
  *   value, a trailing comma, text after the array -- answers None: "not the plain form". The
- *   caller then asks the pure path (orjson + bytes()), whose verdict stands, so the native path
- *   can only ever agree with it (tests/protocol/test_bytearrays.py checks that differentially).
+ *   caller then asks the pure path (bytearrays.pure_int_array: JSON's verdict, read in slices),
+ *   whose verdict stands, so the native path can only ever agree with it
+ *   (tests/protocol/test_bytearrays.py checks that differentially; tests/fuzz fuzzes it).
  *
  * encode(buffer) -> bytes
  *   The array text of the bytes in `buffer`, as JSON.stringify writes a Buffer's `data`: `[1,2]`

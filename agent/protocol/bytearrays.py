@@ -4,13 +4,16 @@ Chosen at import, reported by `codec_backends()` (and in the agent's start-up li
 
 - **Buffer form** (`[1,2,..]`, JSON ints 0..255): the optional C extension `agent._bufferform`
   (`native`) when it was built: one pass over the text, the GIL released, so a worker thread
-  decodes while the event loop keeps serving. Without it, today's pure path: pysimdjson parses
-  the array into a uint64 buffer (`simdjson`), else orjson builds an int list (`orjson`).
-  Whatever decodes, the verdict is the pure path's: the native decoder answers only text it
-  knows is a plain array of bytes (digits, commas, JSON whitespace) and hands anything else
-  (`true`, `-0`, `1.0`, a leading zero, 256, ...) to orjson + `bytes()`, which accept or refuse
-  exactly as before (booleans pass as 0/1, as in a `Uint8Array`). tests/protocol/
-  test_bytearrays.py checks that differentially on generated and malformed arrays.
+  decodes while the event loop keeps serving. Without it, pysimdjson parses the array into a
+  uint64 buffer (`simdjson`), else the pure path alone decodes (`orjson`).
+  Whatever decodes, the verdict is the pure path's (`pure_int_array`), which is JSON's: an
+  array of integers 0..255 or booleans (0/1, as in a `Uint8Array`). The native decoder and
+  simdjson answer only text they know is a plain array of bytes and hand anything else
+  (`true`, `-0`, `1.0`, a leading zero, 256, ...) to the pure path. That reads the array in
+  comma-cut slices (orjson, with stdlib `json` deciding whatever orjson refuses), so refusing a
+  bad array costs one slice of memory, never a Python int per value, and no verdict depends on
+  orjson's parse pool. tests/protocol/test_bytearrays.py checks all of it differentially, on
+  generated, malformed and large arrays, against the stdlib `json` + `bytes()`.
 - **base64** (EncodedBuffer's payload): `pybase64` (SIMD, ~25x `binascii` here) with
   `validate=True`; when it refuses, `binascii.a2b_base64(strict_mode=True)` is asked again and
   its verdict stands. The two differ only where pybase64 is stricter (padding after a complete
@@ -24,6 +27,8 @@ Encoding is the reverse (the native encoder writes what `JSON.stringify` writes 
 from __future__ import annotations
 
 import binascii
+import json
+import re
 import sys
 import threading
 from types import ModuleType
@@ -59,6 +64,14 @@ except ImportError:  # pragma: no cover - a dependency; the orjson path still wo
 _LITTLE_ENDIAN: Final = sys.byteorder == "little"
 _local = threading.local()  # a simdjson parser is not thread-safe; reusing one halves parse time
 
+# The pure path: JSON whitespace, an array's opening, the commas it is cut at, and whitespace
+# between two token characters (two tokens with no comma between them, or one split in two).
+_JSON_WS: Final = b" \t\n\r"
+_HEAD: Final = re.compile(rb"[ \t\n\r]*\[")
+_COMMA: Final = re.compile(rb",")
+_SPLIT_TOKEN: Final = re.compile(rb"[0-9A-Za-z.+\-][ \t\n\r]+[0-9A-Za-z.+\-]")
+_SLICE: Final = 1 << 16  # characters per slice: ~1 MB of Python objects at most, then freed
+
 BUFFER_BACKEND: Final = (
     "native"
     if _native is not None
@@ -89,13 +102,53 @@ def decode_int_array(text: bytes | memoryview) -> bytes:
 
 
 def pure_int_array(text: bytes | memoryview) -> bytes:
-    """`decode_int_array` by orjson and `bytes()` alone: the verdict every path must match."""
+    """`decode_int_array` without the accelerators: the verdict every path must match.
+
+    The verdict is JSON's: `text` is one array whose items are integers 0..255 (`-0` is 0) or
+    booleans (0/1, as in a `Uint8Array`), with JSON whitespace where JSON allows it. The array
+    is read in slices of about `_SLICE` characters cut at commas, so what a refusal costs is
+    bounded by one slice, whatever the frame's size (a whole 15 MiB array of values above 255
+    once became millions of Python ints), and reading stops at the first slice that is no list
+    of bytes. Each slice is read by orjson with its whitespace taken out (orjson runs out of its
+    parse pool on some valid arrays with whitespace in them); whatever orjson refuses, the
+    stdlib `json` decides, so no verdict on valid JSON depends on orjson's pool.
+    """
+    view = memoryview(text)
+    head = _HEAD.match(view)
+    if head is None:
+        raise RemoteProtocolError("chunkData.data is not a JSON array")
+    end, pos = len(view), head.end()
+    parts: list[bytes] = []
+    while True:
+        cut = _COMMA.search(view, pos + _SLICE) if pos + _SLICE < end else None
+        if cut is None:
+            last = view[pos:].tobytes().rstrip(_JSON_WS)
+            if not last.endswith(b"]"):
+                raise RemoteProtocolError("chunkData.data is not a JSON array")
+            if not parts and not last[:-1].strip(_JSON_WS):
+                return b""  # `[]`
+            parts.append(_slice_bytes(last[:-1]))
+            return b"".join(parts)
+        parts.append(_slice_bytes(view[pos : cut.start()].tobytes()))
+        pos = cut.end()
+
+
+def _slice_bytes(items: bytes) -> bytes:
+    """The bytes of `items`, a comma-separated part of an array; `RemoteProtocolError` unless
+    every item is a byte (and there is at least one)."""
+    compact = items.translate(None, _JSON_WS)
+    if not compact or (len(compact) != len(items) and _SPLIT_TOKEN.search(items)):
+        # No item, or whitespace inside a token (`1 2`, `tr ue`): taking the whitespace out
+        # would join what JSON keeps apart.
+        raise RemoteProtocolError("chunkData.data is not a JSON array")
+    text = b"[" + compact + b"]"
     try:
         values = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise RemoteProtocolError("chunkData.data is not a JSON array") from exc
-    if not isinstance(values, list):
-        raise RemoteProtocolError("chunkData.data is not a JSON array")
+    except orjson.JSONDecodeError:
+        try:  # orjson's refusal is not the verdict: its parse pool can fail on valid JSON
+            values = json.loads(text.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise RemoteProtocolError("chunkData.data is not a JSON array") from exc
     try:
         # bytes() checks every item is an int in 0..255 (bool passes as 0/1, as in a Uint8Array).
         return bytes(values)

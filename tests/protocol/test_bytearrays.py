@@ -1,12 +1,16 @@
 """The Buffer-form and base64 payload codecs: the native and pybase64 paths give exactly the pure
-path's verdict (orjson + `bytes()`, `binascii` strict), on generated and malformed input."""
+path's verdict, which is JSON's (the stdlib `json` + `bytes()`) and `binascii`'s strict one, on
+generated, malformed and large input; refusing a large bad array costs one slice of memory."""
 
 from __future__ import annotations
 
 import binascii
 import importlib.util
+import json
+import random
 import shutil
 import sysconfig
+import tracemalloc
 from pathlib import Path
 
 import orjson
@@ -35,6 +39,20 @@ def pure(text: bytes) -> bytes | None:
     try:
         return pure_int_array(text)
     except RemoteProtocolError:
+        return None
+
+
+def oracle(text: bytes) -> bytes | None:
+    """JSON's verdict by the stdlib alone (no orjson, no pool): `json.loads` + `bytes()`."""
+    try:
+        values = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(values, list):
+        return None
+    try:
+        return bytes(values)
+    except (TypeError, ValueError):
         return None
 
 
@@ -146,6 +164,111 @@ class TestBufferForm:
     def test_encoding_writes_what_json_stringify_writes(self, data: bytes) -> None:
         """The encoder's text is orjson's (and `JSON.stringify`'s) for the same list."""
         assert encode_int_array(data) == orjson.dumps(list(data))
+
+
+SLICE = bytearrays._SLICE
+STYLES = {
+    "canonical": (b"[", b",", b"]"),
+    "spaced": (b"[", b", ", b"]"),
+    "indented": (b"[\n  ", b",\n  ", b"\n]"),
+    "pool": (b"[  ", b",", b"]"),  # orjson 3.13 runs out of its parse pool on this one
+}
+
+
+@st.composite
+def large_arrays(draw: st.DrawFn) -> bytes:
+    """Arrays of up to 400,000 values (random, or one value repeated: dense), in one of four
+    layouts, sometimes with one character replaced, inserted or deleted -- often right at a
+    slice boundary of the pure path."""
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    size = draw(st.sampled_from([0, 1, 1_000, 5_000, SLICE // 3, SLICE, 100_000, 400_000]))
+    size = max(0, size + draw(st.integers(-50, 50)))
+    repeated = draw(st.sampled_from([None, 0, 7, 255]))
+    data = rng.randbytes(size) if repeated is None else bytes([repeated]) * size
+    opening, comma, closing = STYLES[draw(st.sampled_from(sorted(STYLES)))]
+    text = bytearray(opening + comma.join(str(b).encode() for b in data) + closing)
+    if draw(st.booleans()):
+        near = draw(st.sampled_from([0, SLICE, 2 * SLICE, len(text) // 2, len(text) - 1]))
+        at = min(max(0, near + draw(st.integers(-4, 4))), len(text))
+        char = draw(st.sampled_from(list(ALPHABET)))
+        kind = draw(st.sampled_from(["replace", "insert", "delete"]))
+        if kind == "insert":
+            text.insert(at, char)
+        elif at < len(text):
+            if kind == "replace":
+                text[at] = char
+            else:
+                del text[at]
+    return bytes(text)
+
+
+class TestPureVerdict:
+    @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.one_of(mutated_arrays(), st.binary(max_size=40), spaced_arrays().map(lambda c: c[0])))
+    def test_the_pure_verdict_is_jsons(self, text: bytes) -> None:
+        """Accepted or refused exactly as the stdlib's `json.loads` + `bytes()` would."""
+        assert pure(text) == oracle(text)
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(large_arrays())
+    def test_large_arrays_get_jsons_verdict_on_every_path(self, text: bytes) -> None:
+        """Up to 400,000 values, across the pure path's slice boundaries: the pure path, the
+        chosen decoder and the native one (when it answers) all give JSON's verdict."""
+        verdict = oracle(text)
+        assert pure(text) == verdict
+        assert combined(text) == verdict
+        if native is not None and (got := native.decode(text)) is not None:
+            assert got == verdict
+
+    @pytest.mark.parametrize("values", [939, 100_000, 4_000_000])
+    def test_a_dense_array_after_two_whitespace_characters_decodes_without_accelerators(
+        self, monkeypatch: pytest.MonkeyPatch, values: int
+    ) -> None:
+        """`[  0,0,...]` is valid JSON that orjson 3.13 refuses (its parse pool runs out); an
+        install with neither the native codec nor simdjson decodes it all the same."""
+        monkeypatch.setattr(bytearrays, "_native", None)
+        monkeypatch.setattr(bytearrays, "simdjson", None)
+        text = b"[  " + b"0," * (values - 1) + b"0]"
+        assert decode_int_array(text) == bytes(values)
+
+    def test_orjsons_refusal_is_not_the_verdict(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Where orjson refuses, the stdlib `json` decides: valid arrays still decode."""
+
+        def refuse(text: bytes) -> object:
+            raise orjson.JSONDecodeError("pool exhausted", "", 0)
+
+        monkeypatch.setattr(bytearrays.orjson, "loads", refuse)
+        assert pure_int_array(b"[ 1, 2 ,true,-0]") == b"\x01\x02\x01\x00"
+        with pytest.raises(RemoteProtocolError):
+            pure_int_array(b"[1, 256]")
+
+    @pytest.mark.parametrize("backend", ["native", "orjson"])
+    @pytest.mark.parametrize("bad_at", ["start", "end"])
+    def test_refusing_a_15_mib_array_of_values_above_255_costs_one_slice(
+        self, monkeypatch: pytest.MonkeyPatch, backend: str, bad_at: str
+    ) -> None:
+        """Refusing a 15 MiB chunk allocates no more than the bytes an array of its size could
+        decode to (one per two characters) and one slice: it took ~300 MB of Python ints per
+        frame, which the process kept. Whether the first value is bad or the last."""
+        if backend == "orjson":
+            monkeypatch.setattr(bytearrays, "_native", None)
+            monkeypatch.setattr(bytearrays, "simdjson", None)
+        elif native is None:
+            pytest.skip("agent._bufferform is not built")
+        if bad_at == "start":
+            text = b"[" + b"1000," * (3 << 20) + b"1]"
+        else:
+            text = b"[" + b"100," * (15 << 18) + b"1000]"
+        frame = memoryview(b'{"data":' + text + b"}")[8:-1]  # a view, as the splitter hands it
+        tracemalloc.start()
+        try:
+            with pytest.raises(RemoteProtocolError):
+                decode_int_array(frame)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert len(text) > 15 << 20
+        assert peak < len(text) // 2 + (2 << 20)
 
 
 class TestNative:
