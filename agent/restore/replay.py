@@ -54,6 +54,7 @@ __all__ = [
 GRANT_FIELD: Final = "restoreGrant"
 _MARKER_FLAG: Final = "_isVirtualStream"
 _STREAM_ID: Final = "streamId"
+_KEEP: Final = object()  # no key is dropped
 
 
 class Verdict(enum.Enum):
@@ -76,14 +77,30 @@ def canonical_json(value: Any) -> bytes:
     ).encode("utf-8")
 
 
-def _without_stream_ids(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        if value.get(_MARKER_FLAG) is True:
-            return {k: _without_stream_ids(v) for k, v in value.items() if k != _STREAM_ID}
-        return {k: _without_stream_ids(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_without_stream_ids(item) for item in value]
-    return value
+def _without_stream_ids(payload: Any) -> Any:
+    # Iterative (the body came from the peer): each container is made empty and filled when its
+    # turn comes, so no nesting depth reaches the recursion limit.
+    work: list[tuple[Any, dict[Any, Any] | list[Any], object]] = []
+
+    def copy(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            out: dict[Any, Any] = {}
+            work.append((value, out, _STREAM_ID if value.get(_MARKER_FLAG) is True else _KEEP))
+            return out
+        if isinstance(value, list | tuple):
+            items: list[Any] = []
+            work.append((value, items, _KEEP))
+            return items
+        return value
+
+    root = copy(payload)
+    while work:
+        source, target, dropped = work.pop()
+        if isinstance(target, dict):
+            target.update((k, copy(v)) for k, v in source.items() if k != dropped)
+        else:
+            target.extend(copy(item) for item in source)
+    return root
 
 
 def request_digest(method: str, body: Mapping[str, Any]) -> str:

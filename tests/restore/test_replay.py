@@ -167,3 +167,16 @@ def test_stale_revision_on_an_absent_state_conflicts() -> None:
             expected=2, current=0, status=None, last_digest=None, digest="e" * 64
         )
     assert raised.value.data == {"currentRevision": 0, "status": None}
+
+
+def test_a_deeply_nested_body_is_digested_without_recursion() -> None:
+    """The walk that drops stream ids is iterative: a body 800 levels deep digests (the
+    recursive one hit the recursion limit), its buried stream id ignored as at the top."""
+
+    def body(stream_id: str) -> dict[str, Any]:
+        value: Any = {"_isVirtualStream": True, "streamId": stream_id}
+        for _ in range(400):
+            value = {"a": [value]}
+        return {"deep": value}
+
+    assert request_digest(STAGE, body("uni_x")) == request_digest(STAGE, body("uni_y"))

@@ -69,3 +69,13 @@ async def test_a_deep_request_is_refused_invalid_request() -> None:
         with pytest.raises(CallFailed) as caught:
             await left.call("echo", {"x": body}, timeout=2)
     assert caught.value.error_data == {"code": "invalid-request", "retryable": False}
+
+
+async def test_a_request_at_the_depth_bound_is_served() -> None:
+    """128 levels in all (the envelope, `request`, `x` and 125 arrays): validated, handled and
+    answered, the echo and the response whole."""
+    body: Any = 1
+    for _ in range(125):
+        body = [body]
+    async with peers(Routes(), Routes([body_route("echo", echo)])) as (left, _, _, _):
+        assert await left.call("echo", {"x": body}, timeout=2) == {"echoed": {"x": body}}
