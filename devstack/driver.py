@@ -182,8 +182,11 @@ class RestoreDriver:
         expected_revision: int | None = None,
         piece_size: int | None = None,
         corrupt_at: int | None = None,
+        stall_after: int | None = None,
     ) -> dict[str, Any]:
-        """`stageIsolatedRestoreArchive`: the object's bytes on a fresh VirtualStream."""
+        """`stageIsolatedRestoreArchive`: the object's bytes on a fresh VirtualStream (with
+        `stall_after`, the writer stops after that many bytes and keeps the stream open, as a
+        Cloudly that hangs mid-object: its keep-alives go on until the call is answered)."""
         path = obj if isinstance(obj, str) else obj.path
         if self.plan.object(path).sha256 is None:
             await self.compute_digests()
@@ -193,7 +196,7 @@ class RestoreDriver:
         async def attempt() -> dict[str, Any]:
             body = {**self._base(), "expectedRevision": expected, "object": spec.entry()}
             pieces = spec.pieces(piece_size or self.piece_size, corrupt_at=corrupt_at)
-            return await self._stream_call(body, spec, pieces)
+            return await self._stream_call(body, spec, pieces, stall_after)
 
         return self._seen(METHOD_STAGE, (await self._with_retries(METHOD_STAGE, attempt))["state"])
 
@@ -307,7 +310,11 @@ class RestoreDriver:
                 await cloudly.wait_for("cluster-config-read", reads + 1)
 
     async def _stream_call(
-        self, body: dict[str, Any], spec: ObjectSpec, pieces: Iterator[bytes]
+        self,
+        body: dict[str, Any],
+        spec: ObjectSpec,
+        pieces: Iterator[bytes],
+        stall_after: int | None = None,
     ) -> dict[str, Any]:
         """The stage call with its stream written concurrently; the call's outcome decides."""
         started, sent = self.clock.monotonic(), 0
@@ -316,6 +323,8 @@ class RestoreDriver:
             nonlocal sent
             try:
                 for piece in pieces:
+                    if stall_after is not None and sent >= stall_after:
+                        await asyncio.Event().wait()  # until the call is answered
                     await sink.write(piece)
                     sent += len(piece)
                     elapsed = self.clock.monotonic() - started

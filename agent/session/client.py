@@ -132,7 +132,8 @@ class SessionSettings:
 
     Liveness: a websocket ping every `ping_interval` s (the session's own keepalive, each
     pong recorded in the status); a ping left unanswered for `ping_timeout` s declares the
-    connection dead and the session reconnects.
+    connection dead and the session reconnects. `stream_stall_timeout` bounds each wait on a
+    stream (`Peer`'s `stall_timeout`).
     """
 
     url: str
@@ -150,6 +151,7 @@ class SessionSettings:
     backoff: Backoff = field(default_factory=Backoff)
     stable_after: float = 60.0
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
+    stream_stall_timeout: float | None = None
 
 
 class CloudlySession:
@@ -385,6 +387,7 @@ class CloudlySession:
                 settings=settings.connection,
                 clock=self._clock,
                 observer=self._observer,
+                stall_timeout=settings.stream_stall_timeout,
             )
             async with asyncio.TaskGroup() as group:
                 group.create_task(peer.run(), name="cloudly-peer")

@@ -21,6 +21,9 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
   enforces `timeout`, resends included) or `SessionClosed`.
 - Shutdown: `stop_intake()`, then `drain(timeout)`: handlers get until the deadline, the rest
   are cancelled and answered `shutting-down`.
+- `stall_timeout` bounds every wait of a stream's source or sink (`agent.session.streams`): a
+  stream its peer keeps alive without moving a chunk breaks after it instead of pinning the
+  work that reads or writes it.
 """
 
 from __future__ import annotations
@@ -80,8 +83,10 @@ class Peer:
         clock: Clock = SYSTEM_CLOCK,
         new_id: Callable[[], str] = new_uni_id,
         observer: PeerObserver = NULL_OBSERVER,
+        stall_timeout: float | None = None,
     ) -> None:
         self.connection = Connection(routes.methods, settings, new_id=new_id)
+        self._stall_timeout = stall_timeout
         self._observer = observer
         self._transport = transport
         self._routes = routes
@@ -183,6 +188,11 @@ class Peer:
     def now(self) -> float:
         """The connection's time."""
         return self._clock.monotonic()
+
+    @property
+    def stall_timeout(self) -> float | None:
+        """How long a source may wait for a chunk, a sink for room (None: unbounded)."""
+        return self._stall_timeout
 
     def watch(self, stream_id: str) -> Signal:
         """The signal fired whenever stream `stream_id` changes."""

@@ -20,6 +20,7 @@ import pytest
 from agent.corestore.routes import RouteName
 from agent.corestore.service_models import ServiceBackupBody
 from agent.errors import CallFailed
+from agent.store import RevisionStore
 from devstack.cloudly import ABSENT, Tamper, cluster_document
 
 CLUSTER, NODE = "cluster-e2e", "node-e2e"
@@ -39,6 +40,18 @@ async def _backup(stack: Any, backup_id: str = "bk-1", **extra: Any) -> dict[str
 async def _restore(stack: Any, snapshots: list[Any], backup_id: str = "bk-1", **extra: Any) -> Any:
     body = _request(backup_id, snapshots=snapshots, **extra)
     return await stack.cloudly.call_agent("restoreClusterService", body)
+
+
+async def _job(stack: Any, kind: str, backup_id: str = "bk-1") -> Any:
+    """The job row of `kind` for `backup_id` (read once the agent stopped); the latest run of a
+    restore."""
+    async with await RevisionStore.open(stack.state_dir) as store:
+        jobs = [
+            job
+            for job in await store.list_jobs()
+            if (job.key.kind, job.key.backup_id) == (kind, backup_id)
+        ]
+    return jobs[-1]
 
 
 async def _refused(call: Any) -> dict[str, Any]:
@@ -264,3 +277,52 @@ async def test_clear_reaches_only_the_types_restored(stack: Any, services: Any) 
     assert sorted(p.name for p in (service_dir / "volume").iterdir()) == ["new.txt", "v.txt"]
     assert services.database_path(SERVICE_ID).read_bytes() == b"changed"
     assert stack.cloudly.count("closure-served") == 0
+
+
+# A Cloudly that keeps a closure stream alive but moves no byte: the stall deadline is scaled
+# down to 1.5 s (the default is 300 s); the test's own bound is far above it.
+STALLING = {"stall_timeout_s": 1.5}
+BIG = hashlib.shake_256(b"stalled closure").digest(2 * 1024 * 1024)  # 32 chunks, > the window
+
+
+async def test_a_backup_whose_closure_cloudly_stops_reading_fails_and_the_repeat_runs_afresh(
+    stack: Any, services: Any
+) -> None:
+    """Cloudly reads two chunks of the closure and then nothing (the window fills, keep-alives
+    go on): the backup fails `transfer-interrupted`, retryable, once the stall deadline passed;
+    the repeated request starts the job afresh and Cloudly then holds the closure intact."""
+    services.write_database(SERVICE_ID, [BIG])
+    stack.cloudly.stall_next_closure(2 * 64 * 1024)
+    async with asyncio.timeout(30), stack.agent(streams=STALLING):
+        data = await _refused(_backup(stack))
+        answer = await _backup(stack)
+    job = await _job(stack, "backup")
+    assert (data["code"], data["retryable"]) == ("transfer-interrupted", True)
+    assert stack.cloudly.count("closure-stalled") == 1
+    assert stack.cloudly.count("closure-stored") == 1
+    assert stack.cloudly.closure_bytes("bk-1", SERVICE_ID) == BIG
+    assert [s["type"] for s in answer["snapshots"]] == ["database"]
+    assert (job.status, job.attempts) == ("succeeded", 2)
+
+
+async def test_a_restore_whose_closure_cloudly_stops_sending_aborts_the_import_and_runs_again(
+    stack: Any, services: Any
+) -> None:
+    """Cloudly serves 1 MiB of the closure and then only keep-alives: the restore fails
+    `transfer-interrupted`, retryable; the Corestore import is aborted and the database is as it
+    was; the next request restores the closure whole."""
+    services.write_database(SERVICE_ID, [BIG])
+    async with asyncio.timeout(30), stack.agent(streams=STALLING):
+        backup = await _backup(stack)
+        services.write_database(SERVICE_ID, [b"the database as it is now"])
+        stack.cloudly.stall_next_closure(1024 * 1024)
+        data = await _refused(_restore(stack, backup["snapshots"]))
+        during = services.database_path(SERVICE_ID).read_bytes()
+        imports = services.open_imports()
+        answer = await _restore(stack, backup["snapshots"])
+    assert (data["code"], data["retryable"]) == ("transfer-interrupted", True)
+    assert stack.cloudly.count("closure-stalled") == 1
+    assert (during, imports) == (b"the database as it is now", [])
+    assert answer == {"restored": backup["snapshots"]}
+    assert services.database_path(SERVICE_ID).read_bytes() == BIG
+    assert services.open_imports() == []
