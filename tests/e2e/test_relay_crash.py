@@ -4,7 +4,8 @@ on its state database, and Cloudly's repeated request converging.
 During a backup: Cloudly keeps nothing of the broken stream, the job row is still `running`,
 and the repeated request resumes it — one backup in Corestore's archive (the same record), one
 closure at Cloudly, byte-identical. During a restore: the database is untouched while the import
-is half written, and the repeated request drops that import and restores the closure whole.
+is half written; the restarted agent records that run interrupted, and the repeated request is a
+new run that drops the import and restores the closure whole.
 Every wait is on something observable (Corestore's hits, the stand-in's events), never a sleep.
 """
 
@@ -37,8 +38,8 @@ async def _killed(agent: Any) -> None:
     assert await agent.wait() == -signal.SIGKILL
 
 
-async def _job(stack: Any, kind: str) -> Any:
-    key = JobKey(CLUSTER, NODE, kind, "bk-1", SERVICE_ID)  # type: ignore[arg-type]
+async def _job(stack: Any, kind: str, run: int = 0) -> Any:
+    key = JobKey(CLUSTER, NODE, kind, "bk-1", SERVICE_ID, run)  # type: ignore[arg-type]
     async with await RevisionStore.open(stack.state_dir) as store:
         return await store.get_job(key)
 
@@ -85,7 +86,9 @@ async def test_an_agent_killed_while_importing_a_closure_leaves_the_database_and
     stack: Any,
 ) -> None:
     """SIGKILL at the 20th import chunk: the database is still the old one (the import is
-    only half written, never committed); the repeated restore imports the closure whole."""
+    only half written, never committed). The restarted agent records that run interrupted
+    (failed, `shutting-down`: it is never reported restored); the repeated request is a new
+    run, which drops the half-written import and imports the closure whole."""
     services = stack.corestore.services
     services.write_database(SERVICE_ID, [DATABASE])
     first = await stack.spawn()
@@ -110,5 +113,6 @@ async def test_an_agent_killed_while_importing_a_closure_leaves_the_database_and
     assert answer == {"restored": backup["snapshots"]}
     assert services.database_path(SERVICE_ID).read_bytes() == DATABASE
     assert services.open_imports() == []
-    finished = await _job(stack, "restore")
-    assert (finished.status, finished.attempts) == ("succeeded", 2)
+    interrupted, finished = await _job(stack, "restore", 1), await _job(stack, "restore", 2)
+    assert (interrupted.status, interrupted.result["error"]["code"]) == ("failed", "shutting-down")
+    assert (finished.status, finished.attempts) == ("succeeded", 1)
