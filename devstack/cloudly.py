@@ -24,7 +24,8 @@ same `Peer` the agent uses, in the server role. It serves what the agent calls:
 With `credentials=CredentialAuthority(...)` (devstack/credentials.py) it also serves the
 recipient enrollment and each node's sealed Corestore bearer (docs/credentials.md).
 
-It lets a test act as Cloudly: `call_agent()` fires a request at the connected agent,
+It lets a test act as Cloudly: `call_agent()` fires a request at the connected agent
+(`call_agent_served()` sends it again while the agent still answers `not-ready`),
 `open_send_stream()` opens a stream as the initiator (put the marker into a `call_agent`
 request while writing the sink concurrently), `push_cluster_config()` pushes a new document,
 `drop_connections()` / `restart()` / `stall_connections()` break the session. Everything
@@ -67,7 +68,15 @@ from agent.contracts.relay import (
     DatabaseClosureDescriptor,
     RestoreServiceDatabaseClosureRequest,
 )
-from agent.errors import AuthenticationFailed, IntegrityError, Refusal, SessionClosed, StreamBroken
+from agent.errors import (
+    AuthenticationFailed,
+    CallFailed,
+    IntegrityError,
+    NotReady,
+    Refusal,
+    SessionClosed,
+    StreamBroken,
+)
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
 from agent.session.client import METHOD_SET_TAG
@@ -381,6 +390,29 @@ class StandInCloudly:
     ) -> dict[str, Any]:
         """Fire `method` at the connected agent and return its response."""
         return await self.agent_peer.call(method, request, timeout=timeout)
+
+    async def call_agent_served(
+        self,
+        method: str,
+        request: Mapping[str, Any],
+        timeout: float = 30.0,  # noqa: ASYNC109  # a deadline for all attempts together
+        *,
+        retry_delay: float = 0.02,
+    ) -> dict[str, Any]:
+        """`call_agent`, sent again after `retry_delay` (the stand-in's clock) while the agent
+        answers `not-ready`: it serves only once its session is set up (an agent that just
+        connected may still be enrolling), and that refusal is retryable."""
+        deadline = self._clock.monotonic() + timeout
+        while True:
+            try:
+                left = max(deadline - self._clock.monotonic(), 0.001)
+                return await self.call_agent(method, request, left)
+            except CallFailed as exc:
+                if exc.error_data.get("code") != NotReady.code:
+                    raise
+                if self._clock.monotonic() + retry_delay >= deadline:
+                    raise
+            await self._clock.sleep(retry_delay)
 
     def open_send_stream(self) -> tuple[dict[str, Any], ByteSink]:
         """A stream Cloudly initiates towards the agent: (marker for a request, sink)."""

@@ -24,8 +24,11 @@ with backoff (Cloudly may be fixed meanwhile).
 
 Connect steps (`connect_steps=`) run after the cluster document is read and before the session
 serves anything, with the connection being set up as their `Caller`: the composition root
-passes the recipient enrollment (`agent.credentials.enrollment`). A step that raises a session
-error (`EnrollmentFailed` among them) ends the attempt like any other loss. Cluster-view
+passes the recipient enrollment (`agent.credentials.enrollment`). Until they are done the
+connection's peer runs no handler: a request Cloudly sends meanwhile is answered `not-ready`
+(retryable) at once; serving starts with `connected`, which `cloudly_connected` logs. A step
+that raises a session error (`EnrollmentFailed` among them) ends the attempt like any other
+loss. Cluster-view
 watchers (`view_watchers=`) are called with every view the session publishes.
 
 Liveness is the session's own keepalive (a websocket ping every `ping_interval` s, each pong
@@ -388,6 +391,7 @@ class CloudlySession:
                 clock=self._clock,
                 observer=self._observer,
                 stall_timeout=settings.stream_stall_timeout,
+                serving=False,  # until the connect steps are done: `_go_live`
             )
             async with asyncio.TaskGroup() as group:
                 group.create_task(peer.run(), name="cloudly-peer")
@@ -440,6 +444,7 @@ class CloudlySession:
         self._peer = peer
         if self._draining:  # stop_intake() came while we were authenticating
             peer.stop_intake()
+        peer.start_serving()  # `cloudly_connected` below says so
         self._connected_at = self._clock.monotonic()
         self._status.bind_in_flight(lambda: peer.in_flight)
         self._enter(SessionState.CONNECTED)

@@ -30,7 +30,8 @@ DATABASE = hashlib.shake_256(b"crash closure").digest(8 * MiB)  # 128 chunks of 
 
 
 async def _connected(stack: Any, count: int) -> None:
-    """Wait until the `count`-th agent connection has read its cluster document."""
+    """Wait until the `count`-th agent connection has read its cluster document (it serves
+    once it is enrolled too: the first call after it is `call_agent_served`)."""
     await stack.cloudly.wait_for("cluster-config-read", count)
 
 
@@ -59,7 +60,7 @@ async def test_an_agent_killed_while_sending_a_closure_converges_without_a_dupli
     await _connected(stack, 1)
     stack.on_hit(RouteName.CLOSURE_READ, 20, first.kill)
     with pytest.raises(SessionClosed):
-        await stack.cloudly.call_agent("backupClusterService", _backup(), timeout=60)
+        await stack.cloudly.call_agent_served("backupClusterService", _backup(), timeout=60)
     await _killed(first)
     await stack.cloudly.wait_for("disconnected", 1)
     interrupted = await _job(stack, "backup")
@@ -67,7 +68,7 @@ async def test_an_agent_killed_while_sending_a_closure_converges_without_a_dupli
 
     second = await stack.spawn()
     await _connected(stack, 2)
-    answer = await stack.cloudly.call_agent("backupClusterService", _backup(), timeout=60)
+    answer = await stack.cloudly.call_agent_served("backupClusterService", _backup(), timeout=60)
     assert await second.terminate() == 0
 
     assert stack.cloudly.count("closure-stored") == 1
@@ -93,7 +94,7 @@ async def test_an_agent_killed_while_importing_a_closure_leaves_the_database_and
     services.write_database(SERVICE_ID, [DATABASE])
     first = await stack.spawn()
     await _connected(stack, 1)
-    backup = await stack.cloudly.call_agent("backupClusterService", _backup(), timeout=60)
+    backup = await stack.cloudly.call_agent_served("backupClusterService", _backup(), timeout=60)
     services.write_database(SERVICE_ID, [b"the database before the restore"])
     restore = {**_backup(), "snapshots": backup["snapshots"]}
     stack.on_hit(RouteName.CLOSURE_IMPORT_CHUNK, 20, first.kill)
@@ -105,7 +106,7 @@ async def test_an_agent_killed_while_importing_a_closure_leaves_the_database_and
 
     second = await stack.spawn()
     await _connected(stack, 2)
-    answer = await stack.cloudly.call_agent("restoreClusterService", restore, timeout=60)
+    answer = await stack.cloudly.call_agent_served("restoreClusterService", restore, timeout=60)
     assert await second.terminate() == 0
 
     assert during == b"the database before the restore"
