@@ -149,7 +149,7 @@ _MEETS_TEXT: Final[Mapping[tuple[JobKind, Meets], str]] = MappingProxyType(
 
 _ANSWER_TEXT: Final[Mapping[Answer, str]] = MappingProxyType(
     {
-        Answer.START: "`start`: the work runs (a restore as the service's next run)",
+        Answer.START: "`start`: the work runs",
         Answer.RESUME: "`resume`: the work runs again from the start, idempotently",
         Answer.RETRY: "`retry`: the work runs again",
         Answer.JOIN: "joins it: the same outcome, no second run",
@@ -157,6 +157,11 @@ _ANSWER_TEXT: Final[Mapping[Answer, str]] = MappingProxyType(
         Answer.CONFLICT: "`job-conflict` (not retryable); nothing changes",
         Answer.BUSY: "`restore-in-progress` (retryable); nothing changes",
     }
+)
+
+# Where an answer reads differently for one kind.
+_KIND_ANSWER_TEXT: Final[Mapping[tuple[JobKind, Answer], str]] = MappingProxyType(
+    {("restore", Answer.START): "`start`: a new run, the service's next, whatever ran before"}
 )
 
 REQUESTS: Final[Mapping[tuple[JobKind, Meets], Answer]] = MappingProxyType(
@@ -206,5 +211,6 @@ def render_requests() -> str:
     """The request rule as Markdown (docs/relay.md embeds exactly this)."""
     lines = ["| request | meets | gets |", "|---|---|---|"]
     for (kind, meets), to in REQUESTS.items():
-        lines.append(f"| {kind} | {_MEETS_TEXT[(kind, meets)]} | {_ANSWER_TEXT[to]} |")
+        gets = _KIND_ANSWER_TEXT.get((kind, to), _ANSWER_TEXT[to])
+        lines.append(f"| {kind} | {_MEETS_TEXT[(kind, meets)]} | {gets} |")
     return "\n".join(lines)
