@@ -95,6 +95,7 @@ def session_settings(config: Config) -> SessionSettings:
             chunk_form=streams.chunk_form,
             max_concurrent_requests=cloudly.max_concurrent_requests,
         ),
+        stream_stall_timeout=streams.stall_timeout_s,
     )
 
 

@@ -243,6 +243,9 @@ class StreamsConfig(_Section):
     window: Annotated[int, Field(ge=1, le=256)] = 16
     window_bytes: Annotated[int, Field(ge=1 * MiB, le=256 * MiB)] = 8 * MiB
     keepalive_timeout_s: Seconds = 10.0
+    # The longest one wait on a stream may last (for the next chunk, or for room to send one)
+    # while the peer keeps it alive without moving a byte: then the transfer fails, retryable.
+    stall_timeout_s: Seconds = 300.0
     chunk_form: ChunkForm = "buffer"
 
 

@@ -47,7 +47,9 @@ re-decides it.
         ├── ObjectNotInManifest      object-not-in-manifest no
         ├── GrantInvalid             grant-invalid       no
         ├── PartialRestoreRefused    partial-restore-refused no
-        ├── JobConflict              job-conflict        no   (same job key, another body)
+        ├── JobConflict              job-conflict        no   (same backup key, another body)
+        ├── RestoreInProgress        restore-in-progress yes  (another restore of the service runs)
+        ├── NotReady                 not-ready           yes  (the session is not set up yet)
         └── ShuttingDown             shutting-down       yes
 
 Messages are one sentence naming what failed and why. They never quote a grant, token, JWT,
@@ -82,11 +84,13 @@ __all__ = [
     "LocalProtocolError",
     "MisroutedCluster",
     "NodeWithoutCorestore",
+    "NotReady",
     "ObjectNotInManifest",
     "PartialRestoreRefused",
     "ProtocolError",
     "Refusal",
     "RemoteProtocolError",
+    "RestoreInProgress",
     "RestoreNotFound",
     "RevisionConflict",
     "SealedMaterialRefused",
@@ -400,9 +404,10 @@ class PartialRestoreRefused(Refusal):
 
 
 class JobConflict(Refusal):
-    """A relay job with this exact key exists for another request body.
+    """A relay backup with this exact key exists for another request body.
 
-    The key is (cluster, node, kind, backupId, serviceId); a retry must repeat the body exactly.
+    The key is (cluster, node, backupId, serviceId): one backupId is one backup, and a retry
+    must repeat the body exactly. (Restores have no such key: docs/relay.md.)
     """
 
     code = "job-conflict"
@@ -413,6 +418,29 @@ class JobConflict(Refusal):
             "exists for another request body",
             kind=kind,
         )
+
+
+class RestoreInProgress(Refusal):
+    """Another restore of the service on that node is running; it may be sent again once that
+    one ended (a service is restored by one request at a time: docs/relay.md)."""
+
+    code = "restore-in-progress"
+    retryable = True
+
+    def __init__(self, *, service_id: str, node_id: str, backup_id: str, run: int) -> None:
+        super().__init__(
+            f"restore {run} of service {service_id} on node {node_id} (backup {backup_id}) is "
+            "running for another request body; send this one again once it ended",
+            run=run,
+        )
+
+
+class NotReady(Refusal):
+    """The session is still being set up (authentication, cluster document, the recipient's
+    enrollment): the agent serves Cloudly only once it is connected (docs/credentials.md)."""
+
+    code = "not-ready"
+    retryable = True
 
 
 class ShuttingDown(Refusal):

@@ -173,6 +173,7 @@ def _job_row(job: StoredJob, *, now_ms: int) -> dict[str, Any]:
         "kind": job.key.kind,
         "backupId": job.key.backup_id,
         "serviceId": job.key.service_id,
+        "run": job.key.run,
         "status": job.status,
         "revision": job.revision,
         "attempts": job.attempts,

@@ -17,11 +17,15 @@ same `Peer` the agent uses, in the server role. It serves what the agent calls:
 - `restoreServiceDatabaseClosure {backupId, serviceId, nodeId}`: answers the kept descriptor and
   a stream it serves (it answers `read`); `tamper_next_closure()` makes the next one shorter,
   longer or altered.
+- `stall_next_closure(after)`: the next closure transfer, either way, stops moving bytes after
+  `after` of them while its stream stays alive (keep-alives go on): the stand-in stops reading
+  a closure it is sent, or stops writing one it serves, until the connection ends.
 
 With `credentials=CredentialAuthority(...)` (devstack/credentials.py) it also serves the
 recipient enrollment and each node's sealed Corestore bearer (docs/credentials.md).
 
-It lets a test act as Cloudly: `call_agent()` fires a request at the connected agent,
+It lets a test act as Cloudly: `call_agent()` fires a request at the connected agent
+(`call_agent_served()` sends it again while the agent still answers `not-ready`),
 `open_send_stream()` opens a stream as the initiator (put the marker into a `call_agent`
 request while writing the sink concurrently), `push_cluster_config()` pushes a new document,
 `drop_connections()` / `restart()` / `stall_connections()` break the session. Everything
@@ -41,7 +45,7 @@ import os
 import secrets
 import ssl
 import tempfile
-from collections.abc import AsyncIterable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -64,7 +68,15 @@ from agent.contracts.relay import (
     DatabaseClosureDescriptor,
     RestoreServiceDatabaseClosureRequest,
 )
-from agent.errors import AuthenticationFailed, IntegrityError, Refusal, SessionClosed, StreamBroken
+from agent.errors import (
+    AuthenticationFailed,
+    CallFailed,
+    IntegrityError,
+    NotReady,
+    Refusal,
+    SessionClosed,
+    StreamBroken,
+)
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
 from agent.session.client import METHOD_SET_TAG
@@ -210,6 +222,20 @@ async def _drain_matching(
         raise IntegrityError("the closure stream does not match its descriptor")
 
 
+async def _stalling(
+    source: AsyncIterable[bytes], after: int, number: int, record: Callable[..., None]
+) -> AsyncIterator[bytes]:
+    """`source` until `after` bytes passed; then it is read no more (its window fills) and this
+    waits until the connection ends."""
+    passed = 0
+    async for piece in source:
+        yield piece
+        passed += len(piece)
+        if passed >= after:
+            record("closure-stalled", number, bytes=passed)
+            await asyncio.Event().wait()
+
+
 def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
@@ -261,6 +287,7 @@ class StandInCloudly:
         self._closures_dir = closures_dir
         self.closures: dict[tuple[str, str], StoredClosure] = {}
         self._tampers: list[Tamper] = []
+        self._stalls: list[int] = []
         # Told (direction, bytes so far, bytes in all) as closure bytes arrive ("received") or
         # go out ("served"): the demo's progress lines.
         self.closure_progress: Callable[[str, int, int], None] | None = None
@@ -364,6 +391,29 @@ class StandInCloudly:
         """Fire `method` at the connected agent and return its response."""
         return await self.agent_peer.call(method, request, timeout=timeout)
 
+    async def call_agent_served(
+        self,
+        method: str,
+        request: Mapping[str, Any],
+        timeout: float = 30.0,  # noqa: ASYNC109  # a deadline for all attempts together
+        *,
+        retry_delay: float = 0.02,
+    ) -> dict[str, Any]:
+        """`call_agent`, sent again after `retry_delay` (the stand-in's clock) while the agent
+        answers `not-ready`: it serves only once its session is set up (an agent that just
+        connected may still be enrolling), and that refusal is retryable."""
+        deadline = self._clock.monotonic() + timeout
+        while True:
+            try:
+                left = max(deadline - self._clock.monotonic(), 0.001)
+                return await self.call_agent(method, request, left)
+            except CallFailed as exc:
+                if exc.error_data.get("code") != NotReady.code:
+                    raise
+                if self._clock.monotonic() + retry_delay >= deadline:
+                    raise
+            await self._clock.sleep(retry_delay)
+
     def open_send_stream(self) -> tuple[dict[str, Any], ByteSink]:
         """A stream Cloudly initiates towards the agent: (marker for a request, sink)."""
         marker, sink = self.agent_peer.open_send_stream()
@@ -404,6 +454,11 @@ class StandInCloudly:
     def tamper_next_closure(self, kind: Tamper) -> None:
         """Serve the next restored closure one byte shorter, one byte longer, or altered."""
         self._tampers.append(kind)
+
+    def stall_next_closure(self, after: int) -> None:
+        """Stop the next closure transfer (kept or served) after `after` bytes, keeping its
+        stream alive: a Cloudly that hangs mid-closure."""
+        self._stalls.append(after)
 
     def closure_bytes(self, backup_id: str, service_id: str) -> bytes:
         """The bytes of a closure the stand-in holds (tests of small closures)."""
@@ -563,10 +618,11 @@ class StandInCloudly:
         descriptor = request.descriptor
         key = (request.backup_id, request.service_id)
         part = self._directory() / f".{secrets.token_hex(8)}.part"
+        source: AsyncIterable[bytes] = ctx.receive_stream(request.closure)
+        if self._stalls:
+            source = _stalling(source, self._stalls.pop(0), number, self._record)
         try:
-            await _drain_matching(
-                ctx.receive_stream(request.closure), part, descriptor, self.closure_progress
-            )
+            await _drain_matching(source, part, descriptor, self.closure_progress)
         except (StreamBroken, IntegrityError) as exc:
             part.unlink(missing_ok=True)
             self._record("closure-refused", number, backup_id=key[0], reason=str(exc))
@@ -599,11 +655,15 @@ class StandInCloudly:
                 f"no closure of service {request.service_id} for backup {request.backup_id}"
             )
         tamper = self._tampers.pop(0) if self._tampers else None
+        stall_after = self._stalls.pop(0) if self._stalls else None
 
         async def produce(sink: ByteSink) -> None:
             with stored.path.open("rb") as handle:
                 sent = 0
                 while block := handle.read(_SERVE_PIECE):
+                    if stall_after is not None and sent >= stall_after:
+                        self._record("closure-stalled", number, bytes=sent)
+                        await asyncio.Event().wait()  # until the connection ends
                     sent += len(block)
                     if tamper == "corrupt" and sent == len(block):
                         block = bytes([block[0] ^ 0xFF]) + block[1:]

@@ -18,12 +18,14 @@ It seals with `cryptography`'s own HPKE (`Suite.encrypt`, base mode, empty `aad`
 agent's `agent.credentials.hpke`, so every end-to-end run cross-checks the agent's RFC 9180
 implementation against an independent one. A test rotates a node's bearer (`set_bearer`), makes
 Cloudly forget every recipient (`forget_recipients`) or answer with material bound to another
-node (`seal_for_node`) or sealed to another key (`seal_to_key`). What it does is recorded
-through the stand-in's events; no secret is.
+node (`seal_for_node`) or sealed to another key (`seal_to_key`), or holds completions
+(`hold_completions`: a slow `completeSecretRecipientEnrollment`, answered once the test calls
+`release_completions`). What it does is recorded through the stand-in's events; no secret is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import itertools
 import secrets
@@ -161,12 +163,23 @@ class CredentialAuthority:
         self.seal_to_key: bytes | None = None
         # Every sealed text sent (enc and ciphertext, challenges included): for leak tests.
         self.sealed_texts: list[str] = []
+        self._completions = asyncio.Event()
+        self._completions.set()
 
     # --- what a test does as Cloudly ------------------------------------------------------
 
     def set_bearer(self, node_id: str, value: str | Secret) -> None:
         """Rotate `node_id`'s bearer: material fetched from now on carries `value`."""
         self._bearers[node_id] = value if isinstance(value, Secret) else Secret(value)
+
+    def hold_completions(self) -> None:
+        """Answer `completeSecretRecipientEnrollment` only after `release_completions()` (it is
+        recorded `enrollment-completion-held` when it arrives)."""
+        self._completions.clear()
+
+    def release_completions(self) -> None:
+        """Answer the held completions (and every later one at once)."""
+        self._completions.set()
 
     def forget_recipients(self) -> None:
         """Forget every enrolled recipient (the next material request is `unknown-recipient`)."""
@@ -207,6 +220,9 @@ class CredentialAuthority:
             request: CompleteEnrollmentRequest, ctx: RequestContext
         ) -> CompleteEnrollmentResponse:
             del ctx
+            if not self._completions.is_set():
+                record("enrollment-completion-held", enrollment_id=request.enrollment_id)
+                await self._completions.wait()
             return self._complete(request, record)
 
         async def material(

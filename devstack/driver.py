@@ -17,9 +17,11 @@ grant (`fake_grant()`: recognisable by `GRANT_MARK`, kept in `issued_grants` so 
 search logs and databases for them). Refusals raise `CallFailed` (`.error_data`). Object
 digests are computed in a worker thread before `prepare` needs the manifest.
 
-Retries (`retries=N`): a retryable refusal (`error.data.retryable`) is re-sent after
-`retry_delay`; a session failure (`SessionClosed`, `CallTimeout`) first waits until the agent
-reconnected and read its cluster document. Each attempt is the same request with a fresh grant
+Every call is sent again while the agent answers `not-ready` (it serves only once its session
+is set up; `resend_not_ready=False` shows the refusal instead). Retries (`retries=N`): a
+retryable refusal (`error.data.retryable`) is re-sent after `retry_delay`; a session failure
+(`SessionClosed`, `CallTimeout`) first waits until the agent reconnected and read its cluster
+document. Each attempt is the same request with a fresh grant
 (and, for a stage, a fresh stream) at the same `expectedRevision`: the agent's exact-replay rule
 makes that safe when the lost attempt did succeed. The chunk form is the stand-in's
 (`ConnectionSettings.chunk_form`, see `stand_in_settings()`); the piece size is the driver's.
@@ -40,7 +42,7 @@ from agent.contracts.isolatedrestore import (
     METHOD_PREPARE,
     METHOD_STAGE,
 )
-from agent.errors import CallFailed, CallTimeout, SessionClosed, StreamBroken
+from agent.errors import CallFailed, CallTimeout, NotReady, SessionClosed, StreamBroken
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import ByteSink
 from devstack.archive import (
@@ -135,6 +137,8 @@ class RestoreDriver:
     retry_delay: float = 0.05
     reconnect_timeout: float = 30.0
     clock: Clock = SYSTEM_CLOCK  # waits between polls and retries; times the stage progress
+    # An agent that just connected may still be enrolling and answers `not-ready`: send again.
+    resend_not_ready: bool = True
     on_progress: Callable[[Progress], None] | None = None
     revision: int = 0
     state: dict[str, Any] | None = None
@@ -182,8 +186,11 @@ class RestoreDriver:
         expected_revision: int | None = None,
         piece_size: int | None = None,
         corrupt_at: int | None = None,
+        stall_after: int | None = None,
     ) -> dict[str, Any]:
-        """`stageIsolatedRestoreArchive`: the object's bytes on a fresh VirtualStream."""
+        """`stageIsolatedRestoreArchive`: the object's bytes on a fresh VirtualStream (with
+        `stall_after`, the writer stops after that many bytes and keeps the stream open, as a
+        Cloudly that hangs mid-object: its keep-alives go on until the call is answered)."""
         path = obj if isinstance(obj, str) else obj.path
         if self.plan.object(path).sha256 is None:
             await self.compute_digests()
@@ -193,7 +200,7 @@ class RestoreDriver:
         async def attempt() -> dict[str, Any]:
             body = {**self._base(), "expectedRevision": expected, "object": spec.entry()}
             pieces = spec.pieces(piece_size or self.piece_size, corrupt_at=corrupt_at)
-            return await self._stream_call(body, spec, pieces)
+            return await self._stream_call(body, spec, pieces, stall_after)
 
         return self._seen(METHOD_STAGE, (await self._with_retries(METHOD_STAGE, attempt))["state"])
 
@@ -266,11 +273,21 @@ class RestoreDriver:
     async def _with_retries(
         self, method: str, attempt: Callable[[], Awaitable[dict[str, Any]]]
     ) -> dict[str, Any]:
-        for number in range(1, self.retries + 2):
+        number, not_ready_since = 1, None
+        while number <= self.retries + 1:
             connection = self._connection_number()
             try:
                 answer = await attempt()
             except CallFailed as exc:
+                now = self.clock.monotonic()
+                if exc.error_data.get("code") != NotReady.code:
+                    not_ready_since = None
+                elif self.resend_not_ready:
+                    not_ready_since = now if not_ready_since is None else not_ready_since
+                    if now - not_ready_since < self.call_timeout:
+                        # Not one of the `retries`: the agent is still setting up its session.
+                        await self.clock.sleep(self.retry_delay)
+                        continue
                 if number > self.retries or not exc.error_data.get("retryable"):
                     raise
                 self._report(Retrying(method, number, str(exc.error_data.get("code"))))
@@ -285,6 +302,7 @@ class RestoreDriver:
                     await self._reconnected(after=connection)
             else:
                 return answer
+            number += 1
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _connection_number(self) -> int:
@@ -307,7 +325,11 @@ class RestoreDriver:
                 await cloudly.wait_for("cluster-config-read", reads + 1)
 
     async def _stream_call(
-        self, body: dict[str, Any], spec: ObjectSpec, pieces: Iterator[bytes]
+        self,
+        body: dict[str, Any],
+        spec: ObjectSpec,
+        pieces: Iterator[bytes],
+        stall_after: int | None = None,
     ) -> dict[str, Any]:
         """The stage call with its stream written concurrently; the call's outcome decides."""
         started, sent = self.clock.monotonic(), 0
@@ -316,6 +338,8 @@ class RestoreDriver:
             nonlocal sent
             try:
                 for piece in pieces:
+                    if stall_after is not None and sent >= stall_after:
+                        await asyncio.Event().wait()  # until the call is answered
                     await sink.write(piece)
                     sent += len(piece)
                     elapsed = self.clock.monotonic() - started

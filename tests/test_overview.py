@@ -220,12 +220,13 @@ def test_the_status_table_with_no_restore_has_no_header() -> None:
 
 
 def _job(status: str, result: dict[str, Any] | None) -> StoredJob:
-    key = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
+    key = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1", run=4)
     return StoredJob(key, 3, status, "d" * 64, result, 2, 1_000_000, 1_010_000)  # type: ignore[arg-type]
 
 
 def test_a_partial_restore_row_names_its_types_and_says_partial() -> None:
-    """A finished restore's row carries the types it restored and `partial: true`."""
+    """A finished restore's row carries its run number, the types it restored and
+    `partial: true`."""
     recorded = {
         "response": {"restored": []},
         "report": {"resourceTypes": ["database"], "partial": True},
@@ -237,6 +238,7 @@ def test_a_partial_restore_row_names_its_types_and_says_partial() -> None:
         "kind": "restore",
         "backupId": "bk-1",
         "serviceId": "svc-1",
+        "run": 4,
         "status": "succeeded",
         "revision": 3,
         "attempts": 2,

@@ -8,7 +8,8 @@ timeout, retried with backoff only when its route is idempotent, and mapped at t
     422 chunk/object-digest-mismatch, or an
         acknowledgement of other bytes          -> IntegrityError (resend)
     401, or 403 without a grant code            -> the credential is refreshed once and the
-                                                   call sent once more; refused again ->
+                                                   call sent once more with a fresher one;
+                                                   refused again, or none fresher ->
                                                    CorestoreCredentialRejected
     any other 4xx                               -> CorestoreRefused (Corestore's text sanitised)
     404 with Corestore's not-found code on a

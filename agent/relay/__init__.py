@@ -1,10 +1,11 @@
 """The relay's duties of seed 001: service backup, restore and prune on an exact node, and the
 database closures the agent streams to and from Cloudly (docs/relay.md).
 
-- `machine`: the job state machine (pure); `plan`: which snapshots a restore restores, the
-  partial-restore rule (pure).
+- `machine`: the job state machine and the rule that answers a repeated request (pure);
+  `plan`: which snapshots a restore restores, the partial-restore rule (pure).
 - `closures`: the two closure directions (Corestore export -> Cloudly, Cloudly -> Corestore
   import), bounded chunks, sha256 verified before anything counts.
-- `service`: `RelayService`, the durable, replay-safe jobs and their owner (`run()`/`close()`).
+- `jobs`: `JobRunner`, the durable jobs and their owner (`run()`/`close()`); `service`:
+  `RelayService`, the three requests and their work.
 - `routes`: the three typed routes Cloudly calls, bound to one service.
 """

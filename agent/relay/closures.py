@@ -26,6 +26,11 @@ than `size` bytes arrive; at the end it checks the length and the whole sha256 a
 asks Corestore to commit (Corestore re-hashes and replaces the database in one step). Any
 failure aborts the import: the database stays as it was. A responder that cannot serve a stream
 in its response (typedrequest 3.3.0 echoes our `read`) fails fast as `StreamNotServed`.
+
+Neither direction can pin its job: every wait on the stream is bounded by the session's stall
+deadline (`agent.session.streams`), so a Cloudly that keeps the stream alive but stops reading
+or sending makes the sink or the source raise `StreamBroken`, which aborts the stream (and the
+import) here like any broken stream. The calls are bounded by `timeout`.
 """
 
 from __future__ import annotations

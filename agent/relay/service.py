@@ -4,14 +4,18 @@ Every request is routed by node first (`plan.locate_node`: `unknown-node`,
 `node-without-corestore`); a refusal changes nothing. Then:
 
 - `backupClusterService`: a durable job (`JobRunner`) keyed by (cluster, node, `backup`,
-  backupId, service id). Its work asks Corestore to back the service up (an idempotent PUT: a
-  resumed job gets the same record, never a second backup), then, when the backup holds a
-  database snapshot, streams its closure to Cloudly (`closures.send_closure`). It answers
+  backupId, service id): one backupId is one backup, so a repeat gets its recorded answer.
+  Its work asks Corestore to back the service up (an idempotent PUT: a resumed job gets the
+  same record, never a second backup), then, when the backup holds a database snapshot,
+  streams its closure to Cloudly (`closures.send_closure`). It answers
   `{snapshots, replication?}` only once Cloudly holds the closure: a backup whose closure did not
   arrive intact is a failed job, never a reported backup.
-- `restoreClusterService`: before anything is stored, Corestore's record of the backup on that
-  node is read and the plan decided (`plan.plan_restore`: which snapshots, in which order, the
-  partial-restore rule); then a durable job restores them in order: the database from Cloudly
+- `restoreClusterService`: every request is a restore of its own (a backup may be restored
+  many times): while one restore of the service runs on that node the identical request joins
+  it and any other is refused `restore-in-progress` (retryable); otherwise, before anything is
+  stored, Corestore's record of the backup on that node is read and the plan decided
+  (`plan.plan_restore`: which snapshots, in which order, the partial-restore rule); then a
+  durable job, the service's next run, restores them in order: the database from Cloudly
   through a closure import (`closures.receive_closure`), object storage and volumes from the
   node's archive. `clear` reaches only the snapshots restored. It answers `{restored}`: exactly
   the snapshots it restored, in order. The job's recorded report, and its log line, say which
@@ -58,9 +62,9 @@ _log = structlog.get_logger("agent.relay")
 
 
 def import_id_for(key: JobKey) -> str:
-    """The Corestore closure-import id of a restore job: one per key, so a resumed job finds
-    (and drops) what its previous attempt left."""
-    text = "\n".join((key.cluster_id, key.node_id, key.backup_id, key.service_id))
+    """The Corestore closure-import id of a restore: one per service on its node (one restore
+    of a service runs at a time), so every run first drops what an interrupted one left."""
+    text = "\n".join(("restore", key.cluster_id, key.node_id, key.service_id))
     return "closure-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
@@ -95,7 +99,7 @@ class RelayService(JobRunner):
         digest = request_digest(METHOD_BACKUP_CLUSTER_SERVICE, request.to_wire())
 
         async def start() -> Work:
-            return lambda: self._run_backup(key, client, request)
+            return lambda job: self._run_backup(job, client, request)
 
         response = await self.submit(key, digest, start)
         return BackupClusterServiceResponse.from_wire(response)
@@ -108,7 +112,7 @@ class RelayService(JobRunner):
         async def start() -> Work:
             record = await client.backup_record(key.service_id, key.backup_id)
             plan = plan_restore(request, record)
-            return lambda: self._run_restore(key, client, plan)
+            return lambda job: self._run_restore(job, client, plan)
 
         response = await self.submit(key, digest, start)
         return RestoreClusterServiceResponse.from_wire(response)
@@ -227,5 +231,12 @@ class RelayService(JobRunner):
         return report
 
 
-def _key_fields(key: JobKey) -> dict[str, str]:
-    return {"node": key.node_id, "backup_id": key.backup_id, "service_id": key.service_id}
+def _key_fields(key: JobKey) -> dict[str, str | int]:
+    fields: dict[str, str | int] = {
+        "node": key.node_id,
+        "backup_id": key.backup_id,
+        "service_id": key.service_id,
+    }
+    if key.kind == "restore":
+        fields["run"] = key.run
+    return fields

@@ -24,8 +24,11 @@ with backoff (Cloudly may be fixed meanwhile).
 
 Connect steps (`connect_steps=`) run after the cluster document is read and before the session
 serves anything, with the connection being set up as their `Caller`: the composition root
-passes the recipient enrollment (`agent.credentials.enrollment`). A step that raises a session
-error (`EnrollmentFailed` among them) ends the attempt like any other loss. Cluster-view
+passes the recipient enrollment (`agent.credentials.enrollment`). Until they are done the
+connection's peer runs no handler: a request Cloudly sends meanwhile is answered `not-ready`
+(retryable) at once; serving starts with `connected`, which `cloudly_connected` logs. A step
+that raises a session error (`EnrollmentFailed` among them) ends the attempt like any other
+loss. Cluster-view
 watchers (`view_watchers=`) are called with every view the session publishes.
 
 Liveness is the session's own keepalive (a websocket ping every `ping_interval` s, each pong
@@ -132,7 +135,8 @@ class SessionSettings:
 
     Liveness: a websocket ping every `ping_interval` s (the session's own keepalive, each
     pong recorded in the status); a ping left unanswered for `ping_timeout` s declares the
-    connection dead and the session reconnects.
+    connection dead and the session reconnects. `stream_stall_timeout` bounds each wait on a
+    stream (`Peer`'s `stall_timeout`).
     """
 
     url: str
@@ -150,6 +154,7 @@ class SessionSettings:
     backoff: Backoff = field(default_factory=Backoff)
     stable_after: float = 60.0
     connection: ConnectionSettings = field(default_factory=ConnectionSettings)
+    stream_stall_timeout: float | None = None
 
 
 class CloudlySession:
@@ -385,6 +390,8 @@ class CloudlySession:
                 settings=settings.connection,
                 clock=self._clock,
                 observer=self._observer,
+                stall_timeout=settings.stream_stall_timeout,
+                serving=False,  # until the connect steps are done: `_go_live`
             )
             async with asyncio.TaskGroup() as group:
                 group.create_task(peer.run(), name="cloudly-peer")
@@ -437,6 +444,7 @@ class CloudlySession:
         self._peer = peer
         if self._draining:  # stop_intake() came while we were authenticating
             peer.stop_intake()
+        peer.start_serving()  # `cloudly_connected` below says so
         self._connected_at = self._clock.monotonic()
         self._status.bind_in_flight(lambda: peer.in_flight)
         self._enter(SessionState.CONNECTED)

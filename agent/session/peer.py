@@ -21,6 +21,12 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
   enforces `timeout`, resends included) or `SessionClosed`.
 - Shutdown: `stop_intake()`, then `drain(timeout)`: handlers get until the deadline, the rest
   are cancelled and answered `shutting-down`.
+- Serving can wait (`serving=False` until `start_serving()`): the session authenticates and
+  enrolls on a connection before it serves Cloudly; a request that arrives before is answered
+  at once `not-ready` (retryable), its handler never runs and its streams are released.
+- `stall_timeout` bounds every wait of a stream's source or sink (`agent.session.streams`): a
+  stream its peer keeps alive without moving a chunk breaks after it instead of pinning the
+  work that reads or writes it.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.base import StreamMarker
-from agent.errors import AgentError, RemoteProtocolError, SessionClosed, ShuttingDown
+from agent.errors import AgentError, NotReady, RemoteProtocolError, SessionClosed, ShuttingDown
 from agent.observe import NULL_OBSERVER, Direction, PeerObserver
 from agent.protocol.connection import (
     ChunkReceived,
@@ -80,8 +86,12 @@ class Peer:
         clock: Clock = SYSTEM_CLOCK,
         new_id: Callable[[], str] = new_uni_id,
         observer: PeerObserver = NULL_OBSERVER,
+        stall_timeout: float | None = None,
+        serving: bool = True,
     ) -> None:
         self.connection = Connection(routes.methods, settings, new_id=new_id)
+        self._stall_timeout = stall_timeout
+        self._serving = serving
         self._observer = observer
         self._transport = transport
         self._routes = routes
@@ -118,6 +128,10 @@ class Peer:
                 for task in self._children:
                     task.cancel()
         raise closed
+
+    def start_serving(self) -> None:
+        """Run the routes' handlers from now on (a peer made with `serving=False`)."""
+        self._serving = True
 
     def stop_intake(self) -> None:
         """Answer every new request with `shutting-down`."""
@@ -184,6 +198,11 @@ class Peer:
         """The connection's time."""
         return self._clock.monotonic()
 
+    @property
+    def stall_timeout(self) -> float | None:
+        """How long a source may wait for a chunk, a sink for room (None: unbounded)."""
+        return self._stall_timeout
+
     def watch(self, stream_id: str) -> Signal:
         """The signal fired whenever stream `stream_id` changes."""
         return self._signals.setdefault(stream_id, Signal())
@@ -216,6 +235,8 @@ class Peer:
                     signal.fire()
             elif isinstance(event, ChunkReceived):
                 self._spawn(self._decode(event))
+            elif isinstance(event, RequestReceived) and not self._serving:
+                self._refuse_not_ready(event)
             elif isinstance(event, RequestReceived):
                 route = self._routes.get(event.method)
                 assert route is not None  # the connection refuses unrouted methods
@@ -225,6 +246,16 @@ class Peer:
                     task.add_done_callback(self._handlers.pop)
             elif (waiter := self._waiters.get(event.call_id)) is not None and not waiter.done():
                 waiter.set_result(event)
+
+    def _refuse_not_ready(self, event: RequestReceived) -> None:
+        """Answer a request that came before serving started; the caller sends it again."""
+        log.info("request_refused", method=event.method, code=NotReady.code)
+        refusal = NotReady(
+            "the agent is still setting up its session with Cloudly (authentication, cluster "
+            "document, recipient enrollment) and serves requests once it is connected"
+        )
+        self.connection.refuse(event.request_id, refusal)
+        self._observer.request_handled(method=event.method, code=NotReady.code, seconds=0.0)
 
     async def _run_timers(self) -> None:
         while True:

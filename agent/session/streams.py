@@ -5,6 +5,14 @@ A source or sink wraps one stream machine of the peer's `Connection`. It reads t
 state directly (read-only) and changes it only through the connection, then lets the peer
 flush what that produced. It waits on its `Signal`, which the peer fires for every
 `StreamChanged` event of its stream; waiters always re-check the machine, so no wake-up is lost.
+
+The stall deadline (`StreamOwner.stall_timeout`): a peer can keep a stream alive with
+keepAlives forever while it moves no byte (it stops sending, or stops reading so the window
+never frees). The protocol's keep-alive timeout cannot see that, so every wait here is bounded:
+a source that waits `stall_timeout` s for the next chunk, a sink that waits as long for room in
+the window (or for the closing bit's acknowledgement) aborts the stream and raises
+`StreamBroken` (`transfer-interrupted`, retryable), and whoever reads or writes it ends as on
+any broken stream. The deadline is read on the owner's clock (`now()`), as every stream timer.
 """
 
 from __future__ import annotations
@@ -69,6 +77,36 @@ class StreamOwner(Protocol):
 
     def count_stream_bytes(self, direction: Direction, count: int) -> None: ...
 
+    @property
+    def stall_timeout(self) -> float | None:
+        """How long one wait of a source or sink may last (None: unbounded)."""
+        ...
+
+
+class _Stall:
+    """The deadline of one wait on a stream: `left()` seconds, then `expired()`."""
+
+    __slots__ = ("_deadline", "_owner")
+
+    def __init__(self, owner: StreamOwner) -> None:
+        self._owner = owner
+        timeout = owner.stall_timeout
+        self._deadline = None if timeout is None else owner.now() + timeout
+
+    def left(self) -> float | None:
+        return None if self._deadline is None else self._deadline - self._owner.now()
+
+    def expired(self) -> bool:
+        left = self.left()
+        return left is not None and left <= 0
+
+
+async def _stall_stream(owner: StreamOwner, stream: Stream, waiting_for: str) -> None:
+    """Break `stream` because its peer moved nothing for the stall timeout."""
+    reason = f"no {waiting_for} within {owner.stall_timeout:g} s while the stream was kept alive"
+    owner.connection.abort_stream(stream, reason, owner.now())
+    await owner.flush()
+
 
 class Source:
     """`ByteSource`: iterate to receive chunks; ends at the closing bit."""
@@ -87,6 +125,7 @@ class Source:
         if self._finished:
             raise StopAsyncIteration
         owner = self._owner
+        stall = _Stall(owner)
         while True:
             try:
                 item = owner.connection.take(self._stream, owner.now())
@@ -94,7 +133,10 @@ class Source:
                 self._finish()
                 raise
             if item is None:
-                await self._signal.wait()
+                if stall.expired():
+                    await _stall_stream(owner, self._stream, "chunk from the peer")
+                else:
+                    await self._signal.wait(stall.left())
                 continue
             await owner.flush()  # a `read` we drive may go out now that there is room
             if item is CLOSING:
@@ -143,8 +185,12 @@ class Sink:
             owner.connection.close_stream(stream, owner.now())
             await owner.flush()
             if isinstance(stream, InitiatorStream):
+                stall = _Stall(owner)
                 while not stream.done:
-                    await self._signal.wait()
+                    if stall.expired():
+                        await _stall_stream(owner, stream, "acknowledgement of the closing bit")
+                    else:
+                        await self._signal.wait(stall.left())
                 if stream.state is InitiatorState.BROKEN:
                     raise StreamBroken(f"stream {stream.stream_id} broke: {stream.broken_reason}")
         finally:
@@ -157,8 +203,12 @@ class Sink:
         await self._owner.flush()
 
     async def _wait_for_space(self) -> None:
+        stall = _Stall(self._owner)
         while not self._stream.has_space() and not self._stream.done:
-            await self._signal.wait()
+            if stall.expired():
+                await _stall_stream(self._owner, self._stream, "room in the stream window")
+            else:
+                await self._signal.wait(stall.left())
 
 
 class HandlerContext:

@@ -3,7 +3,8 @@
 - `store`: `RevisionStore` — open/check/migrate the database, `get`, `mutate`, `list_unfinished`,
   and the resumable-staging progress (`record_chunk`, `verified_chunks`, `mark_object_written`,
   `written_objects`, `forget_object`).
-- relay jobs (`get_job`, `list_jobs`, `move_job`; rows and SQL in `jobs`: `JobKey`, `StoredJob`).
+- relay jobs (`get_job`, `list_jobs`, `running_restore`, `move_job`; rows and SQL in `jobs`:
+  `JobKey`, `StoredJob`).
 - `records`: the typed values it takes and returns (`RestoreKey`, `StoredState`, ...).
 - `schema`: the ordered migrations.
 - `files`: directory/file modes and moving a damaged database aside.

@@ -1,11 +1,15 @@
 """The relay jobs table: typed rows and the compare-and-swap SQL built from the job table.
 
-`JobKey` is the exact key of one relay backup or restore (cluster, node, kind, backupId,
-serviceId); `StoredJob` one row. `move()` is one SQL statement, hence one transaction: an
-`INSERT ... ON CONFLICT DO NOTHING` for `start` (revision 0 -> 1), otherwise an `UPDATE ...
-SET revision = revision + 1, status = CASE status ... END WHERE <key> AND revision = :expected
-AND status IN (<statuses the operation may leave>)` built from `agent.relay.machine`. When no
-row changed, the row is read once to say why (`RevisionConflict` or `IllegalTransition`).
+`JobKey` is the exact key of one relay job: (cluster, node, kind, backupId, serviceId, run).
+`run` is 0 for a backup (one backupId is one backup); a restore's runs are numbered 1, 2, ...
+per service on its node, and `start` numbers the next one (its key is given with `run` 0).
+`StoredJob` is one row. `move()` is one SQL statement, hence one transaction: an `INSERT ... ON
+CONFLICT DO NOTHING` for `start` (revision 0 -> 1), otherwise an `UPDATE ... SET revision =
+revision + 1, status = CASE status ... END WHERE <key> AND revision = :expected AND status IN
+(<statuses the operation may leave>)` built from `agent.relay.machine`. When no row changed,
+the row is read once to say why (`RevisionConflict` or `IllegalTransition`). The schema holds
+at most one `running` restore per service on a node (a unique partial index), so two restores
+of one service can never both be persisted as running.
 
 What a row holds is plain JSON written here only: the recorded outcome (`result`) and the
 request digest. Never a secret: the relay requests carry none, and `encode_result` refuses any
@@ -17,7 +21,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import aiosqlite
@@ -26,15 +30,15 @@ from agent.errors import IllegalTransition, InvalidState, RevisionConflict, Stor
 from agent.relay.machine import JOB_KINDS, JOB_STATUSES, JobKind, JobOp, JobStatus, sources
 from agent.store.transitions import status_moves
 
-__all__ = ["JobKey", "StoredJob", "get_job", "list_jobs", "move_job"]
+__all__ = ["JobKey", "StoredJob", "get_job", "list_jobs", "move_job", "running_restore"]
 
 _COLUMNS: Final = (
-    "cluster_id, node_id, kind, backup_id, service_id, revision, status, request_digest, "
+    "cluster_id, node_id, kind, backup_id, service_id, run, revision, status, request_digest, "
     "result_json, attempts, created_at, updated_at"
 )
 _KEY_WHERE: Final = (
     "cluster_id = :cluster_id AND node_id = :node_id AND kind = :kind "
-    "AND backup_id = :backup_id AND service_id = :service_id"
+    "AND backup_id = :backup_id AND service_id = :service_id AND run = :run"
 )
 _STATUS: Final[dict[str, JobStatus]] = {status: status for status in JOB_STATUSES}
 _KIND: Final[dict[str, JobKind]] = {kind: kind for kind in JOB_KINDS}
@@ -49,6 +53,8 @@ class JobKey:
     kind: JobKind
     backup_id: str
     service_id: str
+    run: int = 0
+    """0 for a backup; a restore's run number (0 only for the key `start` numbers)."""
 
     def __post_init__(self) -> None:
         for name in ("cluster_id", "node_id", "backup_id", "service_id"):
@@ -57,8 +63,21 @@ class JobKey:
                 raise InvalidState(f"JobKey.{name} must be a non-empty string")
         if self.kind not in JOB_KINDS:
             raise InvalidState(f"JobKey.kind must be one of {JOB_KINDS}")
+        if type(self.run) is not int or self.run < 0 or (self.kind == "backup" and self.run):
+            raise InvalidState("JobKey.run must be 0 for a backup, a whole number for a restore")
 
-    def as_params(self) -> dict[str, str]:
+    @property
+    def scope(self) -> tuple[str, str, str, str, str]:
+        """What one job at a time may hold: a backup's exact key, a restore's service on its
+        node (whichever backup it restores)."""
+        backup = self.backup_id if self.kind == "backup" else ""
+        return (self.cluster_id, self.node_id, self.kind, self.service_id, backup)
+
+    def numbered(self, run: int) -> JobKey:
+        """This key with run number `run`."""
+        return replace(self, run=run)
+
+    def as_params(self) -> dict[str, str | int]:
         """The key as named SQL parameters."""
         return {
             "cluster_id": self.cluster_id,
@@ -66,6 +85,7 @@ class JobKey:
             "kind": self.kind,
             "backup_id": self.backup_id,
             "service_id": self.service_id,
+            "run": self.run,
         }
 
 
@@ -95,12 +115,12 @@ def encode_result(result: Mapping[str, Any] | None) -> str | None:
 
 
 def _to_job(row: Iterable[Any]) -> StoredJob:
-    (cluster, node, kind, backup, service, revision, status, digest, result, attempts, created,
-     updated) = tuple(row)  # fmt: skip
+    (cluster, node, kind, backup, service, run, revision, status, digest, result, attempts,
+     created, updated) = tuple(row)  # fmt: skip
     try:
         decoded = None if result is None else json.loads(result)
         return StoredJob(
-            JobKey(cluster, node, _KIND[kind], backup, service),
+            JobKey(cluster, node, _KIND[kind], backup, service, run),
             revision,
             _STATUS[status],
             digest,
@@ -127,17 +147,39 @@ async def list_jobs(db: aiosqlite.Connection, status: JobStatus | None = None) -
     where = "" if status is None else "WHERE status = :status"
     rows = await db.execute_fetchall(
         f"SELECT {_COLUMNS} FROM relay_job {where} "  # noqa: S608
-        "ORDER BY updated_at, cluster_id, node_id, kind, backup_id, service_id",
+        "ORDER BY updated_at, cluster_id, node_id, kind, backup_id, service_id, run",
         {"status": status},
     )
     return [_to_job(row) for row in rows]
 
 
+async def running_restore(
+    db: aiosqlite.Connection, cluster_id: str, node_id: str, service_id: str
+) -> StoredJob | None:
+    """The restore of `service_id` on the node that is `running` in the store, or None (the
+    schema holds at most one)."""
+    rows = await db.execute_fetchall(
+        f"SELECT {_COLUMNS} FROM relay_job "  # noqa: S608
+        "WHERE cluster_id = ? AND node_id = ? AND kind = 'restore' AND service_id = ? "
+        "AND status = 'running'",
+        (cluster_id, node_id, service_id),
+    )
+    return next((_to_job(row) for row in rows), None)
+
+
+# A restore's `start` numbers its run: one more than the service's last on that node. Any
+# uniqueness conflict (the backup's key, or a second running restore of the service) inserts
+# nothing, and the caller reads why.
 _INSERT: Final = f"""
 INSERT INTO relay_job ({_COLUMNS})
-VALUES (:cluster_id, :node_id, :kind, :backup_id, :service_id, 1, :to_status, :digest,
-        NULL, 1, :now, :now)
-ON CONFLICT (cluster_id, node_id, kind, backup_id, service_id) DO NOTHING
+VALUES (:cluster_id, :node_id, :kind, :backup_id, :service_id,
+        CASE :kind WHEN 'restore' THEN (
+            SELECT COALESCE(MAX(run), 0) + 1 FROM relay_job
+            WHERE cluster_id = :cluster_id AND node_id = :node_id AND kind = 'restore'
+                  AND service_id = :service_id)
+        ELSE 0 END,
+        1, :to_status, :digest, NULL, 1, :now, :now)
+ON CONFLICT DO NOTHING
 RETURNING {_COLUMNS}
 """  # noqa: S608  # placeholders only; column names are constants
 
@@ -187,6 +229,8 @@ async def move_job(
         "now": now,
         "result_json": encode_result(result),
     }
+    if op is JobOp.START and key.run != 0:
+        raise InvalidState("a job is started with run 0: the store numbers a restore's run")
     rows: Iterable[sqlite3.Row] = ()
     insert_to = sources(op).get(None)
     update = _UPDATES.get(op)
@@ -197,7 +241,10 @@ async def move_job(
         rows = await db.execute_fetchall(sql, {**params, **status_params})
     for row in rows:
         return _to_job(row)
-    current = await get_job(db, key)
+    if op is JobOp.START and key.kind == "restore":
+        current = await running_restore(db, key.cluster_id, key.node_id, key.service_id)
+    else:
+        current = await get_job(db, key)
     revision = 0 if current is None else current.revision
     status = None if current is None else current.status
     if revision != expected_revision or (current is not None and current.request_digest != digest):

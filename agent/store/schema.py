@@ -22,6 +22,16 @@ that owns the key, `result_json` the recorded outcome (`{"response", "report"}` 
 `{"error"}` once failed, NULL while running), `attempts` how many times the work started,
 `created_at`/`updated_at` in epoch milliseconds.
 
+Version 3 numbers restores: a backup may be restored many times, so a restore row is one run,
+keyed by (cluster_id, node_id, kind, backup_id, service_id, run). `run` is 0 for a backup (one
+backupId is one backup) and 1, 2, ... per (cluster_id, node_id, service_id) for restores; a
+unique partial index holds at most one `running` restore per service on a node. Existing rows
+move over as they are, each restore numbered in the order it was created, except a restore
+left `running`: the migration runs at start-up, before any work, so that run was interrupted
+by the agent stopping. It becomes `failed` with the error the agent records for an interrupted
+restore (`shutting-down`, retryable; docs/relay.md) and its revision moves on, so two of them
+for one service can never break the index and the next request restores anew.
+
 SQL only, no Python values: the status list is written out, not generated, so that changing
 the state machine can never silently rewrite a released migration.
 """
@@ -107,7 +117,57 @@ CREATE TABLE relay_job (
 CREATE INDEX relay_job_by_status ON relay_job (status);
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2)
+_V3: Final = """
+CREATE TABLE relay_job_v3 (
+    cluster_id     TEXT    NOT NULL CHECK (length(cluster_id) > 0),
+    node_id        TEXT    NOT NULL CHECK (length(node_id) > 0),
+    kind           TEXT    NOT NULL CHECK (kind IN ('backup', 'restore')),
+    backup_id      TEXT    NOT NULL CHECK (length(backup_id) > 0),
+    service_id     TEXT    NOT NULL CHECK (length(service_id) > 0),
+    run            INTEGER NOT NULL CHECK (typeof(run) = 'integer'
+                       AND ((kind = 'backup' AND run = 0) OR (kind = 'restore' AND run >= 1))),
+    revision       INTEGER NOT NULL CHECK (typeof(revision) = 'integer' AND revision >= 1),
+    status         TEXT    NOT NULL CHECK (status IN ('running', 'succeeded', 'failed')),
+    request_digest TEXT    NOT NULL CHECK (length(request_digest) = 64),
+    result_json    TEXT,
+    attempts       INTEGER NOT NULL CHECK (typeof(attempts) = 'integer' AND attempts >= 1),
+    created_at     INTEGER NOT NULL,
+    updated_at     INTEGER NOT NULL,
+    PRIMARY KEY (cluster_id, node_id, kind, backup_id, service_id, run)
+) WITHOUT ROWID;
+
+INSERT INTO relay_job_v3 (
+    cluster_id, node_id, kind, backup_id, service_id, run, revision, status, request_digest,
+    result_json, attempts, created_at, updated_at)
+SELECT cluster_id, node_id, kind, backup_id, service_id,
+       CASE kind WHEN 'backup' THEN 0 ELSE ROW_NUMBER() OVER (
+           PARTITION BY cluster_id, node_id, kind, service_id
+           ORDER BY created_at, backup_id) END,
+       CASE WHEN kind = 'restore' AND status = 'running' THEN revision + 1 ELSE revision END,
+       CASE WHEN kind = 'restore' AND status = 'running' THEN 'failed' ELSE status END,
+       request_digest,
+       CASE WHEN kind = 'restore' AND status = 'running'
+            THEN '{"error":{"code":"shutting-down","message":"the agent stopped while this '
+                 || 'restore ran; it is not resumed: a new request restores anew",'
+                 || '"retryable":true}}'
+            ELSE result_json END,
+       attempts, created_at,
+       CASE WHEN kind = 'restore' AND status = 'running'
+            THEN CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
+            ELSE updated_at END
+FROM relay_job;
+
+DROP TABLE relay_job;
+
+ALTER TABLE relay_job_v3 RENAME TO relay_job;
+
+CREATE INDEX relay_job_by_status ON relay_job (status);
+
+CREATE UNIQUE INDEX relay_job_one_running_restore ON relay_job (cluster_id, node_id, service_id)
+    WHERE kind = 'restore' AND status = 'running';
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3)
 """Ordered; index `i` upgrades version `i` to `i + 1`."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

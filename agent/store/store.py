@@ -415,6 +415,13 @@ class RevisionStore:
         async with self._connection() as db:
             return await jobs.list_jobs(db, status)
 
+    async def running_restore(
+        self, cluster_id: str, node_id: str, service_id: str
+    ) -> StoredJob | None:
+        """The restore of `service_id` on `node_id` the store holds as `running`, or None."""
+        async with self._connection() as db:
+            return await jobs.running_restore(db, cluster_id, node_id, service_id)
+
     async def move_job(
         self,
         key: JobKey,

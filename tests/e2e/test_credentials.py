@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from agent import app
@@ -28,7 +29,7 @@ from agent.corestore.routes import RouteName
 from agent.credentials.keys import ENROLLMENT_FILE, KEY_FILE
 from agent.errors import CallFailed
 from agent.secret import Secret
-from agent.status import AgentStatus, SessionState
+from agent.status import AgentStatus, SessionState, StatusSnapshot
 from agent.store import DB_NAME
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.corestore import CorestoreHandle, start
@@ -94,14 +95,16 @@ class Sealed:
         return load_config(path)
 
     @asynccontextmanager
-    async def agent(self) -> AsyncIterator[AgentStatus]:
-        """The real agent in-process, connected; stopped in order on exit."""
+    async def agent(self, *, connected: bool = True) -> AsyncIterator[AgentStatus]:
+        """The real agent in-process, connected (at once with `connected=False`); stopped in
+        order on exit."""
         status, stop = AgentStatus(), asyncio.Event()
         async with asyncio.TaskGroup() as group:
             group.create_task(app.run(self.config(), stop=stop, status=status))
             try:
-                async with asyncio.timeout(15):
-                    await status.wait_until(lambda s: s.state is SessionState.CONNECTED)
+                if connected:
+                    async with asyncio.timeout(15):
+                        await status.wait_until(_is_connected)
                 yield status
             finally:
                 stop.set()
@@ -162,6 +165,10 @@ class Sealed:
         return b"".join(path.read_bytes() for path in files)
 
 
+def _is_connected(snapshot: StatusSnapshot) -> bool:
+    return snapshot.state is SessionState.CONNECTED
+
+
 @pytest.fixture
 async def sealed(tmp_path: Path) -> AsyncIterator[Sealed]:
     """Two nodes with their own bearers; a stand-in Cloudly that seals them; a fresh state dir."""
@@ -195,6 +202,38 @@ async def _restore(driver: RestoreDriver, *, staged: bool = False) -> dict[str, 
     assert ready["status"] == "ready", ready.get("lastErrorCode")
     await driver.cleanup()
     return await driver.wait_until({"cleaned", "cleanup-failed"})
+
+
+async def test_nothing_is_served_before_the_enrollment_completed(sealed: Sealed) -> None:
+    """Cloudly is slow to answer `completeSecretRecipientEnrollment`: meanwhile the agent's
+    session is up but not connected, a status and a prepare are answered `not-ready`
+    (retryable) and reach no Corestore. Once enrolled, the agent logs `cloudly_connected`, and
+    from then on it serves."""
+    sealed.authority.hold_completions()
+    driver = sealed.driver(NODE_A, resend_not_ready=False)
+    with structlog.testing.capture_logs() as logs:
+        async with sealed.agent(connected=False) as status:
+            await sealed.cloudly.wait_for("enrollment-completion-held")
+            refused = [await _refused(driver.status()), await _refused(driver.prepare())]
+            state_while_enrolling = status.snapshot().state
+            hits_while_enrolling = sum(sealed.hits[NODE_A].values())
+            sealed.authority.release_completions()
+            async with asyncio.timeout(15):
+                await status.wait_until(_is_connected)
+            served = await driver.status()
+            prepared = await driver.prepare()
+    assert [(r["code"], r["retryable"]) for r in refused] == [("not-ready", True)] * 2
+    assert (state_while_enrolling, hits_while_enrolling) == (SessionState.AUTHENTICATING, 0)
+    assert (served, prepared["status"]) == (None, "prepared")
+    events = [entry["event"] for entry in logs]
+    first_refusal = events.index("request_refused")
+    assert first_refusal < events.index("recipient_enrolled") < events.index("cloudly_connected")
+
+
+async def _refused(call: Any) -> dict[str, Any]:
+    with pytest.raises(CallFailed) as refused:
+        await call
+    return refused.value.error_data
 
 
 async def test_a_fresh_agent_enrolls_and_restores_on_two_nodes_with_their_own_bearers(
@@ -252,13 +291,16 @@ async def test_a_bearer_refused_after_the_refetch_is_a_named_error_and_recovers(
     sealed: Sealed,
 ) -> None:
     """Corestore rotates, Cloudly does not yet: the stage is refused `corestore-credential-
-    rejected` after exactly one refetch; once Cloudly has the new bearer, the resend works."""
+    rejected` after exactly one refetch, which brought back the refused bearer, so the call is
+    not sent again; once Cloudly has the new bearer, the resend works."""
     async with sealed.agent():
         driver = sealed.driver(NODE_A)
         await driver.prepare()
         sealed.corestores[NODE_A].bearer.set(Secret(ROTATED_A))
+        progress_reads = sealed.hits[NODE_A][RouteName.OBJECT_PROGRESS]
         with pytest.raises(CallFailed) as refused:
             await driver.stage(VOLUME)
+        assert sealed.hits[NODE_A][RouteName.OBJECT_PROGRESS] - progress_reads == 1
         assert sealed.sealed(NODE_A) == 2
         sealed.authority.set_bearer(NODE_A, ROTATED_A)
         assert (await driver.stage(VOLUME))["status"] == "staging"

@@ -238,3 +238,26 @@ async def test_the_websocket_dropping_mid_stream_counts_nothing_and_the_retry_co
     assert stack.hits[PUT] - before < CHUNKS + 8, "the re-stage resumed after verified chunks"
     assert ready["status"] == "ready"
     _assert_staged_then_cleaned(stack, staged, revision, cleaned)
+
+
+async def test_a_stage_stream_kept_alive_without_bytes_is_refused_and_the_re_stage_resumes(
+    stack: Any, plan: RestorePlan
+) -> None:
+    """Cloudly sends 8 chunks of the volume image and then only keep-alives: after the stall
+    deadline (scaled to 1.5 s) the stage is refused `transfer-interrupted`, retryable, with no
+    revision; the restore is not pinned: the re-stage resumes after the verified chunks."""
+    driver = stack.driver(plan)
+    async with asyncio.timeout(60), stack.agent(streams={"stall_timeout_s": 1.5}):
+        revision = await _prepared(driver)
+        before = stack.hits[PUT]
+        refused, after = await _stage_refused(driver, stall_after=8 * 64 * KiB)
+        held = stack.object_progress(driver.plan, VOLUME)
+        re_staged_from = stack.hits[PUT]
+        staged = await driver.stage(VOLUME)
+        cleaned = await stack.clean_up(driver)
+    _assert_refused_without_a_revision(refused, after, revision, "transfer-interrupted")
+    assert refused.value.error_data["retryable"] is True
+    assert (held["state"], held["verifiedBytes"]) == ("partial", 8 * 64 * KiB)
+    assert re_staged_from - before == 8
+    assert stack.hits[PUT] - re_staged_from == CHUNKS - 8
+    _assert_staged_then_cleaned(stack, staged, revision, cleaned)

@@ -4,7 +4,8 @@ on its state database, and Cloudly's repeated request converging.
 During a backup: Cloudly keeps nothing of the broken stream, the job row is still `running`,
 and the repeated request resumes it — one backup in Corestore's archive (the same record), one
 closure at Cloudly, byte-identical. During a restore: the database is untouched while the import
-is half written, and the repeated request drops that import and restores the closure whole.
+is half written; the restarted agent records that run interrupted, and the repeated request is a
+new run that drops the import and restores the closure whole.
 Every wait is on something observable (Corestore's hits, the stand-in's events), never a sleep.
 """
 
@@ -29,7 +30,8 @@ DATABASE = hashlib.shake_256(b"crash closure").digest(8 * MiB)  # 128 chunks of 
 
 
 async def _connected(stack: Any, count: int) -> None:
-    """Wait until the `count`-th agent connection has read its cluster document."""
+    """Wait until the `count`-th agent connection has read its cluster document (it serves
+    once it is enrolled too: the first call after it is `call_agent_served`)."""
     await stack.cloudly.wait_for("cluster-config-read", count)
 
 
@@ -37,8 +39,8 @@ async def _killed(agent: Any) -> None:
     assert await agent.wait() == -signal.SIGKILL
 
 
-async def _job(stack: Any, kind: str) -> Any:
-    key = JobKey(CLUSTER, NODE, kind, "bk-1", SERVICE_ID)  # type: ignore[arg-type]
+async def _job(stack: Any, kind: str, run: int = 0) -> Any:
+    key = JobKey(CLUSTER, NODE, kind, "bk-1", SERVICE_ID, run)  # type: ignore[arg-type]
     async with await RevisionStore.open(stack.state_dir) as store:
         return await store.get_job(key)
 
@@ -58,7 +60,7 @@ async def test_an_agent_killed_while_sending_a_closure_converges_without_a_dupli
     await _connected(stack, 1)
     stack.on_hit(RouteName.CLOSURE_READ, 20, first.kill)
     with pytest.raises(SessionClosed):
-        await stack.cloudly.call_agent("backupClusterService", _backup(), timeout=60)
+        await stack.cloudly.call_agent_served("backupClusterService", _backup(), timeout=60)
     await _killed(first)
     await stack.cloudly.wait_for("disconnected", 1)
     interrupted = await _job(stack, "backup")
@@ -66,7 +68,7 @@ async def test_an_agent_killed_while_sending_a_closure_converges_without_a_dupli
 
     second = await stack.spawn()
     await _connected(stack, 2)
-    answer = await stack.cloudly.call_agent("backupClusterService", _backup(), timeout=60)
+    answer = await stack.cloudly.call_agent_served("backupClusterService", _backup(), timeout=60)
     assert await second.terminate() == 0
 
     assert stack.cloudly.count("closure-stored") == 1
@@ -85,12 +87,14 @@ async def test_an_agent_killed_while_importing_a_closure_leaves_the_database_and
     stack: Any,
 ) -> None:
     """SIGKILL at the 20th import chunk: the database is still the old one (the import is
-    only half written, never committed); the repeated restore imports the closure whole."""
+    only half written, never committed). The restarted agent records that run interrupted
+    (failed, `shutting-down`: it is never reported restored); the repeated request is a new
+    run, which drops the half-written import and imports the closure whole."""
     services = stack.corestore.services
     services.write_database(SERVICE_ID, [DATABASE])
     first = await stack.spawn()
     await _connected(stack, 1)
-    backup = await stack.cloudly.call_agent("backupClusterService", _backup(), timeout=60)
+    backup = await stack.cloudly.call_agent_served("backupClusterService", _backup(), timeout=60)
     services.write_database(SERVICE_ID, [b"the database before the restore"])
     restore = {**_backup(), "snapshots": backup["snapshots"]}
     stack.on_hit(RouteName.CLOSURE_IMPORT_CHUNK, 20, first.kill)
@@ -102,7 +106,7 @@ async def test_an_agent_killed_while_importing_a_closure_leaves_the_database_and
 
     second = await stack.spawn()
     await _connected(stack, 2)
-    answer = await stack.cloudly.call_agent("restoreClusterService", restore, timeout=60)
+    answer = await stack.cloudly.call_agent_served("restoreClusterService", restore, timeout=60)
     assert await second.terminate() == 0
 
     assert during == b"the database before the restore"
@@ -110,5 +114,6 @@ async def test_an_agent_killed_while_importing_a_closure_leaves_the_database_and
     assert answer == {"restored": backup["snapshots"]}
     assert services.database_path(SERVICE_ID).read_bytes() == DATABASE
     assert services.open_imports() == []
-    finished = await _job(stack, "restore")
-    assert (finished.status, finished.attempts) == ("succeeded", 2)
+    interrupted, finished = await _job(stack, "restore", 1), await _job(stack, "restore", 2)
+    assert (interrupted.status, interrupted.result["error"]["code"]) == ("failed", "shutting-down")
+    assert (finished.status, finished.attempts) == ("succeeded", 1)

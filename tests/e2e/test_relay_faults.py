@@ -1,7 +1,10 @@
-"""The relay duties under replay, bad routing and bad bytes, through the real session.
+"""The relay duties under repeats, bad routing, bad bytes and stalls, through the real session.
 
-Replays: an identical request joins the running job or answers the recorded result, another body
-for the same key is `job-conflict`. Bytes: a short, long or altered export is refused before
+Repeats: a backup's identical request joins the running job or answers the recorded result,
+another body for the same key is `job-conflict`; every restore request runs, an identical one
+joins a running restore and another is `restore-in-progress` until it ended. Stalls: a closure
+stream Cloudly keeps alive without moving bytes fails the job, retryable, and the repeat runs
+afresh. Bytes: a short, long or altered export is refused before
 Cloudly holds anything; a truncated, over-long or altered stream from Cloudly is refused with
 nothing committed. Partial restores are refused before a byte moves; `clear` reaches only the
 types restored; a dry-run prune changes nothing.
@@ -20,6 +23,7 @@ import pytest
 from agent.corestore.routes import RouteName
 from agent.corestore.service_models import ServiceBackupBody
 from agent.errors import CallFailed
+from agent.store import RevisionStore
 from devstack.cloudly import ABSENT, Tamper, cluster_document
 
 CLUSTER, NODE = "cluster-e2e", "node-e2e"
@@ -39,6 +43,23 @@ async def _backup(stack: Any, backup_id: str = "bk-1", **extra: Any) -> dict[str
 async def _restore(stack: Any, snapshots: list[Any], backup_id: str = "bk-1", **extra: Any) -> Any:
     body = _request(backup_id, snapshots=snapshots, **extra)
     return await stack.cloudly.call_agent("restoreClusterService", body)
+
+
+async def _jobs(stack: Any, kind: str, backup_id: str = "bk-1") -> list[Any]:
+    """The job rows of `kind` for `backup_id` (read once the agent stopped), a restore's in the
+    order of their runs."""
+    async with await RevisionStore.open(stack.state_dir) as store:
+        jobs = [
+            job
+            for job in await store.list_jobs()
+            if (job.key.kind, job.key.backup_id) == (kind, backup_id)
+        ]
+    return sorted(jobs, key=lambda job: job.key.run)
+
+
+async def _job(stack: Any, kind: str, backup_id: str = "bk-1") -> Any:
+    """The job row of `kind` for `backup_id`: a backup's, or a restore's latest run."""
+    return (await _jobs(stack, kind, backup_id))[-1]
 
 
 async def _refused(call: Any) -> dict[str, Any]:
@@ -264,3 +285,131 @@ async def test_clear_reaches_only_the_types_restored(stack: Any, services: Any) 
     assert sorted(p.name for p in (service_dir / "volume").iterdir()) == ["new.txt", "v.txt"]
     assert services.database_path(SERVICE_ID).read_bytes() == b"changed"
     assert stack.cloudly.count("closure-served") == 0
+
+
+# A Cloudly that keeps a closure stream alive but moves no byte: the stall deadline is scaled
+# down to 1.5 s (the default is 300 s); the test's own bound is far above it.
+STALLING = {"stall_timeout_s": 1.5}
+BIG = hashlib.shake_256(b"stalled closure").digest(2 * 1024 * 1024)  # 32 chunks, > the window
+
+
+async def test_a_backup_whose_closure_cloudly_stops_reading_fails_and_the_repeat_runs_afresh(
+    stack: Any, services: Any
+) -> None:
+    """Cloudly reads two chunks of the closure and then nothing (the window fills, keep-alives
+    go on): the backup fails `transfer-interrupted`, retryable, once the stall deadline passed;
+    the repeated request starts the job afresh and Cloudly then holds the closure intact."""
+    services.write_database(SERVICE_ID, [BIG])
+    stack.cloudly.stall_next_closure(2 * 64 * 1024)
+    async with asyncio.timeout(30), stack.agent(streams=STALLING):
+        data = await _refused(_backup(stack))
+        answer = await _backup(stack)
+    job = await _job(stack, "backup")
+    assert (data["code"], data["retryable"]) == ("transfer-interrupted", True)
+    assert stack.cloudly.count("closure-stalled") == 1
+    assert stack.cloudly.count("closure-stored") == 1
+    assert stack.cloudly.closure_bytes("bk-1", SERVICE_ID) == BIG
+    assert [s["type"] for s in answer["snapshots"]] == ["database"]
+    assert (job.status, job.attempts) == ("succeeded", 2)
+
+
+async def test_a_restore_whose_closure_cloudly_stops_sending_aborts_the_import_and_runs_again(
+    stack: Any, services: Any
+) -> None:
+    """Cloudly serves 1 MiB of the closure and then only keep-alives: the restore fails
+    `transfer-interrupted`, retryable; the Corestore import is aborted and the database is as it
+    was; the next request restores the closure whole."""
+    services.write_database(SERVICE_ID, [BIG])
+    async with asyncio.timeout(30), stack.agent(streams=STALLING):
+        backup = await _backup(stack)
+        services.write_database(SERVICE_ID, [b"the database as it is now"])
+        stack.cloudly.stall_next_closure(1024 * 1024)
+        data = await _refused(_restore(stack, backup["snapshots"]))
+        during = services.database_path(SERVICE_ID).read_bytes()
+        imports = services.open_imports()
+        answer = await _restore(stack, backup["snapshots"])
+    assert (data["code"], data["retryable"]) == ("transfer-interrupted", True)
+    assert stack.cloudly.count("closure-stalled") == 1
+    assert (during, imports) == (b"the database as it is now", [])
+    assert answer == {"restored": backup["snapshots"]}
+    assert services.database_path(SERVICE_ID).read_bytes() == BIG
+    assert services.open_imports() == []
+
+
+# --- every restore request runs (docs/relay.md, "Jobs and repeats") ---------------------------
+
+
+async def test_the_same_restore_twice_restores_twice(
+    stack: Any, services: Any, captured_logs: Any
+) -> None:
+    """A backup restored, the data changed, the identical restore sent again: it runs again
+    (a second closure import, the bucket restored again) instead of answering the first
+    run's `restored`."""
+    services.write_file(SERVICE_ID, "objectstorage", "a.txt", b"bucket a")
+    async with stack.agent():
+        backup = await _backup(stack)
+        first = await _restore(stack, backup["snapshots"])
+        services.write_database(SERVICE_ID, [b"changed after the first restore"])
+        services.write_file(SERVICE_ID, "objectstorage", "a.txt", b"changed too")
+        second = await _restore(stack, backup["snapshots"])
+    assert first == second == {"restored": backup["snapshots"]}
+    assert services.database_path(SERVICE_ID).read_bytes() == DATABASE
+    assert (services.service_dir(SERVICE_ID) / "objectstorage" / "a.txt").read_bytes() == (
+        b"bucket a"
+    )
+    assert stack.cloudly.count("closure-served") == 2
+    assert stack.hits[RouteName.SERVICE_RESTORE] == 2
+    assert '"relay_job_replayed"' not in captured_logs.getvalue()
+    runs = [(job.key.run, job.status) for job in await _jobs(stack, "restore")]
+    assert runs == [(1, "succeeded"), (2, "succeeded")]
+
+
+async def test_the_same_backup_restored_with_other_types_restores_what_each_names(
+    stack: Any, services: Any
+) -> None:
+    """One backup, restored first for `database` only, then for `objectstorage` with `clear`:
+    no `job-conflict`; each run touches exactly the types it names."""
+    services.write_file(SERVICE_ID, "objectstorage", "a.txt", b"bucket a")
+    async with stack.agent():
+        backup = await _backup(stack)
+        services.write_database(SERVICE_ID, [b"changed"])
+        services.write_file(SERVICE_ID, "objectstorage", "new.txt", b"added later")
+        database = await _restore(stack, backup["snapshots"], resourceTypes=["database"])
+        database_then = services.database_path(SERVICE_ID).read_bytes()
+        bucket_then = sorted(
+            p.name for p in (services.service_dir(SERVICE_ID) / "objectstorage").iterdir()
+        )
+        services.write_database(SERVICE_ID, [b"changed again"])
+        bucket = await _restore(
+            stack, backup["snapshots"], resourceTypes=["objectstorage"], clear=True
+        )
+    assert [s["type"] for s in database["restored"]] == ["database"]
+    assert (database_then, bucket_then) == (DATABASE, ["a.txt", "new.txt"])
+    assert [s["type"] for s in bucket["restored"]] == ["objectstorage"]
+    assert sorted(
+        p.name for p in (services.service_dir(SERVICE_ID) / "objectstorage").iterdir()
+    ) == ["a.txt"]
+    assert services.database_path(SERVICE_ID).read_bytes() == b"changed again"
+
+
+async def test_while_a_restore_runs_another_is_busy_and_the_identical_one_joins(
+    stack: Any, services: Any, captured_logs: Any
+) -> None:
+    """While a restore of the service runs (Corestore slow to open its closure import), one
+    with other `resourceTypes` is refused `restore-in-progress` (retryable) and changes
+    nothing; the identical request joins the run: one import, the same answer twice."""
+    services.write_file(SERVICE_ID, "objectstorage", "a.txt", b"bucket a")
+    async with stack.agent():
+        backup = await _backup(stack)
+        stack.faults.delay_next(RouteName.CLOSURE_IMPORT, 1.0)
+        first = asyncio.ensure_future(_restore(stack, backup["snapshots"]))
+        await stack.wait_hits(RouteName.CLOSURE_IMPORT, 1)
+        busy = await _refused(_restore(stack, backup["snapshots"], resourceTypes=["database"]))
+        joined = await _restore(stack, backup["snapshots"])
+        assert await first == joined
+    assert (busy["code"], busy["retryable"]) == ("restore-in-progress", True)
+    assert busy["run"] == 1
+    assert stack.hits[RouteName.CLOSURE_IMPORT] == 1
+    assert stack.cloudly.count("closure-served") == 1
+    assert '"event": "relay_job_joined"' in captured_logs.getvalue()
+    assert [job.key.run for job in await _jobs(stack, "restore")] == [1]

@@ -1,4 +1,5 @@
-"""The relay job transition table: every status (and absent) against every operation."""
+"""The relay job tables: the transitions (every status, and absent, against every operation)
+and the rule that answers a request by what it meets."""
 
 from __future__ import annotations
 
@@ -7,8 +8,24 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import IllegalTransition
-from agent.relay.machine import JOB_STATUSES, TRANSITIONS, JobOp, JobStatus, decide, render_table
+from agent.errors import IllegalTransition, InvalidState
+from agent.relay.machine import (
+    JOB_KINDS,
+    JOB_STATUSES,
+    REQUESTS,
+    TRANSITIONS,
+    Answer,
+    JobKind,
+    JobOp,
+    JobStatus,
+    Meets,
+    answer,
+    backup_meets,
+    decide,
+    render_requests,
+    render_table,
+    restore_meets,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "relay.md"
 EVERY_PAIR = list(itertools.product((None, *JOB_STATUSES), JobOp))
@@ -45,3 +62,61 @@ def test_succeeded_is_the_only_terminal_status() -> None:
 def test_docs_embed_the_rendered_table() -> None:
     """docs/relay.md shows the table exactly as the code renders it."""
     assert render_table() in DOCS.read_text(encoding="utf-8")
+
+
+# --- the request rule ---------------------------------------------------------------------------
+
+
+def test_docs_embed_the_rendered_request_rule() -> None:
+    """docs/relay.md shows the request rule exactly as the code renders it."""
+    assert render_requests() in DOCS.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("status", "same_body", "here", "meets"),
+    [
+        (None, True, False, Meets.NOTHING),
+        ("running", False, True, Meets.OTHER_BODY),
+        ("succeeded", False, False, Meets.OTHER_BODY),
+        ("running", True, True, Meets.RUNNING_SAME),
+        ("running", True, False, Meets.UNOWNED),
+        ("succeeded", True, False, Meets.SUCCEEDED),
+        ("failed", True, False, Meets.FAILED),
+    ],
+)
+def test_a_backup_meets_the_job_of_its_key(
+    status: JobStatus | None, same_body: bool, here: bool, meets: Meets
+) -> None:
+    """Another body is seen before anything else; then where the job's work runs, its status."""
+    assert backup_meets(status, same_body=same_body, here=here) is meets
+
+
+def test_a_restore_meets_only_the_run_that_works_now() -> None:
+    """What a service's earlier restores did is no part of a restore request's answer."""
+    assert restore_meets(running=False, same_body=False) is Meets.NOTHING
+    assert restore_meets(running=True, same_body=True) is Meets.RUNNING_SAME
+    assert restore_meets(running=True, same_body=False) is Meets.RUNNING_OTHER
+
+
+def test_a_restore_is_never_answered_from_a_record_nor_refused_as_a_conflict() -> None:
+    """Every restore runs, joins a running identical one, or is refused busy (retryable): no
+    recorded answer, no resume or retry of an old run, no `job-conflict`."""
+    answers = {to for (kind, _), to in REQUESTS.items() if kind == "restore"}
+    assert answers == {Answer.START, Answer.JOIN, Answer.BUSY}
+
+
+def test_a_backup_is_never_busy() -> None:
+    """One backupId is one backup: its repeats are answered by its own job, never `busy`."""
+    answers = {to for (kind, _), to in REQUESTS.items() if kind == "backup"}
+    assert Answer.BUSY not in answers
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [(kind, meets) for kind in JOB_KINDS for meets in Meets if (kind, meets) not in REQUESTS],
+    ids=lambda pair: f"{pair[0]}-{pair[1].value}",
+)
+def test_a_situation_a_kind_cannot_meet_is_a_bug(pair: tuple[JobKind, Meets]) -> None:
+    """`answer` refuses what the table does not list instead of guessing."""
+    with pytest.raises(InvalidState):
+        answer(*pair)

@@ -43,13 +43,18 @@ def body_route(
 
 @asynccontextmanager
 async def peers(
-    left_routes: Routes, right_routes: Routes, settings: ConnectionSettings = FAST
+    left_routes: Routes,
+    right_routes: Routes,
+    settings: ConnectionSettings = FAST,
+    *,
+    stall_timeout: float | None = None,
 ) -> AsyncIterator[tuple[Peer, Peer, MemoryTransport, MemoryTransport]]:
-    """Two running peers; the connection closes on exit and both runs end SessionClosed."""
+    """Two running peers (both with `stall_timeout`); the connection closes on exit and both
+    runs end SessionClosed."""
     ta, tb = transport_pair()
     left, right = (
-        Peer(ta, left_routes, settings=settings),
-        Peer(tb, right_routes, settings=settings),
+        Peer(ta, left_routes, settings=settings, stall_timeout=stall_timeout),
+        Peer(tb, right_routes, settings=settings, stall_timeout=stall_timeout),
     )
     runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,15 @@ import structlog
 from agent.contracts.cluster import ClusterView
 from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
-from agent.errors import EnrollmentFailed
+from agent.errors import CallFailed, EnrollmentFailed
+from agent.protocol.routes import RequestContext, Routes
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
 from agent.session.peer import Peer
 from agent.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.credentials import CredentialAuthority
-from tests.session._helpers import is_connected, running
+from tests.session._helpers import body_route, is_connected, running
 
 TOKEN = "machine-token-2c6b1f9e40a7d385"
 CLUSTER = "cluster-1"
@@ -59,6 +61,44 @@ async def test_connect_steps_run_after_the_cluster_is_read_and_before_serving(
     assert seen == [(CLUSTER, SessionState.AUTHENTICATING)]
     kinds = [event.kind for event in cloudly.events if event.connection == 1]
     assert kinds[1:5] == ["identity-issued", "tag-set", "cluster-config-read", "tag-set"]
+
+
+async def test_a_request_before_the_connect_steps_finished_is_not_ready_and_never_handled(
+    cloudly: StandInCloudly,
+) -> None:
+    """While a step still runs the session serves nothing: Cloudly's request is answered
+    `not-ready` (retryable) without running its handler. Serving starts with `connected`, and
+    `cloudly_connected` is logged before the first request is handled."""
+    status = AgentStatus()
+    in_step, finish_step = asyncio.Event(), asyncio.Event()
+    handled: list[dict[str, Any]] = []
+
+    async def step(peer: Peer, view: ClusterView) -> None:
+        in_step.set()
+        await finish_step.wait()
+
+    async def echo(body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+        structlog.get_logger("test").info("echo_handled")
+        handled.append(body)
+        return body
+
+    session = _session(
+        cloudly, status, routes=Routes([body_route("echo", echo)]), connect_steps=[step]
+    )
+    with structlog.testing.capture_logs() as logs:
+        async with running(session):
+            await in_step.wait()
+            with pytest.raises(CallFailed) as refused:
+                await cloudly.call_agent("echo", {"n": 1}, timeout=5)
+            handled_while_in_step = list(handled)
+            finish_step.set()
+            await status.wait_until(is_connected)
+            answer = await cloudly.call_agent("echo", {"n": 2}, timeout=5)
+    assert refused.value.error_data == {"code": "not-ready", "retryable": True}
+    assert (handled_while_in_step, answer) == ([], {"n": 2})
+    events = [entry["event"] for entry in logs]
+    assert events.index("request_refused") < events.index("cloudly_connected")
+    assert events.index("cloudly_connected") < events.index("echo_handled")
 
 
 async def test_the_enrollment_step_enrolls_on_connect_once(

@@ -101,3 +101,68 @@ def test_a_key_names_one_of_the_two_kinds() -> None:
     """A job key's kind is `backup` or `restore`."""
     with pytest.raises(InvalidState):
         JobKey("c", "n", "prune", "b", "s")  # type: ignore[arg-type]
+
+
+# --- restores: one row per run ------------------------------------------------------------------
+
+RESTORE = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
+FAILED = {"error": {"code": "corestore-unavailable", "message": "x", "retryable": True}}
+
+
+async def _finished_run(store: RevisionStore, key: JobKey, digest: str = DIGEST) -> JobKey:
+    """Start a restore run of `key` and let it fail; its numbered key."""
+    job = await store.move_job(key, op=JobOp.START, expected_revision=0, digest=digest)
+    await store.move_job(job.key, op=JobOp.FAIL, expected_revision=1, digest=digest, result=FAILED)
+    return job.key
+
+
+async def test_each_restore_start_is_the_services_next_run(store: RevisionStore) -> None:
+    """Restores of one service on one node are numbered 1, 2, 3, whichever backup each
+    restores; another service or node counts from 1."""
+    first = await _finished_run(store, RESTORE)
+    second = await _finished_run(store, RESTORE, OTHER)
+    third = await _finished_run(store, JobKey("cluster-1", "node-1", "restore", "bk-2", "svc-1"))
+    other_service = await _finished_run(
+        store, JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-2")
+    )
+    other_node = await _finished_run(
+        store, JobKey("cluster-1", "node-2", "restore", "bk-1", "svc-1")
+    )
+    assert [key.run for key in (first, second, third, other_service, other_node)] == [
+        1,
+        2,
+        3,
+        1,
+        1,
+    ]
+    assert [job.status for job in await store.list_jobs()] == ["failed"] * 5
+
+
+async def test_a_second_running_restore_of_one_service_is_refused_in_sql(
+    store: RevisionStore,
+) -> None:
+    """While a run of the service is `running`, starting another (any backup, any body) is a
+    revision conflict and writes nothing; the running run is what `running_restore` reads."""
+    running = await store.move_job(RESTORE, op=JobOp.START, expected_revision=0, digest=DIGEST)
+    other_backup = JobKey("cluster-1", "node-1", "restore", "bk-2", "svc-1")
+    with pytest.raises(RevisionConflict):
+        await store.move_job(other_backup, op=JobOp.START, expected_revision=0, digest=OTHER)
+    assert await store.running_restore("cluster-1", "node-1", "svc-1") == running
+    assert await store.list_jobs() == [running]
+
+
+async def test_a_start_names_run_0_and_a_backup_never_has_a_run() -> None:
+    """Run numbers are the store's: a key given to `start` carries 0, a backup's is always 0."""
+    with pytest.raises(InvalidState):
+        JobKey("c", "n", "backup", "b", "s", run=1)
+    with pytest.raises(InvalidState):
+        JobKey("c", "n", "restore", "b", "s", run=-1)
+
+
+async def test_a_restore_start_with_a_run_number_is_refused(store: RevisionStore) -> None:
+    """`start` numbers the run itself; a key that names one is a bug, refused before SQL."""
+    with pytest.raises(InvalidState):
+        await store.move_job(
+            RESTORE.numbered(7), op=JobOp.START, expected_revision=0, digest=DIGEST
+        )
+    assert await store.list_jobs() == []
