@@ -39,6 +39,9 @@ token_file = "machine-token"
 credential_source = "file"
 credential_file = "corestore-credential"
 
+[state]
+directory = "state"
+
 [log]
 format = "json"
 level = "info"

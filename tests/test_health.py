@@ -25,7 +25,7 @@ import structlog
 from agent import app
 from agent.cli import main
 from agent.config import Config
-from agent.errors import ConfigError
+from agent.errors import StartupBlocked
 from agent.log import configure_logging
 from agent.notify import Notifier
 from agent.protocol.bytearrays import codec_backends
@@ -316,20 +316,77 @@ async def test_the_endpoint_can_be_a_private_unix_socket(
     assert not path.exists()
 
 
-async def test_a_taken_address_stops_start_up_with_a_config_error(
+async def test_a_taken_address_blocks_start_up_before_anything_is_created(
     tmp_path: Path, cloudly: StandInCloudly
 ) -> None:
-    """An address another process listens on is the operator's to fix: ConfigError (exit 2)."""
+    """An address another process listens on usually frees up: StartupBlocked (exit 75, which
+    systemd restarts), raised before the state directory, the key or the store exist."""
     taken = socket.create_server(("127.0.0.1", 0))
     port = taken.getsockname()[1]
+    config = _config(tmp_path, cloudly, listen=f"127.0.0.1:{port}")
     try:
         with pytest.raises(
-            ConfigError, match=rf"health\.listen: cannot listen on 127\.0\.0\.1:{port}"
+            StartupBlocked, match=rf"health\.listen: cannot listen on 127\.0\.0\.1:{port}"
         ):
-            await app.run(_config(tmp_path, cloudly, listen=f"127.0.0.1:{port}"))
+            await app.run(config)
     finally:
         taken.close()
     assert cloudly.count("connected") == 0
+    assert not config.state.directory.exists()
+
+
+async def test_a_live_unix_socket_blocks_start_up_and_stays(
+    tmp_path: Path, cloudly: StandInCloudly
+) -> None:
+    """A unix socket path another process accepts on is not taken over: StartupBlocked, and
+    the other listener keeps its socket file."""
+    path = tmp_path / "health.sock"
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(str(path))
+    other.listen()
+    try:
+        with pytest.raises(StartupBlocked, match=r"health\.listen: cannot listen on unix:"):
+            await app.run(_config(tmp_path, cloudly, listen=f"unix:{path}"))
+        assert stat.S_ISSOCK(path.lstat().st_mode)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(path))  # still the other listener's
+    finally:
+        other.close()
+
+
+async def test_a_stale_unix_socket_is_replaced(tmp_path: Path, cloudly: StandInCloudly) -> None:
+    """A socket file nothing accepts on (left by a killed agent) is replaced at start-up."""
+    path = tmp_path / "health.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.close()  # the file stays, nobody listens
+    async with running(_config(tmp_path, cloudly, listen=f"unix:{path}")) as agent:
+        assert agent.address == f"unix:{path}"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_taken_port_exits_75_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run` on a port in use: one line naming health.listen, exit 75 (not the 2 the unit
+    never restarts)."""
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    (tmp_path / "token").chmod(0o600)
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[cloudly]\nurl = "wss://cloudly.example.com"\ntoken_file = "token"\n'
+        f'[state]\ndirectory = "state"\n[health]\nlisten = "127.0.0.1:{port}"\n'
+    )
+    try:
+        code = main(["run", "--config", str(config)])
+    finally:
+        taken.close()
+    assert code == 75
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"restore-agent: health.listen: cannot listen on 127.0.0.1:{port}: ")
+    assert not (tmp_path / "state").exists()
 
 
 # --- systemd ------------------------------------------------------------------------------------
