@@ -339,7 +339,7 @@ def _status(namespace: argparse.Namespace) -> int:
     if namespace.json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
-        sys.stdout.write(render(data, now=time.time()))
+        sys.stdout.write(render(data, now_ms=time.time_ns() // 1_000_000))
     return EXIT_OK
 
 

@@ -312,7 +312,7 @@ async def test_the_endpoint_can_be_a_private_unix_socket(
     assert healthz == 200
     assert status_exit == 0
     assert printed.startswith("agent:    ready\nsession:  connected for ")
-    assert printed.endswith("restores: 0\n")
+    assert printed.endswith("restores: 0\n\njobs:     0\n")
     assert not path.exists()
 
 
