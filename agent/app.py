@@ -243,7 +243,7 @@ async def run(
                 await asyncio.wait({session_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
                 stop_task.cancel()
                 in_flight = status.snapshot().in_flight
-                notifier.stopping(f"stopping: draining {in_flight} requests in flight")
+                notifier.stopping(_draining(in_flight))
                 log.info("agent_stopping", in_flight=in_flight)
                 session.stop_intake()
                 await _step("drain in-flight work", lambda: session.drain(drain_s), drain_s)
@@ -337,10 +337,15 @@ def status_line(snapshot: StatusSnapshot) -> str:
     if state is SessionState.BACKING_OFF:
         return f"Cloudly unreachable, retrying: {error}"
     if state is SessionState.DRAINING:
-        return "stopping: draining requests in flight"
+        return _draining(snapshot.in_flight)
     if error is not None and state is not SessionState.STOPPED:
         return f"{state.value}; last error: {error}"
     return state.value
+
+
+def _draining(in_flight: int) -> str:
+    # STOPPING=1 and the STATUS= of the draining state say the same, count included.
+    return f"stopping: draining {in_flight} requests in flight"
 
 
 def _line_differs_from(shown: str) -> Callable[[StatusSnapshot], bool]:

@@ -443,6 +443,26 @@ class _Held:
         return Routes([body_route("hold", hold)])
 
 
+async def test_the_status_during_the_drain_keeps_its_count(
+    tmp_path: Path, cloudly: StandInCloudly, systemd: FakeSystemd
+) -> None:
+    """The STATUS= that follows STOPPING=1 as the session starts draining says how many
+    requests it drains, as STOPPING=1 did, instead of overwriting the count."""
+    held = _Held()
+    async with running(
+        _config(tmp_path, cloudly), notifier=Notifier(str(systemd.path)), routes=held.routes()
+    ) as agent:
+        await systemd.until(lambda m: m.startswith("STATUS=connected"))
+        call = asyncio.create_task(cloudly.call_agent("hold", {}))
+        await held.started.wait()
+        agent.stop.set()
+        await systemd.until(lambda m: m.startswith("STOPPING=1"))
+        draining = await systemd.next()
+        held.release.set()
+        await call
+    assert draining == "STATUS=stopping: draining 1 requests in flight"
+
+
 async def test_ready_comes_once_store_and_endpoint_are_up_then_status_then_stopping(
     tmp_path: Path, cloudly: StandInCloudly, systemd: FakeSystemd
 ) -> None:
