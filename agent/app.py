@@ -381,12 +381,19 @@ async def _step(name: str, work: Callable[[], Awaitable[None]], bound_s: float) 
 
 @contextlib.contextmanager
 def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
+    """SIGTERM/SIGINT set `stop`; a SIGINT while stopping already (a second Ctrl-C) cancels the
+    task running the agent, so the drain is skipped (the close steps still run, bounded)."""
     loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
     installed: list[signal.Signals] = []
 
     def on_signal(signum: signal.Signals) -> None:
-        log.info("signal_received", signal=signum.name, already_stopping=stop.is_set())
+        again = stop.is_set()
+        log.info("signal_received", signal=signum.name, already_stopping=again)
         stop.set()
+        if again and signum is signal.SIGINT and task is not None:
+            log.warning("stopping_at_once", hint="a second Ctrl-C: in-flight work is cancelled")
+            task.cancel()
 
     handler: Callable[[signal.Signals], None] = on_signal
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -355,5 +355,8 @@ def _run(namespace: argparse.Namespace) -> int:
     configure_logging(config.log.format, config.log.level)
     app = importlib.import_module("agent.app")
     run: Callable[..., Coroutine[Any, Any, None]] = app.run
-    asyncio.run(run(config, secrets=secrets, config_path=namespace.config))
+    try:
+        asyncio.run(run(config, secrets=secrets, config_path=namespace.config))
+    except asyncio.CancelledError:  # a second Ctrl-C skipped the drain (agent.app)
+        return _EXIT_INTERRUPTED
     return EXIT_OK
