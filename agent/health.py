@@ -41,8 +41,8 @@ from agent.errors import ConfigError, StartupBlocked, StoreError
 from agent.loopwatch import LoopWatch
 from agent.metrics import CONTENT_TYPE, Metrics
 from agent.overview import StagingTotals, job_rows, readiness, restore_rows
-from agent.status import AgentStatus
-from agent.store import RevisionStore
+from agent.status import AgentStatus, StatusSnapshot
+from agent.store import RevisionStore, StatusSummary
 
 __all__ = ["HealthServer", "bind_listener"]
 
@@ -192,27 +192,32 @@ class HealthServer:
         alive, facts = self._loop_watch.health()
         return web.json_response(facts, status=200 if alive else 503)
 
-    async def _readyz(self, request: web.Request) -> web.Response:
-        del request
-        snapshot = self._status.snapshot()
-        reasons = readiness(
+    def _readiness(self, snapshot: StatusSnapshot) -> dict[str, str]:
+        return readiness(
             snapshot,
             store_open=self._store.is_open,
             now=self._clock.time(),
             stale_after=self._stale_after,
         )
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        del request
+        snapshot = self._status.snapshot()
+        reasons = self._readiness(snapshot)
         body = {"ready": not reasons, "reasons": reasons, "session": snapshot.to_dict()}
         return web.json_response(body, status=503 if reasons else 200)
 
     async def _metrics_text(self, request: web.Request) -> web.Response:
         del request
-        counts: dict[str, int] | None = None
+        summary: StatusSummary | None = None
         if self._store.is_open:
             try:
-                counts = await self._store.count_by_status()
+                summary = await self._store.status_summary()
             except StoreError as exc:
                 _log.warning("metrics_store_unreadable", error=str(exc))
-        self._metrics.refresh(self._status.snapshot(), counts)
+        snapshot = self._status.snapshot()
+        ready = not self._readiness(snapshot)
+        self._metrics.refresh(snapshot, summary, ready=ready, now_ms=epoch_ms(self._clock))
         return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _restores(self, request: web.Request) -> web.Response:

@@ -229,9 +229,34 @@ async def test_metrics_count_requests_by_method_and_code(
     assert _sample(text, "restore_agent_session_state", {"state": "backing-off"}) == 0
     assert _sample(text, "restore_agent_cloudly_connects_total", {"kind": "first"}) == 1
     assert _sample(text, "restore_agent_requests_total", {"method": "echo", "code": "ok"}) == 2
-    assert _sample(text, "restore_agent_request_seconds_count", {"method": "echo"}) == 2
+    assert _sample(text, "restore_agent_request_duration_seconds_count", {"method": "echo"}) == 2
     assert _sample(text, "restore_agent_restores", {"status": "staging"}) == 0
     assert _sample(text, "restore_agent_build_info", {"version": app.__version__}) == 1
+
+
+async def test_metrics_carry_the_process_collectors_and_readiness(
+    tmp_path: Path, cloudly: StandInCloudly
+) -> None:
+    """/metrics has the process's memory and file descriptors, no `_created` series, and
+    `restore_agent_ready` 1 once the agent is ready."""
+    async with running(_config(tmp_path, cloudly)) as agent:
+        await _wait(agent, _connected)
+        _, text = await agent.get("/metrics")
+    assert _sample(text, "process_resident_memory_bytes") > 1_000_000
+    assert _sample(text, "process_open_fds") > 0
+    assert _sample(text, "restore_agent_ready") == 1
+    assert "_created" not in text
+
+
+async def test_metrics_say_not_ready_while_cloudly_is_unreachable(
+    tmp_path: Path, cloudly: StandInCloudly
+) -> None:
+    """`restore_agent_ready` is 0 while /readyz answers 503."""
+    await cloudly.stop()
+    async with running(_config(tmp_path, cloudly)) as agent:
+        await _wait(agent, lambda s: s.last_error is not None)
+        _, text = await agent.get("/metrics")
+    assert _sample(text, "restore_agent_ready") == 0
 
 
 async def test_metrics_count_losses_by_cause(tmp_path: Path, cloudly: StandInCloudly) -> None:

@@ -4,13 +4,14 @@
   and the resumable-staging progress (`record_chunk`, `verified_chunks`, `mark_object_written`,
   `written_objects`, `forget_object`).
 - relay jobs (`get_job`, `list_jobs`, `move_job`; rows and SQL in `jobs`: `JobKey`, `StoredJob`).
-- `records`: the typed values it takes and returns (`RestoreKey`, `StoredState`, ...).
+- `records`: the typed values it takes and returns (`RestoreKey`, `StoredState`,
+  `StatusSummary` for the metrics, ...).
 - `schema`: the ordered migrations.
 - `files`: directory/file modes and moving a damaged database aside.
 """
 
 from agent.store.jobs import JobKey, StoredJob
-from agent.store.records import ChunkRecord, ObjectRecord, RestoreKey, StoredState
+from agent.store.records import ChunkRecord, ObjectRecord, RestoreKey, StatusSummary, StoredState
 from agent.store.store import DB_NAME, RevisionStore
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "ObjectRecord",
     "RestoreKey",
     "RevisionStore",
+    "StatusSummary",
     "StoredJob",
     "StoredState",
 ]

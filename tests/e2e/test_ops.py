@@ -64,7 +64,7 @@ async def test_metrics_move_while_an_archive_is_staged(stack: Any, plan: Restore
     assert 0 < _value(mid, "restore_agent_stream_bytes_total", direction="in") < total
     assert _value(mid, "restore_agent_restores", status="staging") == 1
     chunk_ok = {"route": "put-chunk", "outcome": "ok"}
-    assert _value(mid, "restore_agent_corestore_request_seconds_count", **chunk_ok) == 19
+    assert _value(mid, "restore_agent_corestore_request_duration_seconds_count", **chunk_ok) == 19
     assert _value(mid, "restore_agent_chunk_retries_total", reason="unavailable") == 1
     assert _value(final, staged) == total
     assert _value(final, "restore_agent_verified_bytes_total") == total
@@ -72,7 +72,7 @@ async def test_metrics_move_while_an_archive_is_staged(stack: Any, plan: Restore
     stage_ok = {"method": "stageIsolatedRestoreArchive", "code": "ok"}
     assert _value(final, "restore_agent_requests_total", **stage_ok) == len(plan.objects)
     assert _value(
-        final, "restore_agent_store_mutation_seconds_count", op="stage", outcome="ok"
+        final, "restore_agent_store_mutation_duration_seconds_count", op="stage", outcome="ok"
     ) == (len(plan.objects))
     assert _value(final, "restore_agent_chunk_retries_total", reason="unavailable") == 1
 
