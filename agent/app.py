@@ -48,7 +48,7 @@ from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
 from agent.credentials.provider import SealedCredentials
 from agent.errors import ConfigError
-from agent.health import HealthServer, bind_listener
+from agent.health import HealthServer, bind_listener, close_listener
 from agent.log import register_secret
 from agent.loopwatch import LoopWatch, watch_interval
 from agent.metrics import Metrics
@@ -125,8 +125,9 @@ async def run(
     `handle_signals=False` leaves SIGTERM/SIGINT to a caller that owns them (the demo).
     """
     # What can refuse start-up comes before anything is created: the checks check-config
-    # shares, then the health address and the state directory's lock (both may be busy for
-    # a while), and only then the state directory, the recipient key and the database.
+    # shares, then the health address and the state directory's lock (both may be busy for a
+    # while; the directory itself is made first if missing, the lock lives in it), and only
+    # then the recipient key and the database.
     checked = check(config, secrets=secrets)
     secrets = checked.secrets
     assert secrets is not None  # check() reads them when they were not given
@@ -140,7 +141,7 @@ async def run(
     async with AsyncExitStack() as resources:
         resources.callback(notifier.close)
         listener = bind_listener(config.health.endpoint)
-        resources.callback(listener.close)
+        resources.callback(close_listener, listener, config.health.endpoint)
         directory = config.state.directory
         created = statedir.create(directory)
         resources.callback(statedir.lock(directory).close)

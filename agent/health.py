@@ -44,7 +44,7 @@ from agent.overview import StagingTotals, job_rows, readiness, restore_rows
 from agent.status import AgentStatus, StatusSnapshot
 from agent.store import RevisionStore, StatusSummary
 
-__all__ = ["HealthServer", "bind_listener"]
+__all__ = ["HealthServer", "bind_listener", "close_listener"]
 
 _log = structlog.get_logger("agent.health")
 _SOCKET_MODE: Final = 0o600
@@ -58,6 +58,14 @@ def bind_listener(listen: HealthListen) -> socket.socket:
     sock = _unix_listener(listen) if listen.path is not None else _tcp_listener(listen)
     sock.setblocking(False)
     return sock
+
+
+def close_listener(sock: socket.socket, listen: HealthListen) -> None:
+    """Close a socket from `bind_listener` and remove its unix socket file (idempotent)."""
+    sock.close()
+    if listen.path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            listen.path.unlink()
 
 
 def _tcp_listener(listen: HealthListen) -> socket.socket:

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 import structlog
 
-from agent import app
+from agent import app, statedir
 from agent.cli import main
 from agent.config import Config
 from agent.errors import StartupBlocked
@@ -388,6 +388,23 @@ async def test_a_stale_unix_socket_is_replaced(tmp_path: Path, cloudly: StandInC
     async with running(_config(tmp_path, cloudly, listen=f"unix:{path}")) as agent:
         assert agent.address == f"unix:{path}"
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+async def test_a_start_refused_after_the_bind_leaves_no_socket_file(
+    tmp_path: Path, cloudly: StandInCloudly
+) -> None:
+    """The unix socket is bound first; when the state directory's lock then refuses start-up,
+    the socket file goes away with the socket."""
+    path = tmp_path / "health.sock"
+    config = _config(tmp_path, cloudly, listen=f"unix:{path}")
+    (tmp_path / "state").mkdir()
+    held = statedir.lock(tmp_path / "state")
+    try:
+        with pytest.raises(StartupBlocked, match="another restore-agent uses this state"):
+            await app.run(config)
+    finally:
+        held.close()
+    assert not path.exists()
 
 
 def test_a_taken_port_exits_75_with_one_line(
