@@ -1,13 +1,17 @@
 """The composition root: `run(config)` builds everything, runs it, and shuts it down in order.
 
-    secrets (read once, registered with the log redactor) -> AgentStatus, Metrics, Notifier
-    -> RevisionStore (start-up line: version, config, Cloudly URL, state, integrity)
-    -> the credential source (sealed: KeyStore -> Enrollment -> SealedCredentials; file:
+    the start-up checks check-config shares (agent/preflight.py: secrets read once and
+    registered with the log redactor, the CA file, the state directory, the key file)
+    -> the health socket bound -> the state directory (created, never its parents) and its
+       lock -> the recipient key (sealed) -> RevisionStore (start-up line: version, config,
+       Cloudly URL, state, integrity; then the warnings) — nothing is created before a check
+       that can still refuse start-up
+    -> the credential source (sealed: Enrollment -> SealedCredentials; file:
        FixedCredentials) -> CorestoreClients -> IsolatedRestoreEngine, RelayService -> their
        routes
     -> CloudlySession (the agent's routes plus its own; sealed: the enrollment as a connect
        step, the credential source watching the cluster view)
-    -> LoopWatch -> HealthServer (bound) -> READY=1
+    -> LoopWatch -> HealthServer (serving on the bound socket) -> READY=1
     one TaskGroup: the engine's and the relay's background work, the session, the loop watch
         (WATCHDOG=1 only from a healthy loop), STATUS= on every change of the session;
         SIGTERM/SIGINT set `stop`
@@ -30,25 +34,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import structlog
 
-from agent import __version__
-from agent.config import Config, Secrets, load_secrets
+from agent import __version__, statedir
+from agent.config import Config, Secrets
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.corestore.credentials import CredentialSource, FixedCredentials
 from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
 from agent.credentials.provider import SealedCredentials
 from agent.errors import ConfigError
-from agent.health import HealthServer
+from agent.health import HealthServer, bind_listener, close_listener
 from agent.log import register_secret
 from agent.loopwatch import LoopWatch, watch_interval
 from agent.metrics import Metrics
 from agent.notify import Notifier, watchdog_seconds
+from agent.preflight import check
 from agent.protocol.bytearrays import codec_backends
 from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import Routes
@@ -109,6 +114,7 @@ async def run(
     config_path: Path | None = None,
     notifier: Notifier | None = None,
     on_ready: Callable[[str], None] | None = None,
+    handle_signals: bool = True,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (or `stop` is set), then shut down in order.
 
@@ -117,8 +123,15 @@ async def run(
     to the agent's own (tests and benchmarks extend the daemon with them). `config_path` is
     named in the start-up line. `notifier` defaults to `$NOTIFY_SOCKET`'s. `on_ready` is called
     with the health endpoint's address once it listens (right after `READY=1`).
+    `handle_signals=False` leaves SIGTERM/SIGINT to a caller that owns them (the demo).
     """
-    secrets = secrets if secrets is not None else load_secrets(config)
+    # What can refuse start-up comes before anything is created: the checks check-config
+    # shares, then the health address and the state directory's lock (both may be busy for a
+    # while; the directory itself is made first if missing, the lock lives in it), and only
+    # then the recipient key and the database.
+    checked = check(config, secrets=secrets)
+    secrets = checked.secrets
+    assert secrets is not None  # check() reads them when they were not given
     for secret in secrets.all():
         register_secret(secret)
     status = status if status is not None else AgentStatus()
@@ -128,24 +141,32 @@ async def run(
     drain_s, close_s = config.shutdown.drain_timeout_s, config.shutdown.close_timeout_s
     async with AsyncExitStack() as resources:
         resources.callback(notifier.close)
-        store = await RevisionStore.open(config.state.directory, observer=metrics)
+        listener = bind_listener(config.health.endpoint)
+        resources.callback(close_listener, listener, config.health.endpoint)
+        directory = config.state.directory
+        created = statedir.create(directory)
+        resources.callback(statedir.lock(directory).close)
+        keys = await _key_store(config, resources)
+        store = await RevisionStore.open(directory, observer=metrics)
         resources.push_async_callback(_step, "close the store", store.aclose, close_s)
         watchdog_s = watchdog_seconds()
+        decoders = codec_backends()
         log.info(
             "agent_starting",
             version=__version__,
             config=str(config_path) if config_path is not None else None,
             cloudly_url=config.websocket_url,
-            state_directory=str(config.state.directory),
+            state_directory=str(directory),
             store_integrity=store.integrity,
             health=config.health.listen,
             watchdog_s=watchdog_s,
             systemd_notify=notifier.enabled,
-            chunk_decoders=codec_backends(),
+            chunk_decoders=decoders,
         )
+        _warn_about(config, created=created, decoders=decoders)
         settings = EngineSettings.from_config(config.corestore)
         corestore = config.corestore
-        sealed = await _sealed_credentials(config, resources, lambda: session)
+        sealed = _sealed_credentials(config, keys, lambda: session)
         credentials: CredentialSource = (
             sealed[1] if sealed is not None else _fixed_credentials(secrets)
         )
@@ -188,6 +209,7 @@ async def run(
             routes=routes,
             connect_steps=steps,
             view_watchers=view_watchers,
+            ssl_context=checked.tls,
             observer=metrics,
         )
         loop_watch = LoopWatch(
@@ -205,12 +227,12 @@ async def run(
             loop_watch=loop_watch,
             stale_after=config.cloudly.ping_interval_s + config.cloudly.ping_timeout_s,
         )
-        address = await health.start()
+        address = await health.start(listener)
         resources.push_async_callback(_step, "stop the health server", health.stop, close_s)
         notifier.ready(status_line(status.snapshot()))
         if on_ready is not None:
             on_ready(address)
-        with _stop_on_signals(stop):
+        with _stop_on_signals(stop) if handle_signals else contextlib.nullcontext():
             async with asyncio.TaskGroup() as group:
                 engine_task = group.create_task(engine.run(), name="isolated-restore-engine")
                 relay_task = group.create_task(relay.run(), name="relay-jobs")
@@ -223,7 +245,7 @@ async def run(
                 await asyncio.wait({session_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
                 stop_task.cancel()
                 in_flight = status.snapshot().in_flight
-                notifier.stopping(f"stopping: draining {in_flight} requests in flight")
+                notifier.stopping(_draining(in_flight))
                 log.info("agent_stopping", in_flight=in_flight)
                 session.stop_intake()
                 await _step("drain in-flight work", lambda: session.drain(drain_s), drain_s)
@@ -240,15 +262,22 @@ async def run(
     log.info("agent_stopped")
 
 
-async def _sealed_credentials(
-    config: Config, resources: AsyncExitStack, session: Callable[[], CloudlySession]
-) -> tuple[Enrollment, SealedCredentials] | None:
-    """The recipient key (created on first start; the state directory stays locked while the
-    agent runs), its enrollment and the per-node sealed credentials; None for the file option."""
+async def _key_store(config: Config, resources: AsyncExitStack) -> KeyStore | None:
+    """The recipient key (created on first start), held while the agent runs; None for the
+    file option."""
     if config.corestore.credential_source != "sealed":
         return None
     keys = await asyncio.to_thread(KeyStore.open, config.state.directory)
     resources.callback(keys.close)
+    return keys
+
+
+def _sealed_credentials(
+    config: Config, keys: KeyStore | None, session: Callable[[], CloudlySession]
+) -> tuple[Enrollment, SealedCredentials] | None:
+    """The key's enrollment and the per-node sealed credentials; None for the file option."""
+    if keys is None:
+        return None
     log.info("recipient_key_loaded", public_key=keys.key.public_key)
     timeout = config.cloudly.call_timeout_s
     enrollment = Enrollment(keys, call_timeout=timeout)
@@ -260,6 +289,32 @@ async def _sealed_credentials(
         call_timeout=timeout,
     )
     return enrollment, provider
+
+
+def _warn_about(config: Config, *, created: bool, decoders: Mapping[str, str]) -> None:
+    """The start-up warnings: what runs, but not as production should."""
+    if created:
+        log.warning(
+            "state_directory_created",
+            state_directory=str(config.state.directory),
+            hint="a new store and, with sealed credentials, a new recipient key; under "
+            "systemd StateDirectory= creates the directory, so check state.directory",
+        )
+    if config.cloudly.cleartext_allowed:
+        log.warning(
+            "cloudly_cleartext",
+            cloudly_url=config.websocket_url,
+            hint="the machine token and every request cross the network unencrypted "
+            "(cloudly.allow_cleartext = true)",
+        )
+    if decoders.get("buffer") != "native":
+        log.warning(
+            "chunk_decoder_pure",
+            chunk_decoders=decoders,
+            hint="this install lacks the native Buffer-form decoder (built without a C "
+            "compiler): chunk decoding runs about 3x slower; rebuild the wheel with gcc and "
+            "the Python headers",
+        )
 
 
 def _fixed_credentials(secrets: Secrets) -> FixedCredentials:
@@ -284,10 +339,15 @@ def status_line(snapshot: StatusSnapshot) -> str:
     if state is SessionState.BACKING_OFF:
         return f"Cloudly unreachable, retrying: {error}"
     if state is SessionState.DRAINING:
-        return "stopping: draining requests in flight"
+        return _draining(snapshot.in_flight)
     if error is not None and state is not SessionState.STOPPED:
         return f"{state.value}; last error: {error}"
     return state.value
+
+
+def _draining(in_flight: int) -> str:
+    # STOPPING=1 and the STATUS= of the draining state say the same, count included.
+    return f"stopping: draining {in_flight} requests in flight"
 
 
 def _line_differs_from(shown: str) -> Callable[[StatusSnapshot], bool]:
@@ -323,12 +383,19 @@ async def _step(name: str, work: Callable[[], Awaitable[None]], bound_s: float) 
 
 @contextlib.contextmanager
 def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
+    """SIGTERM/SIGINT set `stop`; a SIGINT while stopping already (a second Ctrl-C) cancels the
+    task running the agent, so the drain is skipped (the close steps still run, bounded)."""
     loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
     installed: list[signal.Signals] = []
 
     def on_signal(signum: signal.Signals) -> None:
-        log.info("signal_received", signal=signum.name, already_stopping=stop.is_set())
+        again = stop.is_set()
+        log.info("signal_received", signal=signum.name, already_stopping=again)
         stop.set()
+        if again and signum is signal.SIGINT and task is not None:
+            log.warning("stopping_at_once", hint="a second Ctrl-C: in-flight work is cancelled")
+            task.cancel()
 
     handler: Callable[[signal.Signals], None] = on_signal
     for signum in (signal.SIGTERM, signal.SIGINT):

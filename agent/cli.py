@@ -1,25 +1,45 @@
 """`restore-agent`: the command line (`run`, `check-config`, `status`, `rotate-key`, `--version`).
 
     restore-agent run --config PATH               the daemon (what the systemd unit runs)
-    restore-agent check-config PATH [--connect]   validate the file and the secrets it names;
+    restore-agent check-config --config PATH [--connect]
+                                                  every check `run` makes before it creates
+                                                  or connects anything (agent/preflight.py):
+                                                  the file, the secrets and the CA file it
+                                                  names, the state directory and key file;
+                                                  "config OK" only when they all pass.
                                                   --connect also probes Cloudly once (TLS,
-                                                  token, cluster document) and says what is wrong
+                                                  token, cluster document) and says what is
+                                                  wrong. `check-config PATH` works too
     restore-agent status [--config PATH] [--json] the running agent, read from its health
                                                   endpoint: readiness, session, every restore
+                                                  and every relay job
     restore-agent rotate-key --config PATH        replace the X25519 recipient key in the state
                                                   directory and forget its enrollment, so the
                                                   next start enrolls the new key with Cloudly
                                                   (docs/credentials.md, "Rotation"); refused
                                                   while an agent runs on that directory
 
-Exit codes: 0 success, 2 configuration error (one line on stderr, no traceback; argparse uses 2
-for usage errors too), 1 unexpected crash (logged once, with its traceback, through the
-redacting logger) or, for `status`, an agent that cannot be read; 3 `check-config --connect`
-could not connect or authenticate; 130 interrupted; 141 (128 + SIGPIPE, as a process killed by
-it reports) when the reader of the output went away (`... | head`): the rest of the output is
-dropped quietly, without a traceback. `agent.app` is imported only by `run` and the session
-only by `--connect`, so the other commands work without the daemon's dependencies. The demo
-is not part of the product: it lives in the repository's `devstack` package.
+Exit codes (the unit's `RestartPreventExitStatus=2` keeps systemd from restarting only what a
+restart cannot fix; docs/operations.md has the table):
+
+    0    success
+    1    unexpected crash (logged once, with its traceback, through the redacting logger) or,
+         for `status`, an agent that cannot be read; systemd restarts
+    2    configuration: the file, the secret and CA files it names, file modes, the state
+         directory (missing parent, not a directory, read-only); one line on stderr, no
+         traceback. argparse uses 2 for usage errors too. systemd does not restart
+    3    `check-config --connect` could not connect or authenticate
+    75   start-up blocked for now (EX_TEMPFAIL): the health address is in use, another agent
+         holds the state directory; one line; systemd restarts
+    130  interrupted (Ctrl-C)
+    141  (128 + SIGPIPE, as a process killed by it reports) the reader of the output went away
+         (`... | head`): the rest of the output is dropped quietly, without a traceback
+
+Every fatal line goes to stderr as one line; when stderr is the journal (`$JOURNAL_STREAM`,
+agent/log.py) it starts with `<3>`, so `journalctl -p warning` shows why a start failed.
+`agent.app` is imported only by `run` and the session only by `--connect`, so the other
+commands work without the daemon's dependencies. The demo is not part of the product: it lives
+in the repository's `devstack` package.
 """
 
 from __future__ import annotations
@@ -33,15 +53,15 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import structlog
 
-from agent import __version__
-from agent.config import Config, is_credential, load_config, load_secrets
+from agent import __version__, preflight, statedir
+from agent.config import Config, is_credential, load_config
 from agent.credentials.keys import rotate_key
-from agent.errors import AgentError, ConfigError
-from agent.log import configure_logging, register_secret
+from agent.errors import AgentError, ConfigError, StartupBlocked
+from agent.log import PRIORITIES, configure_logging, is_journal, register_secret
 from agent.statusview import StatusUnavailable, fetch, render
 
 __all__ = [
@@ -50,6 +70,7 @@ __all__ = [
     "EXIT_CONFIG",
     "EXIT_CRASH",
     "EXIT_OK",
+    "EXIT_TEMPORARY",
     "EXIT_UNREACHABLE",
     "main",
 ]
@@ -58,6 +79,8 @@ EXIT_OK: Final = 0
 EXIT_CRASH: Final = 1
 EXIT_CONFIG: Final = 2
 EXIT_UNREACHABLE: Final = 3
+# sysexits.h's EX_TEMPFAIL: "a temporary failure; the user is invited to retry".
+EXIT_TEMPORARY: Final = 75
 # What a shell reports for a process ended by SIGINT (Ctrl-C in the foreground) / SIGPIPE.
 _EXIT_INTERRUPTED: Final = 130
 EXIT_BROKEN_PIPE: Final = 141
@@ -90,8 +113,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage error as a fatal line (the journal priority included)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        _fatal_line(f"{self.prog}: error: {message}")
+        raise SystemExit(EXIT_CONFIG)
+
+
+def _config_option(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    if required:
+        parser.add_argument("--config", type=Path, required=True, metavar="PATH", help="TOML file")
+    else:
+        parser.add_argument(
+            "--config",
+            type=Path,
+            metavar="PATH",
+            help=f"TOML file (default {DEFAULT_CONFIG})",
+        )
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=_PROG,
         description="serve.zone relay-side restore agent",
     )
@@ -99,13 +143,17 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run the agent daemon")
-    run.add_argument("--config", type=Path, required=True, metavar="PATH", help="TOML file")
+    _config_option(run, required=True)
     run.set_defaults(command=_run)
 
     check = commands.add_parser(
-        "check-config", help="validate a configuration file and the secret files it names"
+        "check-config",
+        help="every check `run` makes before it starts: the file, the secret and CA files it "
+        "names, the state directory",
     )
-    check.add_argument("path", type=Path, metavar="PATH", help="TOML file")
+    _config_option(check, required=False)
+    # The older spelling `check-config PATH`.
+    check.add_argument("path", nargs="?", type=Path, metavar="PATH", help="same as --config")
     check.add_argument(
         "--connect",
         action="store_true",
@@ -117,39 +165,41 @@ def _parser() -> argparse.ArgumentParser:
         "rotate-key",
         help="replace the recipient key Cloudly seals credentials to (the agent must be stopped)",
     )
-    rotate.add_argument("--config", type=Path, required=True, metavar="PATH", help="TOML file")
+    _config_option(rotate, required=True)
     rotate.set_defaults(command=_rotate_key)
     status = commands.add_parser(
-        "status", help="the running agent: readiness, session and restores (health endpoint)"
+        "status",
+        help="the running agent: readiness, session, restores and relay jobs (health endpoint)",
     )
-    status.add_argument(
-        "--config",
-        type=Path,
-        default=DEFAULT_CONFIG,
-        metavar="PATH",
-        help=f"TOML file naming the health endpoint (default {DEFAULT_CONFIG})",
-    )
+    _config_option(status, required=False)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(command=_status)
     return parser
 
 
+def _config_path(namespace: argparse.Namespace) -> Path:
+    """`--config`, or `check-config`'s positional PATH, or the installed default."""
+    option: Path | None = namespace.config
+    positional: Path | None = getattr(namespace, "path", None)
+    if option is not None and positional is not None and option != positional:
+        raise ConfigError("", f"two configuration files named: {positional} and --config {option}")
+    return option or positional or DEFAULT_CONFIG
+
+
 def _guarded(command: Callable[[], int]) -> int:
-    """Run `command`, mapping a configuration error to 2 and anything unexpected to 1."""
+    """Run `command`, mapping a configuration error to 2, a blocked start-up to 75 and
+    anything unexpected to 1."""
     try:
         return command()
     except KeyboardInterrupt:
         return _EXIT_INTERRUPTED
-    except ConfigError as exc:
-        _fail(exc)
-        return EXIT_CONFIG
     except BrokenPipeError:
         raise  # main() ends the process quietly
     except Exception as exc:  # noqa: BLE001  # the top of the process: report once, exit 1
-        config_error = _config_error_in(exc)
-        if config_error is not None:
-            _fail(config_error)
-            return EXIT_CONFIG
+        refusal = _refusal_in(exc)
+        if refusal is not None:
+            _fatal_line(f"{_PROG}: {refusal}")
+            return EXIT_TEMPORARY if isinstance(refusal, StartupBlocked) else EXIT_CONFIG
         if not structlog.is_configured():
             configure_logging()
         # critical: a crash must show whatever level the operator chose.
@@ -157,44 +207,49 @@ def _guarded(command: Callable[[], int]) -> int:
         return EXIT_CRASH
 
 
-def _config_error_in(exc: BaseException) -> ConfigError | None:
-    """The ConfigError an exception group (from a TaskGroup) carries, if any."""
-    if isinstance(exc, ConfigError):
+def _refusal_in(exc: BaseException) -> ConfigError | StartupBlocked | None:
+    """The start-up refusal an exception (or a TaskGroup's exception group) carries, if any."""
+    if isinstance(exc, ConfigError | StartupBlocked):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
-            found = _config_error_in(inner)
+            found = _refusal_in(inner)
             if found is not None:
                 return found
     return None
 
 
-def _fail(exc: ConfigError) -> None:
-    line = " ".join(str(exc).split())  # one line, whatever the message holds
-    print(f"{_PROG}: {line}", file=sys.stderr)
+def _fatal_line(text: str) -> None:
+    """`text` as one line on stderr, with the error priority when stderr is the journal."""
+    line = " ".join(text.split())  # one line, whatever the message holds
+    prefix = f"<{PRIORITIES['error']}>" if is_journal(sys.stderr) else ""
+    print(prefix + line, file=sys.stderr)
 
 
 def _check_config(namespace: argparse.Namespace) -> int:
-    config = load_config(namespace.path)
-    secrets_checked = _secrets_readable(config)
-    if secrets_checked:
-        load_secrets(config)
-    print(f"config OK: {namespace.path}")
+    path = _config_path(namespace)
+    config = load_config(path)
+    # A probe needs the secrets, so --connect reads them even where that fails (outside the
+    # unit); without it, credentials this process was not given are left unread.
+    secrets_read = namespace.connect or _secrets_readable(config)
+    checked = preflight.check(config, read_secrets=secrets_read)
+    print(f"config OK: {path}")
     for line in _summary(config):
         print(f"  {line}")
-    if not secrets_checked:
+    if not secrets_read:
         print(
             "  secrets:    not read: they are systemd credentials and $CREDENTIALS_DIRECTORY "
             "is not set here (the unit sets it)"
         )
     if namespace.connect:
-        return _probe(config)
+        return _probe(config, checked)
     return EXIT_OK
 
 
 def _secrets_readable(config: Config) -> bool:
-    """False when a secret is a systemd credential and this process was given none."""
-    named = (config.cloudly.token_file, config.corestore.credential_file)
+    """False when a secret (or the CA file) is a systemd credential and this process was
+    given none."""
+    named = (config.cloudly.token_file, config.corestore.credential_file, config.cloudly.ca_file)
     return not any(is_credential(path) for path in named if path is not None) or bool(
         os.environ.get("CREDENTIALS_DIRECTORY")
     )
@@ -226,24 +281,33 @@ def _rotate_key(namespace: argparse.Namespace) -> int:
             "corestore.credential_source",
             'is "file": the agent holds no recipient key to rotate',
         )
-    key = rotate_key(config.state.directory)
+    directory = config.state.directory
+    statedir.create(directory)
+    held = statedir.lock(directory)  # no agent, whatever its credential source, runs on it
+    try:
+        key = rotate_key(directory)
+    finally:
+        held.close()
     print(f"recipient key rotated: public key {key.public_key}")
     print("  the agent enrolls it with Cloudly on its next start")
     return EXIT_OK
 
 
-def _probe(config: Config) -> int:
+def _probe(config: Config, checked: preflight.Checked) -> int:
     """Connect to Cloudly once and say what works and what does not."""
     session_module = importlib.import_module("agent.session.client")
     faults = importlib.import_module("agent.session.faults")
     app_settings = importlib.import_module("agent.app").session_settings
     status = importlib.import_module("agent.status").AgentStatus()
-    secrets = load_secrets(config)
+    secrets = checked.secrets
+    assert secrets is not None  # read for --connect
     for secret in secrets.all():
         register_secret(secret)
     # The probe prints what it found; the session's own log lines would only repeat it.
     configure_logging(config.log.format, "critical")
-    session = session_module.CloudlySession(app_settings(config), secrets.machine_token, status)
+    session = session_module.CloudlySession(
+        app_settings(config), secrets.machine_token, status, ssl_context=checked.tls
+    )
     try:
         view = asyncio.run(session.probe())
     except AgentError as exc:
@@ -266,28 +330,33 @@ def _probe(config: Config) -> int:
 
 
 def _status(namespace: argparse.Namespace) -> int:
-    config = load_config(namespace.config)
+    config = load_config(_config_path(namespace))
     try:
         data = fetch(config.health.endpoint)
     except StatusUnavailable as exc:
-        print(f"{_PROG}: {exc}", file=sys.stderr)
+        _fatal_line(f"{_PROG}: {exc}")
         return EXIT_CRASH
     if namespace.json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
-        sys.stdout.write(render(data, now=time.time()))
+        sys.stdout.write(render(data, now_ms=time.time_ns() // 1_000_000))
     return EXIT_OK
 
 
 def _run(namespace: argparse.Namespace) -> int:
     config = load_config(namespace.config)
-    # Read now, once, so a bad secret file stops start-up with exit code 2 before anything
-    # connects; the composition root gets them and registers them with the log redactor.
-    secrets = load_secrets(config)
+    # Checked now, before logging is set up, so a refusal is the one line that says why (exit
+    # 2); the secrets read here go on to the composition root (which runs the same checks
+    # and registers them with the log redactor too).
+    secrets = preflight.check(config).secrets
+    assert secrets is not None
     for secret in secrets.all():
         register_secret(secret)  # from here on no log line can carry them
     configure_logging(config.log.format, config.log.level)
     app = importlib.import_module("agent.app")
     run: Callable[..., Coroutine[Any, Any, None]] = app.run
-    asyncio.run(run(config, secrets=secrets, config_path=namespace.config))
+    try:
+        asyncio.run(run(config, secrets=secrets, config_path=namespace.config))
+    except asyncio.CancelledError:  # a second Ctrl-C skipped the drain (agent.app)
+        return _EXIT_INTERRUPTED
     return EXIT_OK

@@ -75,6 +75,7 @@ _MAX_SECRET_BYTES: Final = 64 * KiB
 _MAX_SECONDS: Final = 86_400.0
 
 _URL_SCHEMES: Final = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
+_CLEARTEXT_SCHEMES: Final = frozenset({"http", "ws"})
 
 # A secret file named `${CREDENTIALS_DIRECTORY}/NAME` is the systemd credential NAME.
 CREDENTIALS_VARIABLE: Final = "CREDENTIALS_DIRECTORY"
@@ -124,6 +125,8 @@ class _Section(BaseModel):
 class CloudlyConfig(_Section):
     """`[cloudly]`: the outbound session to Cloudly."""
 
+    # Before `url`: its check reads it.
+    allow_cleartext: bool = False
     url: str
     token_file: FilePath
     ca_file: FilePath | None = None
@@ -142,7 +145,7 @@ class CloudlyConfig(_Section):
 
     @field_validator("url")
     @classmethod
-    def _check_url(cls, url: str) -> str:
+    def _check_url(cls, url: str, info: ValidationInfo) -> str:
         try:
             parts = urlsplit(url)
             _ = parts.port  # parsing the port raises ValueError when it is not a number
@@ -156,6 +159,12 @@ class CloudlyConfig(_Section):
             raise ValueError("must not carry credentials; the machine token goes in token_file")
         if parts.fragment:
             raise ValueError("must not have a #fragment")
+        if _is_cleartext_remote(url) and not info.data.get("allow_cleartext", False):
+            raise ValueError(
+                f"{parts.scheme}:// to {parts.hostname}, which is not loopback, would send the "
+                "machine token and every request unencrypted: use https:// (or wss://), or set "
+                "cloudly.allow_cleartext = true if that is meant"
+            )
         return url
 
     @field_validator("backoff_cap_s")
@@ -177,6 +186,26 @@ class CloudlyConfig(_Section):
         """`url` with http(s) mapped to ws(s)."""
         parts = urlsplit(self.url)
         return urlunsplit(parts._replace(scheme=_URL_SCHEMES[parts.scheme]))
+
+    @property
+    def cleartext_allowed(self) -> bool:
+        """Whether the session runs unencrypted to a host that is not loopback (only with
+        `allow_cleartext`; the agent warns at start-up)."""
+        return _is_cleartext_remote(self.url)
+
+
+def _is_cleartext_remote(url: str) -> bool:
+    """An http:// or ws:// URL whose host is not loopback (`localhost`, 127.0.0.0/8, ::1)."""
+    parts = urlsplit(url)
+    if parts.scheme not in _CLEARTEXT_SCHEMES:
+        return False
+    host = (parts.hostname or "").lower()
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name: where it resolves to is not ours to trust
 
 
 def _require_json_value(value: Any, where: str) -> None:

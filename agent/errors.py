@@ -8,6 +8,9 @@ re-decides it.
 
     AgentError                       code            retryable   at fault
     ├── ConfigError                  internal        no          operator (bad config file)
+    ├── StartupBlocked               internal        yes         the node, for now (the health
+    │                                                            address in use, the state
+    │                                                            directory held by another agent)
     ├── ProtocolError
     │   ├── LocalProtocolError       internal        yes         us (we misused the protocol)
     │   └── RemoteProtocolError      internal        no          peer (malformed frame)
@@ -97,6 +100,7 @@ __all__ = [
     "SessionClosed",
     "SessionError",
     "ShuttingDown",
+    "StartupBlocked",
     "StoreCorrupt",
     "StoreError",
     "StreamBroken",
@@ -136,6 +140,17 @@ class ConfigError(AgentError):
 
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(f"config {key}: {reason}" if key else f"config: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+class StartupBlocked(AgentError):
+    """Start-up cannot go on now for a reason that usually passes: the health address is in use,
+    another agent holds the state directory. Exit code 75 (EX_TEMPFAIL), which the unit's
+    `Restart=on-failure` restarts, unlike a configuration error's 2."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
         self.key = key
         self.reason = reason
 

@@ -12,18 +12,24 @@
                       (`agent.overview.job_rows`): key, status, revision, attempts, age, the
                       types a restore restored and whether it was partial; never the service
 
-`start()` returns once the socket is bound (the app sends `READY=1` after it); `stop()` closes
-the listener and waits for requests in progress. The address comes from `[health] listen`,
-which the configuration already refused unless it is loopback; a unix socket is made 0600
-(the agent's user and root). A bind failure (address in use, no such directory) is a
-`ConfigError` naming `health.listen`: the operator's to fix, so start-up stops with exit 2.
+`bind_listener()` binds the socket first of all start-up steps (before the store or the key
+exist), `start()` serves on it (the app sends `READY=1` after that), `stop()` closes the
+listener and waits for requests in progress. The address comes from `[health] listen`, which
+the configuration already refused unless it is loopback; a unix socket is made 0600 (the
+agent's user and root), and one left behind by a dead agent (nothing accepts on it) is
+replaced. An address in use (another agent, or one still stopping) is `StartupBlocked` (exit
+75: systemd restarts the unit, and the port is usually free by then); any other bind failure
+(no such directory, permission) is a `ConfigError` naming `health.listen` (exit 2).
 Every answer is JSON but `/metrics`; no handler writes anything.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import socket
+import stat
 from typing import Any, Final
 
 import structlog
@@ -31,18 +37,91 @@ from aiohttp import web
 
 from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
 from agent.config import HealthListen
-from agent.errors import ConfigError, StoreError
+from agent.errors import ConfigError, StartupBlocked, StoreError
 from agent.loopwatch import LoopWatch
 from agent.metrics import CONTENT_TYPE, Metrics
 from agent.overview import StagingTotals, job_rows, readiness, restore_rows
-from agent.status import AgentStatus
-from agent.store import RevisionStore
+from agent.status import AgentStatus, StatusSnapshot
+from agent.store import RevisionStore, StatusSummary
 
-__all__ = ["HealthServer"]
+__all__ = ["HealthServer", "bind_listener", "close_listener"]
 
 _log = structlog.get_logger("agent.health")
 _SOCKET_MODE: Final = 0o600
 _SHUTDOWN_S: Final = 1.0
+_BACKLOG: Final = 64
+_KEY: Final = "health.listen"
+
+
+def bind_listener(listen: HealthListen) -> socket.socket:
+    """The endpoint's listening socket, bound and listening (non-blocking)."""
+    sock = _unix_listener(listen) if listen.path is not None else _tcp_listener(listen)
+    sock.setblocking(False)
+    return sock
+
+
+def close_listener(sock: socket.socket, listen: HealthListen) -> None:
+    """Close a socket from `bind_listener` and remove its unix socket file (idempotent)."""
+    sock.close()
+    if listen.path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            listen.path.unlink()
+
+
+def _tcp_listener(listen: HealthListen) -> socket.socket:
+    host = str(listen.host)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # Lets a restarted agent bind while the old one's connections sit in TIME_WAIT; on
+        # Linux a second listener on the same port is still refused.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(listen.port or 0)))
+        sock.listen(_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise _bind_error(listen, exc) from exc
+    return sock
+
+
+def _unix_listener(listen: HealthListen) -> socket.socket:
+    path = listen.path
+    assert path is not None
+    _remove_stale_socket(listen)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        os.chmod(path, _SOCKET_MODE)
+        sock.listen(_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise _bind_error(listen, exc) from exc
+    return sock
+
+
+def _remove_stale_socket(listen: HealthListen) -> None:
+    """Unlink a socket file nothing accepts on; `StartupBlocked` if something does."""
+    path = listen.path
+    assert path is not None
+    try:
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            return  # bind() refuses it with EADDRINUSE: not ours to remove
+    except OSError:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            return
+    raise _bind_error(listen, OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE)))
+
+
+def _bind_error(listen: HealthListen, exc: OSError) -> ConfigError | StartupBlocked:
+    reason = f"cannot listen on {listen}: {exc.strerror or exc}"
+    if exc.errno == errno.EADDRINUSE:
+        return StartupBlocked(_KEY, f"{reason} (another agent, or one still stopping)")
+    return ConfigError(_KEY, reason)
 
 
 class HealthServer:
@@ -72,8 +151,11 @@ class HealthServer:
         self.address: str | None = None
         """Where it listens once started (`127.0.0.1:PORT` or `unix:/path`)."""
 
-    async def start(self) -> str:
-        """Bind and serve; returns the bound address."""
+    async def start(self, sock: socket.socket | None = None) -> str:
+        """Serve on `sock` (from `bind_listener`; bound now when None); returns the bound
+        address."""
+        if sock is None:
+            sock = bind_listener(self._listen)
         app = web.Application()
         app.add_routes(
             [
@@ -90,24 +172,14 @@ class HealthServer:
             app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_S
         )
         await runner.setup()
-        listen = self._listen
-        site: web.BaseSite
         try:
-            if listen.path is not None:
-                site = web.UnixSite(runner, str(listen.path))
-                await site.start()
-                os.chmod(listen.path, _SOCKET_MODE)
-                self.address = str(listen)
-            else:
-                site = web.TCPSite(runner, listen.host, listen.port, reuse_address=True)
-                await site.start()
-                self.address = _bound_tcp(runner, listen)
-        except OSError as exc:
+            await web.SockSite(runner, sock).start()
+        except BaseException:
             await runner.cleanup()
-            raise ConfigError(
-                "health.listen", f"cannot listen on {listen}: {exc.strerror or exc}"
-            ) from exc
+            sock.close()
+            raise
         self._runner = runner
+        self.address = _address(sock, self._listen)
         _log.info("health_listening", address=self.address)
         return self.address
 
@@ -128,27 +200,32 @@ class HealthServer:
         alive, facts = self._loop_watch.health()
         return web.json_response(facts, status=200 if alive else 503)
 
-    async def _readyz(self, request: web.Request) -> web.Response:
-        del request
-        snapshot = self._status.snapshot()
-        reasons = readiness(
+    def _readiness(self, snapshot: StatusSnapshot) -> dict[str, str]:
+        return readiness(
             snapshot,
             store_open=self._store.is_open,
             now=self._clock.time(),
             stale_after=self._stale_after,
         )
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        del request
+        snapshot = self._status.snapshot()
+        reasons = self._readiness(snapshot)
         body = {"ready": not reasons, "reasons": reasons, "session": snapshot.to_dict()}
         return web.json_response(body, status=503 if reasons else 200)
 
     async def _metrics_text(self, request: web.Request) -> web.Response:
         del request
-        counts: dict[str, int] | None = None
+        summary: StatusSummary | None = None
         if self._store.is_open:
             try:
-                counts = await self._store.count_by_status()
+                summary = await self._store.status_summary()
             except StoreError as exc:
                 _log.warning("metrics_store_unreadable", error=str(exc))
-        self._metrics.refresh(self._status.snapshot(), counts)
+        snapshot = self._status.snapshot()
+        ready = not self._readiness(snapshot)
+        self._metrics.refresh(snapshot, summary, ready=ready, now_ms=epoch_ms(self._clock))
         return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _restores(self, request: web.Request) -> web.Response:
@@ -177,9 +254,9 @@ class HealthServer:
         return web.json_response({"jobs": job_rows(jobs, now_ms=epoch_ms(self._clock))})
 
 
-def _bound_tcp(runner: web.AppRunner, listen: HealthListen) -> str:
-    """`host:port` actually bound (port 0 asks the kernel for one)."""
-    for address in runner.addresses:
-        if isinstance(address, tuple):
-            return str(HealthListen(host=str(address[0]), port=int(address[1])))
-    return str(listen)
+def _address(sock: socket.socket, listen: HealthListen) -> str:
+    """`host:port` actually bound (port 0 asks the kernel for one), or `unix:/path`."""
+    if listen.path is not None:
+        return str(listen)
+    host, port = sock.getsockname()[:2]
+    return str(HealthListen(host=str(host), port=int(port)))

@@ -3,36 +3,54 @@
 `Metrics` is the only code that imports `prometheus_client` (tests/test_layers.py checks it).
 It implements every hook of `agent.observe` (the parts call those, typed, and never see a
 metric object) and, at scrape time, `refresh()` copies what other parts already hold as
-data (the session state and last pong from `AgentStatus`, the restores by status from the
-store) into gauges. Each `Metrics()` has its own `CollectorRegistry`, never the library's
-global default, so two agents in one test process do not share a sample.
+data (the session state, last pong and readiness from `AgentStatus`, the restores and relay
+jobs by status from the store) into gauges. Each `Metrics()` has its own `CollectorRegistry`,
+never the library's global default, so two agents in one test process do not share a sample;
+the library's process and platform collectors are registered on it too.
 
     restore_agent_build_info{version}                     1
+    restore_agent_ready                                   1 when /readyz says ready, else 0
     restore_agent_session_state{state}                    1 for the current state, else 0
     restore_agent_cloudly_connects_total{kind}            first | reconnect (authenticated)
     restore_agent_cloudly_losses_total{cause,permanent}   failed attempts and lost sessions
     restore_agent_cloudly_pong_latency_seconds            the last keepalive round trip
     restore_agent_requests_total{method,code}             Cloudly's requests by outcome code
-    restore_agent_request_seconds{method}                 their handling time (histogram)
+    restore_agent_request_duration_seconds{method}        their handling time (histogram)
     restore_agent_requests_in_flight                      being handled now
     restore_agent_restores{status}                        node states in the store by status
+    restore_agent_restores_oldest_seconds{status}         since the least recently changed
+                                                          of them changed (0: none)
+    restore_agent_jobs{kind,status}                       relay jobs in the store
+    restore_agent_jobs_oldest_seconds{kind,status}        the same for them
     restore_agent_staged_bytes_total                      chunk bytes Corestore accepted
     restore_agent_verified_bytes_total                    bytes of objects proven complete
     restore_agent_chunk_retries_total{reason}             unavailable | integrity
     restore_agent_stream_bytes_total{direction}           VirtualStream payload (rate() =
                                                           throughput)
-    restore_agent_corestore_request_seconds{route,outcome}  each HTTP attempt (histogram)
-    restore_agent_store_mutation_seconds{op,outcome}      each compare-and-swap (histogram)
+    restore_agent_corestore_request_duration_seconds{route,outcome}
+                                                          each HTTP attempt (histogram)
+    restore_agent_corestore_credential_rejections_total   Corestore refused a node's control
+                                                          credential, also after a refetch
+    restore_agent_store_mutation_duration_seconds{op,outcome}
+                                                          each compare-and-swap (histogram)
     restore_agent_event_loop_lag_seconds                  timer lateness (histogram)
+    process_* (resident and virtual memory, CPU seconds, open and max fds, start time),
+    python_info                                           the library's process and platform
+                                                          collectors
+
+Latency histograms end in `_duration_seconds` (Prometheus' naming convention); the loop lag is
+a lateness, not the duration of some work, and keeps its name. No `_created` series: they double
+the series count and no dashboard or alert here reads them (`disable_created_metrics()`, a
+process-wide switch of the library, which is the agent's alone in its process).
 
 Label values are bounded: methods are the routes the agent serves (the connection refuses
 any other before a handler runs), codes the wire error codes, causes the session's fault
-words, routes and ops the Corestore route and state-machine names.
+words, routes and ops the Corestore route and state-machine names, kinds and statuses those of
+the relay job table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Final
 
 from prometheus_client import (
@@ -41,13 +59,18 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
     generate_latest,
 )
 
 from agent import __version__
 from agent.contracts.isolatedrestore import NODE_STATUSES
 from agent.observe import Direction
+from agent.relay.machine import JOB_KINDS, JOB_STATUSES
 from agent.status import SessionState, StatusSnapshot
+from agent.store.records import StatusSummary
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -69,10 +92,17 @@ class Metrics:
     """The agent's metrics on their own registry; implements every `agent.observe` hook."""
 
     def __init__(self) -> None:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated upstream
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # The library's own collectors, on this registry rather than its global default.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         build = Gauge(f"{_NS}_build_info", "The agent's version.", ["version"], registry=r)
         build.labels(version=__version__).set(1)
+        self._ready = Gauge(
+            f"{_NS}_ready", "1 when the agent is ready (/readyz answers 200), else 0.", registry=r
+        )
         self._state = Gauge(
             f"{_NS}_session_state", "1 for the Cloudly session's current state.", ["state"],
             registry=r,
@@ -96,7 +126,7 @@ class Metrics:
             ["method", "code"], registry=r,
         )  # fmt: skip
         self._request_seconds = Histogram(
-            f"{_NS}_request_seconds", "Time to answer a request from Cloudly.", ["method"],
+            f"{_NS}_request_duration_seconds", "Time to answer a request from Cloudly.", ["method"],
             buckets=_REQUEST_BUCKETS, registry=r,
         )  # fmt: skip
         self._in_flight = Gauge(
@@ -106,6 +136,23 @@ class Metrics:
             f"{_NS}_restores", "Isolated-restore node states in the store, by status.",
             ["status"], registry=r,
         )  # fmt: skip
+        self._restores_oldest = Gauge(
+            f"{_NS}_restores_oldest_seconds",
+            "Seconds since the least recently changed node state of this status changed (0: none).",
+            ["status"],
+            registry=r,
+        )
+        self._jobs = Gauge(
+            f"{_NS}_jobs", "Relay jobs (service backups and restores) in the store.",
+            ["kind", "status"], registry=r,
+        )  # fmt: skip
+        self._jobs_oldest = Gauge(
+            f"{_NS}_jobs_oldest_seconds",
+            "Seconds since the least recently changed relay job of this kind and status changed "
+            "(0: none).",
+            ["kind", "status"],
+            registry=r,
+        )
         self._staged = Counter(
             f"{_NS}_staged_bytes", "Chunk bytes Corestore accepted with a matching sha256.",
             registry=r,
@@ -126,14 +173,20 @@ class Metrics:
             registry=r,
         )  # fmt: skip
         self._corestore = Histogram(
-            f"{_NS}_corestore_request_seconds",
+            f"{_NS}_corestore_request_duration_seconds",
             "One HTTP attempt at the node's Corestore, by route and answer.",
             ["route", "outcome"],
             buckets=_CORESTORE_BUCKETS,
             registry=r,
         )
+        self._credential_rejections = Counter(
+            f"{_NS}_corestore_credential_rejections",
+            "Calls Corestore refused for the node's control credential, also after it was "
+            "fetched again (or with none other to try).",
+            registry=r,
+        )
         self._mutations = Histogram(
-            f"{_NS}_store_mutation_seconds",
+            f"{_NS}_store_mutation_duration_seconds",
             "One compare-and-swap of the revision store, by operation and outcome.",
             ["op", "outcome"],
             buckets=_STORE_BUCKETS,
@@ -149,6 +202,11 @@ class Metrics:
             self._state.labels(state=state.value).set(0)
         for status in NODE_STATUSES:
             self._restores.labels(status=status).set(0)
+            self._restores_oldest.labels(status=status).set(0)
+        for kind in JOB_KINDS:
+            for job_status in JOB_STATUSES:
+                self._jobs.labels(kind=kind, status=job_status).set(0)
+                self._jobs_oldest.labels(kind=kind, status=job_status).set(0)
         for reason in ("unavailable", "integrity"):
             self._chunk_retries.labels(reason=reason)
         for direction in ("in", "out"):
@@ -156,17 +214,35 @@ class Metrics:
 
     # --- scrape time ------------------------------------------------------------------------
 
-    def refresh(self, snapshot: StatusSnapshot, restores: Mapping[str, int] | None) -> None:
-        """Copy the gauges' facts from the status and the store's counts (None: store closed,
-        the last counts stay)."""
+    def refresh(
+        self,
+        snapshot: StatusSnapshot,
+        summary: StatusSummary | None,
+        *,
+        ready: bool,
+        now_ms: int,
+    ) -> None:
+        """Copy the gauges' facts from the status, the readiness verdict and the store's
+        summary (None: the store could not be read, its last numbers stay)."""
+        self._ready.set(1 if ready else 0)
         for state in SessionState:
             self._state.labels(state=state.value).set(1 if state is snapshot.state else 0)
         self._in_flight.set(snapshot.in_flight)
         if snapshot.pong_latency is not None:
             self._pong.set(snapshot.pong_latency)
-        if restores is not None:
-            for status in NODE_STATUSES:
-                self._restores.labels(status=status).set(restores.get(status, 0))
+        if summary is None:
+            return
+        for status in NODE_STATUSES:
+            count, oldest = summary.restores.get(status, (0, now_ms))
+            self._restores.labels(status=status).set(count)
+            self._restores_oldest.labels(status=status).set(_age(now_ms, oldest, count))
+        for kind in JOB_KINDS:
+            for job_status in JOB_STATUSES:
+                count, oldest = summary.jobs.get((kind, job_status), (0, now_ms))
+                self._jobs.labels(kind=kind, status=job_status).set(count)
+                self._jobs_oldest.labels(kind=kind, status=job_status).set(
+                    _age(now_ms, oldest, count)
+                )
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
@@ -209,6 +285,10 @@ class Metrics:
         if route == _CHUNK_ROUTE and outcome == "integrity":
             self._chunk_retries.labels(reason="integrity").inc()
 
+    def credential_rejected(self) -> None:
+        """Count a control credential Corestore refused for good."""
+        self._credential_rejections.inc()
+
     def corestore_resend(self, *, route: str) -> None:
         """A resend of the chunk route is a chunk retry."""
         if route == _CHUNK_ROUTE:
@@ -217,3 +297,8 @@ class Metrics:
     def loop_lag(self, *, seconds: float) -> None:
         """Record how late the loop was."""
         self._lag.observe(seconds)
+
+
+def _age(now_ms: int, oldest_ms: int, count: int) -> float:
+    """Seconds since `oldest_ms`, 0 when there is no row (or the clock went back)."""
+    return max(0, now_ms - oldest_ms) / 1000 if count else 0.0

@@ -13,7 +13,8 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
                                                        recorded (bytes staged); an object
                                                        written (bytes verified)
     agent/corestore/transport.py   CorestoreObserver   one HTTP attempt (route, answer kind, s);
-                                                       one resend of a route
+    agent/corestore/client.py                          one resend of a route; a control
+                                                       credential refused for good
     agent/loopwatch.py             LoopObserver        one event-loop lag measurement
 
 Hooks are called on the event loop, synchronously, and must not raise or block.
@@ -81,6 +82,10 @@ class CorestoreObserver(Protocol):
     def corestore_resend(self, *, route: str) -> None:
         """`route` is sent again because Corestore was unavailable."""
 
+    def credential_rejected(self) -> None:
+        """Corestore refused the node's control credential for good: also after it was fetched
+        again, or with no other to try (`CorestoreCredentialRejected`)."""
+
 
 class LoopObserver(Protocol):
     """What the event-loop watch reports."""
@@ -117,6 +122,9 @@ class NullObserver:
         """Nothing."""
 
     def corestore_resend(self, *, route: str) -> None:
+        """Nothing."""
+
+    def credential_rejected(self) -> None:
         """Nothing."""
 
     def loop_lag(self, *, seconds: float) -> None:

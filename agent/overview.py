@@ -126,7 +126,9 @@ def restore_row(stored: StoredState, staging: StagingTotals, *, now_ms: int) -> 
     state = stored.state
     return {
         "clusterId": stored.key.cluster_id,
-        "nodeName": stored.key.node_name,
+        # One name for a node everywhere: IClusterNode.id, which the restore key's
+        # targetNodeName and the relay methods' nodeId both name.
+        "nodeId": stored.key.node_name,
         "restoreId": stored.key.restore_id,
         "status": stored.status,
         "revision": stored.revision,

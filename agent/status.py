@@ -151,12 +151,13 @@ class StatusSnapshot:
         return self.cluster.cluster_id if self.cluster is not None else None
 
     def to_dict(self) -> dict[str, object]:
-        """Plain JSON-ready data (for a health endpoint)."""
+        """Plain JSON-ready data (for a health endpoint). Every time is epoch milliseconds, as
+        in the seeds and the store's rows; a duration names its unit."""
         cluster: dict[str, object] | None = None
         if self.cluster is not None:
             cluster = {
                 "clusterId": self.cluster.cluster_id,
-                "publishedAt": self.cluster.published_at,
+                "publishedAt": _ms(self.cluster.published_at),
                 "nodes": [
                     {
                         "nodeId": node.node_id,
@@ -168,17 +169,22 @@ class StatusSnapshot:
             }
         return {
             "state": self.state.value,
-            "stateSince": self.state_since,
-            "connectedSince": self.connected_since,
+            "stateSince": _ms(self.state_since),
+            "connectedSince": _ms(self.connected_since),
             "reconnectCount": self.reconnect_count,
             "lastError": self.last_error,
-            "lastErrorAt": self.last_error_at,
+            "lastErrorAt": _ms(self.last_error_at),
             "cluster": cluster,
             "inFlight": self.in_flight,
-            "identityExpiresAtMs": self.identity_expires_at_ms,
-            "lastPongAt": self.last_pong_at,
-            "pongLatency": self.pong_latency,
+            "identityExpiresAt": self.identity_expires_at_ms,
+            "lastPongAt": _ms(self.last_pong_at),
+            "pongLatencySeconds": self.pong_latency,
         }
+
+
+def _ms(seconds: float | None) -> int | None:
+    """Epoch seconds (the status's clock) as epoch milliseconds."""
+    return None if seconds is None else round(seconds * 1000)
 
 
 def _no_work() -> int:

@@ -1,18 +1,24 @@
 """`restore-agent status`: read the running agent's health endpoint and print it for a person.
 
 `fetch()` asks the endpoint `[health] listen` names (loopback TCP or the unix socket; stdlib
-`http.client`, so the command needs nothing the daemon runs on) for `/readyz` and
-`/v1/restores` and returns them as one JSON-ready mapping; `render()` turns that into the
-table below. Both answers are read as the agent serves them (`agent/health.py`,
-`agent/overview.py`); a field the table needs but does not find is shown as `-`.
+`http.client`, so the command needs nothing the daemon runs on) for `/readyz`, `/v1/restores`
+and `/v1/jobs` and returns them as one JSON-ready mapping (`--json` prints it); `render()` turns
+that into the text below. The answers are read as the agent serves them (`agent/health.py`,
+`agent/overview.py`: every time in epoch milliseconds); a field the text needs but does not
+find is shown as `-`.
 
     agent:    ready                      (or: not ready, then one line per reason)
-    session:  connected for 2 h 5 min, cluster cluster-1, last pong 3 s ago
+    session:  connected for 2 h, cluster cluster-1, last pong 3 s ago
     restores: 2
 
     CLUSTER/NODE/RESTORE        STATUS    REVISION  PROGRESS               AGE
     cluster-1/node-1/r-7        staging          4  41% 4.1 MB of 10.0 MB  12 s
     cluster-1/node-1/r-6        cleaned          9  -                      3 d
+
+    jobs:     1
+
+    CLUSTER/NODE/BACKUP         KIND     SERVICE  STATUS     REVISION  ATTEMPTS  AGE  RESULT
+    cluster-1/node-1/backup-3   restore  svc-1    succeeded         3         1  5 s  database
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from agent.config import HealthListen
@@ -29,6 +35,18 @@ from agent.errors import AgentError
 __all__ = ["StatusUnavailable", "fetch", "render"]
 
 _COLUMNS: Final = ("CLUSTER/NODE/RESTORE", "STATUS", "REVISION", "PROGRESS", "AGE")
+_JOB_COLUMNS: Final = (
+    "CLUSTER/NODE/BACKUP",
+    "KIND",
+    "SERVICE",
+    "STATUS",
+    "REVISION",
+    "ATTEMPTS",
+    "AGE",
+    "RESULT",
+)
+# Right-aligned columns (numbers) of each table.
+_NUMBERS: Final = {_COLUMNS: {2}, _JOB_COLUMNS: {4, 5}}
 
 
 class StatusUnavailable(AgentError):
@@ -81,10 +99,12 @@ def _get(listen: HealthListen, path: str, timeout: float) -> Any:
 
 
 def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
-    """`{ready, reasons, session, restores}` from the endpoint at `listen`."""
+    """`{ready, reasons, session, restores, jobs}` from the endpoint at `listen` (with
+    `restoresError` / `jobsError` when the store could not be read)."""
     ready = _get(listen, "/readyz", timeout)
     restores = _get(listen, "/v1/restores", timeout)
-    if not isinstance(ready, dict) or not isinstance(restores, dict):
+    jobs = _get(listen, "/v1/jobs", timeout)
+    if not all(isinstance(answer, dict) for answer in (ready, restores, jobs)):
         raise StatusUnavailable(f"{listen} answered something that is not the agent's status")
     return {
         "ready": ready.get("ready"),
@@ -92,6 +112,8 @@ def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
         "session": ready.get("session", {}),
         "restores": restores.get("restores", []),
         **({"restoresError": restores["error"]} if "error" in restores else {}),
+        "jobs": jobs.get("jobs", []),
+        **({"jobsError": jobs["error"]} if "error" in jobs else {}),
     }
 
 
@@ -124,56 +146,108 @@ def _progress(progress: Any) -> str:
     return f"{share}{done} of {total} {unit}"
 
 
-def _session_line(session: Mapping[str, Any], now: float) -> str:
+def _since(now_ms: int, then_ms: Any) -> float | None:
+    """Seconds from `then_ms` (epoch ms, from the endpoint) to `now_ms`; None if not a time."""
+    if isinstance(then_ms, bool) or not isinstance(then_ms, int | float):
+        return None
+    return (now_ms - then_ms) / 1000
+
+
+def _session_line(session: Mapping[str, Any], now_ms: int) -> str:
     state = str(session.get("state", "-"))
     parts = [state]
     since = session.get("connectedSince") if state == "connected" else session.get("stateSince")
-    if isinstance(since, int | float):
-        parts[0] += f" for {_duration(now - since)}"
+    if (seconds := _since(now_ms, since)) is not None:
+        parts[0] += f" for {_duration(seconds)}"
     cluster = session.get("cluster")
     if isinstance(cluster, Mapping) and cluster.get("clusterId"):
         parts.append(f"cluster {cluster['clusterId']}")
-    pong = session.get("lastPongAt")
-    if isinstance(pong, int | float):
-        parts.append(f"last pong {_duration(now - pong)} ago")
+    if (seconds := _since(now_ms, session.get("lastPongAt"))) is not None:
+        parts.append(f"last pong {_duration(seconds)} ago")
     error = session.get("lastError")
     if error and state != "connected":
         parts.append(f"last error: {error}")
     return ", ".join(parts)
 
 
-def render(data: Mapping[str, Any], *, now: float) -> str:
-    """The status as text for a terminal (`now`: wall seconds, for ages)."""
-    reasons = data.get("reasons") or {}
-    lines = ["agent:    " + ("ready" if data.get("ready") else "not ready")]
-    lines += [f"          {key}: {reason}" for key, reason in sorted(reasons.items())]
-    lines.append(f"session:  {_session_line(data.get('session') or {}, now)}")
-    restores = data.get("restores") or []
-    if "restoresError" in data:
-        lines.append(f"restores: unknown ({data['restoresError']})")
-        return "\n".join(lines) + "\n"
-    lines.append(f"restores: {len(restores)}")
-    if not restores:
-        return "\n".join(lines) + "\n"
-    rows = [_COLUMNS]
-    for row in restores:
-        key = "/".join(str(row.get(k, "-")) for k in ("clusterId", "nodeName", "restoreId"))
-        age = row.get("ageSeconds")
-        rows.append(
-            (
-                key,
-                str(row.get("status", "-")),
-                str(row.get("revision", "-")),
-                _progress(row.get("progress")),
-                _duration(age if isinstance(age, int | float) else None),
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
-    lines.append("")
-    for row in rows:
+def _age(row: Mapping[str, Any]) -> str:
+    age = row.get("ageSeconds")
+    return _duration(age if isinstance(age, int | float) else None)
+
+
+def _restore_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
+    key = "/".join(str(row.get(k, "-")) for k in ("clusterId", "nodeId", "restoreId"))
+    return (
+        key,
+        str(row.get("status", "-")),
+        str(row.get("revision", "-")),
+        _progress(row.get("progress")),
+        _age(row),
+    )
+
+
+def _job_result(row: Mapping[str, Any]) -> str:
+    """What a job ended with: the error code, or the types a restore restored."""
+    if row.get("errorCode"):
+        return str(row["errorCode"])
+    types = row.get("resourceTypes")
+    if isinstance(types, list) and types:
+        return ", ".join(str(kind) for kind in types) + (" (partial)" if row.get("partial") else "")
+    return "-"
+
+
+def _job_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
+    key = "/".join(str(row.get(k, "-")) for k in ("clusterId", "nodeId", "backupId"))
+    return (
+        key,
+        str(row.get("kind", "-")),
+        str(row.get("serviceId", "-")),
+        str(row.get("status", "-")),
+        str(row.get("revision", "-")),
+        str(row.get("attempts", "-")),
+        _age(row),
+        _job_result(row),
+    )
+
+
+def _table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A blank line, then `columns` and `rows` aligned (numbers to the right)."""
+    every = [columns, *rows]
+    widths = [max(len(row[i]) for row in every) for i in range(len(columns))]
+    numbers = _NUMBERS[columns]
+    lines = [""]
+    for row in every:
         cells = [
-            cell.rjust(width) if index == 2 else cell.ljust(width)
+            cell.rjust(width) if index in numbers else cell.ljust(width)
             for index, (cell, width) in enumerate(zip(row, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def _section(
+    data: Mapping[str, Any],
+    name: str,
+    columns: tuple[str, ...],
+    cells: Callable[[Mapping[str, Any]], tuple[str, ...]],
+) -> list[str]:
+    label = f"{name}:".ljust(10)
+    if f"{name}Error" in data:
+        return [f"{label}unknown ({data[f'{name}Error']})"]
+    rows = [row for row in data.get(name) or [] if isinstance(row, Mapping)]
+    lines = [f"{label}{len(rows)}"]
+    if rows:
+        lines += _table(columns, [cells(row) for row in rows])
+    return lines
+
+
+def render(data: Mapping[str, Any], *, now_ms: int) -> str:
+    """The status as text for a terminal (`now_ms`: wall time in epoch ms, for ages)."""
+    reasons = data.get("reasons") or {}
+    lines = ["agent:    " + ("ready" if data.get("ready") else "not ready")]
+    lines += [f"          {key}: {reason}" for key, reason in sorted(reasons.items())]
+    lines.append(f"session:  {_session_line(data.get('session') or {}, now_ms)}")
+    lines += _section(data, "restores", _COLUMNS, _restore_cells)
+    lines.append("")
+    lines += _section(data, "jobs", _JOB_COLUMNS, _job_cells)
     return "\n".join(lines) + "\n"

@@ -2,9 +2,10 @@
 
 `python -m bench.standins WORKDIR` starts a reference Corestore and a stand-in Cloudly on
 127.0.0.1 (free ports), writes the agent's config and its machine token (0600) into WORKDIR
-(`agent.toml`, health endpoint on `--health`), prints one JSON line with the URLs and the
-config path, then waits. Once the agent connects it drives one isolated restore of the demo
-plan (prepare, stage every object, execute) to `ready` and leaves it there, so the agent's
+(`agent.toml`; the health endpoint on `--health`, by default a unix socket in WORKDIR, so no
+port of an agent running here is taken), prints one JSON line with the URLs and the config
+path, then waits. Once the agent connects it drives one isolated restore of the demo plan
+(prepare, stage every object, execute) to `ready` and leaves it there, so the agent's
 `/v1/restores` and `restore-agent status` have a row to show; `--no-restore` skips that. Stops
 on SIGTERM/SIGINT. Not a test and not the product: repository code, like `devstack/`.
 """
@@ -85,14 +86,20 @@ def main() -> None:
     """Parse the arguments and run until stopped."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workdir", type=Path)
-    parser.add_argument("--health", default="127.0.0.1:9733", help="the agent's [health] listen")
+    parser.add_argument(
+        "--health",
+        default=None,
+        help="the agent's [health] listen (default: unix:WORKDIR/health.sock, so no port is "
+        "taken from an agent that may run here)",
+    )
     parser.add_argument("--no-restore", action="store_true", help="drive no restore")
     arguments = parser.parse_args()
     workdir: Path = arguments.workdir
     token, bearer = f"mt-{secrets.token_urlsafe(24)}", f"cs-{secrets.token_urlsafe(24)}"
     workdir.mkdir(parents=True, exist_ok=True)
     _secret(workdir / "machine-token", token)
-    asyncio.run(_main(workdir, arguments.health, not arguments.no_restore, token, bearer))
+    health = arguments.health or f"unix:{(workdir / 'health.sock').absolute()}"
+    asyncio.run(_main(workdir, health, not arguments.no_restore, token, bearer))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ NODE_RESPONDER = ROOT / "bench" / "node_responder.mjs"
 LIBRARY = ROOT / "tests" / "interop" / "node_modules" / "@api.global" / "typedrequest"
 MiB = 2**20
 GiB = 2**30
+# What a failed run shows of the children's stderr when no --log was given.
+_LOG_TAIL = 64 * 1024
 
 
 class Responder:
@@ -352,8 +354,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--log",
         type=Path,
-        default=Path(tempfile.gettempdir()) / "bench-stream-responder.log",
-        help="where the responders' stderr goes",
+        default=None,
+        help="where the responders' stderr goes (default: an unnamed temporary file, shown on "
+        "stderr if the run fails; nothing is left in the temp dir)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
@@ -371,11 +374,17 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     facts["loadavg_at_start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print("codec (in-process) ...")
     codec = codec_figures(args.chunk_kib * 1024)
-    with args.log.open("ab") as log:
-        print("throughput (agent vs JS, same frames) ...")
-        rows = await throughput(args, log)
-        print("agent peak RSS by stream length ...")
-        rss = await peak_rss(args, log) if args.rss_mib else []
+    with args.log.open("ab") if args.log is not None else tempfile.TemporaryFile() as log:
+        try:
+            print("throughput (agent vs JS, same frames) ...")
+            rows = await throughput(args, log)
+            print("agent peak RSS by stream length ...")
+            rss = await peak_rss(args, log) if args.rss_mib else []
+        except BaseException:
+            if args.log is None:  # the only copy of the children's stderr
+                log.seek(0)
+                sys.stderr.buffer.write(log.read()[-_LOG_TAIL:])
+            raise
     facts["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     return report(facts, codec, rows, rss, args)
 

@@ -1,4 +1,8 @@
-"""`restore-agent demo`: one isolated restore, end to end, against an embedded stand-in stack.
+"""The demo `scripts/run` runs: an isolated restore and a service backup and restore, end to end.
+
+`scripts/run [OPTIONS]` (or `python -m devstack.demo [OPTIONS]`) runs the real agent against an
+embedded stand-in stack; `scripts/run --config PATH` runs the daemon against a real Cloudly
+instead. The demo is repository code, not the product (the wheel holds `agent/` only).
 
 Nothing outside one temporary directory is touched: it holds the reference Corestore's disk, a
 config file and the machine token file (mode 0600, a random value), the agent's state directory (its
@@ -18,7 +22,9 @@ prepared-restore record). Then (`demo_relay`) it backs a service up, its databas
 byte-identical. The directory is removed at the end unless `--keep`.
 
 Exit 0 on success, 1 with a one-line reason on stderr otherwise. `--json` prints one JSON
-object per line instead of text.
+object per line instead of text. Ctrl-C (SIGINT, or SIGTERM) stops it within a few seconds:
+the work is cancelled, the agent, the stand-ins and the scratch directory go away, exit 130; a
+second Ctrl-C quits at once (the scratch directory is still removed).
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import re
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -84,8 +92,20 @@ def _size(text: str) -> int:
     return value
 
 
-def _arguments(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=_PROG, description=__doc__.splitlines()[0])
+# What a shell reports for a process SIGINT ended.
+_EXIT_INTERRUPTED: Final = 130
+
+
+def _arguments(argv: list[str], prog: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="The demo: an isolated restore and a service backup and restore, end to "
+        "end, through the real agent against a stand-in Cloudly and a reference Corestore on "
+        "127.0.0.1 (free ports). Scratch files live in one temporary directory, removed at the "
+        "end. Ctrl-C stops it within seconds, a second Ctrl-C at once.",
+        epilog="scripts/run --config PATH runs the daemon from this checkout against the Cloudly "
+        "PATH names instead (restore-agent run --config PATH).",
+    )
     parser.add_argument(
         "--size", type=_size, default=64 * MiB, help="size of the large object (default 64MiB)"
     )
@@ -112,15 +132,19 @@ def _arguments(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the demo; 0 on success, 1 (with a one-line reason on stderr) otherwise."""
+def main(argv: list[str] | None = None, *, prog: str = _PROG) -> int:
+    """Run the demo; 0 on success, 130 when interrupted, 1 (with a one-line reason on stderr)
+    otherwise. `prog` is the name its usage shows (`scripts/run` passes its own)."""
     try:
-        arguments = _arguments(sys.argv[1:] if argv is None else argv)
+        arguments = _arguments(sys.argv[1:] if argv is None else argv, prog)
     except SystemExit as exc:  # --help or a usage error
         return exc.code if isinstance(exc.code, int) else 2
     out = _Output(sys.stdout, as_json=arguments.json)
     try:
-        asyncio.run(_demo(arguments, out))
+        asyncio.run(_demo(arguments, out, prog))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        out.event("interrupted", f"{prog}: interrupted", stream=sys.stderr)
+        return _EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001  # the top of the demo process: report once
         failure = _known_failure(exc)
         if failure is None:
@@ -132,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         reason = " ".join((str(failure) or type(failure).__name__).split())
         if isinstance(failure, CallFailed):
             reason = f"{reason} ({failure.error_data.get('code', 'no code')})"
-        out.event("failed", f"{_PROG}: failed: {reason}", reason=reason, stream=sys.stderr)
+        out.event("failed", f"{prog}: failed: {reason}", reason=reason, stream=sys.stderr)
         return 1
     return 0
 
@@ -314,17 +338,50 @@ def _agent_log(path: Path) -> Iterator[None]:
                 handler.close()
 
 
-async def _demo(arguments: argparse.Namespace, out: _Output) -> None:
+@contextmanager
+def _interruptible(workdir: Path, out: _Output, *, keep: bool) -> Iterator[None]:
+    """SIGINT/SIGTERM cancel the demo (its cleanup runs); a second one exits at once, after
+    removing `workdir` unless `keep`."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    received: list[signal.Signals] = []
+
+    def on_signal(signum: signal.Signals) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            out.event(
+                "stopping",
+                f"  stopping   ({signum.name}; once more to quit at once)",
+                signal=signum.name,
+                stream=sys.stderr,
+            )
+            task.cancel()
+            return
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        os._exit(_EXIT_INTERRUPTED)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        yield
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+async def _demo(arguments: argparse.Namespace, out: _Output, prog: str) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="restore-agent-demo-"))
     started = time.monotonic()
     try:
         # 60 s for the default run, more for a large --size (at least ~5 MB/s).
         limit = 60.0 + (arguments.size + 2 * arguments.closure_size) / 5e6
         deadline = asyncio.timeout(limit)
-        with _agent_log(workdir / "agent.log"):
+        with _agent_log(workdir / "agent.log"), _interruptible(workdir, out, keep=arguments.keep):
             try:
                 async with deadline:
-                    summary = await _run_stack(arguments, out, workdir)
+                    summary = await _run_stack(arguments, out, workdir, prog)
             except TimeoutError:
                 if deadline.expired():
                     raise DemoFailed(f"the demo did not finish within {limit:.0f} s") from None
@@ -346,7 +403,9 @@ async def _demo(arguments: argparse.Namespace, out: _Output) -> None:
     )
 
 
-async def _run_stack(arguments: argparse.Namespace, out: _Output, workdir: Path) -> dict[str, Any]:
+async def _run_stack(
+    arguments: argparse.Namespace, out: _Output, workdir: Path, prog: str
+) -> dict[str, Any]:
     # Random per run, in 0600 files the config names; never on argv or in the environment.
     token = "demo-token-" + secrets.token_urlsafe(24)
     bearer = "demo-bearer-" + secrets.token_urlsafe(24)
@@ -354,7 +413,7 @@ async def _run_stack(arguments: argparse.Namespace, out: _Output, workdir: Path)
     sealed = arguments.credential_source == "sealed"
     if not sealed:
         _secret_file(workdir / "corestore-credential", bearer)
-    out.event("start", f"{_PROG}: working in {workdir}", workdir=str(workdir))
+    out.event("start", f"{prog}: working in {workdir}", workdir=str(workdir))
     async with AsyncExitStack() as stack:
         corestore = await start(data_dir=workdir / "corestore", bearer=bearer)
         stack.push_async_callback(corestore.stop)
@@ -387,7 +446,10 @@ async def _run_stack(arguments: argparse.Namespace, out: _Output, workdir: Path)
         config = load_config(_write_config(workdir, cloudly.url, arguments.credential_source))
         status, stop = AgentStatus(), asyncio.Event()
         async with asyncio.TaskGroup() as group:
-            agent = group.create_task(app.run(config, stop=stop, status=status), name="agent")
+            # The demo owns SIGINT/SIGTERM (above): the agent must not take them over.
+            agent = group.create_task(
+                app.run(config, stop=stop, status=status, handle_signals=False), name="agent"
+            )
             try:
                 await _until_connected(status, agent)
                 out.event(

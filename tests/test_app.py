@@ -173,6 +173,29 @@ async def test_sigterm_stops_the_agent_in_order(tmp_path: Path, cloudly: StandIn
     assert status.snapshot().state is SessionState.STOPPED
 
 
+async def test_a_second_ctrl_c_skips_the_drain(tmp_path: Path, cloudly: StandInCloudly) -> None:
+    """The first SIGINT starts the drain; a second one cancels the run at once (the work in
+    flight is cancelled, the socket still closes with 1001), long before drain_timeout_s."""
+    status, hook = AgentStatus(), _SlowWork()
+    config = _config(tmp_path, cloudly, drain_s=60.0)
+    agent = asyncio.create_task(app.run(config, status=status, extra_routes=hook.routes()))
+    await status.wait_until(_connected)
+    pending = asyncio.create_task(_outcome(cloudly.call_agent("slow", {})))
+    await hook.started.wait()
+    signal.raise_signal(signal.SIGINT)
+    await status.wait_until(lambda s: s.state is SessionState.DRAINING)
+    loop = asyncio.get_running_loop()
+    second = loop.time()
+    signal.raise_signal(signal.SIGINT)
+    with pytest.raises(asyncio.CancelledError):
+        await agent
+    assert loop.time() - second < 10
+    assert hook.cancelled
+    assert isinstance(await pending, AgentError)
+    closed = await cloudly.wait_for("disconnected")
+    assert closed.detail["code"] == 1001
+
+
 async def test_cancelled_run_still_says_going_away(tmp_path: Path, cloudly: StandInCloudly) -> None:
     """Cancelling `run()` propagates the cancellation and still closes the socket with 1001."""
     status = AgentStatus()

@@ -39,6 +39,9 @@ token_file = "machine-token"
 credential_source = "file"
 credential_file = "corestore-credential"
 
+[state]
+directory = "state"
+
 [log]
 format = "json"
 level = "info"
@@ -339,6 +342,19 @@ def test_keyboard_interrupt_exits_130(config_path: Path, monkeypatch: pytest.Mon
 
     install_app(monkeypatch, run)
     assert main(["run", "--config", str(config_path)]) == 130
+
+
+def test_a_run_cancelled_by_a_second_ctrl_c_exits_130(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The app cancels itself on a second Ctrl-C: the shell's SIGINT status, no traceback."""
+
+    async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
+        raise asyncio.CancelledError
+
+    install_app(monkeypatch, run)
+    assert main(["run", "--config", str(config_path)]) == 130
+    assert capsys.readouterr().err == ""
 
 
 # --- rotate-key ---------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def test_absolute_paths_are_kept(tmp_path: Path) -> None:
     [
         ("http://127.0.0.1:8080/", "ws://127.0.0.1:8080/"),
         ("https://cloudly.example.com/typedrequest", "wss://cloudly.example.com/typedrequest"),
-        ("ws://cloudly.example.com", "ws://cloudly.example.com"),
+        ("ws://localhost:9000", "ws://localhost:9000"),
         ("wss://cloudly.example.com:443/x?y=1", "wss://cloudly.example.com:443/x?y=1"),
     ],
 )
@@ -118,6 +118,41 @@ def test_websocket_url_maps_http_to_ws(tmp_path: Path, url: str, websocket_url: 
     )
     assert config.websocket_url == websocket_url
     assert config.cloudly.url == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://cloudly.example.com", "ws://cloudly.example.com/x", "http://10.0.0.5:8080"],
+)
+def test_cleartext_to_a_remote_host_is_refused(tmp_path: Path, url: str) -> None:
+    """http:// or ws:// to a host that is not loopback would carry the machine token in clear:
+    refused under cloudly.url, naming the key that allows it."""
+    error = config_error(tmp_path, MINIMAL.replace("https://cloudly.example.com", url))
+    assert error.key == "cloudly.url"
+    assert "not loopback, would send the machine token and every request unencrypted" in str(error)
+    assert "cloudly.allow_cleartext = true" in str(error)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8080", "ws://127.0.0.2", "http://[::1]:80", "ws://LOCALHOST"]
+)
+def test_cleartext_to_loopback_needs_no_permission(tmp_path: Path, url: str) -> None:
+    """A loopback Cloudly (a stand-in, a local tunnel) may be cleartext; it is not flagged."""
+    config = load_config(
+        write_config(tmp_path, MINIMAL.replace("https://cloudly.example.com", url))
+    )
+    assert not config.cloudly.cleartext_allowed
+
+
+def test_allow_cleartext_lets_the_operator_mean_it(tmp_path: Path) -> None:
+    """With cloudly.allow_cleartext = true a remote http:// URL loads, flagged for the
+    start-up warning."""
+    text = MINIMAL.replace("https://cloudly.example.com", "http://cloudly.example.com")
+    config = load_config(
+        write_config(tmp_path, text.replace("[cloudly]", "[cloudly]\nallow_cleartext = true"))
+    )
+    assert config.websocket_url == "ws://cloudly.example.com"
+    assert config.cloudly.cleartext_allowed
 
 
 def test_tag_payload_is_passed_on_verbatim(tmp_path: Path) -> None:

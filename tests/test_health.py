@@ -22,10 +22,10 @@ import aiohttp
 import pytest
 import structlog
 
-from agent import app
+from agent import app, statedir
 from agent.cli import main
 from agent.config import Config
-from agent.errors import ConfigError
+from agent.errors import StartupBlocked
 from agent.log import configure_logging
 from agent.notify import Notifier
 from agent.protocol.bytearrays import codec_backends
@@ -229,9 +229,34 @@ async def test_metrics_count_requests_by_method_and_code(
     assert _sample(text, "restore_agent_session_state", {"state": "backing-off"}) == 0
     assert _sample(text, "restore_agent_cloudly_connects_total", {"kind": "first"}) == 1
     assert _sample(text, "restore_agent_requests_total", {"method": "echo", "code": "ok"}) == 2
-    assert _sample(text, "restore_agent_request_seconds_count", {"method": "echo"}) == 2
+    assert _sample(text, "restore_agent_request_duration_seconds_count", {"method": "echo"}) == 2
     assert _sample(text, "restore_agent_restores", {"status": "staging"}) == 0
     assert _sample(text, "restore_agent_build_info", {"version": app.__version__}) == 1
+
+
+async def test_metrics_carry_the_process_collectors_and_readiness(
+    tmp_path: Path, cloudly: StandInCloudly
+) -> None:
+    """/metrics has the process's memory and file descriptors, no `_created` series, and
+    `restore_agent_ready` 1 once the agent is ready."""
+    async with running(_config(tmp_path, cloudly)) as agent:
+        await _wait(agent, _connected)
+        _, text = await agent.get("/metrics")
+    assert _sample(text, "process_resident_memory_bytes") > 1_000_000
+    assert _sample(text, "process_open_fds") > 0
+    assert _sample(text, "restore_agent_ready") == 1
+    assert "_created" not in text
+
+
+async def test_metrics_say_not_ready_while_cloudly_is_unreachable(
+    tmp_path: Path, cloudly: StandInCloudly
+) -> None:
+    """`restore_agent_ready` is 0 while /readyz answers 503."""
+    await cloudly.stop()
+    async with running(_config(tmp_path, cloudly)) as agent:
+        await _wait(agent, lambda s: s.last_error is not None)
+        _, text = await agent.get("/metrics")
+    assert _sample(text, "restore_agent_ready") == 0
 
 
 async def test_metrics_count_losses_by_cause(tmp_path: Path, cloudly: StandInCloudly) -> None:
@@ -312,24 +337,98 @@ async def test_the_endpoint_can_be_a_private_unix_socket(
     assert healthz == 200
     assert status_exit == 0
     assert printed.startswith("agent:    ready\nsession:  connected for ")
-    assert printed.endswith("restores: 0\n")
+    assert printed.endswith("restores: 0\n\njobs:     0\n")
     assert not path.exists()
 
 
-async def test_a_taken_address_stops_start_up_with_a_config_error(
+async def test_a_taken_address_blocks_start_up_before_anything_is_created(
     tmp_path: Path, cloudly: StandInCloudly
 ) -> None:
-    """An address another process listens on is the operator's to fix: ConfigError (exit 2)."""
+    """An address another process listens on usually frees up: StartupBlocked (exit 75, which
+    systemd restarts), raised before the state directory, the key or the store exist."""
     taken = socket.create_server(("127.0.0.1", 0))
     port = taken.getsockname()[1]
+    config = _config(tmp_path, cloudly, listen=f"127.0.0.1:{port}")
     try:
         with pytest.raises(
-            ConfigError, match=rf"health\.listen: cannot listen on 127\.0\.0\.1:{port}"
+            StartupBlocked, match=rf"health\.listen: cannot listen on 127\.0\.0\.1:{port}"
         ):
-            await app.run(_config(tmp_path, cloudly, listen=f"127.0.0.1:{port}"))
+            await app.run(config)
     finally:
         taken.close()
     assert cloudly.count("connected") == 0
+    assert not config.state.directory.exists()
+
+
+async def test_a_live_unix_socket_blocks_start_up_and_stays(
+    tmp_path: Path, cloudly: StandInCloudly
+) -> None:
+    """A unix socket path another process accepts on is not taken over: StartupBlocked, and
+    the other listener keeps its socket file."""
+    path = tmp_path / "health.sock"
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(str(path))
+    other.listen()
+    try:
+        with pytest.raises(StartupBlocked, match=r"health\.listen: cannot listen on unix:"):
+            await app.run(_config(tmp_path, cloudly, listen=f"unix:{path}"))
+        assert stat.S_ISSOCK(path.lstat().st_mode)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(path))  # still the other listener's
+    finally:
+        other.close()
+
+
+async def test_a_stale_unix_socket_is_replaced(tmp_path: Path, cloudly: StandInCloudly) -> None:
+    """A socket file nothing accepts on (left by a killed agent) is replaced at start-up."""
+    path = tmp_path / "health.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.close()  # the file stays, nobody listens
+    async with running(_config(tmp_path, cloudly, listen=f"unix:{path}")) as agent:
+        assert agent.address == f"unix:{path}"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+async def test_a_start_refused_after_the_bind_leaves_no_socket_file(
+    tmp_path: Path, cloudly: StandInCloudly
+) -> None:
+    """The unix socket is bound first; when the state directory's lock then refuses start-up,
+    the socket file goes away with the socket."""
+    path = tmp_path / "health.sock"
+    config = _config(tmp_path, cloudly, listen=f"unix:{path}")
+    (tmp_path / "state").mkdir()
+    held = statedir.lock(tmp_path / "state")
+    try:
+        with pytest.raises(StartupBlocked, match="another restore-agent uses this state"):
+            await app.run(config)
+    finally:
+        held.close()
+    assert not path.exists()
+
+
+def test_a_taken_port_exits_75_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run` on a port in use: one line naming health.listen, exit 75 (not the 2 the unit
+    never restarts)."""
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    (tmp_path / "token").chmod(0o600)
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        '[cloudly]\nurl = "wss://cloudly.example.com"\ntoken_file = "token"\n'
+        f'[state]\ndirectory = "state"\n[health]\nlisten = "127.0.0.1:{port}"\n'
+    )
+    try:
+        code = main(["run", "--config", str(config)])
+    finally:
+        taken.close()
+    assert code == 75
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"restore-agent: health.listen: cannot listen on 127.0.0.1:{port}: ")
+    assert not (tmp_path / "state").exists()
 
 
 # --- systemd ------------------------------------------------------------------------------------
@@ -384,6 +483,26 @@ class _Held:
             return {"held": True}
 
         return Routes([body_route("hold", hold)])
+
+
+async def test_the_status_during_the_drain_keeps_its_count(
+    tmp_path: Path, cloudly: StandInCloudly, systemd: FakeSystemd
+) -> None:
+    """The STATUS= that follows STOPPING=1 as the session starts draining says how many
+    requests it drains, as STOPPING=1 did, instead of overwriting the count."""
+    held = _Held()
+    async with running(
+        _config(tmp_path, cloudly), notifier=Notifier(str(systemd.path)), routes=held.routes()
+    ) as agent:
+        await systemd.until(lambda m: m.startswith("STATUS=connected"))
+        call = asyncio.create_task(cloudly.call_agent("hold", {}))
+        await held.started.wait()
+        agent.stop.set()
+        await systemd.until(lambda m: m.startswith("STOPPING=1"))
+        draining = await systemd.next()
+        held.release.set()
+        await call
+    assert draining == "STATUS=stopping: draining 1 requests in flight"
 
 
 async def test_ready_comes_once_store_and_endpoint_are_up_then_status_then_stopping(

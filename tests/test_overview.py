@@ -94,7 +94,7 @@ def test_a_row_names_the_key_status_revision_and_age() -> None:
     row = restore_row(_stored("ready"), StagingTotals(), now_ms=int(NOW * 1000))
     assert row == {
         "clusterId": "cluster-1",
-        "nodeName": "node-1",
+        "nodeId": "node-1",
         "restoreId": "restore-1",
         "status": "ready",
         "revision": 4,
@@ -176,11 +176,15 @@ def test_the_status_table_shows_readiness_reasons_and_one_line_per_restore() -> 
     data = {
         "ready": False,
         "reasons": {"session": "the Cloudly session is backing-off (last error: refused)"},
-        "session": {"state": "backing-off", "stateSince": NOW - 30, "lastError": "refused"},
+        "session": {
+            "state": "backing-off",
+            "stateSince": int((NOW - 30) * 1000),
+            "lastError": "refused",
+        },
         "restores": [
             {
                 "clusterId": "c",
-                "nodeName": "n",
+                "nodeId": "n",
                 "restoreId": "r-1",
                 "status": "staging",
                 "revision": 12,
@@ -189,7 +193,7 @@ def test_the_status_table_shows_readiness_reasons_and_one_line_per_restore() -> 
             },
             {
                 "clusterId": "c",
-                "nodeName": "n",
+                "nodeId": "n",
                 "restoreId": "r-0",
                 "status": "cleaned",
                 "revision": 9,
@@ -198,7 +202,7 @@ def test_the_status_table_shows_readiness_reasons_and_one_line_per_restore() -> 
             },
         ],
     }
-    assert render(data, now=NOW) == (
+    assert render(data, now_ms=int(NOW * 1000)) == (
         "agent:    not ready\n"
         "          session: the Cloudly session is backing-off (last error: refused)\n"
         "session:  backing-off for 30 s, last error: refused\n"
@@ -207,13 +211,64 @@ def test_the_status_table_shows_readiness_reasons_and_one_line_per_restore() -> 
         "CLUSTER/NODE/RESTORE  STATUS   REVISION  PROGRESS               AGE\n"
         "c/n/r-1               staging        12  25% 2.5 MB of 10.0 MB  5 s\n"
         "c/n/r-0               cleaned         9  -                      3 d\n"
+        "\n"
+        "jobs:     0\n"
     )
 
 
-def test_the_status_table_with_no_restore_has_no_header() -> None:
-    """Nothing to list: the count says 0 and no empty table follows."""
+def test_the_status_table_with_nothing_to_list_has_no_header() -> None:
+    """Nothing to list: each count says 0 and no empty table follows."""
+    data = {"ready": True, "reasons": {}, "session": {"state": "connected"}}
+    assert render(data | {"restores": [], "jobs": []}, now_ms=int(NOW * 1000)) == (
+        "agent:    ready\nsession:  connected\nrestores: 0\n\njobs:     0\n"
+    )
+
+
+def test_the_status_text_lists_every_relay_job() -> None:
+    """Relay jobs get their own table: key, kind, service, status, revision, attempts, age,
+    and what the job ended with (the types a restore restored, or the error code)."""
+    restored = {
+        "clusterId": "c",
+        "nodeId": "n",
+        "backupId": "bk-2",
+        "kind": "restore",
+        "serviceId": "svc-1",
+        "status": "succeeded",
+        "revision": 3,
+        "attempts": 1,
+        "ageSeconds": 4,
+        "resourceTypes": ["database", "volume"],
+        "partial": True,
+    }
+    failed = restored | {
+        "backupId": "bk-1",
+        "kind": "backup",
+        "status": "failed",
+        "revision": 12,
+        "attempts": 3,
+        "ageSeconds": 600,
+        "resourceTypes": None,
+        "partial": False,
+        "errorCode": "corestore-unavailable",
+    }
     data = {"ready": True, "reasons": {}, "session": {"state": "connected"}, "restores": []}
-    assert render(data, now=NOW) == "agent:    ready\nsession:  connected\nrestores: 0\n"
+    text = render(data | {"jobs": [restored, failed]}, now_ms=int(NOW * 1000))
+    assert text.endswith(
+        "jobs:     2\n"
+        "\n"
+        "CLUSTER/NODE/BACKUP  KIND     SERVICE  STATUS     REVISION  ATTEMPTS  AGE     RESULT\n"
+        "c/n/bk-2             restore  svc-1    succeeded         3         1  4 s     "
+        "database, volume (partial)\n"
+        "c/n/bk-1             backup   svc-1    failed           12         3  10 min  "
+        "corestore-unavailable\n"
+    )
+
+
+def test_an_unreadable_job_list_is_said_so() -> None:
+    """The store could not be read for the jobs: the count is "unknown" with the reason."""
+    data = {"ready": True, "reasons": {}, "session": {"state": "connected"}, "restores": []}
+    text = render(data | {"jobsError": "the revision store is not open"}, now_ms=0)
+    assert text.endswith("jobs:     unknown (the revision store is not open)\n")
 
 
 # --- relay job rows ------------------------------------------------------------------------------

@@ -167,11 +167,31 @@ def test_to_dict_is_plain_camel_case_data() -> None:
     assert data["state"] == "backing-off"
     assert data["cluster"] == {
         "clusterId": "c1",
-        "publishedAt": 1000.0,
+        "publishedAt": 1_000_000,
         "nodes": [
             {"nodeId": "n1", "corestoreEndpoint": "http://10.0.0.1:3000", "corestoreProblems": []}
         ],
     }
+
+
+def test_every_time_in_the_health_form_is_epoch_milliseconds() -> None:
+    """One unit for every point in time, as the seeds and the store's `updatedAt`: the state's
+    and the connection's start, the last error and pong, the identity's expiry."""
+    clock = ManualClock(start=1000.25)
+    status = AgentStatus(clock=clock)
+    status.move_to(SessionState.CONNECTING)
+    status.record_error("refused")
+    status.move_to(SessionState.AUTHENTICATING)
+    status.move_to(SessionState.CONNECTED)
+    status.set_identity_expiry(1_700_000_000_000)
+    status.record_pong(0.004)
+    data = status.snapshot().to_dict()
+    times = {key: data[key] for key in ("stateSince", "connectedSince", "lastErrorAt")}
+    assert times == dict.fromkeys(times, 1_000_250)
+    assert (data["lastPongAt"], data["identityExpiresAt"]) == (1_000_250, 1_700_000_000_000)
+    assert data["pongLatencySeconds"] == 0.004
+    assert "identityExpiresAtMs" not in data
+    assert "pongLatency" not in data
 
 
 async def test_wait_until_returns_at_once_when_already_true() -> None:

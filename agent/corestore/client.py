@@ -95,6 +95,7 @@ class CorestoreClient:
         (a U(0, 1) source). `observer` hears each HTTP attempt."""
         self._endpoint = endpoint
         self._clock = clock
+        self._observer = observer
         if isinstance(credential, Secret):
             credential = NodeCredential.fixed(check_credential(credential))
         self._credential = credential
@@ -399,6 +400,7 @@ class CorestoreClient:
                 return reply, credential
         refused = self._refused(request, reply, credential)
         node = self._credential.node_id
+        self._observer.credential_rejected()
         raise CorestoreCredentialRejected(
             f"Corestore at {self._endpoint} refused the control credential"
             + (f" of node {node}" if node else "")

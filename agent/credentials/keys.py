@@ -42,6 +42,7 @@ __all__ = [
     "EnrollmentRecord",
     "KeyStore",
     "RecipientKey",
+    "check_key_file",
     "rotate_key",
 ]
 
@@ -316,6 +317,12 @@ class KeyStore:
         fd, self._lock_fd = self._lock_fd, None
         if fd is not None:
             os.close(fd)
+
+
+def check_key_file(directory: Path) -> None:
+    """Refuse (`ConfigError`) a key file `KeyStore.open` would refuse; read only, create
+    nothing (`check-config` and the start-up checks before anything is created)."""
+    _read_key(directory / KEY_FILE)
 
 
 def rotate_key(directory: Path) -> RecipientKey:

@@ -5,13 +5,14 @@
   `written_objects`, `forget_object`).
 - relay jobs (`get_job`, `list_jobs`, `running_restore`, `move_job`; rows and SQL in `jobs`:
   `JobKey`, `StoredJob`).
-- `records`: the typed values it takes and returns (`RestoreKey`, `StoredState`, ...).
+- `records`: the typed values it takes and returns (`RestoreKey`, `StoredState`,
+  `StatusSummary` for the metrics, ...).
 - `schema`: the ordered migrations.
 - `files`: directory/file modes and moving a damaged database aside.
 """
 
 from agent.store.jobs import JobKey, StoredJob
-from agent.store.records import ChunkRecord, ObjectRecord, RestoreKey, StoredState
+from agent.store.records import ChunkRecord, ObjectRecord, RestoreKey, StatusSummary, StoredState
 from agent.store.store import DB_NAME, RevisionStore
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "ObjectRecord",
     "RestoreKey",
     "RevisionStore",
+    "StatusSummary",
     "StoredJob",
     "StoredState",
 ]

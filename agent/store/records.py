@@ -13,7 +13,7 @@ from agent.errors import InvalidState
 from agent.restore.machine import NodeStatus
 from agent.restore.state import PreparedPlan
 
-__all__ = ["ChunkRecord", "ObjectRecord", "RestoreKey", "StoredState"]
+__all__ = ["ChunkRecord", "ObjectRecord", "RestoreKey", "StatusSummary", "StoredState"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +78,13 @@ class ObjectRecord:
     sha256: str
     written_at: int
     """Epoch milliseconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class StatusSummary:
+    """How many rows each status holds and when the least recently changed of them changed
+    (epoch ms): node states by status, relay jobs by (kind, status). Statuses without rows
+    are left out."""
+
+    restores: dict[str, tuple[int, int]]
+    jobs: dict[tuple[str, str], tuple[int, int]]

@@ -64,7 +64,13 @@ from agent.store.codec import (
     to_stored,
 )
 from agent.store.jobs import JobKey, StoredJob
-from agent.store.records import ChunkRecord, ObjectRecord, RestoreKey, StoredState
+from agent.store.records import (
+    ChunkRecord,
+    ObjectRecord,
+    RestoreKey,
+    StatusSummary,
+    StoredState,
+)
 from agent.store.startup import open_database
 from agent.store.transitions import status_moves
 
@@ -302,6 +308,22 @@ class RevisionStore:
                 "SELECT status, COUNT(*) FROM restore_state GROUP BY status"
             )
         return {str(status): int(count) for status, count in rows}
+
+    async def status_summary(self) -> StatusSummary:
+        """Per status the row count and the oldest `updated_at`, of node states and relay jobs
+        (the metrics' gauges: how many, and how long the oldest has not moved)."""
+        async with self._connection() as db:
+            restores = await db.execute_fetchall(
+                "SELECT status, COUNT(*), MIN(updated_at) FROM restore_state GROUP BY status"
+            )
+            jobs = await db.execute_fetchall(
+                "SELECT kind, status, COUNT(*), MIN(updated_at) FROM relay_job"
+                " GROUP BY kind, status"
+            )
+        return StatusSummary(
+            restores={str(status): (int(n), int(oldest)) for status, n, oldest in restores},
+            jobs={(str(k), str(status)): (int(n), int(oldest)) for k, status, n, oldest in jobs},
+        )
 
     async def staging_totals(self) -> dict[tuple[str, str, str], tuple[int, int]]:
         """Per key with staging records: (accepted chunk bytes, objects marked written)."""

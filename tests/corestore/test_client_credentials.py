@@ -99,6 +99,42 @@ async def test_a_credential_refused_again_after_the_refetch_is_a_named_error(
     assert not world.staged_file(DUMP).exists()
 
 
+class _Rejections:
+    """A Corestore observer that counts only credential rejections."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
+        del route, outcome, seconds
+
+    def corestore_resend(self, *, route: str) -> None:
+        del route
+
+    def credential_rejected(self) -> None:
+        self.count += 1
+
+
+async def test_a_credential_refused_for_good_is_reported_once(
+    world: Any, corestore: CorestoreHandle
+) -> None:
+    """The observer hears one rejection per call refused after the refetch (the metrics'
+    `restore_agent_corestore_credential_rejections_total`), none for the refusal the refetch
+    answered."""
+    await world.prepare()
+    observer = _Rejections()
+    clients = CorestoreClients(
+        credentials=Rotating("stale-bearer-value-1", "stale-bearer-value-2"), observer=observer
+    )
+    try:
+        client = clients.client_for(NODE, corestore.url)
+        with pytest.raises(CorestoreCredentialRejected):
+            await client.object_progress(world.archive, DUMP, world.grant)
+    finally:
+        await clients.close()
+    assert observer.count == 1
+
+
 async def test_a_source_with_nothing_fresher_costs_no_second_send(
     world: Any, corestore: CorestoreHandle, clients_of: Any
 ) -> None:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import os
 import shutil
+import signal
 import socket
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -141,3 +145,95 @@ def test_the_demo_runs_where_an_agent_already_holds_the_default_health_port(
     out, err = capsys.readouterr()
     assert (code, err) == (0, "")
     assert _events(out)[-1]["event"] == "summary"
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _start_demo(scratch: Path) -> subprocess.Popen[str]:
+    """`scripts/run` (the demo) in a subprocess whose temp dir is `scratch`; returns once it
+    stages (the agent, both stand-ins and the scratch directory exist, a stream is in flight)."""
+    process = subprocess.Popen(
+        # A large object, so that the interrupt lands mid-stage.
+        [str(REPO / "scripts" / "run"), "--size", "256MiB"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(scratch)},
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.lstrip().startswith("stage "):
+            return process
+    process.kill()
+    raise AssertionError(f"the demo never staged: {process.communicate()}")
+
+
+def _scratch(tmp_path: Path) -> Path:
+    scratch = tmp_path / "demo-tmp"
+    scratch.mkdir()
+    return scratch
+
+
+def test_ctrl_c_stops_the_demo_within_seconds_leaving_nothing(tmp_path: Path) -> None:
+    """SIGINT mid-stage: the demo says it stops, exits 130 within a few seconds (not after its
+    calls time out) and leaves nothing in its temp dir."""
+    scratch = _scratch(tmp_path)
+    process = _start_demo(scratch)
+    interrupted = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    seconds = time.monotonic() - interrupted
+    assert process.returncode == 130, err
+    assert seconds < 5
+    assert err.splitlines()[-1] == "scripts/run: interrupted"
+    assert "failed" not in err
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_second_ctrl_c_quits_the_demo_at_once(tmp_path: Path) -> None:
+    """Two SIGINTs in a row: exit 130 at once, and the scratch directory is gone all the same."""
+    scratch = _scratch(tmp_path)
+    process = _start_demo(scratch)
+    interrupted = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGINT)
+    process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert time.monotonic() - interrupted < 5
+    assert list(scratch.iterdir()) == []
+
+
+def _scripts_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(REPO / "scripts" / "run"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_scripts_run_names_itself_in_its_help() -> None:
+    """`scripts/run --help` shows `usage: scripts/run`, names `scripts/run --config PATH` and
+    no command that does not exist."""
+    done = _scripts_run("--help")
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: scripts/run ")
+    assert "scripts/run --config PATH" in done.stdout
+    assert "restore-agent demo" not in done.stdout
+    assert "python -m devstack.demo" not in done.stdout
+
+
+@pytest.mark.parametrize("form", ["--config=PATH", "--config PATH"])
+def test_scripts_run_with_a_config_runs_the_daemon(tmp_path: Path, form: str) -> None:
+    """Both spellings of `--config` start the daemon (here: refused, the file is missing),
+    never the demo."""
+    missing = tmp_path / "absent.toml"
+    args = [f"--config={missing}"] if "=" in form else ["--config", str(missing)]
+    done = _scripts_run(*args)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == f"restore-agent: config: {missing}: no such file"
+    assert done.stdout == ""

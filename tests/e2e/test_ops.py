@@ -64,7 +64,7 @@ async def test_metrics_move_while_an_archive_is_staged(stack: Any, plan: Restore
     assert 0 < _value(mid, "restore_agent_stream_bytes_total", direction="in") < total
     assert _value(mid, "restore_agent_restores", status="staging") == 1
     chunk_ok = {"route": "put-chunk", "outcome": "ok"}
-    assert _value(mid, "restore_agent_corestore_request_seconds_count", **chunk_ok) == 19
+    assert _value(mid, "restore_agent_corestore_request_duration_seconds_count", **chunk_ok) == 19
     assert _value(mid, "restore_agent_chunk_retries_total", reason="unavailable") == 1
     assert _value(final, staged) == total
     assert _value(final, "restore_agent_verified_bytes_total") == total
@@ -72,7 +72,7 @@ async def test_metrics_move_while_an_archive_is_staged(stack: Any, plan: Restore
     stage_ok = {"method": "stageIsolatedRestoreArchive", "code": "ok"}
     assert _value(final, "restore_agent_requests_total", **stage_ok) == len(plan.objects)
     assert _value(
-        final, "restore_agent_store_mutation_seconds_count", op="stage", outcome="ok"
+        final, "restore_agent_store_mutation_duration_seconds_count", op="stage", outcome="ok"
     ) == (len(plan.objects))
     assert _value(final, "restore_agent_chunk_retries_total", reason="unavailable") == 1
 
@@ -138,3 +138,42 @@ async def test_restores_and_the_status_command_show_each_restore_without_a_secre
     assert as_json["ready"] is True
     assert as_json["restores"] == [{**row, "ageSeconds": as_json["restores"][0]["ageSeconds"]}]
     assert stack.leaked(body + table + json.dumps(as_json), driver) == []
+
+
+async def test_the_status_command_shows_relay_jobs_as_the_endpoint_does(
+    stack: Any,
+    status_config: Path,
+    capsys: pytest.CaptureFixture[str],
+    captured_logs: Any,  # the agent's log lines go there, not into the command's output
+) -> None:
+    """After a service backup, /v1/jobs has its row; `restore-agent status` prints it in its
+    jobs table and `--json` carries the same row, with the same node key name as restores."""
+    stack.corestore.services.write_database("svc-app", [b"a small database"])
+    service = {"id": "svc-app", "data": {"name": "app", "image": "app:1"}}
+    async with stack.agent():
+        await stack.cloudly.call_agent(
+            "backupClusterService",
+            {"nodeId": "node-e2e", "backupId": "bk-ops", "service": service},
+            timeout=60,
+        )
+        code, body = await _get(stack, "/v1/jobs")
+        _write_status_config(status_config, stack.health)
+        capsys.readouterr()
+        table_exit = await asyncio.to_thread(main, ["status", "--config", str(status_config)])
+        table = capsys.readouterr().out
+        json_exit = await asyncio.to_thread(
+            main, ["status", "--config", str(status_config), "--json"]
+        )
+        as_json = json.loads(capsys.readouterr().out)
+    [row] = json.loads(body)["jobs"]
+    assert (code, table_exit, json_exit) == (200, 0, 0)
+    assert (row["kind"], row["status"], row["backupId"]) == ("backup", "succeeded", "bk-ops")
+    assert "jobs:     1\n" in table
+    [line] = [line for line in table.splitlines() if "/bk-ops" in line]
+    assert line.split()[:4] == [
+        f"{row['clusterId']}/{row['nodeId']}/bk-ops",
+        "backup",
+        "svc-app",
+        "succeeded",
+    ]
+    assert as_json["jobs"] == [{**row, "ageSeconds": as_json["jobs"][0]["ageSeconds"]}]

@@ -1,0 +1,111 @@
+"""Specification of `agent.metrics`: what /metrics exposes, computed from plain data."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.metrics import Metrics
+from agent.status import AgentStatus
+from agent.store import StatusSummary
+from tests.clock import ManualClock
+
+NOW_MS = 1_700_000_000_000
+
+
+def _samples(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of the rendered text: (name, labels) -> value."""
+    samples = {}
+    for line in metrics.render().decode().splitlines():
+        if line.startswith("#") or not line:
+            continue
+        series, value = line.rsplit(" ", 1)
+        name, _, label_text = series.partition("{")
+        pairs = (pair.split("=", 1) for pair in label_text.rstrip("}").split(",") if pair)
+        samples[(name, frozenset((key, raw.strip('"')) for key, raw in pairs))] = float(value)
+    return samples
+
+
+def _value(metrics: Metrics, name: str, **labels: str) -> float:
+    return _samples(metrics)[(name, frozenset(labels.items()))]
+
+
+def _refreshed(summary: StatusSummary | None, *, ready: bool = True) -> Metrics:
+    metrics = Metrics()
+    snapshot = AgentStatus(clock=ManualClock(start=NOW_MS / 1000)).snapshot()
+    metrics.refresh(snapshot, summary, ready=ready, now_ms=NOW_MS)
+    return metrics
+
+
+def test_the_process_and_platform_collectors_are_on_the_apps_registry() -> None:
+    """Memory, CPU, file descriptors and the Python build, as every Prometheus exporter has
+    them, on the agent's own registry."""
+    samples = {name for name, _ in _samples(Metrics())}
+    assert {
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_max_fds",
+        "process_start_time_seconds",
+        "python_info",
+    } <= samples
+    assert _value(Metrics(), "process_resident_memory_bytes") > 0
+
+
+def test_no_created_series_is_exposed() -> None:
+    """Counters and histograms come without their `_created` timestamps."""
+    metrics = _refreshed(StatusSummary(restores={}, jobs={}))
+    metrics.request_handled(method="m", code="ok", seconds=0.1)
+    metrics.corestore_answer(route="put-chunk", outcome="ok", seconds=0.1)
+    assert [name for name, _ in _samples(metrics) if name.endswith("_created")] == []
+
+
+def test_latency_histograms_are_named_duration_seconds() -> None:
+    """Requests, Corestore attempts and store mutations are `*_duration_seconds` histograms."""
+    metrics = Metrics()
+    metrics.request_handled(method="m", code="ok", seconds=0.1)
+    metrics.corestore_answer(route="put-chunk", outcome="ok", seconds=0.1)
+    metrics.store_mutation(op="stage", outcome="ok", seconds=0.01)
+    names = {name for name, _ in _samples(metrics)}
+    for histogram in ("request", "corestore_request", "store_mutation"):
+        assert f"restore_agent_{histogram}_duration_seconds_count" in names
+        assert f"restore_agent_{histogram}_seconds_count" not in names
+
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_readiness_is_a_gauge(ready: bool) -> None:
+    """`restore_agent_ready` is 1 when /readyz would answer 200, else 0."""
+    assert _value(_refreshed(None, ready=ready), "restore_agent_ready") == float(ready)
+
+
+def test_restores_and_jobs_by_status_with_the_age_of_the_oldest() -> None:
+    """Counts by status, and how long the least recently changed one has not moved; 0 for a
+    status without rows."""
+    summary = StatusSummary(
+        restores={"restoring": (2, NOW_MS - 90_000)},
+        jobs={("restore", "running"): (1, NOW_MS - 7_200_000)},
+    )
+    metrics = _refreshed(summary)
+    assert _value(metrics, "restore_agent_restores", status="restoring") == 2
+    assert _value(metrics, "restore_agent_restores_oldest_seconds", status="restoring") == 90
+    assert _value(metrics, "restore_agent_restores_oldest_seconds", status="staging") == 0
+    running = {"kind": "restore", "status": "running"}
+    assert _value(metrics, "restore_agent_jobs", **running) == 1
+    assert _value(metrics, "restore_agent_jobs_oldest_seconds", **running) == 7200
+    assert _value(metrics, "restore_agent_jobs", kind="backup", status="failed") == 0
+
+
+def test_an_unreadable_store_keeps_the_last_numbers() -> None:
+    """A scrape while the store cannot be read changes no store gauge."""
+    metrics = _refreshed(StatusSummary(restores={"ready": (3, NOW_MS)}, jobs={}))
+    snapshot = AgentStatus(clock=ManualClock(start=NOW_MS / 1000)).snapshot()
+    metrics.refresh(snapshot, None, ready=False, now_ms=NOW_MS)
+    assert _value(metrics, "restore_agent_restores", status="ready") == 3
+
+
+def test_a_credential_rejection_is_counted() -> None:
+    """Each control credential Corestore refused for good adds one."""
+    metrics = Metrics()
+    metrics.credential_rejected()
+    metrics.credential_rejected()
+    assert _value(metrics, "restore_agent_corestore_credential_rejections_total") == 2

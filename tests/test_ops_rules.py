@@ -1,0 +1,220 @@
+"""The shipped alert rules and dashboard (ops/): every metric and label they use is one the
+agent exposes (agent/metrics.py), every alert has a runbook and a unit test, and promtool
+accepts the rules and passes their unit tests (when promtool is installed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent.metrics import Metrics
+from agent.status import AgentStatus
+from agent.store import StatusSummary
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "ops" / "prometheus" / "restore-agent.rules.yml"
+RULE_TESTS = ROOT / "ops" / "prometheus" / "restore-agent.rules.test.yml"
+DASHBOARD = ROOT / "ops" / "grafana" / "restore-agent.json"
+OPERATIONS = ROOT / "docs" / "operations.md"
+
+# Not the agent's: Prometheus adds `up` to every scrape, and `job`/`instance` to every series.
+SCRAPE_SERIES = frozenset({"up"})
+TARGET_LABELS = frozenset({"job", "instance"})
+KEYWORDS = frozenset(
+    {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or"}
+    | {"unless", "offset", "inf", "nan"}
+)
+_IDENTIFIER = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*")
+_SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*\{([^}]*)\}")
+_MATCHER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)")
+
+
+def _rules() -> list[dict[str, Any]]:
+    data = yaml.safe_load(RULES.read_text())
+    return [rule for group in data["groups"] for rule in group["rules"]]
+
+
+def _panel_expressions() -> Iterator[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            yield target["expr"]
+
+
+def _template_metrics() -> set[str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    found = set()
+    for variable in dashboard["templating"]["list"]:
+        query = variable.get("definition", "")
+        found |= set(re.findall(r"label_values\(([A-Za-z_:][A-Za-z0-9_:]*)", query))
+    return found
+
+
+def metric_names(expression: str) -> set[str]:
+    """The series names a PromQL expression selects (functions, keywords, label names,
+    grouping labels, ranges and strings left out)."""
+    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', expression)
+    text = re.sub(r"\{[^}]*\}", " ", text)
+    text = re.sub(r"\[[^\]]*\]", " ", text)
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in _IDENTIFIER.finditer(text):
+        word = match.group(0)
+        if text[match.end() :].lstrip().startswith("(") or word.lower() in KEYWORDS:
+            continue  # a function call, or PromQL's own word
+        names.add(word)
+    return names
+
+
+def matched_labels(expression: str) -> dict[str, set[str]]:
+    """The label names each selector of `expression` matches on, by series name."""
+    found: dict[str, set[str]] = {}
+    for name, matchers in _SELECTOR.findall(expression):
+        found.setdefault(name, set()).update(_MATCHER.findall(matchers))
+    return found
+
+
+def _populated() -> Metrics:
+    """Metrics with every hook called once, so every labelled series has a sample."""
+    metrics = Metrics()
+    summary = StatusSummary(restores={"restoring": (1, 0)}, jobs={("backup", "running"): (1, 0)})
+    metrics.refresh(AgentStatus().snapshot(), summary, ready=True, now_ms=1000)
+    metrics.session_connected(reconnect=False)
+    metrics.session_lost(cause="closed", permanent=False)
+    metrics.request_handled(method="m", code="ok", seconds=0.1)
+    metrics.stream_bytes(direction="in", count=1)
+    metrics.store_mutation(op="stage", outcome="ok", seconds=0.01)
+    metrics.chunk_recorded(length=1)
+    metrics.object_written(size=1)
+    metrics.corestore_answer(route="put-chunk", outcome="ok", seconds=0.1)
+    metrics.corestore_resend(route="put-chunk")
+    metrics.credential_rejected()
+    metrics.loop_lag(seconds=0.01)
+    return metrics
+
+
+def _exposed() -> dict[str, set[str]]:
+    """Every series name the agent exposes, with the label names its samples carry."""
+    text = _populated().render().decode()
+    series: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            suffixes = ("_bucket", "_count", "_sum") if kind == "histogram" else ("",)
+            for suffix in suffixes:
+                series.setdefault(name + suffix, set())
+        elif line and not line.startswith("#"):
+            name, _, labels = line.rsplit(" ", 1)[0].partition("{")
+            series.setdefault(name, set()).update(_MATCHER.findall(labels))
+    return series
+
+
+def _every_expression() -> list[tuple[str, str]]:
+    rules = [(f"alert {rule['alert']}", rule["expr"]) for rule in _rules()]
+    panels = [(f"panel expression {expr[:60]}", expr) for expr in _panel_expressions()]
+    return rules + panels
+
+
+def test_the_metric_name_reader_skips_functions_labels_and_ranges() -> None:
+    """The reader these checks stand on: only series names come out of an expression."""
+    expression = (
+        'histogram_quantile(0.99, sum by (instance, le) (rate(a_bucket{job="x", le=~"1"}[5m])))'
+        " / on (instance) group_left b_total > bool 0.5 unless c"
+    )
+    assert metric_names(expression) == {"a_bucket", "b_total", "c"}
+    assert matched_labels(expression) == {"a_bucket": {"job", "le"}}
+
+
+def test_every_metric_an_alert_or_panel_uses_exists() -> None:
+    """Each series a rule, a panel or a dashboard variable selects is exposed by the agent's
+    registry (or is Prometheus' own `up`): a renamed metric cannot leave a silent alert."""
+    exposed = set(_exposed()) | SCRAPE_SERIES
+    missing = {
+        (where, name)
+        for where, expression in _every_expression()
+        for name in metric_names(expression)
+        if name not in exposed
+    }
+    missing |= {("dashboard variable", name) for name in _template_metrics() - exposed}
+    assert missing == set()
+
+
+def test_every_label_an_alert_or_panel_matches_exists() -> None:
+    """Each label a selector matches on is one the series carries (or a target label)."""
+    exposed = _exposed()
+    unknown = {
+        (where, name, label)
+        for where, expression in _every_expression()
+        for name, labels in matched_labels(expression).items()
+        if name in exposed
+        for label in labels - exposed[name] - TARGET_LABELS
+    }
+    assert unknown == set()
+
+
+def test_every_alert_has_a_runbook_in_the_operations_guide() -> None:
+    """Each alert names its runbook, a section of docs/operations.md headed by its name."""
+    headings = set(re.findall(r"^#### (RestoreAgent\w+)$", OPERATIONS.read_text(), re.MULTILINE))
+    for rule in _rules():
+        name = rule["alert"]
+        assert rule["annotations"]["runbook"] == f"docs/operations.md#{name.lower()}"
+        assert name in headings, f"{name} has no runbook section"
+    assert headings == {rule["alert"] for rule in _rules()}
+
+
+def test_every_alert_has_a_unit_test_that_fires_it() -> None:
+    """The promtool unit tests expect each alert to fire at least once."""
+    tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    fired = {
+        case["alertname"]
+        for test in tests
+        for case in test.get("alert_rule_test", [])
+        if case.get("exp_alerts")
+    }
+    assert fired == {rule["alert"] for rule in _rules()}
+
+
+def _promtool() -> str:
+    found = shutil.which("promtool")
+    if found is None:
+        pytest.skip(
+            "promtool is not installed (Debian: apt-get install prometheus; .ci/run does): "
+            "the alert rules were NOT checked by promtool"
+        )
+    return found
+
+
+def test_promtool_accepts_the_rules() -> None:
+    """`promtool check rules` finds every rule valid."""
+    done = subprocess.run(
+        [_promtool(), "check", "rules", str(RULES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(_rules())} rules found" in done.stdout + done.stderr
+
+
+def test_the_rules_pass_their_promtool_unit_tests() -> None:
+    """`promtool test rules`: each alert fires on its series, after its `for:`, with its
+    labels and texts, and not on the series beside it."""
+    done = subprocess.run(
+        [_promtool(), "test", "rules", RULE_TESTS.name],
+        cwd=RULE_TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout + done.stderr

@@ -1,0 +1,67 @@
+"""Specification of `agent.statedir`: the state directory's checks, creation and lock."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from agent import statedir
+from agent.errors import ConfigError, StartupBlocked
+
+
+def test_an_existing_writable_directory_passes(tmp_path: Path) -> None:
+    """A directory the agent may write is accepted and nothing is created in it."""
+    statedir.check(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_directory_with_a_parent_passes_and_is_created_alone(tmp_path: Path) -> None:
+    """`check` accepts a missing leaf; `create` makes it (0700) and says it did, once."""
+    directory = tmp_path / "state"
+    statedir.check(directory)
+    assert not directory.exists()
+    assert statedir.create(directory) is True
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert statedir.create(directory) is False
+
+
+def test_a_regular_file_is_refused(tmp_path: Path) -> None:
+    """A file where the directory should be names state.directory."""
+    path = tmp_path / "state"
+    path.write_text("")
+    with pytest.raises(ConfigError, match=r"config state\.directory: .*: is not a directory$"):
+        statedir.check(path)
+
+
+def test_a_missing_parent_is_refused_and_not_created(tmp_path: Path) -> None:
+    """Two missing levels: refused with the systemd hint, nothing made."""
+    with pytest.raises(ConfigError, match="creates only the directory itself"):
+        statedir.create(tmp_path / "a" / "state")
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes where the mode says it may not")
+def test_a_directory_without_write_permission_is_refused(tmp_path: Path) -> None:
+    """No write bit for the agent: refused as not writable."""
+    tmp_path.joinpath("state").mkdir(mode=0o500)
+    try:
+        with pytest.raises(ConfigError, match="is not writable"):
+            statedir.check(tmp_path / "state")
+    finally:
+        tmp_path.joinpath("state").chmod(0o700)
+
+
+def test_the_lock_is_held_until_closed(tmp_path: Path) -> None:
+    """A second lock on the directory is StartupBlocked while the first is held; after close
+    it is free again."""
+    held = statedir.lock(tmp_path)
+    try:
+        with pytest.raises(StartupBlocked, match="another restore-agent uses this state"):
+            statedir.lock(tmp_path)
+    finally:
+        held.close()
+    statedir.lock(tmp_path).close()
+    assert stat.S_IMODE((tmp_path / statedir.LOCK_FILE).stat().st_mode) == 0o600
