@@ -1,0 +1,36 @@
+"""`python -m devstack.systemdcheck run|after-reboot WORKDIR` and `names` (see the package)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from agent.log import configure_logging
+from devstack.systemdcheck.checks import CHECKS, after_reboot, run_checks
+
+
+def main() -> None:
+    """Parse the arguments and run the phase they name."""
+    parser = argparse.ArgumentParser(prog="python -m devstack.systemdcheck")
+    parser.add_argument("phase", choices=("run", "after-reboot", "names"))
+    parser.add_argument("workdir", type=Path, nargs="?", default=Path("/srv/check"))
+    arguments = parser.parse_args()
+    if arguments.phase == "names":
+        for name, _, _ in CHECKS:
+            print(name)
+        return
+    workdir: Path = arguments.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    # The stand-ins' own log lines go to a file: the checks' lines are the output.
+    log = (workdir / f"standins-{arguments.phase}.log").open("a")
+    configure_logging("json", "info", log)
+    results = workdir / "results"
+    if arguments.phase == "run":
+        asyncio.run(run_checks(Path.cwd(), workdir, results))
+    else:
+        asyncio.run(after_reboot(Path.cwd(), workdir, results))
+
+
+if __name__ == "__main__":
+    main()
