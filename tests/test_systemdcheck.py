@@ -75,10 +75,18 @@ def test_the_test_nodes_edit_of_the_example_config_loads(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30s", 30.0), ("1min 30s", 90.0), ("500ms", 0.5), ("5min", 300.0), ("1h 2min", 3720.0)],
+    [
+        ("30s", 30.0),
+        ("1min 30s", 90.0),
+        ("500ms", 0.5),
+        ("5min", 300.0),
+        ("1h 2min", 3720.0),
+        ("0", 0.0),
+    ],
 )
 def test_a_systemd_time_span_reads_as_seconds(text: str, seconds: float) -> None:
-    """`systemctl show` spans (WatchdogUSec=30s, TimeoutStopUSec=1min 30s) in seconds."""
+    """`systemctl show` spans (WatchdogUSec=30s, TimeoutStopUSec=1min 30s, 0 when off) in
+    seconds."""
     assert parse_timespan(text) == seconds
 
 

@@ -44,7 +44,8 @@ __all__ = [
 ]
 
 _EXITED: Final = "1"  # ExecMainCode: CLD_EXITED
-_UNDER_WAY: Final = 64 * MiB  # stop once this much of the large stage was sent
+_LARGE: Final = 1024 * MiB  # the object staged during the stop (outlasts the 5 s drain here)
+_UNDER_WAY: Final = 64 * MiB  # stop once this much of it was sent
 
 
 async def exit_2(node: Node) -> str:
@@ -164,7 +165,6 @@ def _expect_clean_exit(values: dict[str, str]) -> None:
 async def stop_drain(node: Node) -> str:
     """`systemctl stop` during a large stage ends within the drain and the close steps (and
     TimeoutStopSec=), exit 0; after `systemctl start` the restore resumes and finishes."""
-    big_size = int(os.environ.get("RESTORE_AGENT_CHECK_STAGE_MIB", "1024")) * MiB
     settings = tomllib.loads(CONFIG.read_text())
     drain = float(settings.get("shutdown", {}).get("drain_timeout_s", 20.0))
     close = float(settings.get("shutdown", {}).get("close_timeout_s", 5.0))
@@ -172,7 +172,7 @@ async def stop_drain(node: Node) -> str:
     # The unit's own arithmetic: the drain, then six close steps of close_timeout_s + 1 s.
     bound = drain + 6 * (close + 1.0)
     stop_limit = await node.seconds("TimeoutStopUSec")
-    plan = node.plan("drain", big_size)
+    plan = node.plan("drain", _LARGE)
     big = plan.objects[-1]
     under_way = asyncio.Event()
 
@@ -196,7 +196,7 @@ async def stop_drain(node: Node) -> str:
         await asyncio.wait({stage, waiting}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
         waiting.cancel()
         if not under_way.is_set():
-            raise CheckFailed(f"the {big_size // MiB} MiB stage did not get under way")
+            raise CheckFailed(f"the {_LARGE // MiB} MiB stage did not get under way")
         started = time.monotonic()
         stopped = await node.unit.systemctl("stop", timeout=stop_limit + 30)
         took = time.monotonic() - started
@@ -242,6 +242,8 @@ def _verified_bytes(node: Node, archive: str, path: str) -> int:
 async def watchdog(node: Node) -> str:
     """SIGSTOP the agent: systemd's watchdog fires, the unit restarts and connects again."""
     limit, restart = await node.seconds("WatchdogUSec"), await node.seconds("RestartUSec")
+    if limit == 0:
+        raise CheckFailed("the unit sets no WatchdogSec=")
     pid, cursor = await node.main_pid(), await journal_cursor()
     before = await node.unit.prop("NRestarts")
     os.kill(pid, signal.SIGSTOP)

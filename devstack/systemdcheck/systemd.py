@@ -215,8 +215,11 @@ def process_state(pid: int) -> str | None:
 
 
 def parse_timespan(text: str) -> float:
-    """Seconds of a systemd time span as `systemctl show` prints it (`1min 30s`, `500ms`)."""
+    """Seconds of a systemd time span as `systemctl show` prints it (`1min 30s`, `500ms`,
+    `0`)."""
     compact = text.replace(" ", "")
+    if compact == "0":  # how systemctl shows a span that is off
+        return 0.0
     parts = _SPAN.findall(compact)
     if not parts or "".join(number + unit for number, unit in parts) != compact:
         raise ValueError(f"not a time span: {text!r}")
