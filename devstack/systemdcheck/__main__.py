@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 
 from agent.log import configure_logging
@@ -26,10 +27,11 @@ def main() -> None:
     log = (workdir / f"standins-{arguments.phase}.log").open("a")
     configure_logging("json", "info", log)
     results = workdir / "results"
-    if arguments.phase == "run":
-        asyncio.run(run_checks(Path.cwd(), workdir, results))
-    else:
-        asyncio.run(after_reboot(Path.cwd(), workdir, results))
+    phase = run_checks if arguments.phase == "run" else after_reboot
+    try:
+        asyncio.run(phase(Path.cwd(), workdir, results))
+    except KeyboardInterrupt:
+        sys.exit(130)  # Ctrl-C: the host script cleans up and says so
 
 
 if __name__ == "__main__":
