@@ -43,7 +43,9 @@ __all__ = [
     "watchdog",
 ]
 
+_DEACTIVATED: Final = "Deactivated successfully"  # systemd: stopped, Result=success
 _EXITED: Final = "1"  # ExecMainCode: CLD_EXITED
+_FAILED: Final = "Failed with result"
 _LARGE: Final = 1024 * MiB  # the object staged during the stop (outlasts the 5 s drain here)
 _UNDER_WAY: Final = 64 * MiB  # stop once this much of it was sent
 
@@ -133,8 +135,9 @@ async def syscall_kill(node: Node) -> str:
         restarts = await node.unit.prop("NRestarts")
         restored = await node.restore_scenario("kill")
         relayed = await node.relay_scenario("kill")
+        restarted = await node.unit.prop("NRestarts")
+        stopping = await journal_cursor()
         (await node.unit.systemctl("stop")).expect()
-        values = await node.unit.show("Result", "ExecMainCode", "ExecMainStatus", "NRestarts")
         killed = [
             entry.message
             for entry in await node.unit.journal(after=cursor)
@@ -145,9 +148,9 @@ async def syscall_kill(node: Node) -> str:
         await run("systemctl", "daemon-reload")
     if killed:
         raise CheckFailed(f"a system call killed the agent: {killed[0]}")
-    if values["NRestarts"] != restarts:
-        raise CheckFailed(f"the agent restarted ({restarts} -> {values['NRestarts']})")
-    _expect_clean_exit(values)
+    if restarted != restarts:
+        raise CheckFailed(f"the agent restarted ({restarts} -> {restarted})")
+    await _expect_clean_stop(node, stopping)
     await node.start()
     return (
         f"with SystemCallErrorNumber=kill: {restored.split(':')[0]} ready and cleaned,"
@@ -156,10 +159,36 @@ async def syscall_kill(node: Node) -> str:
     )
 
 
-def _expect_clean_exit(values: dict[str, str]) -> None:
-    seen = (values["Result"], values["ExecMainCode"], values["ExecMainStatus"])
-    if seen != ("success", _EXITED, "0"):
-        raise CheckFailed("stopped with Result={}, code {}, status {}".format(*seen))
+async def _expect_clean_stop(node: Node, cursor: str | None) -> None:
+    """The stop after `cursor` was clean: the agent logged `agent_stopped` (the end of its
+    ordered shutdown), systemd logged `Deactivated successfully` and neither `Main process
+    exited` nor `Failed with result` (a timeout, a kill), and the exit status is 0. systemd's
+    word comes from the journal: a unit nothing references is unloaded once stopped, and
+    `systemctl show` then knows no exit status (when it does, it must say exited 0)."""
+
+    async def ended() -> list[JournalEntry] | None:
+        entries = await node.unit.journal(after=cursor)
+        said = [entry.message for entry in entries if entry.pid == 1]
+        return entries if any(_DEACTIVATED in text or _FAILED in text for text in said) else None
+
+    entries = await until(ended, timeout=15, what="systemd's word on the stop")
+    wrong = [
+        entry.message
+        for entry in entries
+        if entry.pid == 1 and (_FAILED in entry.message or "Main process exited" in entry.message)
+    ]
+    if wrong:
+        raise CheckFailed(f"the stop: {' / '.join(wrong)}")
+    if not any((entry.agent_record() or {}).get("event") == "agent_stopped" for entry in entries):
+        raise CheckFailed("the agent did not log agent_stopped: its shutdown did not finish")
+    values = await node.unit.show("ExecMainPID", "ExecMainCode", "ExecMainStatus")
+    if values["ExecMainPID"] != "0" and (values["ExecMainCode"], values["ExecMainStatus"]) != (
+        _EXITED,
+        "0",
+    ):
+        raise CheckFailed(
+            f"the agent ended with code {values['ExecMainCode']}, status {values['ExecMainStatus']}"
+        )
 
 
 async def stop_drain(node: Node) -> str:
@@ -197,6 +226,7 @@ async def stop_drain(node: Node) -> str:
         waiting.cancel()
         if not under_way.is_set():
             raise CheckFailed(f"the {_LARGE // MiB} MiB stage did not get under way")
+        cursor = await journal_cursor()
         started = time.monotonic()
         stopped = await node.unit.systemctl("stop", timeout=stop_limit + 30)
         took = time.monotonic() - started
@@ -209,7 +239,7 @@ async def stop_drain(node: Node) -> str:
         raise CheckFailed(
             f"stop took {took:.1f} s (bound {bound:g} s, TimeoutStopSec {stop_limit:g} s)"
         )
-    _expect_clean_exit(await node.unit.show("Result", "ExecMainCode", "ExecMainStatus"))
+    await _expect_clean_stop(node, cursor)
     cut = stage.cancelled() or stage.exception() is not None
     verified = await asyncio.to_thread(_verified_bytes, node, plan.staging_archive_id, big.path)
     await node.start()
