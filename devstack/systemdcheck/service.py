@@ -80,13 +80,23 @@ async def install(node: Node) -> str:
         raise CheckFailed(f"step 4 printed no `cloudly: OK`: {outputs[4].strip()[-200:]}")
     if "Active: active (running)" not in outputs[5]:
         raise CheckFailed("step 5's `systemctl status` does not say active (running)")
-    if node.stack.cloudly.count("tag-set") == 0:
-        raise CheckFailed("the agent did not tag its session with the stand-in Cloudly")
+    cloudly = node.stack.cloudly
+    tagged = {event.connection for event in cloudly.events if event.kind == "tag-set"}
+    probes = [
+        event
+        for event in cloudly.events
+        if event.kind == "disconnected" and event.connection not in tagged
+    ]
+    if not probes or probes[0].detail.get("code") != 1000:
+        raise CheckFailed("the stand-in Cloudly saw no probe that closed with 1000")
+    if not tagged or min(tagged) < probes[0].connection:
+        raise CheckFailed("the stand-in Cloudly saw no agent session after the probe")
     systemd = (await run("systemctl", "--version")).expect().out.split("\n")[0]
     return (
         f"steps 1-5 ran as written ({systemd}, cgroup {await cgroup_hierarchy()}): {wheel}"
-        " (with the native chunk decoder) in /opt/restore-agent/venv, check-config --connect"
-        " said cloudly OK and the stand-ins survived the probe, the unit enabled, active"
+        " (with the native chunk decoder) in /opt/restore-agent/venv; check-config --connect"
+        " said cloudly OK (the stand-in Cloudly saw the probe close with 1000, untagged, then"
+        " the agent's tagged session); the unit enabled, active"
     )
 
 
