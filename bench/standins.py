@@ -6,8 +6,10 @@
 port of an agent running here is taken), prints one JSON line with the URLs and the config
 path, then waits. Once the agent connects it drives one isolated restore of the demo plan
 (prepare, stage every object, execute) to `ready` and leaves it there, so the agent's
-`/v1/restores` and `restore-agent status` have a row to show; `--no-restore` skips that. Stops
-on SIGTERM/SIGINT. Not a test and not the product: repository code, like `devstack/`.
+`/v1/restores` and `restore-agent status` have a row to show; `--no-restore` skips that. A
+`restore-agent check-config --connect` probe before the agent (the README's step 4) is answered
+and then ignored: the restore waits for the agent's own session. Stops on SIGTERM/SIGINT.
+Not a test and not the product: repository code, like `devstack/`.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ async def _main(workdir: Path, health: str, restore: bool, token: str, bearer: s
         loop.add_signal_handler(signum, stop.set)
     try:
         if restore:
-            await cloudly.wait_for("cluster-config-read")
+            # The agent's session, not the README's `check-config --connect` probe before it.
+            await cloudly.wait_for_agent()
             driver = RestoreDriver(cloudly, plan, piece_size=256 * 1024, poll_interval=0.05)
             await driver.prepare()
             await driver.stage_all()

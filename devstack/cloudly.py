@@ -30,7 +30,8 @@ It lets a test act as Cloudly: `call_agent()` fires a request at the connected a
 request while writing the sink concurrently), `push_cluster_config()` pushes a new document,
 `drop_connections()` / `restart()` / `stall_connections()` break the session. Everything
 observable is recorded in `events` (connections with the extensions offered and the close code
-they ended with, identities, tags, reads) and `wait_for()` waits on them without sleeping.
+they ended with, identities, tags, reads) and `wait_for()` waits on them without sleeping;
+`wait_for_agent()` waits for an agent's session (a `check-config --connect` probe is none).
 Secrets (token, JWTs) are never recorded. Pass `ssl_context` to serve wss:// (https:// URL).
 """
 
@@ -487,6 +488,18 @@ class StandInCloudly:
             matching = [event for event in self.events if event.kind == kind]
             if len(matching) >= count:
                 return matching[count - 1]
+            changed = self._changed
+            await changed.wait()
+
+    async def wait_for_agent(self) -> AgentConnection:
+        """Wait until an agent's session is up: an open connection that tagged itself and read
+        its cluster document. A `check-config --connect` probe sets no tag and does not stay,
+        so the restore a caller drives next goes to the agent, not to the probe."""
+        while True:
+            for number in sorted(self._connections, reverse=True):
+                seen = {event.kind for event in self.events if event.connection == number}
+                if "tag-set" in seen and "cluster-config-read" in seen:
+                    return self._connections[number]
             changed = self._changed
             await changed.wait()
 

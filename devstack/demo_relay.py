@@ -60,9 +60,16 @@ class _Progress:
 
 
 async def backup_and_restore(
-    cloudly: StandInCloudly, corestore: CorestoreHandle, node: str, size: int, emit: Emit
+    cloudly: StandInCloudly,
+    corestore: CorestoreHandle,
+    node: str,
+    size: int,
+    emit: Emit,
+    *,
+    backup_id: str = "backup-demo",
 ) -> dict[str, Any]:
-    """Back the demo service up and restore it; what was moved and checked."""
+    """Back the demo service up and restore it; what was moved and checked (a fresh
+    `backup_id` each time: the agent answers a repeated one from its job record)."""
     services = corestore.services
     services.write_database(SERVICE_ID, _pieces(size))
     services.write_file(SERVICE_ID, "objectstorage", "media/logo.png", b"demo bucket object")
@@ -78,10 +85,10 @@ async def backup_and_restore(
     started = time.monotonic()
     backup = await cloudly.call_agent(
         "backupClusterService",
-        {"nodeId": node, "backupId": "backup-demo", "service": service},
+        {"nodeId": node, "backupId": backup_id, "service": service},
         timeout=600,
     )
-    held = cloudly.closures.get(("backup-demo", SERVICE_ID))
+    held = cloudly.closures.get((backup_id, SERVICE_ID))
     if held is None or (held.size, held.sha256) != expected:
         raise RelayDemoFailed("the stand-in Cloudly does not hold the exact database closure")
     types = [snapshot["type"] for snapshot in backup["snapshots"]]
@@ -99,7 +106,7 @@ async def backup_and_restore(
         "restoreClusterService",
         {
             "nodeId": node,
-            "backupId": "backup-demo",
+            "backupId": backup_id,
             "service": service,
             "snapshots": backup["snapshots"],
         },

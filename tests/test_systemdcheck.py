@@ -1,0 +1,133 @@
+"""The pure parts of the checks under a real systemd (devstack/systemdcheck; the checks
+themselves need a booted machine: scripts/test-systemd): reading the README's install steps,
+editing the installed config, reading what systemctl and journalctl print."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent.config import load_config
+from devstack.systemdcheck.checks import CHECKS
+from devstack.systemdcheck.lifecycle import _same_line
+from devstack.systemdcheck.readme import install_steps, set_keys
+from devstack.systemdcheck.service import TEST_NODE_KEYS
+from devstack.systemdcheck.systemd import JournalEntry, parse_timespan
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_readme_install_block_is_five_numbered_steps() -> None:
+    """readme.md's install block cuts into steps 1 to 5: the wheel first, the unit last."""
+    steps = install_steps((REPO / "readme.md").read_text())
+    assert [step.number for step in steps] == [1, 2, 3, 4, 5]
+    assert "pip wheel" in steps[0].script
+    assert "--constraint constraints.txt" in steps[1].script
+    assert "check-config --connect" in steps[3].script
+    assert "systemctl enable --now restore-agent" in steps[4].script
+
+
+def test_each_step_holds_its_lines_and_nothing_of_the_next() -> None:
+    """A step runs from its `# N.` line to the next one."""
+    readme = "intro\n## Install on a node\n\n```sh\n# 1. One:\necho a\n# 2. Two\necho b\n```\n"
+    one, two = install_steps(readme)
+    assert (one.number, one.title, one.script) == (1, "One:", "# 1. One:\necho a\n")
+    assert (two.number, two.title, two.script) == (2, "Two", "# 2. Two\necho b\n")
+
+
+def test_a_readme_without_the_install_section_is_refused() -> None:
+    """No section, no steps: the check cannot silently run nothing."""
+    with pytest.raises(ValueError, match="no '## Install on a node' section"):
+        install_steps("# readme\n## Usage\n")
+
+
+def test_an_install_block_that_starts_without_a_step_number_is_refused() -> None:
+    """Commands before `# 1.` would belong to no step."""
+    with pytest.raises(ValueError, match="does not start with a numbered step"):
+        install_steps("## Install on a node\n```sh\necho stray\n# 1. One\n```\n")
+
+
+def test_set_keys_changes_the_key_of_its_section_only() -> None:
+    """The same key name in another section stays as it was."""
+    text = "[a]\nx = 1\n# x = 9\n[b]\nx = 2\ny = 3\n"
+    assert set_keys(text, {("b", "x"): "20"}) == "[a]\nx = 1\n# x = 9\n[b]\nx = 20\ny = 3\n"
+
+
+def test_set_keys_refuses_a_key_the_text_does_not_set() -> None:
+    """A commented-out key is not set: the edit would silently miss."""
+    with pytest.raises(ValueError, match=r"\[a\] x is not set"):
+        set_keys("[a]\n# x = 1\n", {("a", "x"): "2"})
+
+
+def test_the_test_nodes_edit_of_the_example_config_loads(tmp_path: Path) -> None:
+    """config.example.toml as the README installs it, edited as the checks edit it, is a
+    configuration the agent accepts, with the health endpoint on the unit's socket."""
+    edits = {("cloudly", "url"): '"http://127.0.0.1:4711"', **TEST_NODE_KEYS}
+    path = tmp_path / "config.toml"
+    path.write_text(set_keys((REPO / "config.example.toml").read_text(), edits))
+    config = load_config(path)
+    assert config.cloudly.url == "http://127.0.0.1:4711"
+    assert str(config.health.endpoint) == "unix:/run/restore-agent/health.sock"
+    assert config.shutdown.drain_timeout_s == 5.0
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30s", 30.0),
+        ("1min 30s", 90.0),
+        ("500ms", 0.5),
+        ("5min", 300.0),
+        ("1h 2min", 3720.0),
+        ("0", 0.0),
+    ],
+)
+def test_a_systemd_time_span_reads_as_seconds(text: str, seconds: float) -> None:
+    """`systemctl show` spans (WatchdogUSec=30s, TimeoutStopUSec=1min 30s, 0 when off) in
+    seconds."""
+    assert parse_timespan(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["infinity", "", "30", "30s later"])
+def test_anything_else_is_not_a_time_span(text: str) -> None:
+    """No partial reads: an unexpected form is an error, not a wrong deadline."""
+    with pytest.raises(ValueError, match="not a time span"):
+        parse_timespan(text)
+
+
+def test_a_journal_entry_reads_a_message_given_as_bytes() -> None:
+    """journalctl -o json writes a MESSAGE that is not UTF-8 as a list of byte values."""
+    record = {"MESSAGE": list(b"caf\xc3\xa9 \xff"), "PRIORITY": "4", "_PID": "7"}
+    entry = JournalEntry.from_json(record)
+    assert (entry.message, entry.priority, entry.pid) == ("café \ufffd", 4, 7)
+
+
+def test_an_agent_record_is_its_json_line_and_nothing_else() -> None:
+    """The agent's JSON log lines parse; systemd's own lines about the unit do not."""
+    line = json.dumps({"event": "cloudly_session_lost", "level": "warning"})
+    assert JournalEntry(line, 4, 7, "restore-agent").agent_record() == {
+        "event": "cloudly_session_lost",
+        "level": "warning",
+    }
+    assert JournalEntry("Started restore-agent.service.", 6, 1, "systemd").agent_record() is None
+    assert JournalEntry("{not json", 6, 7, "restore-agent").agent_record() is None
+
+
+def test_the_fatal_line_matches_as_text_or_as_a_record_but_for_its_time() -> None:
+    """The line the agent printed outside the unit is the one in the journal."""
+    assert _same_line("restore-agent: config x: bad", "restore-agent: config x: bad")
+    assert not _same_line("restore-agent: config x: bad", "restore-agent: config y: bad")
+    one = json.dumps({"event": "config_error", "timestamp": "t1", "key": "x"})
+    other = json.dumps({"event": "config_error", "timestamp": "t2", "key": "x"})
+    assert _same_line(one, other)
+    assert not _same_line(one, json.dumps({"event": "config_error", "key": "y"}))
+
+
+def test_every_check_has_one_name_and_the_reboot_comes_last() -> None:
+    """The host script counts the checks by name; the reboot ends the run."""
+    names = [name for name, _, _ in CHECKS]
+    assert len(names) == len(set(names)) == 17
+    assert names[0] == "install"
+    assert names[-1] == "reboot"
