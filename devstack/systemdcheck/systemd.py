@@ -174,14 +174,25 @@ class Unit:
     async def journal(
         self, *, after: str | None = None, priority: str | None = None
     ) -> list[JournalEntry]:
-        """`journalctl -u <unit> [-p priority] --after-cursor=...` as entries."""
+        """`journalctl -u <unit> [-p priority]` as entries, those after cursor `after` only.
+
+        Not `--after-cursor`: with a filter, journalctl 252 seeks to the first *matching* entry
+        at or after the cursor and then skips it as if it were the cursor's own entry, so the
+        first match after an unmatched cursor is lost. `--cursor` (inclusive) and dropping the
+        cursor's own entry says exactly "what came after".
+        """
         argv = ["journalctl", "-u", self.name, "-o", "json", "--no-pager"]
         if priority is not None:
             argv += ["-p", priority]
         if after is not None:
-            argv.append(f"--after-cursor={after}")
+            argv.append(f"--cursor={after}")
         done = (await run(*argv)).expect()
-        return [JournalEntry.from_json(json.loads(line)) for line in done.out.splitlines() if line]
+        records = (json.loads(line) for line in done.out.splitlines() if line)
+        return [
+            JournalEntry.from_json(record)
+            for record in records
+            if after is None or record.get("__CURSOR") != after
+        ]
 
 
 def proc_environ(pid: int) -> dict[str, str]:
