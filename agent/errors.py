@@ -22,8 +22,10 @@ re-decides it.
     │   ├── CallTimeout                                            (no reply before the deadline)
     │   ├── CallFailed                                             (Cloudly answered with `error`)
     │   ├── AuthenticationFailed                                   (machine token refused)
-    │   └── EnrollmentFailed                                       (the X25519 recipient was not
-    │                                                                enrolled: docs/credentials.md)
+    │   ├── EnrollmentFailed                                       (the X25519 recipient was not
+    │   │                                                            enrolled: docs/credentials.md)
+    │   └── UpgradeRefused                                         (the websocket upgrade was
+    │                                                                answered with `http_status`)
     ├── TransferError                internal        yes         bytes in flight
     │   ├── StreamBroken             transfer-interrupted yes    (VirtualStream died or went
     │   │   │                                                      silent mid-way: resend it)
@@ -107,6 +109,7 @@ __all__ = [
     "StreamNotServed",
     "TransferError",
     "UnknownNode",
+    "UpgradeRefused",
     "wire_error_data",
 ]
 
@@ -236,6 +239,15 @@ class EnrollmentFailed(SessionError):
     """The agent's X25519 recipient could not be enrolled with Cloudly (begin or complete was
     refused, the challenge did not open, or the answer was unusable). The session reconnects with
     backoff and enrolls again; nothing was persisted."""
+
+
+class UpgradeRefused(SessionError):
+    """Cloudly answered the websocket upgrade with an HTTP status instead of switching
+    protocols; `http_status` says which (the session's fault classification reads it)."""
+
+    def __init__(self, message: str, *, http_status: int) -> None:
+        super().__init__(message)
+        self.http_status = http_status
 
 
 # --- bytes in flight ----------------------------------------------------------------------------

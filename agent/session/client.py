@@ -53,7 +53,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import structlog
 from pydantic import ValidationError
@@ -95,11 +95,11 @@ from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import ByteSink, ByteSource, RequestContext, Route, Routes
 from agent.retry import Backoff
 from agent.secret import MASK, Secret
-from agent.session.faults import HINTS, Fault, Outage, Report, ReportKind, classify
+from agent.session.faults import HINTS, Cause, Fault, Outage, Report, ReportKind, classify
 from agent.session.peer import Peer
 from agent.session.reconnect import Reconnects, renew_delay
 from agent.session.transport import (
-    GOING_AWAY,
+    CloseCode,
     WebsocketTransport,
     connect_transport,
     tls_context,
@@ -112,14 +112,19 @@ __all__ = ["METHOD_SET_TAG", "CloudlySession", "ConnectStep", "SessionObservers"
 _Model = TypeVar("_Model", bound=WireModel)
 
 METHOD_SET_TAG = "__typedsocket_setTag"
-NORMAL_CLOSURE = 1000
-INTERNAL_ERROR = 1011
 
 # What ends one connection and is retried with backoff: the network, Cloudly's answers, a
 # malformed reply. Any other exception is a bug and ends `run()`.
 _SESSION_LOSSES = (SessionError, RemoteProtocolError)
 
 log = structlog.get_logger("agent.session")
+
+# The error-level event of a permanent cause, when it is not `cloudly_unreachable`.
+_EVENTS: Final = {
+    Cause.TOKEN_REFUSED: "cloudly_authentication_failed",
+    Cause.ANSWER_UNUSABLE: "cloudly_answer_unusable",
+    Cause.ENROLLMENT_FAILED: "cloudly_enrollment_failed",
+}
 
 # Run on every connect, after the cluster document is read: (the connection's caller, the view).
 ConnectStep = Callable[[Peer, ClusterView], Awaitable[object]]
@@ -244,7 +249,7 @@ class CloudlySession:
             identity = await self._authenticate(peer)
             await self._read_cluster(peer, identity)
         finally:
-            await transport.close(NORMAL_CLOSURE, "probe done")
+            await transport.close(CloseCode.NORMAL_CLOSURE, "probe done")
             reader.cancel()
             await asyncio.wait({reader})
             if not reader.cancelled():
@@ -382,7 +387,7 @@ class CloudlySession:
     async def _one_session(self) -> None:
         settings = self._settings
         transport = await self._connect()
-        close_code, reason = INTERNAL_ERROR, "internal error"  # unless a known loss below
+        close_code, reason = CloseCode.INTERNAL_ERROR, "internal error"  # unless a loss below
         try:
             peer = Peer(
                 transport,
@@ -405,16 +410,16 @@ class CloudlySession:
                 self._go_live(peer)
                 await self._keep_identity_fresh(peer, identity)
         except asyncio.CancelledError:
-            close_code, reason = GOING_AWAY, "going away"
+            close_code, reason = CloseCode.GOING_AWAY, "going away"
             raise
         except BaseException as exc:
             if _is_session_loss(exc):
-                close_code, reason = NORMAL_CLOSURE, "reconnecting"
+                close_code, reason = CloseCode.NORMAL_CLOSURE, "reconnecting"
             raise
         finally:
             self._go_dead()
             if self._stopping.is_set():
-                close_code, reason = GOING_AWAY, "going away"
+                close_code, reason = CloseCode.GOING_AWAY, "going away"
             await transport.close(close_code, reason)
 
     async def _keep_alive(self, transport: WebsocketTransport) -> None:
@@ -431,14 +436,15 @@ class CloudlySession:
                 pong.cancel()  # no-op once answered
             if pong.cancelled():
                 raise SessionClosed(
-                    INTERNAL_ERROR, f"Cloudly answered no keepalive ping within {timeout:g} s"
+                    CloseCode.INTERNAL_ERROR,
+                    f"Cloudly answered no keepalive ping within {timeout:g} s",
                 )
             self._status.record_pong(pong.result())
 
     async def _close_on_stop(self, transport: WebsocketTransport) -> None:
         await self._stopping.wait()
         # The peer's reader then sees the close and ends the session's task group.
-        await transport.close(GOING_AWAY, "going away")
+        await transport.close(CloseCode.GOING_AWAY, "going away")
 
     def _go_live(self, peer: Peer) -> None:
         self._peer = peer
@@ -622,19 +628,11 @@ def _log_failure(report: Report, attempt: int) -> None:
             hint=HINTS.get(fault.cause, "retrying with backoff"),
         )
         return
-    if fault.cause == "token-refused":
-        event = "cloudly_authentication_failed"
-    elif fault.cause == "answer-unusable":
-        event = "cloudly_answer_unusable"
-    elif fault.cause == "enrollment-failed":
-        event = "cloudly_enrollment_failed"
-    elif fault.permanent:
-        event = "cloudly_unreachable"
-    else:
+    if not fault.permanent:
         log.warning("cloudly_session_lost", error=fault.reason, cause=fault.cause)
         return
     log.error(
-        event,
+        _EVENTS.get(fault.cause, "cloudly_unreachable"),
         error=fault.reason,
         cause=fault.cause,
         permanent=True,

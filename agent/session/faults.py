@@ -1,8 +1,8 @@
 """Why the Cloudly session failed, and how loudly to say so: `classify()` and `Outage`.
 
 `classify(error)` reads the failure (and the exceptions it was raised from) into a `Fault`:
-a short stable `cause`, whether it is `permanent` and the one-line `reason`. Permanent faults
-are the ones waiting cannot fix, only an operator:
+its `Cause` (a short stable name), whether it is `permanent` and the one-line `reason`.
+Permanent faults are the ones waiting cannot fix, only an operator:
 
     cause               permanent  from
     tls-verification    yes        the certificate does not verify (name mismatch, unknown CA,
@@ -17,7 +17,7 @@ are the ones waiting cannot fix, only an operator:
     dns                 no         a temporary resolver failure
     tls                 no         any other TLS failure (a reset during the handshake)
     refused, unreachable, timeout  no   the network
-    handshake-failed    no         a 5xx, 408 or 429 upgrade answer, or a broken handshake
+    handshake-failed    no         a 5xx, 408 or 429 upgrade answer
     closed              no         the websocket closed (keepalive timeout included)
     call-failed, call-timeout  no  a call of the authentication sequence failed or timed out
     other               no         anything else the session treats as a loss
@@ -38,21 +38,48 @@ import enum
 import errno
 import socket
 import ssl
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from agent.errors import (
-    AgentError,
     AuthenticationFailed,
     CallFailed,
     CallTimeout,
     EnrollmentFailed,
     RemoteProtocolError,
     SessionClosed,
+    UpgradeRefused,
 )
 
-__all__ = ["HINTS", "Fault", "Outage", "Report", "ReportKind", "classify"]
+__all__ = ["HINTS", "Cause", "Fault", "Outage", "Report", "ReportKind", "classify"]
+
+
+class Cause(enum.StrEnum):
+    """Why a session attempt failed or a session was lost (the table above)."""
+
+    TLS_VERIFICATION = "tls-verification"
+    DNS_NOT_FOUND = "dns-not-found"
+    TOKEN_REFUSED = "token-refused"  # noqa: S105 -- a cause, not a token
+    HANDSHAKE_REFUSED = "handshake-refused"
+    ANSWER_UNUSABLE = "answer-unusable"
+    ENROLLMENT_FAILED = "enrollment-failed"
+    DNS = "dns"
+    TLS = "tls"
+    REFUSED = "refused"
+    UNREACHABLE = "unreachable"
+    TIMEOUT = "timeout"
+    HANDSHAKE_FAILED = "handshake-failed"
+    CLOSED = "closed"
+    CALL_FAILED = "call-failed"
+    CALL_TIMEOUT = "call-timeout"
+    OTHER = "other"
+
+    @property
+    def permanent(self) -> bool:
+        """Only an operator can fix it: the causes with a hint."""
+        return self in HINTS
+
 
 # getaddrinfo's "this name has no address" answers; EAI_AGAIN ("try again") is transient.
 _NAME_NOT_FOUND: Final = frozenset(
@@ -63,13 +90,15 @@ _UNREACHABLE: Final = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EH
 _TRANSIENT_HTTP: Final = frozenset({408, 429})
 
 # What the operator should look at, per permanent cause (the log's and the CLI's hint).
-HINTS: Final = {
-    "tls-verification": "check the host name in cloudly.url and cloudly.ca_file",
-    "dns-not-found": "check the host name in cloudly.url and the node's DNS",
-    "token-refused": "check the machine token credential (cloudly.token_file)",
-    "handshake-refused": "check cloudly.url (scheme, host and path)",
-    "answer-unusable": "Cloudly answered in a shape the agent cannot use",
-    "enrollment-failed": "the agent's recipient key could not be enrolled (docs/credentials.md)",
+HINTS: Final[Mapping[Cause, str]] = {
+    Cause.TLS_VERIFICATION: "check the host name in cloudly.url and cloudly.ca_file",
+    Cause.DNS_NOT_FOUND: "check the host name in cloudly.url and the node's DNS",
+    Cause.TOKEN_REFUSED: "check the machine token credential (cloudly.token_file)",
+    Cause.HANDSHAKE_REFUSED: "check cloudly.url (scheme, host and path)",
+    Cause.ANSWER_UNUSABLE: "Cloudly answered in a shape the agent cannot use",
+    Cause.ENROLLMENT_FAILED: (
+        "the agent's recipient key could not be enrolled (docs/credentials.md)"
+    ),
 }
 
 
@@ -77,9 +106,13 @@ HINTS: Final = {
 class Fault:
     """One classified failure of the session."""
 
-    cause: str
-    permanent: bool
+    cause: Cause
     reason: str
+
+    @property
+    def permanent(self) -> bool:
+        """Whether only an operator can fix it."""
+        return self.cause.permanent
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -92,45 +125,45 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def _cause_of(exc: BaseException) -> tuple[str, bool]:
+def _cause_of(exc: BaseException) -> Cause:
     chain = list(_chain(exc))
     for link in chain:
         if isinstance(link, AuthenticationFailed):
-            return "token-refused", True
+            return Cause.TOKEN_REFUSED
         if isinstance(link, RemoteProtocolError):
-            return "answer-unusable", True
+            return Cause.ANSWER_UNUSABLE
         if isinstance(link, EnrollmentFailed):
-            return "enrollment-failed", True
+            return Cause.ENROLLMENT_FAILED
         if isinstance(link, ssl.SSLCertVerificationError):
-            return "tls-verification", True
+            return Cause.TLS_VERIFICATION
         if isinstance(link, socket.gaierror):
-            return ("dns-not-found", True) if link.errno in _NAME_NOT_FOUND else ("dns", False)
-        if isinstance(link, AgentError) and isinstance(status := link.data.get("httpStatus"), int):
+            return Cause.DNS_NOT_FOUND if link.errno in _NAME_NOT_FOUND else Cause.DNS
+        if isinstance(link, UpgradeRefused):
+            status = link.http_status
             if 400 <= status < 500 and status not in _TRANSIENT_HTTP:
-                return "handshake-refused", True
-            return "handshake-failed", False
+                return Cause.HANDSHAKE_REFUSED
+            return Cause.HANDSHAKE_FAILED
     for link in chain:
         if isinstance(link, ssl.SSLError):
-            return "tls", False
+            return Cause.TLS
         if isinstance(link, ConnectionRefusedError):
-            return "refused", False
+            return Cause.REFUSED
         if isinstance(link, OSError) and link.errno in _UNREACHABLE:
-            return "unreachable", False
+            return Cause.UNREACHABLE
         if isinstance(link, CallTimeout):
-            return "call-timeout", False
+            return Cause.CALL_TIMEOUT
         if isinstance(link, TimeoutError):
-            return "timeout", False
+            return Cause.TIMEOUT
         if isinstance(link, CallFailed):
-            return "call-failed", False
+            return Cause.CALL_FAILED
         if isinstance(link, SessionClosed):
-            return "closed", False
-    return "other", False
+            return Cause.CLOSED
+    return Cause.OTHER
 
 
 def classify(error: BaseException, reason: str | None = None) -> Fault:
     """The fault `error` is; `reason` is its (already scrubbed) text, else `str(error)`."""
-    cause, permanent = _cause_of(error)
-    return Fault(cause, permanent, str(error) if reason is None else reason)
+    return Fault(_cause_of(error), str(error) if reason is None else reason)
 
 
 class ReportKind(enum.Enum):

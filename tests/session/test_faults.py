@@ -11,11 +11,13 @@ from agent.errors import (
     AuthenticationFailed,
     CallFailed,
     CallTimeout,
+    EnrollmentFailed,
     RemoteProtocolError,
     SessionClosed,
     SessionError,
+    UpgradeRefused,
 )
-from agent.session.faults import Fault, Outage, ReportKind, classify
+from agent.session.faults import HINTS, Cause, Fault, Outage, ReportKind, classify
 
 
 def _raised_from(cause: BaseException, text: str = "could not reach Cloudly") -> SessionError:
@@ -24,33 +26,34 @@ def _raised_from(cause: BaseException, text: str = "could not reach Cloudly") ->
     return error
 
 
-def _handshake(status: int) -> SessionError:
-    return SessionError(f"Cloudly refused the websocket: HTTP {status}", httpStatus=status)
+def _handshake(status: int) -> UpgradeRefused:
+    return UpgradeRefused(f"Cloudly refused the websocket: HTTP {status}", http_status=status)
 
 
 @pytest.mark.parametrize(
     ("error", "cause", "permanent"),
     [
-        (_raised_from(ssl.SSLCertVerificationError(1, "mismatch")), "tls-verification", True),
-        (_raised_from(socket.gaierror(socket.EAI_NONAME, "not known")), "dns-not-found", True),
-        (_raised_from(socket.gaierror(socket.EAI_AGAIN, "Temporary failure")), "dns", False),
-        (AuthenticationFailed("Cloudly refused the machine token: no"), "token-refused", True),
-        (RemoteProtocolError("the getClusterConfig answer is unusable"), "answer-unusable", True),
-        (_handshake(403), "handshake-refused", True),
-        (_handshake(404), "handshake-refused", True),
-        (_handshake(429), "handshake-failed", False),
-        (_handshake(502), "handshake-failed", False),
-        (_raised_from(ssl.SSLError(1, "EOF during handshake")), "tls", False),
-        (_raised_from(ConnectionRefusedError(111, "refused")), "refused", False),
-        (_raised_from(TimeoutError()), "timeout", False),
-        (CallTimeout("getIdentityByToken", 30.0), "call-timeout", False),
-        (CallFailed("getClusterConfig", "not now"), "call-failed", False),
-        (SessionClosed(1006), "closed", False),
-        (SessionError("something else"), "other", False),
+        (_raised_from(ssl.SSLCertVerificationError(1, "mismatch")), Cause.TLS_VERIFICATION, True),
+        (_raised_from(socket.gaierror(socket.EAI_NONAME, "not known")), Cause.DNS_NOT_FOUND, True),
+        (_raised_from(socket.gaierror(socket.EAI_AGAIN, "Temporary failure")), Cause.DNS, False),
+        (AuthenticationFailed("Cloudly refused the machine token: no"), Cause.TOKEN_REFUSED, True),
+        (RemoteProtocolError("the answer is unusable"), Cause.ANSWER_UNUSABLE, True),
+        (EnrollmentFailed("Cloudly refused the enrollment"), Cause.ENROLLMENT_FAILED, True),
+        (_handshake(403), Cause.HANDSHAKE_REFUSED, True),
+        (_handshake(404), Cause.HANDSHAKE_REFUSED, True),
+        (_handshake(429), Cause.HANDSHAKE_FAILED, False),
+        (_handshake(502), Cause.HANDSHAKE_FAILED, False),
+        (_raised_from(ssl.SSLError(1, "EOF during handshake")), Cause.TLS, False),
+        (_raised_from(ConnectionRefusedError(111, "refused")), Cause.REFUSED, False),
+        (_raised_from(TimeoutError()), Cause.TIMEOUT, False),
+        (CallTimeout("getIdentityByToken", 30.0), Cause.CALL_TIMEOUT, False),
+        (CallFailed("getClusterConfig", "not now"), Cause.CALL_FAILED, False),
+        (SessionClosed(1006), Cause.CLOSED, False),
+        (SessionError("something else"), Cause.OTHER, False),
     ],
 )  # fmt: skip
 def test_each_failure_is_classified_by_what_caused_it(
-    error: BaseException, cause: str, permanent: bool
+    error: BaseException, cause: Cause, permanent: bool
 ) -> None:
     """The cause is read from the error and the exceptions it was raised from."""
     fault = classify(error)
@@ -63,8 +66,37 @@ def test_the_given_reason_replaces_the_error_text() -> None:
     assert classify(SessionClosed(1006), "scrubbed").reason == "scrubbed"
 
 
-_TLS = Fault("tls-verification", True, "certificate verify failed")
-_DOWN = Fault("refused", False, "connection refused")
+def test_the_causes_are_the_stable_names_logs_metrics_and_the_cli_show() -> None:
+    """Each cause reads as its kebab-case name (docs/operations.md lists them)."""
+    assert [f"{cause}" for cause in Cause] == [
+        "tls-verification",
+        "dns-not-found",
+        "token-refused",
+        "handshake-refused",
+        "answer-unusable",
+        "enrollment-failed",
+        "dns",
+        "tls",
+        "refused",
+        "unreachable",
+        "timeout",
+        "handshake-failed",
+        "closed",
+        "call-failed",
+        "call-timeout",
+        "other",
+    ]
+
+
+def test_a_permanent_fault_names_what_the_operator_should_check() -> None:
+    """The hint of a refused token points at the token file."""
+    assert HINTS[classify(AuthenticationFailed("no")).cause] == (
+        "check the machine token credential (cloudly.token_file)"
+    )
+
+
+_TLS = Fault(Cause.TLS_VERIFICATION, "certificate verify failed")
+_DOWN = Fault(Cause.REFUSED, "connection refused")
 
 
 def test_an_outage_logs_its_first_failure_and_only_debugs_identical_repeats() -> None:
