@@ -47,7 +47,7 @@ PURE = [
     AGENT / "config.py",
     AGENT / "observe.py",
     AGENT / "overview.py",
-    AGENT / "session" / "faults.py",
+    *(AGENT / "session" / name for name in ("faults.py", "handshake.py", "outage.py")),
 ]
 
 IO_LIBRARIES = {"asyncio", "aiohttp", "aiosqlite", "websockets", "prometheus_client"}

@@ -1,7 +1,11 @@
-"""Why the Cloudly session failed, and how loudly to say so: `classify()` and `Outage`.
+"""A session loss, decided in one place: whether an exception is one, what kind, how long to wait.
 
-`classify(error)` reads the failure (and the exceptions it was raised from) into a `Fault`:
-its `Cause` (a short stable name), whether it is `permanent` and the one-line `reason`.
+`session_loss(exc)` says whether what ended a connection is a loss the session retries (a
+`SessionError` or a `RemoteProtocolError`: the network, Cloudly's answers, a malformed reply;
+of an exception group, only when every exception in it is one, and then its first) or not
+(None: a bug or a cancellation, which must propagate). `Reconnects.lost(error)` decides the
+rest: the `Fault` (`classify()`: a `Cause` read from the error and the exceptions it was raised
+from, whether it is permanent, the one-line reason) and the wait before the next attempt.
 Permanent faults are the ones waiting cannot fix, only an operator:
 
     cause               permanent  from
@@ -22,37 +26,40 @@ Permanent faults are the ones waiting cannot fix, only an operator:
     call-failed, call-timeout  no  a call of the authentication sequence failed or timed out
     other               no         anything else the session treats as a loss
 
-The session still retries a permanent fault (the operator may fix DNS, the certificate or the
-token while it waits), but from the backoff's cap at once, and it says so at error level.
-
-`Outage` decides what a failure is worth in the log, so a long outage is not an endless
-identical warning: the first failure of an outage, and each change of fault, is logged
-(`warning`, `error` when permanent); a repeat of the same cause only at debug; and an error-level
-summary "Cloudly unreachable for N s: reason" comes after `first_summary_after` seconds and
-then at doubling intervals up to `max_summary_interval`. Pure: times are passed in.
+The wait has the agent's one backoff shape (`agent.retry.Backoff`, full jitter) over the count
+of consecutive failed attempts; a session that stayed up for `stable_after` seconds proves the
+path works again, so the next loss starts from the base window instead of the grown one. A
+permanent fault is still retried (the operator may fix DNS, the certificate or the token while
+the session waits), but from the backoff's cap at once. How loudly a loss is logged is
+`agent.session.outage`'s. Pure: the caller says how long the lost session lasted; the random
+draw is injected so tests pin it.
 """
 
 from __future__ import annotations
 
 import enum
 import errno
+import random
 import socket
 import ssl
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from agent.errors import (
+    AgentError,
     AuthenticationFailed,
     CallFailed,
     CallTimeout,
     EnrollmentFailed,
     RemoteProtocolError,
     SessionClosed,
+    SessionError,
     UpgradeRefused,
 )
+from agent.retry import Backoff
 
-__all__ = ["HINTS", "Cause", "Fault", "Outage", "Report", "ReportKind", "classify"]
+__all__ = ["HINTS", "Cause", "Fault", "Loss", "Reconnects", "classify", "session_loss"]
 
 
 class Cause(enum.StrEnum):
@@ -81,14 +88,6 @@ class Cause(enum.StrEnum):
         return self in HINTS
 
 
-# getaddrinfo's "this name has no address" answers; EAI_AGAIN ("try again") is transient.
-_NAME_NOT_FOUND: Final = frozenset(
-    code for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
-    if code is not None
-)  # fmt: skip
-_UNREACHABLE: Final = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN})
-_TRANSIENT_HTTP: Final = frozenset({408, 429})
-
 # What the operator should look at, per permanent cause (the log's and the CLI's hint).
 HINTS: Final[Mapping[Cause, str]] = {
     Cause.TLS_VERIFICATION: "check the host name in cloudly.url and cloudly.ca_file",
@@ -100,6 +99,30 @@ HINTS: Final[Mapping[Cause, str]] = {
         "the agent's recipient key could not be enrolled (docs/credentials.md)"
     ),
 }
+
+# getaddrinfo's "this name has no address" answers; EAI_AGAIN ("try again") is transient.
+_NAME_NOT_FOUND: Final = frozenset(
+    code for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
+    if code is not None
+)  # fmt: skip
+_UNREACHABLE: Final = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN})
+_TRANSIENT_HTTP: Final = frozenset({408, 429})
+_LOSSES: Final = (SessionError, RemoteProtocolError)
+
+
+def session_loss(exc: BaseException) -> SessionError | RemoteProtocolError | None:
+    """The loss `exc` is (of a group made of losses only, its first), or None: a bug or a
+    cancellation, which ends the session's run."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc if isinstance(exc, _LOSSES) else None
+    losses, others = exc.split(_LOSSES)
+    if others is not None or losses is None:
+        return None
+    first: BaseException = losses
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, _LOSSES)  # split kept nothing else
+    return first
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,71 +189,53 @@ def classify(error: BaseException, reason: str | None = None) -> Fault:
     return Fault(_cause_of(error), str(error) if reason is None else reason)
 
 
-class ReportKind(enum.Enum):
-    """How a failure is logged."""
-
-    FIRST = "first"  # the first failure of an outage: warning, or error when permanent
-    CHANGED = "changed"  # another cause than the last failure's: logged like a first
-    REPEAT = "repeat"  # the same cause again: debug only
-    SUMMARY = "summary"  # the same cause, and a summary is due: error
-
-
 @dataclass(frozen=True, slots=True)
-class Report:
-    """What to log for one failure."""
+class Loss:
+    """One failed attempt or lost session, decided."""
 
-    kind: ReportKind
     fault: Fault
-    down_s: float  # since the outage began
-    attempts: int  # failures in this outage, this one included
-
-    @property
-    def summary(self) -> str:
-        """The operator's sentence for a summary line."""
-        return f"Cloudly unreachable for {self.down_s:.0f} s: {self.fault.reason}"
+    delay: float  # seconds before the next attempt
+    attempt: int  # consecutive failures, this one included
 
 
-class Outage:
-    """The failures since the session last served (or since start): one stretch of outage."""
+class Reconnects:
+    """Consecutive failed attempts of the session, each turned into a fault and a wait."""
 
     def __init__(
-        self, *, first_summary_after: float = 60.0, max_summary_interval: float = 3600.0
+        self,
+        backoff: Backoff | None = None,
+        *,
+        stable_after: float = 60.0,
+        rng: Callable[[], float] = random.random,
     ) -> None:
-        if not 0 < first_summary_after <= max_summary_interval:
-            raise ValueError("need 0 < first_summary_after <= max_summary_interval")
-        self._first_after = first_summary_after
-        self._max_interval = max_summary_interval
-        self._since: float | None = None
-        self._last: Fault | None = None
-        self._attempts = 0
-        self._next_summary = 0.0
-        self._interval = first_summary_after
+        if stable_after < 0:
+            raise ValueError("backoff needs stable_after >= 0")
+        self._backoff = backoff or Backoff()
+        self._stable_after = stable_after
+        self._rng = rng
+        self._failures = 0
 
-    @property
-    def since(self) -> float | None:
-        """When the outage began (the caller's clock), None while there is none."""
-        return self._since
+    def lost(self, error: AgentError, *, reason: str, session_lasted: float = 0.0) -> Loss:
+        """Decide a loss: `error` ended a session that lasted `session_lasted` s (0 for an
+        attempt that never connected; at least `stable_after` resets the count first).
+        `reason` is the error's text as the operator may see it (scrubbed)."""
+        fault = classify(error, reason)
+        return Loss(fault, self._next_delay(session_lasted, fault.permanent), self._failures)
 
-    def failed(self, fault: Fault, now: float) -> Report:
-        """Record one failure at `now` and say how to log it."""
-        if self._since is None:
-            self._since, self._attempts = now, 0
-            self._interval = self._first_after
-            self._next_summary = now + self._first_after
-            kind = ReportKind.FIRST
-        elif self._last is None or fault.cause != self._last.cause:
-            kind = ReportKind.CHANGED
-        elif now >= self._next_summary:
-            kind = ReportKind.SUMMARY
-            self._interval = min(self._interval * 2, self._max_interval)
-            self._next_summary = now + self._interval
-        else:
-            kind = ReportKind.REPEAT
-        self._last = fault
-        self._attempts += 1
-        return Report(kind, fault, now - self._since, self._attempts)
+    def _next_delay(self, session_lasted: float, permanent: bool) -> float:
+        if session_lasted >= self._stable_after:
+            self._failures = 0
+        self._failures += 1
+        try:
+            if permanent:  # trying again quickly cannot help: drawn from the cap's window
+                return self._rng_checked() * self._backoff.cap
+            return self._backoff.delay(self._failures, self._rng())
+        except ValueError:
+            self._failures -= 1
+            raise
 
-    def recovered(self, now: float) -> float | None:
-        """The session serves again: the outage's length, or None if there was none."""
-        since, self._since, self._last = self._since, None, None
-        return None if since is None else now - since
+    def _rng_checked(self) -> float:
+        fraction = self._rng()
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError("the random draw must be in [0, 1]")
+        return fraction
