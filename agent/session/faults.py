@@ -56,6 +56,7 @@ from agent.errors import (
     SessionClosed,
     SessionError,
     UpgradeRefused,
+    first_leaf,
 )
 from agent.retry import Backoff
 
@@ -110,7 +111,7 @@ _TRANSIENT_HTTP: Final = frozenset({408, 429})
 _LOSSES: Final = (SessionError, RemoteProtocolError)
 
 
-def session_loss(exc: BaseException) -> SessionError | RemoteProtocolError | None:
+def session_loss(exc: BaseException) -> AgentError | None:
     """The loss `exc` is (of a group made of losses only, its first), or None: a bug or a
     cancellation, which ends the session's run."""
     if not isinstance(exc, BaseExceptionGroup):
@@ -118,11 +119,7 @@ def session_loss(exc: BaseException) -> SessionError | RemoteProtocolError | Non
     losses, others = exc.split(_LOSSES)
     if others is not None or losses is None:
         return None
-    first: BaseException = losses
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    assert isinstance(first, _LOSSES)  # split kept nothing else
-    return first
+    return first_leaf(losses)
 
 
 @dataclass(frozen=True, slots=True)
