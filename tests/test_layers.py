@@ -47,7 +47,9 @@ PURE = [
     AGENT / "config.py",
     AGENT / "observe.py",
     AGENT / "overview.py",
-    *(AGENT / "session" / name for name in ("faults.py", "handshake.py", "outage.py")),
+    AGENT / "session" / "faults.py",
+    AGENT / "session" / "handshake.py",
+    AGENT / "session" / "outage.py",
 ]
 
 IO_LIBRARIES = {"asyncio", "aiohttp", "aiosqlite", "websockets", "prometheus_client"}
