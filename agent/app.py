@@ -197,18 +197,18 @@ async def run(
             settings=settings,
         )
         routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
-        steps, view_watchers = [], []
-        if sealed is not None:
-            enrollment, provider = sealed
-            steps.append(lambda caller, view: enrollment.ensure(caller, view.cluster_id))
-            view_watchers.append(provider.retain)
+        enrollment, provider = sealed if sealed is not None else (None, None)
         session = CloudlySession(
             session_settings(config),
             secrets.machine_token,
             status,
             routes=routes,
-            connect_steps=steps,
-            view_watchers=view_watchers,
+            connect_step=(
+                None
+                if enrollment is None
+                else lambda caller, view: enrollment.ensure(caller, view.cluster_id)
+            ),
+            view_watcher=None if provider is None else provider.retain,
             ssl_context=checked.tls,
             observer=metrics,
         )

@@ -22,8 +22,10 @@ re-decides it.
     │   ├── CallTimeout                                            (no reply before the deadline)
     │   ├── CallFailed                                             (Cloudly answered with `error`)
     │   ├── AuthenticationFailed                                   (machine token refused)
-    │   └── EnrollmentFailed                                       (the X25519 recipient was not
-    │                                                                enrolled: docs/credentials.md)
+    │   ├── EnrollmentFailed                                       (the X25519 recipient was not
+    │   │                                                            enrolled: docs/credentials.md)
+    │   └── UpgradeRefused                                         (the websocket upgrade was
+    │                                                                answered with `http_status`)
     ├── TransferError                internal        yes         bytes in flight
     │   ├── StreamBroken             transfer-interrupted yes    (VirtualStream died or went
     │   │   │                                                      silent mid-way: resend it)
@@ -107,6 +109,8 @@ __all__ = [
     "StreamNotServed",
     "TransferError",
     "UnknownNode",
+    "UpgradeRefused",
+    "first_leaf",
     "wire_error_data",
 ]
 
@@ -236,6 +240,15 @@ class EnrollmentFailed(SessionError):
     """The agent's X25519 recipient could not be enrolled with Cloudly (begin or complete was
     refused, the challenge did not open, or the answer was unusable). The session reconnects with
     backoff and enrolls again; nothing was persisted."""
+
+
+class UpgradeRefused(SessionError):
+    """Cloudly answered the websocket upgrade with an HTTP status instead of switching
+    protocols; `http_status` says which (the session's fault classification reads it)."""
+
+    def __init__(self, message: str, *, http_status: int) -> None:
+        super().__init__(message)
+        self.http_status = http_status
 
 
 # --- bytes in flight ----------------------------------------------------------------------------
@@ -468,3 +481,14 @@ class ShuttingDown(Refusal):
 def wire_error_data(exc: AgentError) -> dict[str, Any]:
     """The `error.data` object for an agent error: `code`, `retryable`, then its own facts."""
     return {"code": exc.code, "retryable": exc.retryable, **exc.data}
+
+
+def first_leaf(group: BaseExceptionGroup[AgentError]) -> AgentError:
+    """The first agent error in `group`, nested groups opened (a TaskGroup whose tasks failed
+    raises their errors grouped; the first one says why)."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    if not isinstance(first, AgentError):  # a caller that typed its group wrongly
+        raise TypeError(f"not an agent error: {type(first).__name__}") from first
+    return first

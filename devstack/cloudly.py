@@ -55,12 +55,13 @@ from typing import Any, Literal, Self
 from websockets.asyncio.server import Server, ServerConnection, serve
 
 from agent.clock import SYSTEM_CLOCK, Clock
-from agent.contracts.base import PassThroughModel, WireModel
+from agent.contracts.base import PassThroughModel
 from agent.contracts.cluster import (
     METHOD_GET_CLUSTER_CONFIG,
     METHOD_GET_IDENTITY_BY_TOKEN,
     GetClusterConfigRequest,
     GetIdentityByTokenRequest,
+    SetTagRequest,
 )
 from agent.contracts.relay import (
     METHOD_BACKUP_SERVICE_DATABASE_CLOSURE,
@@ -169,13 +170,6 @@ class _CountingTransport(WebsocketTransport):
 
 class Document(PassThroughModel):
     """Any JSON object, kept verbatim: the stand-in's answers (and what a test wants sent)."""
-
-
-class SetTagRequest(WireModel):
-    """`__typedsocket_setTag {name, payload}` (typedsocket 4.x)."""
-
-    name: str
-    payload: Any = None
 
 
 AnswerEdit = Callable[[dict[str, Any]], dict[str, Any]]

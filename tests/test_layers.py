@@ -48,6 +48,8 @@ PURE = [
     AGENT / "observe.py",
     AGENT / "overview.py",
     AGENT / "session" / "faults.py",
+    AGENT / "session" / "handshake.py",
+    AGENT / "session" / "outage.py",
 ]
 
 IO_LIBRARIES = {"asyncio", "aiohttp", "aiosqlite", "websockets", "prometheus_client"}

@@ -2,7 +2,8 @@
 
 - `IdentityCredential` / `Identity` and the `getIdentityByToken`, `getClusterConfig` and
   `pushClusterConfig` bodies (seed 000, wire.md §5.3). The JWT and the machine token are `Secret`s;
-  `revealed_wire()` is the one way they reach the wire.
+  `revealed_wire()` is the one way they reach the wire. `SetTagRequest` is the connection's tag
+  (`__typedsocket_setTag`, typedsocket 4.x).
 - `ClusterDocument` / `NodeDocument`: tolerant pass-through documents; the agent reads the cluster
   `id`, `data.nodes[]`, each node's `id` and `data.corestore`, and keeps everything else verbatim.
 - `validate_cluster_node_corestore()`: seed 001's `validateClusterNodeCorestore`, same rules and
@@ -49,6 +50,7 @@ __all__ = [
     "METHOD_GET_CLUSTER_CONFIG",
     "METHOD_GET_IDENTITY_BY_TOKEN",
     "METHOD_PUSH_CLUSTER_CONFIG",
+    "METHOD_SET_TAG",
     "ClusterConfigAnswer",
     "ClusterConfigPush",
     "ClusterData",
@@ -65,6 +67,7 @@ __all__ = [
     "NodeView",
     "PushClusterConfigRequest",
     "PushClusterConfigResponse",
+    "SetTagRequest",
     "TagAnswer",
     "TokenAnswer",
     "UsedIdentity",
@@ -76,6 +79,7 @@ __all__ = [
 METHOD_GET_IDENTITY_BY_TOKEN = "getIdentityByToken"  # noqa: S105 -- a method name, not a token
 METHOD_GET_CLUSTER_CONFIG = "getClusterConfig"
 METHOD_PUSH_CLUSTER_CONFIG = "pushClusterConfig"
+METHOD_SET_TAG = "__typedsocket_setTag"
 
 MAX_CORESTORE_ENDPOINT_LENGTH = 2048
 
@@ -120,6 +124,14 @@ class GetIdentityByTokenResponse(WireModel):
     """`getIdentityByToken` response."""
 
     identity: Identity
+
+
+class SetTagRequest(WireModel):
+    """`__typedsocket_setTag {name, payload}` (typedsocket 4.x): the connection's tag. Its
+    answer is `{success}` (`TagAnswer`)."""
+
+    name: str
+    payload: Any = None
 
 
 # --- cluster and node documents -----------------------------------------------------------------

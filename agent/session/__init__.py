@@ -1,4 +1,6 @@
-"""The asyncio side of the Cloudly session: the TypedRequest peer (`peer`) and its adapters.
+"""The Cloudly session: `client` (the reconnect loop, one connection's lifecycle) over the
+TypedRequest `peer` and the websockets `transport`; the sans-I/O `handshake` and the pure loss
+decisions (`faults`, `outage`) it drives; `authentication`, `cluster`, `keepalive`, `settings`.
 
-Nothing is imported here on purpose; import from the submodules (`agent.session.peer`).
+Nothing is imported here on purpose; import from the submodules (`agent.session.client`).
 """

@@ -1,8 +1,12 @@
-"""Why the Cloudly session failed, and how loudly to say so: `classify()` and `Outage`.
+"""A session loss, decided in one place: whether an exception is one, what kind, how long to wait.
 
-`classify(error)` reads the failure (and the exceptions it was raised from) into a `Fault`:
-a short stable `cause`, whether it is `permanent` and the one-line `reason`. Permanent faults
-are the ones waiting cannot fix, only an operator:
+`session_loss(exc)` says whether what ended a connection is a loss the session retries (a
+`SessionError` or a `RemoteProtocolError`: the network, Cloudly's answers, a malformed reply;
+of an exception group, only when every exception in it is one, and then its first) or not
+(None: a bug or a cancellation, which must propagate). `Reconnects.lost(error)` decides the
+rest: the `Fault` (`classify()`: a `Cause` read from the error and the exceptions it was raised
+from, whether it is permanent, the one-line reason) and the wait before the next attempt.
+Permanent faults are the ones waiting cannot fix, only an operator:
 
     cause               permanent  from
     tls-verification    yes        the certificate does not verify (name mismatch, unknown CA,
@@ -17,28 +21,28 @@ are the ones waiting cannot fix, only an operator:
     dns                 no         a temporary resolver failure
     tls                 no         any other TLS failure (a reset during the handshake)
     refused, unreachable, timeout  no   the network
-    handshake-failed    no         a 5xx, 408 or 429 upgrade answer, or a broken handshake
+    handshake-failed    no         a 5xx, 408 or 429 upgrade answer
     closed              no         the websocket closed (keepalive timeout included)
     call-failed, call-timeout  no  a call of the authentication sequence failed or timed out
     other               no         anything else the session treats as a loss
 
-The session still retries a permanent fault (the operator may fix DNS, the certificate or the
-token while it waits), but from the backoff's cap at once, and it says so at error level.
-
-`Outage` decides what a failure is worth in the log, so a long outage is not an endless
-identical warning: the first failure of an outage, and each change of fault, is logged
-(`warning`, `error` when permanent); a repeat of the same cause only at debug; and an error-level
-summary "Cloudly unreachable for N s: reason" comes after `first_summary_after` seconds and
-then at doubling intervals up to `max_summary_interval`. Pure: times are passed in.
+The wait has the agent's one backoff shape (`agent.retry.Backoff`, full jitter) over the count
+of consecutive failed attempts; a session that stayed up for `stable_after` seconds proves the
+path works again, so the next loss starts from the base window instead of the grown one. A
+permanent fault is still retried (the operator may fix DNS, the certificate or the token while
+the session waits), but from the backoff's cap at once. How loudly a loss is logged is
+`agent.session.outage`'s. Pure: the caller says how long the lost session lasted; the random
+draw is injected so tests pin it.
 """
 
 from __future__ import annotations
 
 import enum
 import errno
+import random
 import socket
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -50,9 +54,52 @@ from agent.errors import (
     EnrollmentFailed,
     RemoteProtocolError,
     SessionClosed,
+    SessionError,
+    UpgradeRefused,
+    first_leaf,
 )
+from agent.retry import Backoff
 
-__all__ = ["HINTS", "Fault", "Outage", "Report", "ReportKind", "classify"]
+__all__ = ["HINTS", "Cause", "Fault", "Loss", "Reconnects", "classify", "session_loss"]
+
+
+class Cause(enum.StrEnum):
+    """Why a session attempt failed or a session was lost (the table above)."""
+
+    TLS_VERIFICATION = "tls-verification"
+    DNS_NOT_FOUND = "dns-not-found"
+    TOKEN_REFUSED = "token-refused"  # noqa: S105 -- a cause, not a token
+    HANDSHAKE_REFUSED = "handshake-refused"
+    ANSWER_UNUSABLE = "answer-unusable"
+    ENROLLMENT_FAILED = "enrollment-failed"
+    DNS = "dns"
+    TLS = "tls"
+    REFUSED = "refused"
+    UNREACHABLE = "unreachable"
+    TIMEOUT = "timeout"
+    HANDSHAKE_FAILED = "handshake-failed"
+    CLOSED = "closed"
+    CALL_FAILED = "call-failed"
+    CALL_TIMEOUT = "call-timeout"
+    OTHER = "other"
+
+    @property
+    def permanent(self) -> bool:
+        """Only an operator can fix it: the causes with a hint."""
+        return self in HINTS
+
+
+# What the operator should look at, per permanent cause (the log's and the CLI's hint).
+HINTS: Final[Mapping[Cause, str]] = {
+    Cause.TLS_VERIFICATION: "check the host name in cloudly.url and cloudly.ca_file",
+    Cause.DNS_NOT_FOUND: "check the host name in cloudly.url and the node's DNS",
+    Cause.TOKEN_REFUSED: "check the machine token credential (cloudly.token_file)",
+    Cause.HANDSHAKE_REFUSED: "check cloudly.url (scheme, host and path)",
+    Cause.ANSWER_UNUSABLE: "Cloudly answered in a shape the agent cannot use",
+    Cause.ENROLLMENT_FAILED: (
+        "the agent's recipient key could not be enrolled (docs/credentials.md)"
+    ),
+}
 
 # getaddrinfo's "this name has no address" answers; EAI_AGAIN ("try again") is transient.
 _NAME_NOT_FOUND: Final = frozenset(
@@ -61,25 +108,31 @@ _NAME_NOT_FOUND: Final = frozenset(
 )  # fmt: skip
 _UNREACHABLE: Final = frozenset({errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN})
 _TRANSIENT_HTTP: Final = frozenset({408, 429})
+_LOSSES: Final = (SessionError, RemoteProtocolError)
 
-# What the operator should look at, per permanent cause (the log's and the CLI's hint).
-HINTS: Final = {
-    "tls-verification": "check the host name in cloudly.url and cloudly.ca_file",
-    "dns-not-found": "check the host name in cloudly.url and the node's DNS",
-    "token-refused": "check the machine token credential (cloudly.token_file)",
-    "handshake-refused": "check cloudly.url (scheme, host and path)",
-    "answer-unusable": "Cloudly answered in a shape the agent cannot use",
-    "enrollment-failed": "the agent's recipient key could not be enrolled (docs/credentials.md)",
-}
+
+def session_loss(exc: BaseException) -> AgentError | None:
+    """The loss `exc` is (of a group made of losses only, its first), or None: a bug or a
+    cancellation, which ends the session's run."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc if isinstance(exc, _LOSSES) else None
+    losses, others = exc.split(_LOSSES)
+    if others is not None or losses is None:
+        return None
+    return first_leaf(losses)
 
 
 @dataclass(frozen=True, slots=True)
 class Fault:
     """One classified failure of the session."""
 
-    cause: str
-    permanent: bool
+    cause: Cause
     reason: str
+
+    @property
+    def permanent(self) -> bool:
+        """Whether only an operator can fix it."""
+        return self.cause.permanent
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -92,112 +145,94 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def _cause_of(exc: BaseException) -> tuple[str, bool]:
+def _cause_of(exc: BaseException) -> Cause:
     chain = list(_chain(exc))
     for link in chain:
         if isinstance(link, AuthenticationFailed):
-            return "token-refused", True
+            return Cause.TOKEN_REFUSED
         if isinstance(link, RemoteProtocolError):
-            return "answer-unusable", True
+            return Cause.ANSWER_UNUSABLE
         if isinstance(link, EnrollmentFailed):
-            return "enrollment-failed", True
+            return Cause.ENROLLMENT_FAILED
         if isinstance(link, ssl.SSLCertVerificationError):
-            return "tls-verification", True
+            return Cause.TLS_VERIFICATION
         if isinstance(link, socket.gaierror):
-            return ("dns-not-found", True) if link.errno in _NAME_NOT_FOUND else ("dns", False)
-        if isinstance(link, AgentError) and isinstance(status := link.data.get("httpStatus"), int):
+            return Cause.DNS_NOT_FOUND if link.errno in _NAME_NOT_FOUND else Cause.DNS
+        if isinstance(link, UpgradeRefused):
+            status = link.http_status
             if 400 <= status < 500 and status not in _TRANSIENT_HTTP:
-                return "handshake-refused", True
-            return "handshake-failed", False
+                return Cause.HANDSHAKE_REFUSED
+            return Cause.HANDSHAKE_FAILED
     for link in chain:
         if isinstance(link, ssl.SSLError):
-            return "tls", False
+            return Cause.TLS
         if isinstance(link, ConnectionRefusedError):
-            return "refused", False
+            return Cause.REFUSED
         if isinstance(link, OSError) and link.errno in _UNREACHABLE:
-            return "unreachable", False
+            return Cause.UNREACHABLE
         if isinstance(link, CallTimeout):
-            return "call-timeout", False
+            return Cause.CALL_TIMEOUT
         if isinstance(link, TimeoutError):
-            return "timeout", False
+            return Cause.TIMEOUT
         if isinstance(link, CallFailed):
-            return "call-failed", False
+            return Cause.CALL_FAILED
         if isinstance(link, SessionClosed):
-            return "closed", False
-    return "other", False
+            return Cause.CLOSED
+    return Cause.OTHER
 
 
 def classify(error: BaseException, reason: str | None = None) -> Fault:
     """The fault `error` is; `reason` is its (already scrubbed) text, else `str(error)`."""
-    cause, permanent = _cause_of(error)
-    return Fault(cause, permanent, str(error) if reason is None else reason)
-
-
-class ReportKind(enum.Enum):
-    """How a failure is logged."""
-
-    FIRST = "first"  # the first failure of an outage: warning, or error when permanent
-    CHANGED = "changed"  # another cause than the last failure's: logged like a first
-    REPEAT = "repeat"  # the same cause again: debug only
-    SUMMARY = "summary"  # the same cause, and a summary is due: error
+    return Fault(_cause_of(error), str(error) if reason is None else reason)
 
 
 @dataclass(frozen=True, slots=True)
-class Report:
-    """What to log for one failure."""
+class Loss:
+    """One failed attempt or lost session, decided."""
 
-    kind: ReportKind
     fault: Fault
-    down_s: float  # since the outage began
-    attempts: int  # failures in this outage, this one included
-
-    @property
-    def summary(self) -> str:
-        """The operator's sentence for a summary line."""
-        return f"Cloudly unreachable for {self.down_s:.0f} s: {self.fault.reason}"
+    delay: float  # seconds before the next attempt
+    attempt: int  # consecutive failures, this one included
 
 
-class Outage:
-    """The failures since the session last served (or since start): one stretch of outage."""
+class Reconnects:
+    """Consecutive failed attempts of the session, each turned into a fault and a wait."""
 
     def __init__(
-        self, *, first_summary_after: float = 60.0, max_summary_interval: float = 3600.0
+        self,
+        backoff: Backoff | None = None,
+        *,
+        stable_after: float = 60.0,
+        rng: Callable[[], float] = random.random,
     ) -> None:
-        if not 0 < first_summary_after <= max_summary_interval:
-            raise ValueError("need 0 < first_summary_after <= max_summary_interval")
-        self._first_after = first_summary_after
-        self._max_interval = max_summary_interval
-        self._since: float | None = None
-        self._last: Fault | None = None
-        self._attempts = 0
-        self._next_summary = 0.0
-        self._interval = first_summary_after
+        if stable_after < 0:
+            raise ValueError("backoff needs stable_after >= 0")
+        self._backoff = backoff or Backoff()
+        self._stable_after = stable_after
+        self._rng = rng
+        self._failures = 0
 
-    @property
-    def since(self) -> float | None:
-        """When the outage began (the caller's clock), None while there is none."""
-        return self._since
+    def lost(self, error: AgentError, *, reason: str, session_lasted: float = 0.0) -> Loss:
+        """Decide a loss: `error` ended a session that lasted `session_lasted` s (0 for an
+        attempt that never connected; at least `stable_after` resets the count first).
+        `reason` is the error's text as the operator may see it (scrubbed)."""
+        fault = classify(error, reason)
+        return Loss(fault, self._next_delay(session_lasted, fault.permanent), self._failures)
 
-    def failed(self, fault: Fault, now: float) -> Report:
-        """Record one failure at `now` and say how to log it."""
-        if self._since is None:
-            self._since, self._attempts = now, 0
-            self._interval = self._first_after
-            self._next_summary = now + self._first_after
-            kind = ReportKind.FIRST
-        elif self._last is None or fault.cause != self._last.cause:
-            kind = ReportKind.CHANGED
-        elif now >= self._next_summary:
-            kind = ReportKind.SUMMARY
-            self._interval = min(self._interval * 2, self._max_interval)
-            self._next_summary = now + self._interval
-        else:
-            kind = ReportKind.REPEAT
-        self._last = fault
-        self._attempts += 1
-        return Report(kind, fault, now - self._since, self._attempts)
+    def _next_delay(self, session_lasted: float, permanent: bool) -> float:
+        if session_lasted >= self._stable_after:
+            self._failures = 0
+        self._failures += 1
+        try:
+            if permanent:  # trying again quickly cannot help: drawn from the cap's window
+                return self._rng_checked() * self._backoff.cap
+            return self._backoff.delay(self._failures, self._rng())
+        except ValueError:
+            self._failures -= 1
+            raise
 
-    def recovered(self, now: float) -> float | None:
-        """The session serves again: the outage's length, or None if there was none."""
-        since, self._since, self._last = self._since, None, None
-        return None if since is None else now - since
+    def _rng_checked(self) -> float:
+        fraction = self._rng()
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError("the random draw must be in [0, 1]")
+        return fraction

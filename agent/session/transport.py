@@ -12,14 +12,16 @@ Thin adapter, both roles (the agent's client socket and the stand-in Cloudly's s
 
 `connect_transport()` opens the agent's client connection and translates every way opening can
 fail (refused, DNS, TLS, handshake, timeout) into `SessionError`, chained (the session classifies
-the cause, `agent.session.faults`; a refused upgrade carries `httpStatus`); `websocket_url()` and
-`tls_context()` turn the configured Cloudly URL and CA file into what it needs.
+the cause, `agent.session.faults`; an upgrade answered with an HTTP status is `UpgradeRefused`,
+carrying it); `websocket_url()` and `tls_context()` turn the configured Cloudly URL and CA file
+into what it needs. `CloseCode` names the close codes the agent sends or reads.
 `quiet_websocket_logger()` is the logger handed to the library: websockets logs whole frames at
 DEBUG, and frames carry the machine token and the JWT, so that logger never goes below INFO.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import ssl
 from pathlib import Path
@@ -29,20 +31,25 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.connection import Connection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
-from agent.errors import ConfigError, SessionClosed, SessionError
+from agent.errors import ConfigError, SessionClosed, SessionError, UpgradeRefused
 
 __all__ = [
-    "GOING_AWAY",
+    "CloseCode",
     "WebsocketTransport",
-    "close_details",
     "connect_transport",
     "quiet_websocket_logger",
     "tls_context",
     "websocket_url",
 ]
 
-GOING_AWAY = 1001
-_ABNORMAL_CLOSURE = 1006
+
+class CloseCode(enum.IntEnum):
+    """The websocket close codes the agent sends or reads (RFC 6455, section 7.4.1)."""
+
+    NORMAL_CLOSURE = 1000  # the session ends on purpose (a probe done, a loss to reconnect)
+    GOING_AWAY = 1001  # the agent shuts down
+    ABNORMAL_CLOSURE = 1006  # never sent: the connection ended without a close frame
+    INTERNAL_ERROR = 1011  # a bug ended the session, or Cloudly stopped answering pings
 
 
 def quiet_websocket_logger(name: str = "websockets.client") -> logging.Logger:
@@ -53,11 +60,11 @@ def quiet_websocket_logger(name: str = "websockets.client") -> logging.Logger:
     return logger
 
 
-def close_details(exc: ConnectionClosed) -> tuple[int, str]:
+def _close_details(exc: ConnectionClosed) -> tuple[int, str]:
     """The close code and reason the peer sent, else ours, else 1006 (no close frame)."""
     frame = exc.rcvd if exc.rcvd is not None else exc.sent
     if frame is None:
-        return _ABNORMAL_CLOSURE, ""
+        return int(CloseCode.ABNORMAL_CLOSURE), ""
     return int(frame.code), frame.reason
 
 
@@ -72,14 +79,14 @@ class WebsocketTransport:
         try:
             await self._connection.send(frame, text=True)
         except ConnectionClosed as exc:
-            raise SessionClosed(*close_details(exc)) from exc
+            raise SessionClosed(*_close_details(exc)) from exc
 
     async def recv(self) -> bytes:
         """The next frame as bytes; raises `SessionClosed` once the connection is closed."""
         try:
             data = await self._connection.recv(decode=False)
         except ConnectionClosed as exc:
-            raise SessionClosed(*close_details(exc)) from exc
+            raise SessionClosed(*_close_details(exc)) from exc
         assert isinstance(data, bytes)  # decode=False always yields bytes
         return data
 
@@ -90,21 +97,11 @@ class WebsocketTransport:
             pong = await self._connection.ping()
             return await pong
         except ConnectionClosed as exc:
-            raise SessionClosed(*close_details(exc)) from exc
+            raise SessionClosed(*_close_details(exc)) from exc
 
-    async def close(self, code: int = GOING_AWAY, reason: str = "") -> None:
+    async def close(self, code: int = CloseCode.GOING_AWAY, reason: str = "") -> None:
         """Close the connection with `code` (bounded by the connection's close timeout)."""
         await self._connection.close(code, reason)
-
-    @property
-    def close_code(self) -> int | None:
-        """The close code received from the other side (1006 if none), None while open."""
-        return self._connection.close_code
-
-    @property
-    def close_reason(self) -> str | None:
-        """The close reason received from the other side, None while open."""
-        return self._connection.close_reason
 
 
 def websocket_url(url: str) -> str:
@@ -163,9 +160,9 @@ async def connect_transport(
     except InvalidURI as exc:
         raise SessionError(f"the Cloudly URL is not a websocket URL: {exc}") from exc
     except InvalidStatus as exc:
-        status = exc.response.status_code
-        raise SessionError(
-            f"Cloudly at {_host_of(url)} refused the websocket: {exc}", httpStatus=status
+        raise UpgradeRefused(
+            f"Cloudly at {_host_of(url)} refused the websocket: {exc}",
+            http_status=exc.response.status_code,
         ) from exc
     except InvalidHandshake as exc:
         raise SessionError(f"Cloudly at {_host_of(url)} refused the websocket: {exc}") from exc

@@ -1,4 +1,4 @@
-"""The session's connect steps and cluster-view watchers: where the recipient enrollment runs."""
+"""The session's connect step and cluster-view watcher: where the recipient enrollment runs."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from agent.credentials.keys import KeyStore
 from agent.errors import CallFailed, EnrollmentFailed
 from agent.protocol.routes import RequestContext, Routes
 from agent.secret import Secret
+from agent.session.authentication import Caller
 from agent.session.client import CloudlySession, SessionSettings
-from agent.session.peer import Peer
 from agent.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.credentials import CredentialAuthority
@@ -42,7 +42,7 @@ def _session(cloudly: StandInCloudly, status: AgentStatus, **wiring: Any) -> Clo
     return CloudlySession(settings, Secret(TOKEN), status, rng=lambda: 0.0, **wiring)
 
 
-async def test_connect_steps_run_after_the_cluster_is_read_and_before_serving(
+async def test_the_connect_step_runs_after_the_cluster_is_read_and_before_serving(
     cloudly: StandInCloudly,
 ) -> None:
     """A step sees the connection and the fresh cluster view; the session is connected only
@@ -50,12 +50,12 @@ async def test_connect_steps_run_after_the_cluster_is_read_and_before_serving(
     status = AgentStatus()
     seen: list[tuple[str, SessionState]] = []
 
-    async def step(peer: Peer, view: ClusterView) -> None:
+    async def step(caller: Caller, view: ClusterView) -> None:
         seen.append((view.cluster_id, status.state))
-        reply = await peer.call("__typedsocket_setTag", {"name": "x"}, timeout=5.0)
+        reply = await caller.call("__typedsocket_setTag", {"name": "x"}, timeout=5.0)
         assert reply == {"success": True}
 
-    session = _session(cloudly, status, connect_steps=[step])
+    session = _session(cloudly, status, connect_step=step)
     async with running(session):
         await status.wait_until(is_connected)
     assert seen == [(CLUSTER, SessionState.AUTHENTICATING)]
@@ -63,7 +63,7 @@ async def test_connect_steps_run_after_the_cluster_is_read_and_before_serving(
     assert kinds[1:5] == ["identity-issued", "tag-set", "cluster-config-read", "tag-set"]
 
 
-async def test_a_request_before_the_connect_steps_finished_is_not_ready_and_never_handled(
+async def test_a_request_before_the_connect_step_finished_is_not_ready_and_never_handled(
     cloudly: StandInCloudly,
 ) -> None:
     """While a step still runs the session serves nothing: Cloudly's request is answered
@@ -73,7 +73,7 @@ async def test_a_request_before_the_connect_steps_finished_is_not_ready_and_neve
     in_step, finish_step = asyncio.Event(), asyncio.Event()
     handled: list[dict[str, Any]] = []
 
-    async def step(peer: Peer, view: ClusterView) -> None:
+    async def step(caller: Caller, view: ClusterView) -> None:
         in_step.set()
         await finish_step.wait()
 
@@ -83,7 +83,7 @@ async def test_a_request_before_the_connect_steps_finished_is_not_ready_and_neve
         return body
 
     session = _session(
-        cloudly, status, routes=Routes([body_route("echo", echo)]), connect_steps=[step]
+        cloudly, status, routes=Routes([body_route("echo", echo)]), connect_step=step
     )
     with structlog.testing.capture_logs() as logs:
         async with running(session):
@@ -112,7 +112,7 @@ async def test_the_enrollment_step_enrolls_on_connect_once(
     session = _session(
         cloudly,
         status,
-        connect_steps=[lambda peer, view: enrollment.ensure(peer, view.cluster_id)],
+        connect_step=lambda caller, view: enrollment.ensure(caller, view.cluster_id),
     )
     try:
         async with running(session):
@@ -136,12 +136,12 @@ async def test_a_failed_step_ends_the_attempt_and_the_session_retries(
     status = AgentStatus()
     attempts: list[int] = []
 
-    async def flaky(peer: Peer, view: ClusterView) -> None:
+    async def flaky(caller: Caller, view: ClusterView) -> None:
         attempts.append(len(attempts) + 1)
         if len(attempts) == 1:
             raise EnrollmentFailed("Cloudly refused beginSecretRecipientEnrollment: not now")
 
-    session = _session(cloudly, status, connect_steps=[flaky])
+    session = _session(cloudly, status, connect_step=flaky)
     with structlog.testing.capture_logs() as events:
         async with running(session):
             await status.wait_until(is_connected)
@@ -154,13 +154,11 @@ async def test_a_failed_step_ends_the_attempt_and_the_session_retries(
     assert snapshot.last_error == "Cloudly refused beginSecretRecipientEnrollment: not now"
 
 
-async def test_watchers_see_every_published_cluster_view(cloudly: StandInCloudly) -> None:
+async def test_the_watcher_sees_every_published_cluster_view(cloudly: StandInCloudly) -> None:
     """The connect read and each pushClusterConfig reach the watcher, in order."""
     status = AgentStatus()
     views: list[Any] = []
-    session = _session(
-        cloudly, status, view_watchers=[lambda view: views.append(sorted(view.nodes))]
-    )
+    session = _session(cloudly, status, view_watcher=lambda view: views.append(sorted(view.nodes)))
     async with running(session):
         await status.wait_until(is_connected)
         await cloudly.push_cluster_config(

@@ -12,7 +12,7 @@ import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from agent.errors import ConfigError, SessionClosed, SessionError
+from agent.errors import ConfigError, SessionClosed, SessionError, UpgradeRefused
 from agent.session.transport import (
     WebsocketTransport,
     connect_transport,
@@ -97,7 +97,6 @@ async def test_peer_close_becomes_session_closed_with_code_and_reason(
         await transport.recv()
     assert (caught.value.close_code, caught.value.reason) == (4000, "bye")
     assert isinstance(caught.value.__cause__, ConnectionClosed)
-    assert transport.close_code == 4000
 
 
 async def test_send_after_close_raises_session_closed(
@@ -156,8 +155,9 @@ async def test_refused_connection_is_a_session_error() -> None:
     assert isinstance(caught.value.__cause__, OSError)
 
 
-async def test_non_websocket_server_is_a_session_error() -> None:
-    """An HTTP server that refuses the upgrade yields SessionError, not a library exception."""
+async def test_non_websocket_server_is_an_upgrade_refused_with_its_status() -> None:
+    """An HTTP server that refuses the upgrade yields `UpgradeRefused` (a SessionError, not a
+    library exception) carrying the HTTP status it answered."""
 
     async def answer_404(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -168,11 +168,12 @@ async def test_non_websocket_server_is_a_session_error() -> None:
     listener = await asyncio.start_server(answer_404, "127.0.0.1", 0)
     port = listener.sockets[0].getsockname()[1]
     try:
-        with pytest.raises(SessionError, match="refused the websocket"):
+        with pytest.raises(UpgradeRefused, match="refused the websocket") as caught:
             await _open(port)
     finally:
         listener.close()
         await listener.wait_closed()
+    assert caught.value.http_status == 404
 
 
 async def test_frames_are_never_logged_even_at_debug(

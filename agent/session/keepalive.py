@@ -1,0 +1,53 @@
+"""The session's keepalive: a websocket ping every `interval` s, on the session's clock.
+
+Each pong's round trip goes to `on_pong` (the status records it, so readiness can say when
+Cloudly was last heard); a ping left unanswered for `pong_timeout` s declares the connection dead:
+`SessionClosed` 1011 (internal error), and the session reconnects. The library's own keepalive
+is off (`agent.session.transport`), so every wait runs on the injected `Clock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import NoReturn, Protocol
+
+from agent.clock import Clock
+from agent.errors import SessionClosed
+from agent.session.transport import CloseCode
+
+__all__ = ["Pinger", "keep_alive"]
+
+
+class Pinger(Protocol):
+    """A connection that can be pinged (`WebsocketTransport`)."""
+
+    async def ping(self) -> float:
+        """Send a ping; the seconds until its pong."""
+        ...
+
+
+async def keep_alive(
+    connection: Pinger,
+    *,
+    clock: Clock,
+    interval: float,
+    pong_timeout: float,
+    on_pong: Callable[[float], None],
+) -> NoReturn:
+    """Ping every `interval` s and report each pong; raise `SessionClosed` 1011 when a pong is
+    later than `pong_timeout` s."""
+    while True:
+        await clock.sleep(interval)
+        async with asyncio.TaskGroup() as group:
+            pong = group.create_task(connection.ping())
+            expiry = group.create_task(clock.sleep(pong_timeout))
+            await asyncio.wait({pong, expiry}, return_when=asyncio.FIRST_COMPLETED)
+            expiry.cancel()
+            pong.cancel()  # no-op once answered
+        if pong.cancelled():
+            raise SessionClosed(
+                CloseCode.INTERNAL_ERROR,
+                f"Cloudly answered no keepalive ping within {pong_timeout:g} s",
+            )
+        on_pong(pong.result())
