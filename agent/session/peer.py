@@ -101,7 +101,7 @@ class Peer:
         self._signals: dict[str, Signal] = {}
         self._handlers: dict[asyncio.Task[None], int] = {}
         self._children: set[asyncio.Task[None]] = set()
-        self._timer = Signal()
+        self._timer = Signal(clock)
         self._timer_target: float | None = None
         self._group: asyncio.TaskGroup | None = None
 
@@ -205,7 +205,10 @@ class Peer:
 
     def watch(self, stream_id: str) -> Signal:
         """The signal fired whenever stream `stream_id` changes."""
-        return self._signals.setdefault(stream_id, Signal())
+        signal = self._signals.get(stream_id)
+        if signal is None:
+            signal = self._signals[stream_id] = Signal(self._clock)
+        return signal
 
     def unwatch(self, stream_id: str) -> None:
         """Nobody waits on stream `stream_id` any more."""
@@ -260,8 +263,7 @@ class Peer:
     async def _run_timers(self) -> None:
         while True:
             self._timer_target = self.connection.next_deadline()
-            delay = None if self._timer_target is None else self._timer_target - self.now()
-            await self._timer.wait(delay)
+            await self._timer.wait(self._timer_target)
             self.connection.advance(self.now())
             await self._flush_quietly()
 

@@ -12,7 +12,8 @@ never frees). The protocol's keep-alive timeout cannot see that, so every wait h
 a source that waits `stall_timeout` s for the next chunk, a sink that waits as long for room in
 the window (or for the closing bit's acknowledgement) aborts the stream and raises
 `StreamBroken` (`transfer-interrupted`, retryable), and whoever reads or writes it ends as on
-any broken stream. The deadline is read on the owner's clock (`now()`), as every stream timer.
+any broken stream. The deadline is set and waited for on the owner's clock (`now()`, and the
+`Signal`'s `clock.timeout_at`), as every stream timer: a clock moved by hand moves it too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from agent.clock import Clock
 from agent.contracts.base import StreamMarker
 from agent.errors import StreamBroken
 from agent.observe import Direction
@@ -33,9 +35,10 @@ __all__ = ["HandlerContext", "Signal", "Sink", "Source", "StreamOwner", "marker_
 
 
 class Signal:
-    """A broadcast wake-up: `fire()` wakes every current waiter."""
+    """A broadcast wake-up: `fire()` wakes every current waiter. Waits are bounded on `clock`."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._waiters: set[asyncio.Future[None]] = set()
 
     def fire(self) -> None:
@@ -45,16 +48,13 @@ class Signal:
                 waiter.set_result(None)
         self._waiters.clear()
 
-    async def wait(self, within: float | None = None) -> None:
-        """Wait for the next `fire()`, or at most `within` seconds."""
+    async def wait(self, deadline: float | None = None) -> None:
+        """Wait for the next `fire()`, or until the clock reads `deadline` (None: no bound)."""
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
         try:
-            if within is None:
+            async with self._clock.timeout_at(deadline):
                 await waiter
-            else:
-                async with asyncio.timeout(max(within, 0.0)):
-                    await waiter
         except TimeoutError:
             pass
         finally:
@@ -84,21 +84,17 @@ class StreamOwner(Protocol):
 
 
 class _Stall:
-    """The deadline of one wait on a stream: `left()` seconds, then `expired()`."""
+    """The deadline of one wait on a stream (`deadline`, on the owner's clock), `expired()`."""
 
-    __slots__ = ("_deadline", "_owner")
+    __slots__ = ("_owner", "deadline")
 
     def __init__(self, owner: StreamOwner) -> None:
         self._owner = owner
         timeout = owner.stall_timeout
-        self._deadline = None if timeout is None else owner.now() + timeout
-
-    def left(self) -> float | None:
-        return None if self._deadline is None else self._deadline - self._owner.now()
+        self.deadline = None if timeout is None else owner.now() + timeout
 
     def expired(self) -> bool:
-        left = self.left()
-        return left is not None and left <= 0
+        return self.deadline is not None and self._owner.now() >= self.deadline
 
 
 async def _stall_stream(owner: StreamOwner, stream: Stream, waiting_for: str) -> None:
@@ -136,7 +132,7 @@ class Source:
                 if stall.expired():
                     await _stall_stream(owner, self._stream, "chunk from the peer")
                 else:
-                    await self._signal.wait(stall.left())
+                    await self._signal.wait(stall.deadline)
                 continue
             await owner.flush()  # a `read` we drive may go out now that there is room
             if item is CLOSING:
@@ -190,7 +186,7 @@ class Sink:
                     if stall.expired():
                         await _stall_stream(owner, stream, "acknowledgement of the closing bit")
                     else:
-                        await self._signal.wait(stall.left())
+                        await self._signal.wait(stall.deadline)
                 if stream.state is InitiatorState.BROKEN:
                     raise StreamBroken(f"stream {stream.stream_id} broke: {stream.broken_reason}")
         finally:
@@ -208,7 +204,7 @@ class Sink:
             if stall.expired():
                 await _stall_stream(self._owner, self._stream, "room in the stream window")
             else:
-                await self._signal.wait(stall.left())
+                await self._signal.wait(stall.deadline)
 
 
 class HandlerContext:

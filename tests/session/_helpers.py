@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.base import PassThroughModel
 from agent.errors import SessionClosed
 from agent.protocol.connection import ConnectionSettings
@@ -48,13 +49,14 @@ async def peers(
     settings: ConnectionSettings = FAST,
     *,
     stall_timeout: float | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[tuple[Peer, Peer, MemoryTransport, MemoryTransport]]:
-    """Two running peers (both with `stall_timeout`); the connection closes on exit and both
-    runs end SessionClosed."""
+    """Two running peers (both with `stall_timeout`, both on `clock`); the connection closes
+    on exit and both runs end SessionClosed."""
     ta, tb = transport_pair()
     left, right = (
-        Peer(ta, left_routes, settings=settings, stall_timeout=stall_timeout),
-        Peer(tb, right_routes, settings=settings, stall_timeout=stall_timeout),
+        Peer(ta, left_routes, settings=settings, stall_timeout=stall_timeout, clock=clock),
+        Peer(tb, right_routes, settings=settings, stall_timeout=stall_timeout, clock=clock),
     )
     runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
     try:
