@@ -34,9 +34,10 @@ from agent.protocol.envelope import (
 )
 from agent.protocol.ids import new_uni_id
 from agent.protocol.markers import find_stream_ids, marker
+from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_initiator import InitiatorStream
 from agent.protocol.stream_responder import ResponderStream, Role
-from agent.protocol.streams import StreamRegistry, StreamSettings
+from agent.protocol.streams import StreamRegistry
 
 __all__ = [
     "CLOSING",

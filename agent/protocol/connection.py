@@ -64,7 +64,7 @@ from agent.errors import (
     wire_error_data,
 )
 from agent.protocol.calls import CallTable, Completed, Failed, Unmatched
-from agent.protocol.chunks import ChunkForm, Closing
+from agent.protocol.chunks import Closing
 from agent.protocol.envelope import (
     Correlation,
     Envelope,
@@ -81,9 +81,10 @@ from agent.protocol.envelope import (
 )
 from agent.protocol.ids import new_uni_id
 from agent.protocol.markers import find_stream_ids
+from agent.protocol.settings import ConnectionSettings, StreamSettings
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role
-from agent.protocol.streams import StreamRegistry, StreamSettings
+from agent.protocol.streams import StreamRegistry
 
 __all__ = [
     "MAX_CHUNK",
@@ -98,6 +99,7 @@ __all__ = [
     "RequestReceived",
     "Stream",
     "StreamChanged",
+    "StreamSettings",
 ]
 
 UNKNOWN_METHOD_TEXT: Final = "There is no available method for this call on the server side"
@@ -108,49 +110,6 @@ MAX_CHUNK: Final = 1 << 20
 Stream = InitiatorStream | ResponderStream
 
 log = structlog.get_logger("agent.protocol")
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionSettings:
-    """Tunables of one connection (`chunk_form`: "buffer" or "base64", see `chunks`).
-
-    `stream_window` (chunks) and `stream_window_bytes` bound what one stream we receive may
-    queue; `inline_decode_max` is the payload size (characters) from which a received chunk is
-    left for the driver to decode off the event loop.
-    """
-
-    stream_window: int = 16
-    stream_window_bytes: int = 8 * 1024 * 1024
-    inline_decode_max: int = 64 * 1024
-    keepalive_interval: float = 1.0
-    keepalive_timeout: float = 10.0
-    backpressure_probe: float = 0.05
-    max_retry_attempts: int = 5
-    chunk_form: ChunkForm = "buffer"
-    max_concurrent_requests: int = 64
-    busy_retry_ms: int = 1000
-
-    def __post_init__(self) -> None:
-        if self.chunk_form not in ("buffer", "base64"):
-            raise InvalidState(f"unknown chunk_form {self.chunk_form!r}")
-        if self.max_concurrent_requests < 1:
-            raise InvalidState("max_concurrent_requests must be at least 1")
-        if self.stream_window_bytes < 1 or self.inline_decode_max < 0:
-            raise InvalidState(
-                "stream_window_bytes must be positive, inline_decode_max not negative"
-            )
-
-    def streams(self) -> StreamSettings:
-        """The settings every stream of the connection shares."""
-        return StreamSettings(
-            window=self.stream_window,
-            window_bytes=self.stream_window_bytes,
-            inline_decode_max=self.inline_decode_max,
-            keepalive_interval=self.keepalive_interval,
-            keepalive_timeout=self.keepalive_timeout,
-            probe_interval=self.backpressure_probe,
-            chunk_form=self.chunk_form,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +173,7 @@ class Connection:
         self._methods = frozenset(methods)
         self._new_id = new_id
         self._calls = CallTable(new_id=new_id, max_attempts=self.settings.max_retry_attempts)
-        self._streams = StreamRegistry(self.settings.streams(), new_id)
+        self._streams = StreamRegistry(self.settings.streams, new_id)
         self._requests: dict[int, _Request] = {}
         self._request_ids = 0
         self._outbox: list[bytes] = []

@@ -8,9 +8,9 @@ At most one data cycle and one keep-alive cycle are in flight, as in typedreques
   has room; the responder answers with a chunk and `next` (our own responder parks a `read`
   until it has data). A reply without a chunk and with `next: false` makes us wait one probe
   interval. The stream ENDS at the closing bit.
-- Keep-alive: a `keepAlive` frame every `keepalive_interval`; `keepalive_timeout` seconds
-  without any answer breaks the stream, and so does a data cycle unanswered that long. An
-  answer `keepAlive: false` before the end breaks it too (the responder gave up).
+- Keep-alive: a `keepAlive` frame every `park_timeout` (`StreamSettings`); `idle_timeout`
+  seconds without any answer breaks the stream, and so does a data cycle unanswered that long.
+  An answer `keepAlive: false` before the end breaks it too (the responder gave up).
 - A stream frame of ours that comes back unanswered (the TS router echoes frames for unknown
   streams; a 3.3.0 responder answers `read` with `response: null`) breaks the stream.
 - After the end (or an abort) one `keepAlive: false` frame tells the responder to let go.
@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
 from agent.protocol.chunks import CLOSING, ChunkForm, Closing, decode_chunk, encode_chunk
+from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage
 from agent.protocol.stream_responder import Role
 
@@ -59,26 +60,20 @@ class InitiatorStream:
         self,
         stream_id: str,
         role: Role,
+        settings: StreamSettings,
         *,
-        window: int,
-        keepalive_interval: float,
-        keepalive_timeout: float,
-        probe_interval: float,
         new_id: Callable[[], str],
-        chunk_form: ChunkForm = "buffer",
     ) -> None:
-        if window < 1:
-            raise InvalidState("stream window must be at least 1")
         self.stream_id = stream_id
         self.role = role
         self.state = InitiatorState.PENDING
         self.broken_reason = ""
-        self._window = window
-        self._interval = keepalive_interval
-        self._timeout = keepalive_timeout
-        self._probe = probe_interval
+        self._window = settings.window
+        self._interval = settings.park_timeout
+        self._timeout = settings.idle_timeout
+        self._probe = settings.probe_interval
         self._new_id = new_id
-        self._form: ChunkForm = chunk_form
+        self._form: ChunkForm = settings.chunk_form
         self._queue: deque[bytes | Closing] = deque()
         self._queued_close = False
         self._last_ok = 0.0
@@ -286,11 +281,6 @@ class InitiatorStream:
     def done(self) -> bool:
         """Whether the stream is over (ENDED or BROKEN)."""
         return self.state in (InitiatorState.ENDED, InitiatorState.BROKEN)
-
-    @property
-    def outstanding(self) -> tuple[str, ...]:
-        """Cycle ids awaiting an answer."""
-        return tuple(c for c in (self._keepalive_cycle, self._data_cycle) if c is not None)
 
     def _check_producer(self) -> None:
         if self.role is not Role.SEND:

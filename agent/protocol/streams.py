@@ -28,28 +28,15 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from agent.errors import InvalidState, RemoteProtocolError
-from agent.protocol.chunks import ChunkForm
 from agent.protocol.envelope import Envelope
+from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
 from agent.protocol.stream_initiator import InitiatorStream
 from agent.protocol.stream_responder import ResponderStream, Role
 
-__all__ = ["ECHO_MEMORY", "FrameResult", "StreamRegistry", "StreamSettings"]
+__all__ = ["ECHO_MEMORY", "FrameResult", "StreamRegistry"]
 
 ECHO_MEMORY: Final = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class StreamSettings:
-    """Tunables shared by every stream of a connection."""
-
-    window: int = 16
-    window_bytes: int = 8 * 1024 * 1024
-    inline_decode_max: int = 64 * 1024
-    keepalive_interval: float = 1.0
-    keepalive_timeout: float = 10.0
-    probe_interval: float = 0.05
-    chunk_form: ChunkForm = "buffer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,18 +63,7 @@ class StreamRegistry:
         """Register a stream we answer for; raises `RemoteProtocolError` on a duplicate id."""
         if stream_id in self.responders or stream_id in self.initiators:
             raise RemoteProtocolError(f"stream id {stream_id} is already in use")
-        s = self.settings
-        stream = ResponderStream(
-            stream_id,
-            role,
-            now=now,
-            window=s.window,
-            idle_timeout=s.keepalive_timeout,
-            park_timeout=s.keepalive_interval,
-            chunk_form=s.chunk_form,
-            window_bytes=s.window_bytes,
-            inline_decode_max=s.inline_decode_max,
-        )
+        stream = ResponderStream(stream_id, role, self.settings, now=now)
         self.responders[stream_id] = stream
         return stream
 
@@ -98,17 +74,7 @@ class StreamRegistry:
             stream_id = self.new_id()
         if stream_id in self.responders or stream_id in self.initiators:
             raise InvalidState(f"stream id {stream_id} is already in use")
-        s = self.settings
-        stream = InitiatorStream(
-            stream_id,
-            role,
-            window=s.window,
-            keepalive_interval=s.keepalive_interval,
-            keepalive_timeout=s.keepalive_timeout,
-            probe_interval=s.probe_interval,
-            new_id=self.new_id,
-            chunk_form=s.chunk_form,
-        )
+        stream = InitiatorStream(stream_id, role, self.settings, new_id=self.new_id)
         self.initiators[stream_id] = stream
         return stream
 
@@ -172,14 +138,13 @@ class StreamRegistry:
             answer = stream.expire(now)
             if answer is not None or stream.state is not before:
                 changed.append((stream.stream_id, answer))
-            if stream.finished(now, self.settings.keepalive_timeout):
+            if stream.finished(now):
                 del self.responders[stream.stream_id]
         return changed
 
     def next_wakeup(self) -> float | None:
         """The earliest responder timer (idle timeout, parked read, end of lingering)."""
-        linger = self.settings.keepalive_timeout
-        times = [t for s in self.responders.values() if (t := s.next_wakeup(linger)) is not None]
+        times = [t for s in self.responders.values() if (t := s.next_wakeup()) is not None]
         return min(times, default=None)
 
     def forget_responder(self, stream_id: str) -> None:

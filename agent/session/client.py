@@ -59,6 +59,7 @@ import structlog
 from pydantic import ValidationError
 
 from agent.clock import SYSTEM_CLOCK, Clock
+from agent.config import websocket_url
 from agent.contracts.base import StreamMarker, WireModel, first_problem
 from agent.contracts.cluster import (
     METHOD_GET_CLUSTER_CONFIG,
@@ -98,13 +99,7 @@ from agent.secret import MASK, Secret
 from agent.session.faults import HINTS, Fault, Outage, Report, ReportKind, classify
 from agent.session.peer import Peer
 from agent.session.reconnect import Reconnects, renew_delay
-from agent.session.transport import (
-    GOING_AWAY,
-    WebsocketTransport,
-    connect_transport,
-    tls_context,
-    websocket_url,
-)
+from agent.session.transport import GOING_AWAY, WebsocketTransport, connect_transport, tls_context
 from agent.status import AgentStatus, SessionState
 
 __all__ = ["METHOD_SET_TAG", "CloudlySession", "ConnectStep", "SessionObservers", "SessionSettings"]
@@ -139,7 +134,7 @@ class SessionSettings:
     stream (`Peer`'s `stall_timeout`).
     """
 
-    url: str
+    url: str  # ws(s), or http(s) mapped by the one mapping, `agent.config.websocket_url`
     tag_name: str
     tag_payload: Any
     max_frame_bytes: int

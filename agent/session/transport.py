@@ -12,8 +12,9 @@ Thin adapter, both roles (the agent's client socket and the stand-in Cloudly's s
 
 `connect_transport()` opens the agent's client connection and translates every way opening can
 fail (refused, DNS, TLS, handshake, timeout) into `SessionError`, chained (the session classifies
-the cause, `agent.session.faults`; a refused upgrade carries `httpStatus`); `websocket_url()` and
-`tls_context()` turn the configured Cloudly URL and CA file into what it needs.
+the cause, `agent.session.faults`; a refused upgrade carries `httpStatus`); `tls_context()`
+turns the CA file into what a wss:// URL needs (`agent.config.websocket_url` maps the
+configured Cloudly URL to the one dialled).
 `quiet_websocket_logger()` is the logger handed to the library: websockets logs whole frames at
 DEBUG, and frames carry the machine token and the JWT, so that logger never goes below INFO.
 """
@@ -38,7 +39,6 @@ __all__ = [
     "connect_transport",
     "quiet_websocket_logger",
     "tls_context",
-    "websocket_url",
 ]
 
 GOING_AWAY = 1001
@@ -105,15 +105,6 @@ class WebsocketTransport:
     def close_reason(self) -> str | None:
         """The close reason received from the other side, None while open."""
         return self._connection.close_reason
-
-
-def websocket_url(url: str) -> str:
-    """`url` with http(s) mapped to ws(s); ws(s) unchanged. Anything else is a `ConfigError`."""
-    scheme, separator, rest = url.partition("://")
-    mapped = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(scheme.lower())
-    if not separator or mapped is None or not rest:
-        raise ConfigError("cloudly.url", "must be an http, https, ws or wss URL")
-    return f"{mapped}://{rest}"
 
 
 def tls_context(url: str, ca_file: Path | None) -> ssl.SSLContext | None:

@@ -23,6 +23,7 @@ from agent.protocol.connection import (
     Connection,
     ConnectionSettings,
     RequestReceived,
+    StreamSettings,
 )
 from agent.protocol.envelope import STREAM_METHOD
 from agent.protocol.stream_responder import ResponderStream
@@ -222,7 +223,9 @@ class Driver:
     conn: Connection = field(
         default_factory=lambda: Connection(
             METHODS,
-            ConnectionSettings(stream_window=2, inline_decode_max=8, max_concurrent_requests=3),
+            ConnectionSettings(
+                streams=StreamSettings(window=2, inline_decode_max=8), max_concurrent_requests=3
+            ),
             new_id=_ids(),
         )
     )

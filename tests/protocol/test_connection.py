@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import replace
 from itertools import count
 from typing import Any
 
@@ -36,23 +37,24 @@ from agent.protocol.connection import (
     RequestReceived,
     Stream,
     StreamChanged,
+    StreamSettings,
 )
 from agent.protocol.stream_initiator import InitiatorState
 from agent.protocol.streams import ECHO_MEMORY
 
-SETTINGS = ConnectionSettings(keepalive_interval=1.0, keepalive_timeout=10.0, stream_window=4)
+STREAMS = StreamSettings(park_timeout=1.0, idle_timeout=10.0, window=4)
 
 
 def connection(
     methods: tuple[str, ...] = ("echo",), prefix: str = "id", **changes: Any
 ) -> Connection:
+    """A connection on `STREAMS`; `changes` name fields of `StreamSettings` or of
+    `ConnectionSettings`."""
     numbers = count(1)
-    settings = ConnectionSettings(**{**_fields(SETTINGS), **changes})
+    streams = {k: v for k, v in changes.items() if k in StreamSettings.__dataclass_fields__}
+    own = {k: v for k, v in changes.items() if k not in streams}
+    settings = ConnectionSettings(streams=replace(STREAMS, **streams), **own)
     return Connection(methods, settings, new_id=lambda: f"{prefix}{next(numbers)}")
-
-
-def _fields(settings: ConnectionSettings) -> dict[str, Any]:
-    return {name: getattr(settings, name) for name in settings.__dataclass_fields__}
 
 
 def request(method: str, body: Any, corr: str = "c1") -> bytes:

@@ -15,7 +15,7 @@ import pytest
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.base import PassThroughModel
 from agent.errors import SessionClosed
-from agent.protocol.connection import ConnectionSettings
+from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.routes import RequestContext, Route, Routes
 from agent.session.client import CloudlySession
 from agent.session.peer import Peer
@@ -24,7 +24,9 @@ from tests.memory import MemoryTransport, transport_pair
 
 __all__ = ["FAST", "Body", "body_route", "is_connected", "peers", "running"]
 
-FAST = ConnectionSettings(keepalive_interval=0.05, keepalive_timeout=0.5, backpressure_probe=0.005)
+FAST = ConnectionSettings(
+    streams=StreamSettings(park_timeout=0.05, idle_timeout=0.5, probe_interval=0.005)
+)
 
 
 class Body(PassThroughModel):

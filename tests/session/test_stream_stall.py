@@ -16,14 +16,14 @@ import pytest
 
 from agent.contracts.base import StreamMarker, WireModel
 from agent.errors import CallFailed, StreamBroken
-from agent.protocol.connection import ConnectionSettings
+from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.routes import ByteSink, ByteSource, RequestContext, Route, Routes
 from tests.clock import ManualClock
 from tests.session._helpers import peers
 
 STALL = 1.0
 SETTINGS = ConnectionSettings(
-    keepalive_interval=0.05, keepalive_timeout=0.3, backpressure_probe=0.005
+    streams=StreamSettings(park_timeout=0.05, idle_timeout=0.3, probe_interval=0.005)
 )
 
 
@@ -129,7 +129,7 @@ async def test_a_writer_whose_reader_stops_reading_breaks_when_the_window_stays_
             await write_forever(sink)
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
-    assert SETTINGS.stream_window <= written < 4 * SETTINGS.stream_window
+    assert SETTINGS.streams.window <= written < 4 * SETTINGS.streams.window
 
 
 async def test_the_stall_deadline_runs_on_the_peers_clock() -> None:
@@ -137,7 +137,7 @@ async def test_the_stall_deadline_runs_on_the_peers_clock() -> None:
     clock passes the deadline, long before that much real time went by."""
     clock, stall = ManualClock(), 600.0
     # No keep-alive falls due before the deadline: only the deadline itself can wake the wait.
-    quiet = ConnectionSettings(keepalive_interval=3000.0, keepalive_timeout=30000.0)
+    quiet = ConnectionSettings(streams=StreamSettings(park_timeout=3000.0, idle_timeout=30000.0))
     first = asyncio.Event()
 
     async def upload(request: Upload, ctx: RequestContext) -> Size:
