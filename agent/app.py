@@ -51,7 +51,7 @@ from agent.metrics import Metrics
 from agent.notify import Notifier, watchdog_seconds
 from agent.protocol.bytearrays import codec_backends
 from agent.protocol.connection import ConnectionSettings, StreamSettings
-from agent.protocol.routes import Routes
+from agent.protocol.handlers import Routes
 from agent.relay.routes import relay_routes
 from agent.relay.service import RelayService
 from agent.restore.engine import IsolatedRestoreEngine

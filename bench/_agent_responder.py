@@ -38,7 +38,7 @@ from agent.contracts.base import StreamMarker, WireModel
 from agent.errors import SessionClosed, StreamBroken
 from agent.log import configure_logging
 from agent.protocol.connection import ConnectionSettings, StreamSettings
-from agent.protocol.routes import RequestContext, Route, Routes
+from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.session.peer import Peer
 from agent.session.transport import WebsocketTransport, quiet_websocket_logger
 

@@ -44,7 +44,7 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.errors import CallFailed, CallTimeout, NotReady, SessionClosed, StreamBroken
 from agent.protocol.connection import ConnectionSettings, StreamSettings
-from agent.protocol.routes import ByteSink
+from agent.protocol.handlers import ByteSink
 from devstack.archive import (
     BLOCK_SIZE,
     GRANT_MARK,

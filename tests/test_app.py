@@ -16,7 +16,7 @@ from agent import app
 from agent.config import Config
 from agent.errors import AgentError, CallFailed, ConfigError, SessionClosed
 from agent.log import scrub_text
-from agent.protocol.routes import RequestContext, Routes
+from agent.protocol.handlers import RequestContext, Routes
 from agent.secret import MASK
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 from devstack.cloudly import StandInCloudly, cluster_document

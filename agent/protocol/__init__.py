@@ -36,8 +36,8 @@ from agent.protocol.ids import new_uni_id
 from agent.protocol.markers import find_stream_ids, marker
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_initiator import InitiatorStream
+from agent.protocol.stream_registry import StreamRegistry
 from agent.protocol.stream_responder import ResponderStream, Role
-from agent.protocol.streams import StreamRegistry
 
 __all__ = [
     "CLOSING",

@@ -83,8 +83,8 @@ from agent.protocol.ids import new_uni_id
 from agent.protocol.markers import find_stream_ids
 from agent.protocol.settings import ConnectionSettings, StreamSettings
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
+from agent.protocol.stream_registry import StreamRegistry
 from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role
-from agent.protocol.streams import StreamRegistry
 
 __all__ = [
     "MAX_CHUNK",

@@ -63,7 +63,7 @@ from agent.errors import (
     StreamNotServed,
 )
 from agent.protocol.connection import MAX_CHUNK
-from agent.protocol.routes import ByteSink, ByteSource
+from agent.protocol.handlers import ByteSink, ByteSource
 from agent.protocol.stream_initiator import UNSERVED
 
 __all__ = ["CloudlyCalls", "Progress", "receive_closure", "send_closure"]

@@ -93,7 +93,7 @@ from agent.errors import (
 from agent.log import scrub_text
 from agent.observe import NULL_OBSERVER, PeerObserver, SessionObserver
 from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import ByteSink, ByteSource, RequestContext, Route, Routes
+from agent.protocol.handlers import ByteSink, ByteSource, RequestContext, Route, Routes
 from agent.retry import Backoff
 from agent.secret import MASK, Secret
 from agent.session.faults import HINTS, Fault, Outage, Report, ReportKind, classify

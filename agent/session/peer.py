@@ -52,8 +52,8 @@ from agent.protocol.connection import (
     RequestReceived,
     StreamChanged,
 )
+from agent.protocol.handlers import ByteSink, ByteSource, Producer, Route, Routes
 from agent.protocol.ids import new_uni_id
-from agent.protocol.routes import ByteSink, ByteSource, Producer, Route, Routes
 from agent.protocol.stream_responder import ResponderStream
 from agent.session.streams import HandlerContext, Signal, Sink, Source, marker_of
 

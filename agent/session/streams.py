@@ -28,7 +28,7 @@ from agent.errors import StreamBroken
 from agent.observe import Direction
 from agent.protocol.chunks import CLOSING
 from agent.protocol.connection import MAX_CHUNK, Connection, Stream
-from agent.protocol.routes import ByteSink, ByteSource, Producer
+from agent.protocol.handlers import ByteSink, ByteSource, Producer
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 
 __all__ = ["HandlerContext", "Signal", "Sink", "Source", "StreamOwner", "marker_of"]

@@ -40,7 +40,7 @@ from agent.protocol.connection import (
     StreamSettings,
 )
 from agent.protocol.stream_initiator import InitiatorState
-from agent.protocol.streams import ECHO_MEMORY
+from agent.protocol.stream_registry import ECHO_MEMORY
 
 STREAMS = StreamSettings(park_timeout=1.0, idle_timeout=10.0, window=4)
 

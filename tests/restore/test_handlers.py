@@ -19,7 +19,7 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.errors import CallFailed, InvalidRequest, SessionClosed
 from agent.protocol.connection import ConnectionSettings, StreamSettings
-from agent.protocol.routes import Routes
+from agent.protocol.handlers import Routes
 from agent.restore.routes import isolated_restore_routes
 from agent.session.peer import Peer
 from tests.memory import transport_pair

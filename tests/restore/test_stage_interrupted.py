@@ -13,7 +13,7 @@ from agent.contracts.isolatedrestore import METHOD_STAGE
 from agent.errors import CallFailed, SessionClosed, StreamBroken
 from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.envelope import STREAM_METHOD
-from agent.protocol.routes import Routes
+from agent.protocol.handlers import Routes
 from agent.restore.routes import isolated_restore_routes
 from agent.session.peer import Peer
 from tests.memory import MemoryTransport, transport_pair

@@ -16,7 +16,7 @@ from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.base import PassThroughModel
 from agent.errors import SessionClosed
 from agent.protocol.connection import ConnectionSettings, StreamSettings
-from agent.protocol.routes import RequestContext, Route, Routes
+from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.session.client import CloudlySession
 from agent.session.peer import Peer
 from agent.status import SessionState, StatusSnapshot

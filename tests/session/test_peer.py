@@ -12,7 +12,7 @@ import pytest
 from agent.contracts.base import WireModel
 from agent.errors import CallFailed, CallTimeout, InvalidState, RestoreNotFound, SessionClosed
 from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import RequestContext, Route, Routes
+from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.session.peer import Peer
 from tests.memory import MemoryTransport, transport_pair
 from tests.session._helpers import FAST, body_route, peers

@@ -13,7 +13,7 @@ import pytest
 from agent.contracts.base import StreamMarker, WireModel
 from agent.errors import SessionClosed, StreamBroken
 from agent.protocol.connection import ConnectionSettings, StreamSettings
-from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
+from agent.protocol.handlers import ByteSink, RequestContext, Route, Routes
 from agent.session.peer import Peer
 from tests.memory import transport_pair
 from tests.session._helpers import FAST, body_route, peers

@@ -17,7 +17,7 @@ import pytest
 from agent.contracts.base import StreamMarker, WireModel
 from agent.errors import CallFailed, StreamBroken
 from agent.protocol.connection import ConnectionSettings, StreamSettings
-from agent.protocol.routes import ByteSink, ByteSource, RequestContext, Route, Routes
+from agent.protocol.handlers import ByteSink, ByteSource, RequestContext, Route, Routes
 from tests.clock import ManualClock
 from tests.session._helpers import peers
 

@@ -13,8 +13,8 @@ from agent.protocol.chunks import CLOSING
 from agent.protocol.envelope import Envelope, decode_envelope, encode_envelope
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_initiator import InitiatorState
+from agent.protocol.stream_registry import StreamRegistry
 from agent.protocol.stream_responder import ResponderStream, Role, StreamState
-from agent.protocol.streams import StreamRegistry
 
 SETTINGS = StreamSettings(window=4, park_timeout=1.0, idle_timeout=10.0)
 
