@@ -86,6 +86,8 @@ class InitiatorStream:
         self._not_before = 0.0  # earliest time for the next data frame (probe / empty read)
         self._farewell_sent = False
         self._armed = False
+        self._reader_done = False  # RECEIVE: the reader took the end (or the break), or left
+        self.end_reported = False  # the connection told its driver the stream is over
 
     # --- driving --------------------------------------------------------------------------
 
@@ -179,8 +181,10 @@ class InitiatorStream:
 
     @property
     def finished(self) -> bool:
-        """Over and said so: nothing more will be polled out of this stream."""
-        return self.done and (self._farewell_sent or not self._armed)
+        """Over and said so, and (RECEIVE) its reader took the end or left: nothing more will
+        be polled out of this stream or taken from it."""
+        said = self.done and (self._farewell_sent or not self._armed)
+        return said and (self.role is Role.SEND or self._reader_done)
 
     def _check_timeouts(self, now: float) -> None:
         if self.state is not InitiatorState.OPEN:
@@ -248,7 +252,7 @@ class InitiatorStream:
         """SEND: whether `write` may queue one more chunk now."""
         return len(self._queue) < self._window
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         """SEND: queue `data` (wait for `has_space()` first)."""
         self._check_producer()
         if not self.has_space():
@@ -267,10 +271,20 @@ class InitiatorStream:
         if self.role is not Role.RECEIVE:
             raise InvalidState("take() on a stream we send on")
         if self._queue:
-            return self._queue.popleft()
+            item = self._queue.popleft()
+            if item is CLOSING:
+                self._reader_done = True
+            return item
         if self.state is InitiatorState.BROKEN:
+            self._reader_done = True
             raise StreamBroken(f"stream {self.stream_id} broke: {self.broken_reason}")
         return None
+
+    def stop_reading(self) -> None:
+        """RECEIVE: the reader left before the end: drop what is queued, break if still open."""
+        self._reader_done = True
+        self._queue.clear()
+        self.abort("the reader stopped")
 
     def abort(self, reason: str) -> None:
         """Break the stream locally (no closing bit is sent)."""
@@ -281,6 +295,11 @@ class InitiatorStream:
     def done(self) -> bool:
         """Whether the stream is over (ENDED or BROKEN)."""
         return self.state in (InitiatorState.ENDED, InitiatorState.BROKEN)
+
+    @property
+    def broken(self) -> bool:
+        """Whether the stream is over without its end."""
+        return self.state is InitiatorState.BROKEN
 
     def _check_producer(self) -> None:
         if self.role is not Role.SEND:

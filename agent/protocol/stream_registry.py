@@ -34,9 +34,12 @@ from agent.protocol.stream_frames import StreamPackage, package_from_json, strea
 from agent.protocol.stream_initiator import InitiatorStream
 from agent.protocol.stream_responder import ResponderStream, Role
 
-__all__ = ["ECHO_MEMORY", "FrameResult", "StreamRegistry"]
+__all__ = ["ECHO_MEMORY", "OVER_MEMORY", "FrameResult", "StreamRegistry"]
 
 ECHO_MEMORY: Final = 1024
+# How many forgotten streams' outcomes are remembered, so that a late local call on one (a
+# producer back after its stream broke and lingered out) is answered as the stream would have.
+OVER_MEMORY: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,22 @@ class StreamRegistry:
     initiators: dict[str, InitiatorStream] = field(default_factory=dict)
     _cycles: dict[str, str] = field(default_factory=dict)  # cycle id -> initiator stream id
     _echoed: dict[str, None] = field(default_factory=dict)  # cycle ids we echoed, oldest first
+    _over: dict[str, str] = field(default_factory=dict)  # forgotten id -> why it broke ("": ended)
+
+    def find(self, stream_id: str) -> ResponderStream | InitiatorStream | None:
+        """The registered stream `stream_id`, if any."""
+        stream = self.responders.get(stream_id)
+        return stream if stream is not None else self.initiators.get(stream_id)
+
+    def past(self, stream_id: str) -> str | None:
+        """How forgotten stream `stream_id` ended: "" through its end, else why it broke; None
+        for an id it does not remember."""
+        return self._over.get(stream_id)
+
+    def _remember(self, stream: ResponderStream | InitiatorStream) -> None:
+        self._over[stream.stream_id] = stream.broken_reason if stream.broken else ""
+        if len(self._over) > OVER_MEMORY:
+            del self._over[next(iter(self._over))]
 
     def open_responder(self, stream_id: str, role: Role, now: float) -> ResponderStream:
         """Register a stream we answer for; raises `RemoteProtocolError` on a duplicate id."""
@@ -140,6 +159,7 @@ class StreamRegistry:
                 changed.append((stream.stream_id, answer))
             if stream.finished(now):
                 del self.responders[stream.stream_id]
+                self._remember(stream)
         return changed
 
     def next_wakeup(self) -> float | None:
@@ -153,7 +173,9 @@ class StreamRegistry:
 
     def forget_initiator(self, stream_id: str) -> None:
         """Drop a finished stream we drove, and its outstanding cycles."""
-        self.initiators.pop(stream_id, None)
+        stream = self.initiators.pop(stream_id, None)
+        if stream is not None:
+            self._remember(stream)
         for cycle_id in [c for c, s in self._cycles.items() if s == stream_id]:
             del self._cycles[cycle_id]
 

@@ -137,6 +137,7 @@ class ResponderStream:
         self._queued_close = False  # SEND: the producer called close()
         self._abandoned = False  # RECEIVE: nobody will read; accept and discard
         self._parked: _Parked | None = None
+        self.end_reported = False  # the connection told its driver the stream is over
 
     # --- frames from the initiator -------------------------------------------------------
 
@@ -193,6 +194,11 @@ class ResponderStream:
     def done(self) -> bool:
         """Whether the stream is over (ENDED or BROKEN)."""
         return self.state is not StreamState.OPEN
+
+    @property
+    def broken(self) -> bool:
+        """Whether the stream is over without its end."""
+        return self.state is StreamState.BROKEN
 
     @property
     def keep_alive(self) -> bool:
@@ -340,7 +346,7 @@ class ResponderStream:
         """Whether `offer` may queue one more chunk now."""
         return len(self._queue) < self._window
 
-    def offer(self, data: bytes) -> Envelope | None:
+    def offer(self, data: bytes | bytearray | memoryview) -> Envelope | None:
         """Queue `data`; returns a parked `read` answer to send now, if any."""
         self._check_producer()
         if not self.has_space():
