@@ -16,7 +16,9 @@ At most one data cycle and one keep-alive cycle are in flight, as in typedreques
 - After the end (or an abort) one `keepAlive: false` frame tells the responder to let go.
 
 A stream starts PENDING until `arm()`: its frames must not overtake the request that carries
-its marker. The producer may queue up to `window` chunks meanwhile.
+its marker. The producer may queue up to `window` chunks meanwhile. A RECEIVE stream is
+`finished` (its connection lets it go) only once its reader took the end or the break, or
+left (`stop_reading`): what arrived before the end stays readable after it.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ frame whose cycle id we already echoed is our own answer coming back: it is neve
 The memory of echoed cycle ids is bounded (`ECHO_MEMORY`, oldest forgotten first); a peer
 flooding more distinct stray ids than that in one round trip gets one echo per frame it sends,
 never more.
+
+A finished stream is forgotten (a stream we answer for after lingering, one we drive once it
+said farewell and its reader took the end), but how it ended is remembered (`past()`, the last
+`OVER_MEMORY`), so a late local call by its id is answered as the stream would have been.
 """
 
 from __future__ import annotations

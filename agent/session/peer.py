@@ -33,6 +33,7 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NoReturn, Protocol
 
@@ -140,11 +141,15 @@ class Peer:
         self.connection.stop_intake()
 
     async def drain(self, timeout: float) -> None:  # noqa: ASYNC109  # the drain deadline
-        """Give in-flight handlers `timeout` seconds, then cancel and answer the rest."""
+        """Give in-flight handlers `timeout` seconds (on the peer's clock), then cancel and
+        answer the rest."""
         handlers = dict(self._handlers)
         if not handlers:
             return
-        _, pending = await asyncio.wait(handlers, timeout=timeout)
+        with contextlib.suppress(TimeoutError):
+            async with self._clock.timeout(timeout):
+                await asyncio.wait(handlers)
+        pending = {task for task in handlers if not task.done()}
         for task in pending:
             task.cancel()
         if pending:

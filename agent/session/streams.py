@@ -53,8 +53,11 @@ class Signal:
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
         try:
-            async with self._clock.timeout_at(deadline):
+            if deadline is None:
                 await waiter
+            else:
+                async with self._clock.timeout_at(deadline):
+                    await waiter
         except TimeoutError:
             pass
         finally:
