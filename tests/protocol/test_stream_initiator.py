@@ -116,7 +116,7 @@ def test_keepalive_is_sent_every_interval_once_answered() -> None:
     assert by_purpose(stream.poll(1.0), "keepAlive").keep_alive is True
 
 
-def test_no_answer_within_the_keepalive_timeout_breaks_the_stream() -> None:
+def test_no_answer_within_the_idle_timeout_breaks_the_stream() -> None:
     """10 s without any answer: StreamBroken for the writer."""
     stream = initiator(Role.SEND)
     stream.poll(0.0)

@@ -218,7 +218,7 @@ async def test_upload_to_unknown_stream_breaks_the_writer() -> None:
 
 
 async def test_responder_that_stops_answering_breaks_the_writer_after_the_timeout() -> None:
-    """No stream answer within keepalive_timeout: the initiator's sink raises StreamBroken."""
+    """No stream answer within idle_timeout: the initiator's sink raises StreamBroken."""
     digests: list[str] = []
     async with peers(Routes(), upload_router(digests)) as (left, _, _, tb):
         tb.on_send = lambda frame: None if b"##VirtualStream##" in frame else frame
