@@ -55,8 +55,8 @@ from agent.metrics import Metrics
 from agent.notify import Notifier, watchdog_seconds
 from agent.preflight import check
 from agent.protocol.bytearrays import codec_backends
-from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import Routes
+from agent.protocol.connection import ConnectionSettings, StreamSettings
+from agent.protocol.handlers import Routes
 from agent.relay.routes import relay_routes
 from agent.relay.service import RelayService
 from agent.restore.engine import IsolatedRestoreEngine
@@ -94,10 +94,12 @@ def session_settings(config: Config) -> SessionSettings:
         backoff=Backoff(base=cloudly.backoff_base_s, cap=cloudly.backoff_cap_s),
         stable_after=cloudly.stable_after_s,
         connection=ConnectionSettings(
-            stream_window=streams.window,
-            stream_window_bytes=streams.window_bytes,
-            keepalive_timeout=streams.keepalive_timeout_s,
-            chunk_form=streams.chunk_form,
+            streams=StreamSettings(
+                window=streams.window,
+                window_bytes=streams.window_bytes,
+                idle_timeout=streams.idle_timeout_s,
+                chunk_form=streams.chunk_form,
+            ),
             max_concurrent_requests=cloudly.max_concurrent_requests,
         ),
         stream_stall_timeout=streams.stall_timeout_s,

@@ -45,6 +45,7 @@ from pydantic_core import ErrorDetails
 
 from agent.errors import ConfigError
 from agent.protocol.chunks import ChunkForm
+from agent.protocol.settings import ConnectionSettings
 from agent.secret import Secret
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "load_config",
     "load_secrets",
     "read_secret_file",
+    "websocket_url",
 ]
 
 KiB: Final = 1024
@@ -76,6 +78,13 @@ _MAX_SECONDS: Final = 86_400.0
 
 _URL_SCHEMES: Final = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
 _CLEARTEXT_SCHEMES: Final = frozenset({"http", "ws"})
+
+# The protocol's defaults are the configuration's: each is written once, in agent.protocol.
+_CONNECTION: Final = ConnectionSettings()
+_STREAMS: Final = _CONNECTION.streams
+
+# Keys that were renamed: an old file fails naming the new key (they mean the same).
+_RENAMED: Final = {"streams.keepalive_timeout_s": "streams.idle_timeout_s"}
 
 # A secret file named `${CREDENTIALS_DIRECTORY}/NAME` is the systemd credential NAME.
 CREDENTIALS_VARIABLE: Final = "CREDENTIALS_DIRECTORY"
@@ -141,7 +150,9 @@ class CloudlyConfig(_Section):
     identity_renew_margin_s: NonNegativeSeconds = 300.0
     tag_name: Annotated[str, Field(min_length=1)] = "restore-agent"
     tag_payload: Mapping[str, Any] = Field(default_factory=dict)
-    max_concurrent_requests: Annotated[int, Field(ge=1, le=4096)] = 64
+    max_concurrent_requests: Annotated[int, Field(ge=1, le=4096)] = (
+        _CONNECTION.max_concurrent_requests
+    )
 
     @field_validator("url")
     @classmethod
@@ -184,14 +195,27 @@ class CloudlyConfig(_Section):
     @property
     def websocket_url(self) -> str:
         """`url` with http(s) mapped to ws(s)."""
-        parts = urlsplit(self.url)
-        return urlunsplit(parts._replace(scheme=_URL_SCHEMES[parts.scheme]))
+        return websocket_url(self.url)
 
     @property
     def cleartext_allowed(self) -> bool:
         """Whether the session runs unencrypted to a host that is not loopback (only with
         `allow_cleartext`; the agent warns at start-up)."""
         return _is_cleartext_remote(self.url)
+
+
+def websocket_url(url: str) -> str:
+    """The websocket URL to dial for the Cloudly URL `url`: http(s) becomes ws(s), ws(s) and the
+    rest of the URL stay. Anything else is a `ConfigError` naming `cloudly.url`. The one place
+    the mapping is made (the session dials what this returns)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError("cloudly.url", "must be an http, https, ws or wss URL") from exc
+    scheme = _URL_SCHEMES.get(parts.scheme)  # urlsplit lowercases the scheme
+    if scheme is None or not parts.netloc:
+        raise ConfigError("cloudly.url", "must be an http, https, ws or wss URL")
+    return urlunsplit(parts._replace(scheme=scheme))
 
 
 def _is_cleartext_remote(url: str) -> bool:
@@ -267,15 +291,15 @@ class StateConfig(_Section):
 
 
 class StreamsConfig(_Section):
-    """`[streams]`: VirtualStream flow control and chunk encoding."""
+    """`[streams]`: VirtualStream flow control and chunk encoding (defaults: the protocol's)."""
 
-    window: Annotated[int, Field(ge=1, le=256)] = 16
-    window_bytes: Annotated[int, Field(ge=1 * MiB, le=256 * MiB)] = 8 * MiB
-    keepalive_timeout_s: Seconds = 10.0
+    window: Annotated[int, Field(ge=1, le=256)] = _STREAMS.window
+    window_bytes: Annotated[int, Field(ge=1 * MiB, le=256 * MiB)] = _STREAMS.window_bytes
+    idle_timeout_s: Seconds = _STREAMS.idle_timeout
     # The longest one wait on a stream may last (for the next chunk, or for room to send one)
     # while the peer keeps it alive without moving a byte: then the transfer fails, retryable.
     stall_timeout_s: Seconds = 300.0
-    chunk_form: ChunkForm = "buffer"
+    chunk_form: ChunkForm = _STREAMS.chunk_form
 
 
 class ShutdownConfig(_Section):
@@ -385,7 +409,10 @@ def load_config(path: Path) -> Config:
         errors = exc.errors(include_url=False)
         # A misspelt key is also a missing one; the unknown key is the cause worth naming.
         error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-        raise ConfigError(_dotted_key(error["loc"]), _reason(error)) from None
+        key = _dotted_key(error["loc"])
+        if error["type"] == "extra_forbidden" and key in _RENAMED:
+            raise ConfigError(key, f"renamed to {_RENAMED[key]} (same meaning)") from None
+        raise ConfigError(key, _reason(error)) from None
 
 
 def _dotted_key(loc: tuple[int | str, ...]) -> str:

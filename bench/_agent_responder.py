@@ -37,8 +37,8 @@ from websockets.asyncio.server import ServerConnection, serve
 from agent.contracts.base import StreamMarker, WireModel
 from agent.errors import SessionClosed, StreamBroken
 from agent.log import configure_logging
-from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import RequestContext, Route, Routes
+from agent.protocol.connection import ConnectionSettings, StreamSettings
+from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.session.peer import Peer
 from agent.session.transport import WebsocketTransport, quiet_websocket_logger
 
@@ -128,13 +128,13 @@ def main() -> None:
     """Parse the flags and serve."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--window", type=int, default=ConnectionSettings().stream_window)
+    parser.add_argument("--window", type=int, default=StreamSettings().window)
     parser.add_argument("--max-frame-mib", type=int, default=64)
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--profile", type=Path, help="write cProfile stats here at exit")
     args = parser.parse_args()
     configure_logging("json", args.log_level, sys.stderr)
-    settings = ConnectionSettings(stream_window=args.window)
+    settings = ConnectionSettings(streams=StreamSettings(window=args.window))
     work = serve_forever(args.port, settings, args.max_frame_mib * 2**20)
     if args.profile is None:
         asyncio.run(work)

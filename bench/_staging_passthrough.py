@@ -29,7 +29,7 @@ from agent.contracts.base import StreamMarker, WireModel
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.corestore.credentials import FixedCredentials
 from agent.log import configure_logging
-from agent.protocol.routes import RequestContext, Route, Routes
+from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.restore.staging import rechunk
 from agent.retry import RetryPolicy
 from agent.secret import Secret

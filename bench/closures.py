@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from agent.protocol.chunks import ChunkForm
-from agent.protocol.connection import ConnectionSettings
+from agent.protocol.connection import ConnectionSettings, StreamSettings
 from bench._procstat import machine_facts, memory_kib
 from bench._staging_runs import RssSampler, reset_peak_rss, stage_agent
 from bench._staging_world import (
@@ -117,7 +117,9 @@ class Bench:
         async with StandInCloudly(
             token=TOKEN,
             cluster=document,
-            peer_settings=ConnectionSettings(chunk_form=cast(ChunkForm, form)),
+            peer_settings=ConnectionSettings(
+                streams=StreamSettings(chunk_form=cast(ChunkForm, form))
+            ),
             closures_dir=self.work / f"cloudly-{form}",
         ) as cloudly:
             yield cloudly

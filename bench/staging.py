@@ -47,7 +47,7 @@ from typing import Any, cast
 from agent.corestore.client import CorestoreClient
 from agent.log import configure_logging
 from agent.protocol.chunks import ChunkForm
-from agent.protocol.connection import ConnectionSettings
+from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.secret import Secret
 from bench._procstat import machine_facts, memory_kib
 from bench._staging_report import report
@@ -149,7 +149,7 @@ async def cloudly_for(corestore: Corestore, form: str) -> AsyncIterator[StandInC
     async with StandInCloudly(
         token=TOKEN,
         cluster=document,
-        peer_settings=ConnectionSettings(chunk_form=cast(ChunkForm, form)),
+        peer_settings=ConnectionSettings(streams=StreamSettings(chunk_form=cast(ChunkForm, form))),
     ) as cloudly:
         yield cloudly
 

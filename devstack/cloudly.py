@@ -80,7 +80,7 @@ from agent.errors import (
     StreamBroken,
 )
 from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
+from agent.protocol.handlers import ByteSink, RequestContext, Route, Routes
 from agent.session.client import METHOD_SET_TAG
 from agent.session.peer import Peer
 from agent.session.transport import WebsocketTransport, quiet_websocket_logger

@@ -56,7 +56,7 @@ from agent.contracts.credentials import (
 from agent.credentials.binding import challenge_info, credential_info
 from agent.credentials.hpke import KDF_HKDF_SHA256, KEM_X25519_HKDF_SHA256, NENC, Aead
 from agent.errors import Refusal
-from agent.protocol.routes import RequestContext, Route, Routes
+from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.secret import Secret
 
 __all__ = ["CredentialAuthority", "EnrollmentRefused", "UnknownRecipient"]

@@ -24,7 +24,7 @@ retryable refusal (`error.data.retryable`) is re-sent after `retry_delay`; a ses
 document. Each attempt is the same request with a fresh grant
 (and, for a stage, a fresh stream) at the same `expectedRevision`: the agent's exact-replay rule
 makes that safe when the lost attempt did succeed. The chunk form is the stand-in's
-(`ConnectionSettings.chunk_form`, see `stand_in_settings()`); the piece size is the driver's.
+(`StreamSettings.chunk_form`, see `stand_in_settings()`); the piece size is the driver's.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from agent.contracts.isolatedrestore import (
     METHOD_STAGE,
 )
 from agent.errors import CallFailed, CallTimeout, NotReady, SessionClosed, StreamBroken
-from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import ByteSink
+from agent.protocol.connection import ConnectionSettings, StreamSettings
+from agent.protocol.handlers import ByteSink
 from devstack.archive import (
     BLOCK_SIZE,
     GRANT_MARK,
@@ -75,11 +75,9 @@ __all__ = [
 ]
 
 
-def stand_in_settings(
-    chunk_form: Literal["buffer", "base64"] = "buffer", *, stream_window: int = 16
-) -> ConnectionSettings:
+def stand_in_settings(chunk_form: Literal["buffer", "base64"] = "buffer") -> ConnectionSettings:
     """Peer settings for a `StandInCloudly` sending stream chunks in `chunk_form`."""
-    return ConnectionSettings(chunk_form=chunk_form, stream_window=stream_window)
+    return ConnectionSettings(streams=StreamSettings(chunk_form=chunk_form))
 
 
 # --- progress ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from agent import app
 from agent.config import Config
 from agent.errors import AgentError, CallFailed, ConfigError, SessionClosed
 from agent.log import scrub_text
-from agent.protocol.routes import RequestContext, Routes
+from agent.protocol.handlers import RequestContext, Routes
 from agent.secret import MASK
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 from devstack.cloudly import StandInCloudly, cluster_document
@@ -238,8 +238,8 @@ def test_session_settings_follow_the_configuration(tmp_path: Path) -> None:
     assert settings.url == "wss://cloudly.example"
     assert (settings.max_frame_bytes, settings.ping_interval) == (32 * 2**20, 7.0)
     assert settings.tag_payload == {"cluster": "c1"}
-    assert (settings.close_timeout, settings.connection.stream_window) == (3.0, 8)
-    assert settings.connection.stream_window_bytes == 4 * 2**20
+    assert (settings.close_timeout, settings.connection.streams.window) == (3.0, 8)
+    assert settings.connection.streams.window_bytes == 4 * 2**20
 
 
 async def test_the_secrets_it_reads_are_masked_in_every_log_line(

@@ -22,6 +22,7 @@ from agent.config import (
     load_config,
     load_secrets,
     read_secret_file,
+    websocket_url,
 )
 from agent.errors import ConfigError
 from agent.secret import Secret
@@ -80,7 +81,7 @@ def test_minimal_file_gets_every_default(tmp_path: Path) -> None:
     assert config.corestore.transfer_timeout_s == 300.0
     assert config.corestore.restore_poll_interval_s == 1.0
     assert config.state.directory == Path("/var/lib/restore-agent")
-    assert (config.streams.window, config.streams.keepalive_timeout_s) == (16, 10.0)
+    assert (config.streams.window, config.streams.idle_timeout_s) == (16, 10.0)
     assert config.streams.window_bytes == 8 * 1024 * 1024
     assert config.streams.chunk_form == "buffer"
     assert (config.shutdown.drain_timeout_s, config.shutdown.close_timeout_s) == (20.0, 5.0)
@@ -103,7 +104,7 @@ def test_absolute_paths_are_kept(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("url", "websocket_url"),
+    ("url", "dialled"),
     [
         ("http://127.0.0.1:8080/", "ws://127.0.0.1:8080/"),
         ("https://cloudly.example.com/typedrequest", "wss://cloudly.example.com/typedrequest"),
@@ -111,12 +112,12 @@ def test_absolute_paths_are_kept(tmp_path: Path) -> None:
         ("wss://cloudly.example.com:443/x?y=1", "wss://cloudly.example.com:443/x?y=1"),
     ],
 )
-def test_websocket_url_maps_http_to_ws(tmp_path: Path, url: str, websocket_url: str) -> None:
+def test_websocket_url_maps_http_to_ws(tmp_path: Path, url: str, dialled: str) -> None:
     """http(s) becomes ws(s); ws(s) and the rest of the URL are kept."""
     config = load_config(
         write_config(tmp_path, MINIMAL.replace("https://cloudly.example.com", url))
     )
-    assert config.websocket_url == websocket_url
+    assert config.websocket_url == dialled
     assert config.cloudly.url == url
 
 
@@ -153,6 +154,28 @@ def test_allow_cleartext_lets_the_operator_mean_it(tmp_path: Path) -> None:
     )
     assert config.websocket_url == "ws://cloudly.example.com"
     assert config.cloudly.cleartext_allowed
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("http://cloudly.example:8080", "ws://cloudly.example:8080"),
+        ("https://cloudly.example/", "wss://cloudly.example/"),
+        ("HTTPS://cloudly.example", "wss://cloudly.example"),
+        ("ws://127.0.0.1:1", "ws://127.0.0.1:1"),
+        ("wss://cloudly.example/socket", "wss://cloudly.example/socket"),
+    ],
+)
+def test_the_session_dials_the_same_mapping(given: str, expected: str) -> None:
+    """`websocket_url`, which the session dials: http(s) becomes ws(s); ws(s) stays as it is."""
+    assert websocket_url(given) == expected
+
+
+@pytest.mark.parametrize("given", ["ftp://cloudly.example", "cloudly.example", "https://"])
+def test_other_urls_are_a_config_error(given: str) -> None:
+    """A URL that is no http(s)/ws(s) URL is refused naming the config key."""
+    with pytest.raises(ConfigError, match=r"cloudly\.url"):
+        websocket_url(given)
 
 
 def test_tag_payload_is_passed_on_verbatim(tmp_path: Path) -> None:
@@ -355,6 +378,10 @@ REFUSALS = [
         "config corestore.restore_poll_interval_s: expected a number, got a string",
     ),
     (("", "[streams]\nwindow = 0\n"), "config streams.window: must be >= 1, got 0"),
+    (
+        ("", "[streams]\nkeepalive_timeout_s = 10.0\n"),
+        "config streams.keepalive_timeout_s: renamed to streams.idle_timeout_s (same meaning)",
+    ),
     (
         ("", "[streams]\nwindow_bytes = 1000\n"),
         "config streams.window_bytes: must be >= 1048576, got 1000",

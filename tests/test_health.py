@@ -29,7 +29,7 @@ from agent.errors import StartupBlocked
 from agent.log import configure_logging
 from agent.notify import Notifier
 from agent.protocol.bytearrays import codec_backends
-from agent.protocol.routes import RequestContext, Routes
+from agent.protocol.handlers import RequestContext, Routes
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 from devstack.cloudly import ABSENT, StandInCloudly, cluster_document
 from tests.session._helpers import body_route

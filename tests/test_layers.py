@@ -12,6 +12,9 @@
   the tests' helpers, and the wheel built from `pyproject.toml` holds `agent/` and nothing else.
 - The sans-I/O protocol (`agent/protocol/`) depends on nothing of the agent but the errors and
   the contracts; no two modules of the product import each other (directly or around a circle).
+- The protocol's stream machines and their registry are its own: outside `agent/protocol/` (and
+  its tests, `tests/protocol/`) nothing imports them; the `Connection` hands out stream ids,
+  values and bytes.
 """
 
 from __future__ import annotations
@@ -161,6 +164,53 @@ def test_the_protocol_depends_only_on_errors_and_contracts() -> None:
         if module.startswith("agent.protocol")
     }
     assert {module: names for module, names in strays.items() if names} == {}
+
+
+PROTOCOL_INTERNALS = frozenset(
+    f"agent.protocol.{name}" for name in ("stream_initiator", "stream_responder", "stream_registry")
+)
+PROTOCOL_INTERNAL_NAMES = frozenset(
+    {"InitiatorStream", "ResponderStream", "StreamRegistry", "PendingChunk"}
+)
+
+
+def _internal_imports(path: Path) -> set[str]:
+    """What `path` imports of the protocol's stream machines (modules or names)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in PROTOCOL_INTERNALS)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module in PROTOCOL_INTERNALS:
+                found.add(node.module)
+            elif node.module.startswith("agent.protocol"):
+                found.update(
+                    f"{node.module}.{a.name}"
+                    for a in node.names
+                    if a.name in PROTOCOL_INTERNAL_NAMES
+                    or f"{node.module}.{a.name}" in PROTOCOL_INTERNALS
+                )
+    return found
+
+
+def test_the_stream_machines_stay_inside_the_protocol() -> None:
+    """Outside `agent/protocol/` no module of the product, the stand-ins, the benchmarks or the
+    tests of other parts imports a stream machine or the stream registry."""
+    inside = {AGENT / "protocol", ROOT / "tests" / "protocol"}
+    sources = [
+        path
+        for top in ("agent", "devstack", "bench", "tests")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if "node_modules" not in path.parts
+    ]
+    users = {path for path in sources if _internal_imports(path)}
+    assert AGENT / "protocol" / "connection.py" in users, "the rule checks nothing"
+    strays = {
+        path.relative_to(ROOT).as_posix(): sorted(_internal_imports(path))
+        for path in users
+        if not any(home in path.parents for home in inside)
+    }
+    assert strays == {}
 
 
 def test_no_product_modules_import_each_other_in_a_circle() -> None:

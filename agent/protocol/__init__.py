@@ -1,14 +1,26 @@
 """Sans-I/O TypedRequest/VirtualStream core (typedrequest 3.3.0 wire format; wire.md §1, §4).
 
-No asyncio here: every class takes `now` from an injected clock and ids from an injected
-factory, and returns frames to send. Modules:
+No asyncio here: every action takes `now` from its driver and ids from an injected factory,
+and returns frames to send. The face, what the rest of the agent uses:
+- `connection`: `Connection`, THE protocol object (frames, time and actions in; bytes, events
+  and deadlines out; streams named by id);
+- `events`: the values it hands out (`RequestReceived`, `Completed`, `Failed`,
+  `StreamChanged`, `StreamEnded`, `StreamBroke`, `ChunkToDecode`);
+- `settings`: `ConnectionSettings` and `StreamSettings`, every knob with its one default;
+- `handlers`: what a handler is and sees (`Route`, `Routes`, `RequestContext`, `ByteSource`,
+  `ByteSink`, `Producer`).
+Inside, in the order the bytes go:
 - `envelope`: the `Envelope` dataclass, JSON codec, dispatch rule, reply builders;
-- `chunks`: binary `chunkData` forms and the closing bit;
-- `markers`: stream markers inside payloads, the `_OBMITTED_VIRTUAL_STREAM` echo;
 - `calls`: the table of outgoing calls (ids, deadlines, `retry`);
+- `markers`: stream markers inside payloads, the `_OBMITTED_VIRTUAL_STREAM` echo;
 - `stream_frames`: the stream package inside `##VirtualStream##` frames;
-- `stream_responder` / `stream_initiator`: one stream, seen from each role;
-- `streams`: the registry routing stream frames of one connection;
+- `chunks`: binary `chunkData` forms and the closing bit; `chunk_frames` cuts a chunk's
+  payload out of its frame undecoded; `bytearrays` turns the payload into bytes (the native
+  codec or the pure path);
+- `stream_registry`: the streams of one connection and the routing of stream frames;
+- `stream_responder` / `stream_initiator`: one stream, seen from each role. These machines and
+  the registry are the connection's own: nothing outside this package imports them
+  (tests/test_layers.py);
 - `ids`: `uni_` ids.
 """
 
@@ -21,6 +33,12 @@ from agent.protocol.chunks import (
     decode_chunk,
     encode_chunk,
 )
+from agent.protocol.connection import (
+    MAX_CHUNK,
+    UNKNOWN_METHOD_TEXT,
+    Connection,
+    ConnectionState,
+)
 from agent.protocol.envelope import (
     STREAM_METHOD,
     Correlation,
@@ -32,31 +50,62 @@ from agent.protocol.envelope import (
     decode_envelope,
     encode_envelope,
 )
+from agent.protocol.events import (
+    ChunkToDecode,
+    ChunkToken,
+    Event,
+    RequestReceived,
+    StreamBroke,
+    StreamChanged,
+    StreamEnded,
+)
+from agent.protocol.handlers import (
+    ByteSink,
+    ByteSource,
+    Handler,
+    Producer,
+    RequestContext,
+    Route,
+    Routes,
+)
 from agent.protocol.ids import new_uni_id
 from agent.protocol.markers import find_stream_ids, marker
-from agent.protocol.stream_initiator import InitiatorStream
-from agent.protocol.stream_responder import ResponderStream, Role
-from agent.protocol.streams import StreamRegistry, StreamSettings
+from agent.protocol.settings import ConnectionSettings, StreamSettings
 
 __all__ = [
     "CLOSING",
     "CLOSING_BIT",
+    "MAX_CHUNK",
     "STREAM_METHOD",
+    "UNKNOWN_METHOD_TEXT",
+    "ByteSink",
+    "ByteSource",
     "CallTable",
     "ChunkForm",
+    "ChunkToDecode",
+    "ChunkToken",
     "Closing",
     "Completed",
+    "Connection",
+    "ConnectionSettings",
+    "ConnectionState",
     "Correlation",
     "Envelope",
     "ErrorInfo",
+    "Event",
     "Failed",
     "FrameKind",
-    "InitiatorStream",
+    "Handler",
+    "Producer",
+    "RequestContext",
+    "RequestReceived",
     "Resend",
-    "ResponderStream",
     "RetryAdvice",
-    "Role",
-    "StreamRegistry",
+    "Route",
+    "Routes",
+    "StreamBroke",
+    "StreamChanged",
+    "StreamEnded",
     "StreamSettings",
     "Unmatched",
     "classify",

@@ -1,15 +1,27 @@
 """`Connection`: one TypedRequest/VirtualStream connection, sans I/O.
 
 Everything the protocol decides lives here; an I/O driver (`agent.session.peer`) only moves
-bytes and runs handlers. In the shape of websockets' `Protocol`:
+bytes and runs handlers. In the shape of websockets' `Protocol` and h11's `Connection`, it
+hands out values and bytes only, never its stream machines; a stream is named by its id:
 
-- frames go in through `receive(frame, now)`; local actions are methods (`call`, `respond`,
-  `refuse`, `write`, `take`, ...), each taking `now`;
-- what to send comes out of `data_to_send()` and what happened out of `events_received()`;
-  both drain and clear. Frames leave in the order they were produced, so the request carrying
-  a stream marker always precedes the stream's own frames;
-- time passes only through `advance(now)`; `next_deadline()` says when that is next needed.
-  No timer is a task.
+- the network goes in through `receive_frame(frame, now)`, the end of the transport through
+  `connection_lost(reason, now)`, time through `advance(now)`; local actions are methods
+  (`call`, `respond`, `refuse`, `write`, `take`, ...). Every one that can depend on time takes
+  `now`; the connection keeps no clock and no time of its own;
+- what to send comes out of `data_to_send()` and what happened out of `events_received()`
+  (`agent.protocol.events`), in the order it happened; both drain and clear. Frames leave in
+  the order they were produced, so the request carrying a stream marker always precedes the
+  stream's own frames;
+- `next_deadline()` says when `advance()` is next needed. No timer is a task;
+- queries by stream id: `can_write(stream_id)`, `stream_outcome(stream_id)`.
+
+Streams, by who opens them: a handler reads a request's stream (`read_request_stream`) and
+opens streams for its response (`open_reply_stream`); a caller opens a stream to send in its
+call (`open_send_stream`) and reads one whose marker came in a response
+(`read_response_stream`). Then `write` (split into chunks of at most `MAX_CHUNK`, as many as
+the window has room for), `end_stream`, `abort_stream`, `take`, `stop_reading`. A stream is
+over once `StreamEnded` or `StreamBroke` came out; an id the connection forgot since (a
+finished stream lingers, then goes) is still answered as that stream would have been.
 
 Intake rules for a request frame, in this order:
 
@@ -29,16 +41,17 @@ Intake rules for a request frame, in this order:
    one it opened but left out of the response is aborted.
 
 Received chunks: a large chunk of a stream we answer for is queued undecoded and announced as a
-`ChunkReceived` event; the driver decodes it off the event loop (`chunk.decode()`) and reports
-with `settle_chunk()`. Frames of that stream arriving meanwhile wait and are answered once it is
-settled, so a chunk that does not decode has broken its stream before the peer's next frame of
-it is answered (`stream_responder`); other streams' frames and requests do not wait.
+`ChunkToDecode` event; the driver decodes its token off the event loop (`token.decode()`) and
+reports with `settle_chunk()`. Frames of that stream arriving meanwhile wait and are answered
+once it is settled, so a chunk that does not decode has broken its stream before the peer's
+next frame of it is answered (`stream_responder`); other streams' frames and requests do not
+wait.
 
 A malformed envelope that still names a method and a request correlation id gets an
 `invalid-request` answer that echoes nothing of it; anything else malformed is dropped with a
 log line. A frame nesting deeper than `envelope.MAX_DEPTH` is malformed. No frame a peer sends
-makes `receive` raise, and no reply it triggers (`respond`, `refuse` included) fails to encode
-for the peer's sake: an echoed request that does not encode is sent as `request: null`.
+makes `receive_frame` raise, and no reply it triggers (`respond`, `refuse` included) fails to
+encode for the peer's sake: an echoed request that does not encode is sent as `request: null`.
 Stream frames are routed by `StreamRegistry` (which answers a frame for an unknown stream at
 most once); no answer carries a peer's payload back. Nothing here logs a payload or a secret.
 """
@@ -64,7 +77,7 @@ from agent.errors import (
     wire_error_data,
 )
 from agent.protocol.calls import CallTable, Completed, Failed, Unmatched
-from agent.protocol.chunks import ChunkForm, Closing
+from agent.protocol.chunks import Closing
 from agent.protocol.envelope import (
     Correlation,
     Envelope,
@@ -79,16 +92,28 @@ from agent.protocol.envelope import (
     reply,
     retry_reply,
 )
+from agent.protocol.events import (
+    ChunkToDecode,
+    ChunkToken,
+    Event,
+    RequestReceived,
+    StreamBroke,
+    StreamChanged,
+    StreamEnded,
+)
 from agent.protocol.ids import new_uni_id
 from agent.protocol.markers import find_stream_ids
-from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
+from agent.protocol.settings import ConnectionSettings, StreamSettings
+from agent.protocol.stream_initiator import UNSERVED, InitiatorState, InitiatorStream
+from agent.protocol.stream_registry import StreamRegistry
 from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role
-from agent.protocol.streams import StreamRegistry, StreamSettings
 
 __all__ = [
     "MAX_CHUNK",
     "UNKNOWN_METHOD_TEXT",
-    "ChunkReceived",
+    "UNSERVED",
+    "ChunkToDecode",
+    "ChunkToken",
     "Completed",
     "Connection",
     "ConnectionSettings",
@@ -96,8 +121,10 @@ __all__ = [
     "Event",
     "Failed",
     "RequestReceived",
-    "Stream",
+    "StreamBroke",
     "StreamChanged",
+    "StreamEnded",
+    "StreamSettings",
 ]
 
 UNKNOWN_METHOD_TEXT: Final = "There is no available method for this call on the server side"
@@ -105,82 +132,9 @@ UNKNOWN_METHOD_TEXT: Final = "There is no available method for this call on the 
 # Buffer form already, and the window bounds memory as window x chunk size.
 MAX_CHUNK: Final = 1 << 20
 
-Stream = InitiatorStream | ResponderStream
+_Stream = InitiatorStream | ResponderStream
 
 log = structlog.get_logger("agent.protocol")
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectionSettings:
-    """Tunables of one connection (`chunk_form`: "buffer" or "base64", see `chunks`).
-
-    `stream_window` (chunks) and `stream_window_bytes` bound what one stream we receive may
-    queue; `inline_decode_max` is the payload size (characters) from which a received chunk is
-    left for the driver to decode off the event loop.
-    """
-
-    stream_window: int = 16
-    stream_window_bytes: int = 8 * 1024 * 1024
-    inline_decode_max: int = 64 * 1024
-    keepalive_interval: float = 1.0
-    keepalive_timeout: float = 10.0
-    backpressure_probe: float = 0.05
-    max_retry_attempts: int = 5
-    chunk_form: ChunkForm = "buffer"
-    max_concurrent_requests: int = 64
-    busy_retry_ms: int = 1000
-
-    def __post_init__(self) -> None:
-        if self.chunk_form not in ("buffer", "base64"):
-            raise InvalidState(f"unknown chunk_form {self.chunk_form!r}")
-        if self.max_concurrent_requests < 1:
-            raise InvalidState("max_concurrent_requests must be at least 1")
-        if self.stream_window_bytes < 1 or self.inline_decode_max < 0:
-            raise InvalidState(
-                "stream_window_bytes must be positive, inline_decode_max not negative"
-            )
-
-    def streams(self) -> StreamSettings:
-        """The settings every stream of the connection shares."""
-        return StreamSettings(
-            window=self.stream_window,
-            window_bytes=self.stream_window_bytes,
-            inline_decode_max=self.inline_decode_max,
-            keepalive_interval=self.keepalive_interval,
-            keepalive_timeout=self.keepalive_timeout,
-            probe_interval=self.backpressure_probe,
-            chunk_form=self.chunk_form,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class RequestReceived:
-    """The peer asks us to handle `method`; end it with `respond()` or `refuse()`."""
-
-    request_id: int
-    method: str
-    request: dict[str, Any]
-    stream_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class StreamChanged:
-    """Stream `stream_id` changed (data, room, end or breakage): its waiters re-check it."""
-
-    stream_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkReceived:
-    """A chunk of stream `stream_id` was queued undecoded: decode it (`chunk.decode()`, pure,
-    best in a worker thread) and report the bytes or the `RemoteProtocolError` with
-    `settle_chunk()` before feeding the connection its next frame."""
-
-    stream_id: str
-    chunk: PendingChunk
-
-
-Event = RequestReceived | Completed | Failed | StreamChanged | ChunkReceived
 
 
 class ConnectionState(enum.Enum):
@@ -214,15 +168,13 @@ class Connection:
         self._methods = frozenset(methods)
         self._new_id = new_id
         self._calls = CallTable(new_id=new_id, max_attempts=self.settings.max_retry_attempts)
-        self._streams = StreamRegistry(self.settings.streams(), new_id)
+        self._streams = StreamRegistry(self.settings.streams, new_id)
         self._requests: dict[int, _Request] = {}
         self._request_ids = 0
         self._outbox: list[bytes] = []
         self._events: list[Event] = []
-        self._changed: dict[str, None] = {}  # stream ids, in the order they changed
         self._intake_open = True
         self._closed: SessionClosed | None = None
-        self._now = 0.0
 
     # --- what comes out ------------------------------------------------------------------------
 
@@ -232,10 +184,9 @@ class Connection:
         return frames
 
     def events_received(self) -> list[Event]:
-        """What happened since the last call, in order; handed over and cleared."""
-        changed = [StreamChanged(stream_id) for stream_id in self._changed]
-        self._changed.clear()
-        events, self._events = self._events + changed, []
+        """What happened since the last call, in the order it happened; handed over and
+        cleared."""
+        events, self._events = self._events, []
         return events
 
     def next_deadline(self) -> float | None:
@@ -254,12 +205,35 @@ class Connection:
         """Requests being handled right now."""
         return len(self._requests)
 
-    # --- what goes in: frames and time ---------------------------------------------------------
+    def can_write(self, stream_id: str) -> bool:
+        """Whether `write(stream_id, ...)` acts now (as `select` reports a socket writable):
+        there is room in the window, or the stream is over and `write` raises. False only
+        while a stream we send on has its window full."""
+        stream = self._streams.find(stream_id)
+        return stream is None or stream.done or stream.has_space()
 
-    def receive(self, frame: bytes, now: float) -> None:
+    def stream_outcome(self, stream_id: str) -> StreamEnded | StreamBroke | None:
+        """None while stream `stream_id` is open, else how it ended (also once it is
+        forgotten; an id never seen, or long forgotten, reads as broken)."""
+        stream = self._streams.find(stream_id)
+        if stream is not None:
+            if not stream.done:
+                return None
+            return (
+                StreamBroke(stream_id, stream.broken_reason)
+                if stream.broken
+                else StreamEnded(stream_id)
+            )
+        past = self._streams.past(stream_id)
+        if past == "":
+            return StreamEnded(stream_id)
+        return StreamBroke(stream_id, past or "the connection knows no such stream")
+
+    # --- what goes in: frames, the transport's end and time ------------------------------------
+
+    def receive_frame(self, frame: bytes, now: float) -> None:
         """Take one text frame (UTF-8 JSON) from the peer."""
         self._check_open()
-        self._now = now
         try:
             obj = parse_frame(frame)
         except RemoteProtocolError as exc:
@@ -284,24 +258,24 @@ class Connection:
         """Let time pass: call deadlines and advised resends, stream keep-alives and timeouts."""
         if self._closed is not None:
             return
-        self._now = now
         self._events.extend(self._calls.expire(now))
         for call in self._calls.due_resends(now):
             log.info("call_resent", method=call.method, attempt=call.sends)
             self._outbox.append(call.wire)
         for stream_id, answer in self._streams.expire(now):
-            self._changed[stream_id] = None
             if answer is not None:
                 self._outbox.append(encode_envelope(answer))
             responder = self._streams.responders.get(stream_id)
-            if responder is not None and responder.broken_reason and responder.done:
+            if responder is None:
+                continue  # finished and forgotten: it was over, and said so, before
+            if responder.broken and responder.done:
                 log.warning("stream_broken", stream_id=stream_id, reason=responder.broken_reason)
-            if responder is not None:
-                self._release(responder)
+            self._touch(responder)
+            self._release(responder)
         for stream in list(self._streams.initiators.values()):
             self._pump(stream, now)
 
-    def close(self, reason: SessionClosed) -> None:
+    def connection_lost(self, reason: SessionClosed, now: float) -> None:
         """The transport is gone: every call fails, every stream breaks, nothing is sent."""
         if self._closed is not None:
             return
@@ -311,10 +285,10 @@ class Connection:
             self._events.append(Failed(call_id, SessionClosed(reason.close_code, reason.reason)))
         for stream in list(self._streams.all_streams()):
             if isinstance(stream, ResponderStream):
-                stream.abort("the session closed", self._now)
+                stream.abort("the session closed", now)
             else:
                 stream.abort("the session closed")
-            self._changed[stream.stream_id] = None
+            self._touch(stream)
         self._requests.clear()
 
     # --- requests we handle ----------------------------------------------------------------------
@@ -323,8 +297,9 @@ class Connection:
         """Answer every new request with `shutting-down` (requests in flight go on)."""
         self._intake_open = False
 
-    def respond(self, request_id: int, response: Mapping[str, Any]) -> list[ResponderStream]:
-        """End request `request_id` with `response`; returns the reply streams it announced.
+    def respond(self, request_id: int, response: Mapping[str, Any], now: float) -> list[str]:
+        """End request `request_id` with `response`; returns the ids of the reply streams it
+        announced (and so started).
 
         The driver starts a producer for each announced stream; streams the handler opened but
         left out of the response are aborted. Raises `TypeError` (and ends nothing) when the
@@ -337,16 +312,16 @@ class Connection:
         del self._requests[request_id]
         self._outbox.append(frame)
         announced = set(find_stream_ids(response))
-        self._release_request_streams(request)
-        started: list[ResponderStream] = []
+        self._release_request_streams(request, now)
+        started: list[str] = []
         for stream in request.reply_streams:
             if stream.stream_id in announced:
-                started.append(stream)
+                started.append(stream.stream_id)
             else:
-                self._abort_responder(stream, "the stream was not announced in the response")
+                self._abort_responder(stream, "the stream was not announced in the response", now)
         return started
 
-    def refuse(self, request_id: int, error: AgentError) -> None:
+    def refuse(self, request_id: int, error: AgentError, now: float) -> None:
         """End request `request_id` with `error {text, data}` (`data` from the error's class)."""
         request = self._requests.pop(request_id, None)
         if request is None or self._closed is not None:
@@ -354,32 +329,32 @@ class Connection:
         self._outbox.append(
             encode_reply(error_reply(request.env, str(error), wire_error_data(error)))
         )
-        self._release_request_streams(request)
+        self._release_request_streams(request, now)
         for stream in request.reply_streams:
-            self._abort_responder(stream, "the request failed")
+            self._abort_responder(stream, "the request failed", now)
 
-    def request_stream(self, request_id: int, stream_id: str) -> ResponderStream:
-        """The stream `stream_id` of request `request_id`, for its handler to read; once each."""
+    def read_request_stream(self, request_id: int, stream_id: str) -> None:
+        """Stream `stream_id` of request `request_id` is read by its handler (`take`); once
+        each."""
         request = self._requests.get(request_id)
         if request is None or stream_id not in request.streams or stream_id in request.opened:
             raise LocalProtocolError(
                 f"stream {stream_id} is not an unopened stream of this request"
             )
         request.opened.add(stream_id)
-        stream = self._streams.responders.get(stream_id)
-        if stream is None:  # pragma: no cover - registered with the request, kept until it ends
+        if stream_id not in self._streams.responders:  # pragma: no cover - kept with its request
             raise StreamBroken(f"stream {stream_id} is gone")
-        return stream
 
-    def open_reply_stream(self, request_id: int) -> ResponderStream:
-        """A stream for the response of request `request_id`, which we will answer `read` on."""
+    def open_reply_stream(self, request_id: int, now: float) -> str:
+        """A new stream for the response of request `request_id`, which we will answer `read`
+        on; returns its id (put its marker into the response)."""
         self._check_open()
         request = self._requests.get(request_id)
         if request is None:
             raise InvalidState("open_reply_stream() for a request that is not in flight")
-        stream = self._streams.open_responder(self._new_id(), Role.SEND, self._now)
+        stream = self._streams.open_responder(self._new_id(), Role.SEND, now)
         request.reply_streams.append(stream)
-        return stream
+        return stream.stream_id
 
     # --- calls we make ---------------------------------------------------------------------------
 
@@ -391,7 +366,6 @@ class Connection:
         cannot be JSON.
         """
         self._check_open()
-        self._now = now
         pending = self._calls.start(method, request, now=now, timeout=timeout)
         self._outbox.append(pending.wire)
         for stream_id in find_stream_ids(request):
@@ -405,75 +379,159 @@ class Connection:
         """Forget a call whose caller gave up; a later answer is dropped as unmatched."""
         self._calls.cancel(call_id)
 
-    def open_send_stream(self) -> InitiatorStream:
-        """A stream we drive and send on; put its marker into a `call()` request."""
+    def open_send_stream(self) -> str:
+        """A new stream we drive and send on; returns its id (put its marker into a `call()`
+        request: its frames wait for that request)."""
         self._check_open()
-        return self._streams.open_initiator(Role.SEND)
+        return self._streams.open_initiator(Role.SEND).stream_id
 
-    def receive_stream(self, stream_id: str, now: float) -> InitiatorStream:
-        """Read stream `stream_id`, whose marker came in the response to one of our calls."""
+    def read_response_stream(self, stream_id: str, now: float) -> None:
+        """Read stream `stream_id` (`take`), whose marker came in the response to one of our
+        calls: we drive it from now on."""
         self._check_open()
         stream = self._streams.open_initiator(Role.RECEIVE, stream_id)
         stream.arm(now)
         self._pump(stream, now)
-        return stream
 
     # --- the local side of streams ---------------------------------------------------------------
 
-    def write(self, stream: Stream, data: bytes, now: float) -> None:
-        """Queue `data` on a stream we send on (check `stream.has_space()` first)."""
+    def write(self, stream_id: str, data: bytes | bytearray | memoryview, now: float) -> int:
+        """Queue `data` on a stream we send on, in chunks of at most `MAX_CHUNK`, as many as
+        the window has room for; returns how many bytes it took (all of a write that fits).
+        Wait for `can_write()` first: a full window raises `InvalidState`, a stream that is
+        over `StreamBroken` (broken) or `InvalidState` (ended)."""
         self._check_open()
-        self._now = now
-        if isinstance(stream, ResponderStream):
-            self._send_answer(stream.offer(data))
-        else:
-            stream.write(data)
-            self._pump(stream, now)
+        stream = self._live(stream_id)
+        size = len(data)
+        if size <= MAX_CHUNK:
+            self._write(stream, data, now)
+            return size
+        view = memoryview(data)
+        taken = 0
+        while taken < size:
+            piece = bytes(view[taken : taken + MAX_CHUNK])
+            self._write(stream, piece, now)
+            taken += len(piece)
+            if not stream.has_space():
+                break
+        return taken
 
-    def close_stream(self, stream: Stream, now: float) -> None:
+    def end_stream(self, stream_id: str, now: float) -> None:
         """Queue the closing bit after the data of a stream we send on."""
         self._check_open()
-        self._now = now
+        stream = self._live(stream_id)
         if isinstance(stream, ResponderStream):
             self._send_answer(stream.close())
         else:
             stream.close()
             self._pump(stream, now)
-        self._changed[stream.stream_id] = None
+        self._touch(stream)
 
-    def abort_stream(self, stream: Stream, reason: str, now: float) -> None:
-        """Break a stream locally (no closing bit); the peer sees it stop."""
-        self._now = now
+    def abort_stream(self, stream_id: str, reason: str, now: float) -> None:
+        """Break a stream locally (no closing bit); the peer sees it stop. Nothing happens to a
+        stream that is over."""
+        stream = self._streams.find(stream_id)
+        if stream is None:
+            return
         if isinstance(stream, ResponderStream):
-            self._abort_responder(stream, reason)
+            self._abort_responder(stream, reason, now)
         else:
             stream.abort(reason)
             self._pump(stream, now)
-            self._changed[stream.stream_id] = None
+            self._touch(stream)
 
-    def take(self, stream: Stream, now: float) -> bytes | Closing | None:
-        """The next item of a stream we read (None: nothing yet); raises `StreamBroken`."""
-        self._now = now
-        item = stream.take()
-        if item is not None and isinstance(stream, InitiatorStream):
+    def take(self, stream_id: str, now: float) -> bytes | Closing | None:
+        """The next item of a stream we read (None: nothing yet; `CLOSING`: its end); raises
+        `StreamBroken` once it broke and what came before was taken."""
+        stream = self._live(stream_id)
+        if isinstance(stream, ResponderStream):
+            return stream.take()
+        try:
+            item = stream.take()
+        except StreamBroken:
+            self._pump(stream, now)  # its reader knows: it may go
+            raise
+        if item is not None:
             self._pump(stream, now)  # room in our window: ask for more
         return item
 
+    def stop_reading(self, stream_id: str, now: float) -> None:
+        """The reader stopped before the end: what still arrives is discarded."""
+        stream = self._streams.find(stream_id)
+        if stream is None:
+            return
+        if isinstance(stream, ResponderStream):
+            stream.abandon(now)
+        elif stream.role is Role.RECEIVE:
+            stream.stop_reading()
+            self._pump(stream, now)
+        elif not stream.done:
+            stream.abort("the reader stopped")
+            self._pump(stream, now)
+        self._touch(stream)
+
     def settle_chunk(
-        self, stream_id: str, chunk: PendingChunk, outcome: bytes | RemoteProtocolError, now: float
+        self, stream_id: str, token: ChunkToken, outcome: bytes | RemoteProtocolError, now: float
     ) -> None:
-        """Report how a `ChunkReceived` chunk decoded: its bytes, or why it is no chunk."""
-        self._now = now
+        """Report how a `ChunkToDecode` token decoded: its bytes, or why it is no chunk."""
+        if not isinstance(token, PendingChunk):
+            raise LocalProtocolError("settle_chunk() takes the token of a ChunkToDecode event")
         stream = self._streams.responders.get(stream_id)
         if stream is None:
-            chunk.raw = None
+            token.raw = None
             return
         was_open = not stream.done
-        stream.settle(chunk, outcome, now)
-        self._changed[stream_id] = None
-        if was_open and stream.done and stream.broken_reason:
+        stream.settle(token, outcome, now)
+        if was_open and stream.broken:
             log.warning("stream_broken", stream_id=stream_id, reason=stream.broken_reason)
+        self._touch(stream)
         self._release(stream)
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise SessionClosed(self._closed.close_code, self._closed.reason)
+
+    def _live(self, stream_id: str) -> _Stream:
+        """The registered stream `stream_id`; one forgotten raises what it would have."""
+        stream = self._streams.find(stream_id)
+        if stream is not None:
+            return stream
+        past = self._streams.past(stream_id)
+        if past == "":
+            raise InvalidState(f"stream {stream_id} is over")
+        raise StreamBroken(f"stream {stream_id} broke: {past or 'the stream is gone'}")
+
+    def _write(self, stream: _Stream, piece: bytes | bytearray | memoryview, now: float) -> None:
+        if isinstance(stream, ResponderStream):
+            self._send_answer(stream.offer(piece))
+        else:
+            stream.write(piece)
+            self._pump(stream, now)
+
+    def _touch(self, stream: _Stream) -> None:
+        """Tell the driver `stream` moved: once over, that it ended or broke (once), else that
+        it changed (two in a row are one)."""
+        if stream.done and not stream.end_reported:
+            stream.end_reported = True
+            sid = stream.stream_id
+            self._events.append(
+                StreamBroke(sid, stream.broken_reason) if stream.broken else StreamEnded(sid)
+            )
+            return
+        events = self._events
+        last = events[-1] if events else None
+        if not (type(last) is StreamChanged and last.stream_id == stream.stream_id):
+            events.append(StreamChanged(stream.stream_id))
+
+    def _send_answer(self, answer: Envelope | None) -> None:
+        if answer is not None and self._closed is None:
+            self._outbox.append(encode_envelope(answer))
+
+    def _abort_responder(self, stream: ResponderStream, reason: str, now: float) -> None:
+        self._send_answer(stream.abort(reason, now))
+        self._touch(stream)
 
     def _release(self, stream: ResponderStream) -> None:
         """Answer the frames that waited for `stream`'s chunks; announce new chunks to decode."""
@@ -482,53 +540,29 @@ class Connection:
         for answer in stream.release():
             self._outbox.append(encode_envelope(answer))
         if stream.received:
-            self._events.extend(ChunkReceived(stream.stream_id, c) for c in stream.received)
+            self._events.extend(ChunkToDecode(stream.stream_id, c) for c in stream.received)
             stream.received.clear()
-
-    def stop_reading(self, stream: Stream, now: float) -> None:
-        """The reader stopped before the end: what still arrives is discarded."""
-        self._now = now
-        if isinstance(stream, ResponderStream):
-            stream.abandon(now)
-        elif not stream.done:
-            stream.abort("the reader stopped")
-            self._pump(stream, now)
-        self._changed[stream.stream_id] = None
-
-    # --- internals -------------------------------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed is not None:
-            raise SessionClosed(self._closed.close_code, self._closed.reason)
-
-    def _send_answer(self, answer: Envelope | None) -> None:
-        if answer is not None and self._closed is None:
-            self._outbox.append(encode_envelope(answer))
-
-    def _abort_responder(self, stream: ResponderStream, reason: str) -> None:
-        self._send_answer(stream.abort(reason, self._now))
-        self._changed[stream.stream_id] = None
 
     def _pump(self, stream: InitiatorStream, now: float) -> None:
         """Queue what `stream` wants to send now; forget it once it has nothing more to say."""
         if self._closed is not None:
             return
-        was_broken = stream.state is InitiatorState.BROKEN
+        was_broken = stream.broken
         frames = self._streams.poll(stream, now)
         self._outbox.extend(encode_envelope(frame) for frame in frames)
-        if frames or stream.done:
-            self._changed[stream.stream_id] = None
-        if stream.state is InitiatorState.BROKEN and not was_broken:
+        if frames or (stream.done and not stream.end_reported):
+            self._touch(stream)
+        if stream.broken and not was_broken:
             log.warning("stream_broken", stream_id=stream.stream_id, reason=stream.broken_reason)
         if stream.finished:
             self._streams.forget_initiator(stream.stream_id)
 
-    def _release_request_streams(self, request: _Request) -> None:
+    def _release_request_streams(self, request: _Request, now: float) -> None:
         for stream_id in request.streams:
             stream = self._streams.responders.get(stream_id)
             if stream is not None and stream.keep_alive:
-                stream.abandon(self._now)
-                self._changed[stream_id] = None
+                stream.abandon(now)
+                self._touch(stream)
 
     def _answer_malformed(self, obj: Mapping[str, Any], exc: RemoteProtocolError) -> None:
         target = answerable(obj)
@@ -592,10 +626,12 @@ class Connection:
             self._outbox.append(encode_envelope(result.reply))
         if result.stream_id is None:
             return
-        self._changed[result.stream_id] = None
         responder = self._streams.responders.get(result.stream_id)
         if responder is not None:
+            self._touch(responder)
             self._release(responder)
+            return
         initiator = self._streams.initiators.get(result.stream_id)
         if initiator is not None:
+            self._touch(initiator)
             self._pump(initiator, now)

@@ -8,15 +8,17 @@ At most one data cycle and one keep-alive cycle are in flight, as in typedreques
   has room; the responder answers with a chunk and `next` (our own responder parks a `read`
   until it has data). A reply without a chunk and with `next: false` makes us wait one probe
   interval. The stream ENDS at the closing bit.
-- Keep-alive: a `keepAlive` frame every `keepalive_interval`; `keepalive_timeout` seconds
-  without any answer breaks the stream, and so does a data cycle unanswered that long. An
-  answer `keepAlive: false` before the end breaks it too (the responder gave up).
+- Keep-alive: a `keepAlive` frame every `park_timeout` (`StreamSettings`); `idle_timeout`
+  seconds without any answer breaks the stream, and so does a data cycle unanswered that long.
+  An answer `keepAlive: false` before the end breaks it too (the responder gave up).
 - A stream frame of ours that comes back unanswered (the TS router echoes frames for unknown
   streams; a 3.3.0 responder answers `read` with `response: null`) breaks the stream.
 - After the end (or an abort) one `keepAlive: false` frame tells the responder to let go.
 
 A stream starts PENDING until `arm()`: its frames must not overtake the request that carries
-its marker. The producer may queue up to `window` chunks meanwhile.
+its marker. The producer may queue up to `window` chunks meanwhile. A RECEIVE stream is
+`finished` (its connection lets it go) only once its reader took the end or the break, or
+left (`stop_reading`): what arrived before the end stays readable after it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Callable
 
 from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
 from agent.protocol.chunks import CLOSING, ChunkForm, Closing, decode_chunk, encode_chunk
+from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage
 from agent.protocol.stream_responder import Role
 
@@ -59,26 +62,20 @@ class InitiatorStream:
         self,
         stream_id: str,
         role: Role,
+        settings: StreamSettings,
         *,
-        window: int,
-        keepalive_interval: float,
-        keepalive_timeout: float,
-        probe_interval: float,
         new_id: Callable[[], str],
-        chunk_form: ChunkForm = "buffer",
     ) -> None:
-        if window < 1:
-            raise InvalidState("stream window must be at least 1")
         self.stream_id = stream_id
         self.role = role
         self.state = InitiatorState.PENDING
         self.broken_reason = ""
-        self._window = window
-        self._interval = keepalive_interval
-        self._timeout = keepalive_timeout
-        self._probe = probe_interval
+        self._window = settings.window
+        self._interval = settings.park_timeout
+        self._timeout = settings.idle_timeout
+        self._probe = settings.probe_interval
         self._new_id = new_id
-        self._form: ChunkForm = chunk_form
+        self._form: ChunkForm = settings.chunk_form
         self._queue: deque[bytes | Closing] = deque()
         self._queued_close = False
         self._last_ok = 0.0
@@ -91,6 +88,8 @@ class InitiatorStream:
         self._not_before = 0.0  # earliest time for the next data frame (probe / empty read)
         self._farewell_sent = False
         self._armed = False
+        self._reader_done = False  # RECEIVE: the reader took the end (or the break), or left
+        self.end_reported = False  # the connection told its driver the stream is over
 
     # --- driving --------------------------------------------------------------------------
 
@@ -184,8 +183,10 @@ class InitiatorStream:
 
     @property
     def finished(self) -> bool:
-        """Over and said so: nothing more will be polled out of this stream."""
-        return self.done and (self._farewell_sent or not self._armed)
+        """Over and said so, and (RECEIVE) its reader took the end or left: nothing more will
+        be polled out of this stream or taken from it."""
+        said = self.done and (self._farewell_sent or not self._armed)
+        return said and (self.role is Role.SEND or self._reader_done)
 
     def _check_timeouts(self, now: float) -> None:
         if self.state is not InitiatorState.OPEN:
@@ -253,7 +254,7 @@ class InitiatorStream:
         """SEND: whether `write` may queue one more chunk now."""
         return len(self._queue) < self._window
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         """SEND: queue `data` (wait for `has_space()` first)."""
         self._check_producer()
         if not self.has_space():
@@ -272,10 +273,20 @@ class InitiatorStream:
         if self.role is not Role.RECEIVE:
             raise InvalidState("take() on a stream we send on")
         if self._queue:
-            return self._queue.popleft()
+            item = self._queue.popleft()
+            if item is CLOSING:
+                self._reader_done = True
+            return item
         if self.state is InitiatorState.BROKEN:
+            self._reader_done = True
             raise StreamBroken(f"stream {self.stream_id} broke: {self.broken_reason}")
         return None
+
+    def stop_reading(self) -> None:
+        """RECEIVE: the reader left before the end: drop what is queued, break if still open."""
+        self._reader_done = True
+        self._queue.clear()
+        self.abort("the reader stopped")
 
     def abort(self, reason: str) -> None:
         """Break the stream locally (no closing bit is sent)."""
@@ -288,9 +299,9 @@ class InitiatorStream:
         return self.state in (InitiatorState.ENDED, InitiatorState.BROKEN)
 
     @property
-    def outstanding(self) -> tuple[str, ...]:
-        """Cycle ids awaiting an answer."""
-        return tuple(c for c in (self._keepalive_cycle, self._data_cycle) if c is not None)
+    def broken(self) -> bool:
+        """Whether the stream is over without its end."""
+        return self.state is InitiatorState.BROKEN
 
     def _check_producer(self) -> None:
         if self.role is not Role.SEND:

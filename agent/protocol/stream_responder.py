@@ -49,6 +49,7 @@ from agent.protocol.chunks import (
     encode_chunk,
 )
 from agent.protocol.envelope import Envelope
+from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import Purpose, StreamPackage, stream_reply
 
 __all__ = ["TRANSITIONS", "PendingChunk", "ResponderStream", "Role", "StreamState"]
@@ -113,33 +114,19 @@ class _Parked:
 class ResponderStream:
     """One stream we answer for."""
 
-    def __init__(
-        self,
-        stream_id: str,
-        role: Role,
-        *,
-        now: float,
-        window: int,
-        idle_timeout: float,
-        park_timeout: float,
-        chunk_form: ChunkForm = "buffer",
-        window_bytes: int = 8 * 1024 * 1024,
-        inline_decode_max: int = 64 * 1024,
-    ) -> None:
-        if window < 1 or window_bytes < 1:
-            raise InvalidState("stream window must be at least 1")
+    def __init__(self, stream_id: str, role: Role, settings: StreamSettings, *, now: float) -> None:
         self.stream_id = stream_id
         self.role = role
         self.state = StreamState.OPEN
         self.broken_reason = ""
         self.last_seen = now
         self.closed_at: float | None = None  # when ENDED/BROKEN was reached
-        self._window = window
-        self._window_bytes = window_bytes
-        self._inline_max = inline_decode_max
-        self._idle_timeout = idle_timeout
-        self._park_timeout = park_timeout
-        self._form: ChunkForm = chunk_form
+        self._window = settings.window
+        self._window_bytes = settings.window_bytes
+        self._inline_max = settings.inline_decode_max
+        self._idle_timeout = settings.idle_timeout
+        self._park_timeout = settings.park_timeout
+        self._form: ChunkForm = settings.chunk_form
         self._queue: deque[Item] = deque()
         self._queued_bytes = 0  # RECEIVE: what the queue holds, for the byte window
         self._unsettled = 0  # RECEIVE: queued chunks not decoded yet
@@ -150,6 +137,7 @@ class ResponderStream:
         self._queued_close = False  # SEND: the producer called close()
         self._abandoned = False  # RECEIVE: nobody will read; accept and discard
         self._parked: _Parked | None = None
+        self.end_reported = False  # the connection told its driver the stream is over
 
     # --- frames from the initiator -------------------------------------------------------
 
@@ -206,6 +194,11 @@ class ResponderStream:
     def done(self) -> bool:
         """Whether the stream is over (ENDED or BROKEN)."""
         return self.state is not StreamState.OPEN
+
+    @property
+    def broken(self) -> bool:
+        """Whether the stream is over without its end."""
+        return self.state is StreamState.BROKEN
 
     @property
     def keep_alive(self) -> bool:
@@ -353,7 +346,7 @@ class ResponderStream:
         """Whether `offer` may queue one more chunk now."""
         return len(self._queue) < self._window
 
-    def offer(self, data: bytes) -> Envelope | None:
+    def offer(self, data: bytes | bytearray | memoryview) -> Envelope | None:
         """Queue `data`; returns a parked `read` answer to send now, if any."""
         self._check_producer()
         if not self.has_space():
@@ -395,27 +388,28 @@ class ResponderStream:
             return self._release_parked()
         return None
 
-    def next_wakeup(self, linger: float) -> float | None:
-        """When `expire` (or `finished` with `linger`) may next have something to do."""
+    def next_wakeup(self) -> float | None:
+        """When `expire` (or `finished`) may next have something to do."""
         if self.state is not StreamState.OPEN:
             if self._parked is not None:
                 return self._parked.deadline
-            return self._linger_end(linger) if self._drained() else None
+            return self._linger_end() if self._drained() else None
         idle = self.last_seen + self._idle_timeout
         return idle if self._parked is None else min(idle, self._parked.deadline)
 
-    def finished(self, now: float, linger: float) -> bool:
-        """Whether the registration may go: over, drained, and quiet for `linger` seconds."""
+    def finished(self, now: float) -> bool:
+        """Whether the registration may go: over, drained, and quiet for `idle_timeout` s (a
+        late frame of the initiator still finds it and is answered `keepAlive: false`)."""
         if self.closed_at is None or self._parked is not None or self._deferred:
             return False
-        return self._drained() and now >= self._linger_end(linger)
+        return self._drained() and now >= self._linger_end()
 
     def _drained(self) -> bool:
         return not self._queue or self._abandoned or self.role is Role.SEND
 
-    def _linger_end(self, linger: float) -> float:
+    def _linger_end(self) -> float:
         assert self.closed_at is not None
-        return max(self.closed_at, self.last_seen) + linger
+        return max(self.closed_at, self.last_seen) + self._idle_timeout
 
     def _move(self, to: StreamState, now: float) -> None:
         if to not in TRANSITIONS[self.state]:

@@ -62,9 +62,8 @@ from agent.errors import (
     StreamBroken,
     StreamNotServed,
 )
-from agent.protocol.connection import MAX_CHUNK
-from agent.protocol.routes import ByteSink, ByteSource
-from agent.protocol.stream_initiator import UNSERVED
+from agent.protocol.connection import MAX_CHUNK, UNSERVED
+from agent.protocol.handlers import ByteSink, ByteSource
 
 __all__ = ["CloudlyCalls", "Progress", "receive_closure", "send_closure"]
 

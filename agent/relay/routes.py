@@ -18,7 +18,7 @@ from agent.contracts.relay import (
     RestoreClusterServiceRequest,
     RestoreClusterServiceResponse,
 )
-from agent.protocol.routes import RequestContext, Route, Routes
+from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.relay.service import RelayService
 
 __all__ = ["relay_routes"]

@@ -64,7 +64,7 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.corestore.client import CorestoreClient, CorestoreClients
 from agent.errors import ObjectNotInManifest, RestoreNotFound
-from agent.protocol.routes import ByteSource
+from agent.protocol.handlers import ByteSource
 from agent.restore import state as s
 from agent.restore.background import Observer, WorkOwner
 from agent.restore.grants import check_grant

@@ -22,7 +22,7 @@ from agent.contracts.isolatedrestore import (
     PrepareIsolatedRestoreRequest,
     StageIsolatedRestoreArchiveRequest,
 )
-from agent.protocol.routes import ByteSource, RequestContext, Route, Routes
+from agent.protocol.handlers import ByteSource, RequestContext, Route, Routes
 from agent.restore.engine import IsolatedRestoreEngine
 
 __all__ = ["isolated_restore_routes"]

@@ -47,7 +47,7 @@ from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import VerifiedChunk
 from agent.errors import AgentError, CorestoreUnavailable, IntegrityError, StreamBroken
-from agent.protocol.routes import ByteSource
+from agent.protocol.handlers import ByteSource
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
 from agent.store import RestoreKey, RevisionStore

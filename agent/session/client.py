@@ -32,12 +32,13 @@ from typing import Any, Protocol
 import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
+from agent.config import websocket_url
 from agent.contracts.base import StreamMarker
 from agent.contracts.cluster import METHOD_SET_TAG, ClusterView
 from agent.errors import AgentError, InvalidState, SessionClosed
 from agent.log import scrub_text
 from agent.observe import NULL_OBSERVER, PeerObserver, SessionObserver
-from agent.protocol.routes import ByteSink, ByteSource, Routes
+from agent.protocol.handlers import ByteSink, ByteSource, Routes
 from agent.secret import Secret
 from agent.session.authentication import Authentication, Caller
 from agent.session.cluster import ClusterKnowledge
@@ -46,13 +47,7 @@ from agent.session.keepalive import keep_alive
 from agent.session.outage import Outage, log_failure
 from agent.session.peer import Peer
 from agent.session.settings import SessionSettings
-from agent.session.transport import (
-    CloseCode,
-    WebsocketTransport,
-    connect_transport,
-    tls_context,
-    websocket_url,
-)
+from agent.session.transport import CloseCode, WebsocketTransport, connect_transport, tls_context
 from agent.status import AgentStatus, SessionState
 
 # METHOD_SET_TAG and SessionSettings are importable from here too (the stand-in, the app).

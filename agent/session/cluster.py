@@ -26,7 +26,7 @@ from agent.contracts.cluster import (
     read_cluster_view,
 )
 from agent.errors import MisroutedCluster
-from agent.protocol.routes import RequestContext, Route
+from agent.protocol.handlers import RequestContext, Route
 from agent.session.handshake import Deviation
 from agent.status import AgentStatus
 

@@ -6,8 +6,9 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
   `SessionClosed`). It owns one TaskGroup holding the timer task (it sleeps until the
   connection's next deadline, then calls `advance`), every handler and every producer; when it
   ends, pending calls fail with `SessionClosed`, streams break and those tasks are cancelled.
-- `flush()` hands the connection's events out (handlers started, calls resolved, stream waiters
-  woken, received chunks decoded) and sends its frames, in order, under one lock.
+- `flush()` hands the connection's events out, in the order they happened (handlers started,
+  calls resolved, stream waiters woken on `StreamChanged`/`StreamEnded`/`StreamBroke`, received
+  chunks decoded) and sends its frames, in order, under one lock.
 - A large received chunk is acknowledged before it is decoded (the connection queues it raw):
   a task decodes it in a worker thread (the native decoder and pybase64 let go of the GIL, so
   the event loop keeps answering, and chunks of different streams decode in parallel) and
@@ -32,6 +33,7 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NoReturn, Protocol
 
@@ -42,7 +44,7 @@ from agent.contracts.base import StreamMarker
 from agent.errors import AgentError, NotReady, RemoteProtocolError, SessionClosed, ShuttingDown
 from agent.observe import NULL_OBSERVER, Direction, PeerObserver
 from agent.protocol.connection import (
-    ChunkReceived,
+    ChunkToDecode,
     Completed,
     Connection,
     ConnectionSettings,
@@ -50,11 +52,12 @@ from agent.protocol.connection import (
     Event,
     Failed,
     RequestReceived,
+    StreamBroke,
     StreamChanged,
+    StreamEnded,
 )
+from agent.protocol.handlers import ByteSink, ByteSource, Producer, Route, Routes
 from agent.protocol.ids import new_uni_id
-from agent.protocol.routes import ByteSink, ByteSource, Producer, Route, Routes
-from agent.protocol.stream_responder import ResponderStream
 from agent.session.streams import HandlerContext, Signal, Sink, Source, marker_of
 
 __all__ = ["FrameTransport", "Peer"]
@@ -101,7 +104,7 @@ class Peer:
         self._signals: dict[str, Signal] = {}
         self._handlers: dict[asyncio.Task[None], int] = {}
         self._children: set[asyncio.Task[None]] = set()
-        self._timer = Signal()
+        self._timer = Signal(clock)
         self._timer_target: float | None = None
         self._group: asyncio.TaskGroup | None = None
 
@@ -118,12 +121,12 @@ class Peer:
             try:
                 while True:
                     frame = await self._transport.recv()
-                    self.connection.receive(frame, self.now())
+                    self.connection.receive_frame(frame, self.now())
                     await self.flush()
             except SessionClosed as exc:
                 closed = exc
             finally:
-                self.connection.close(closed)
+                self.connection.connection_lost(closed, self.now())
                 self._dispatch(self.connection.events_received())
                 for task in self._children:
                     task.cancel()
@@ -138,18 +141,22 @@ class Peer:
         self.connection.stop_intake()
 
     async def drain(self, timeout: float) -> None:  # noqa: ASYNC109  # the drain deadline
-        """Give in-flight handlers `timeout` seconds, then cancel and answer the rest."""
+        """Give in-flight handlers `timeout` seconds (on the peer's clock), then cancel and
+        answer the rest."""
         handlers = dict(self._handlers)
         if not handlers:
             return
-        _, pending = await asyncio.wait(handlers, timeout=timeout)
+        with contextlib.suppress(TimeoutError):
+            async with self._clock.timeout(timeout):
+                await asyncio.wait(handlers)
+        pending = {task for task in handlers if not task.done()}
         for task in pending:
             task.cancel()
         if pending:
             await asyncio.wait(pending)
         for task in pending:
             refusal = ShuttingDown("the agent stopped before finishing this request")
-            self.connection.refuse(handlers[task], refusal)
+            self.connection.refuse(handlers[task], refusal, self.now())
         await self._flush_quietly()
 
     @property
@@ -182,13 +189,13 @@ class Peer:
 
     def open_send_stream(self) -> tuple[StreamMarker, ByteSink]:
         """A stream to send on: put the marker into a `call()` request, then write the sink."""
-        stream = self.connection.open_send_stream()
-        return marker_of(stream.stream_id), Sink(self, stream)
+        stream_id = self.connection.open_send_stream()
+        return marker_of(stream_id), Sink(self, stream_id, acknowledged=True)
 
     def receive_stream(self, marker: StreamMarker) -> ByteSource:
         """Read the stream whose marker came in a call's response (stop early: `aclose()`)."""
-        stream = self.connection.receive_stream(marker.stream_id, self.now())
-        source = Source(self, stream)
+        self.connection.read_response_stream(marker.stream_id, self.now())
+        source = Source(self, marker.stream_id)
         self._spawn(self._flush_quietly())  # the first `read` is queued
         return source
 
@@ -205,7 +212,10 @@ class Peer:
 
     def watch(self, stream_id: str) -> Signal:
         """The signal fired whenever stream `stream_id` changes."""
-        return self._signals.setdefault(stream_id, Signal())
+        signal = self._signals.get(stream_id)
+        if signal is None:
+            signal = self._signals[stream_id] = Signal(self._clock)
+        return signal
 
     def unwatch(self, stream_id: str) -> None:
         """Nobody waits on stream `stream_id` any more."""
@@ -230,10 +240,10 @@ class Peer:
 
     def _dispatch(self, events: list[Event]) -> None:
         for event in events:
-            if isinstance(event, StreamChanged):
+            if isinstance(event, StreamChanged | StreamEnded | StreamBroke):
                 if (signal := self._signals.get(event.stream_id)) is not None:
                     signal.fire()
-            elif isinstance(event, ChunkReceived):
+            elif isinstance(event, ChunkToDecode):
                 self._spawn(self._decode(event))
             elif isinstance(event, RequestReceived) and not self._serving:
                 self._refuse_not_ready(event)
@@ -254,14 +264,13 @@ class Peer:
             "the agent is still setting up its session with Cloudly (authentication, cluster "
             "document, recipient enrollment) and serves requests once it is connected"
         )
-        self.connection.refuse(event.request_id, refusal)
+        self.connection.refuse(event.request_id, refusal, self.now())
         self._observer.request_handled(method=event.method, code=NotReady.code, seconds=0.0)
 
     async def _run_timers(self) -> None:
         while True:
             self._timer_target = self.connection.next_deadline()
-            delay = None if self._timer_target is None else self._timer_target - self.now()
-            await self._timer.wait(delay)
+            await self._timer.wait(self._timer_target)
             self.connection.advance(self.now())
             await self._flush_quietly()
 
@@ -272,40 +281,41 @@ class Peer:
         began, code = self._clock.monotonic(), "internal"  # unless answered below
         try:
             response = (await route.handler(route.parse(event.request), context)).to_wire()
-            started = self.connection.respond(request_id, response)
+            started = self.connection.respond(request_id, response, self.now())
             code = "ok"
         except AgentError as exc:
             log.info("request_refused", method=method, code=exc.code)
-            self.connection.refuse(request_id, exc)
+            self.connection.refuse(request_id, exc, self.now())
             code = exc.code
         except Exception:
             log.exception("handler_failed", method=method)
-            self.connection.refuse(request_id, AgentError(f"the agent failed to handle {method}"))
+            failure = AgentError(f"the agent failed to handle {method}")
+            self.connection.refuse(request_id, failure, self.now())
         except asyncio.CancelledError:
             code = "cancelled"  # the drain deadline passed, or the connection went away
             raise
         else:
-            for stream in started:
-                producer = context.producers.get(stream.stream_id)
+            for stream_id in started:
+                producer = context.producers.get(stream_id)
                 if producer is not None:
-                    self._spawn(self._produce(stream, producer))
+                    self._spawn(self._produce(stream_id, producer))
         finally:
             seconds = self._clock.monotonic() - began
             self._observer.request_handled(method=method, code=code, seconds=seconds)
         await self._flush_quietly()
 
-    async def _decode(self, event: ChunkReceived) -> None:
+    async def _decode(self, event: ChunkToDecode) -> None:
         """Decode one received chunk in a worker thread and settle it with the connection."""
         outcome: bytes | RemoteProtocolError
         try:
-            outcome = await asyncio.to_thread(event.chunk.decode)
+            outcome = await asyncio.to_thread(event.token.decode)
         except RemoteProtocolError as exc:
             outcome = exc
-        self.connection.settle_chunk(event.stream_id, event.chunk, outcome, self.now())
+        self.connection.settle_chunk(event.stream_id, event.token, outcome, self.now())
         await self._flush_quietly()
 
-    async def _produce(self, stream: ResponderStream, producer: Producer) -> None:
-        sink = Sink(self, stream)
+    async def _produce(self, stream_id: str, producer: Producer) -> None:
+        sink = Sink(self, stream_id, acknowledged=False)
         try:
             try:
                 await producer(sink)
@@ -313,13 +323,13 @@ class Peer:
             except SessionClosed:
                 raise
             except AgentError as exc:
-                log.warning("producer_failed", stream_id=stream.stream_id, code=exc.code)
+                log.warning("producer_failed", stream_id=stream_id, code=exc.code)
                 await sink.abort()
             except Exception:
-                log.exception("producer_failed", stream_id=stream.stream_id)
+                log.exception("producer_failed", stream_id=stream_id)
                 await sink.abort()
         except SessionClosed:
-            log.info("producer_stopped", stream_id=stream.stream_id, reason="session closed")
+            log.info("producer_stopped", stream_id=stream_id, reason="session closed")
 
     async def _flush_quietly(self) -> None:
         try:

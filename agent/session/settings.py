@@ -26,7 +26,7 @@ class SessionSettings:
     stream (`Peer`'s `stall_timeout`).
     """
 
-    url: str
+    url: str  # ws(s), or http(s) mapped by the one mapping, `agent.config.websocket_url`
     tag_name: str
     tag_payload: Any
     max_frame_bytes: int

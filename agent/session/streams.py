@@ -1,10 +1,11 @@
 """The asyncio faces of VirtualStreams: `Signal`, a `Peer`'s `ByteSource`/`ByteSink`, and the
 `RequestContext` its handlers get (`HandlerContext`).
 
-A source or sink wraps one stream machine of the peer's `Connection`. It reads the machine's
-state directly (read-only) and changes it only through the connection, then lets the peer
-flush what that produced. It waits on its `Signal`, which the peer fires for every
-`StreamChanged` event of its stream; waiters always re-check the machine, so no wake-up is lost.
+A source or sink names one stream of the peer's `Connection` by its id: it acts through the
+connection (`take`, `write`, `end_stream`, ...), asks it (`can_write`, `stream_outcome`), then
+lets the peer flush what that produced. It waits on its `Signal`, which the peer fires for
+every `StreamChanged`, `StreamEnded` and `StreamBroke` event of its stream; waiters always ask
+the connection again, so no wake-up is lost.
 
 The stall deadline (`StreamOwner.stall_timeout`): a peer can keep a stream alive with
 keepAlives forever while it moves no byte (it stops sending, or stops reading so the window
@@ -12,7 +13,8 @@ never frees). The protocol's keep-alive timeout cannot see that, so every wait h
 a source that waits `stall_timeout` s for the next chunk, a sink that waits as long for room in
 the window (or for the closing bit's acknowledgement) aborts the stream and raises
 `StreamBroken` (`transfer-interrupted`, retryable), and whoever reads or writes it ends as on
-any broken stream. The deadline is read on the owner's clock (`now()`), as every stream timer.
+any broken stream. The deadline is set and waited for on the owner's clock (`now()`, and the
+`Signal`'s `clock.timeout_at`), as every stream timer: a clock moved by hand moves it too.
 """
 
 from __future__ import annotations
@@ -21,21 +23,22 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from agent.clock import Clock
 from agent.contracts.base import StreamMarker
 from agent.errors import StreamBroken
 from agent.observe import Direction
 from agent.protocol.chunks import CLOSING
-from agent.protocol.connection import MAX_CHUNK, Connection, Stream
-from agent.protocol.routes import ByteSink, ByteSource, Producer
-from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
+from agent.protocol.connection import Connection, StreamBroke
+from agent.protocol.handlers import ByteSink, ByteSource, Producer
 
 __all__ = ["HandlerContext", "Signal", "Sink", "Source", "StreamOwner", "marker_of"]
 
 
 class Signal:
-    """A broadcast wake-up: `fire()` wakes every current waiter."""
+    """A broadcast wake-up: `fire()` wakes every current waiter. Waits are bounded on `clock`."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._waiters: set[asyncio.Future[None]] = set()
 
     def fire(self) -> None:
@@ -45,15 +48,15 @@ class Signal:
                 waiter.set_result(None)
         self._waiters.clear()
 
-    async def wait(self, within: float | None = None) -> None:
-        """Wait for the next `fire()`, or at most `within` seconds."""
+    async def wait(self, deadline: float | None = None) -> None:
+        """Wait for the next `fire()`, or until the clock reads `deadline` (None: no bound)."""
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
         try:
-            if within is None:
+            if deadline is None:
                 await waiter
             else:
-                async with asyncio.timeout(max(within, 0.0)):
+                async with self._clock.timeout_at(deadline):
                     await waiter
         except TimeoutError:
             pass
@@ -84,38 +87,33 @@ class StreamOwner(Protocol):
 
 
 class _Stall:
-    """The deadline of one wait on a stream: `left()` seconds, then `expired()`."""
+    """The deadline of one wait on a stream (`deadline`, on the owner's clock), `expired()`."""
 
-    __slots__ = ("_deadline", "_owner")
+    __slots__ = ("_owner", "deadline")
 
     def __init__(self, owner: StreamOwner) -> None:
         self._owner = owner
         timeout = owner.stall_timeout
-        self._deadline = None if timeout is None else owner.now() + timeout
-
-    def left(self) -> float | None:
-        return None if self._deadline is None else self._deadline - self._owner.now()
+        self.deadline = None if timeout is None else owner.now() + timeout
 
     def expired(self) -> bool:
-        left = self.left()
-        return left is not None and left <= 0
+        return self.deadline is not None and self._owner.now() >= self.deadline
 
 
-async def _stall_stream(owner: StreamOwner, stream: Stream, waiting_for: str) -> None:
-    """Break `stream` because its peer moved nothing for the stall timeout."""
+async def _stall_stream(owner: StreamOwner, stream_id: str, waiting_for: str) -> None:
+    """Break stream `stream_id` because its peer moved nothing for the stall timeout."""
     reason = f"no {waiting_for} within {owner.stall_timeout:g} s while the stream was kept alive"
-    owner.connection.abort_stream(stream, reason, owner.now())
+    owner.connection.abort_stream(stream_id, reason, owner.now())
     await owner.flush()
 
 
 class Source:
     """`ByteSource`: iterate to receive chunks; ends at the closing bit."""
 
-    def __init__(self, owner: StreamOwner, stream: Stream) -> None:
-        self.stream_id = stream.stream_id
+    def __init__(self, owner: StreamOwner, stream_id: str) -> None:
+        self.stream_id = stream_id
         self._owner = owner
-        self._stream = stream
-        self._signal = owner.watch(stream.stream_id)
+        self._signal = owner.watch(stream_id)
         self._finished = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
@@ -124,19 +122,19 @@ class Source:
     async def __anext__(self) -> bytes:
         if self._finished:
             raise StopAsyncIteration
-        owner = self._owner
+        owner, stream_id = self._owner, self.stream_id
         stall = _Stall(owner)
         while True:
             try:
-                item = owner.connection.take(self._stream, owner.now())
+                item = owner.connection.take(stream_id, owner.now())
             except StreamBroken:
                 self._finish()
                 raise
             if item is None:
                 if stall.expired():
-                    await _stall_stream(owner, self._stream, "chunk from the peer")
+                    await _stall_stream(owner, stream_id, "chunk from the peer")
                 else:
-                    await self._signal.wait(stall.left())
+                    await self._signal.wait(stall.deadline)
                 continue
             await owner.flush()  # a `read` we drive may go out now that there is room
             if item is CLOSING:
@@ -149,7 +147,7 @@ class Source:
     async def aclose(self) -> None:
         """Stop reading before the end: the rest of the stream is discarded."""
         if not self._finished:
-            self._owner.connection.stop_reading(self._stream, self._owner.now())
+            self._owner.connection.stop_reading(self.stream_id, self._owner.now())
             self._finish()
             await self._owner.flush()
 
@@ -159,56 +157,63 @@ class Source:
 
 
 class Sink:
-    """`ByteSink`: `write` waits while the window is full; `close` sends the closing bit."""
+    """`ByteSink`: `write` waits while the window is full; `close` sends the closing bit.
 
-    def __init__(self, owner: StreamOwner, stream: Stream) -> None:
-        self.stream_id = stream.stream_id
+    `acknowledged`: the stream is one we drive, whose closing bit the responder acknowledges;
+    `close()` returns once it did (and raises `StreamBroken` if the stream broke first).
+    """
+
+    def __init__(self, owner: StreamOwner, stream_id: str, *, acknowledged: bool) -> None:
+        self.stream_id = stream_id
         self._owner = owner
-        self._stream = stream
-        self._signal = owner.watch(stream.stream_id)
+        self._acknowledged = acknowledged
+        self._signal = owner.watch(stream_id)
 
     async def write(self, data: bytes) -> None:
-        """Queue `data` (in chunks of at most `MAX_CHUNK`), waiting for room in the window."""
-        view = memoryview(data)
-        for start in range(0, len(view), MAX_CHUNK):
+        """Queue `data` (the connection cuts it into chunks of at most `MAX_CHUNK`), waiting
+        for room in the window."""
+        owner, stream_id = self._owner, self.stream_id
+        view, offset, size = memoryview(data), 0, len(data)
+        while offset < size:
             await self._wait_for_space()
-            piece = bytes(view[start : start + MAX_CHUNK])
-            self._owner.connection.write(self._stream, piece, self._owner.now())
-            self._owner.count_stream_bytes("out", len(piece))
-            await self._owner.flush()
+            piece = data if offset == 0 else view[offset:]
+            taken = owner.connection.write(stream_id, piece, owner.now())
+            owner.count_stream_bytes("out", taken)
+            offset += taken
+            await owner.flush()
 
     async def close(self) -> None:
         """Queue the closing bit; on a stream we drive, return once the responder took it."""
         await self._wait_for_space()
-        stream, owner = self._stream, self._owner
+        owner, stream_id = self._owner, self.stream_id
         try:
-            owner.connection.close_stream(stream, owner.now())
+            owner.connection.end_stream(stream_id, owner.now())
             await owner.flush()
-            if isinstance(stream, InitiatorStream):
+            if self._acknowledged:
                 stall = _Stall(owner)
-                while not stream.done:
+                while (outcome := owner.connection.stream_outcome(stream_id)) is None:
                     if stall.expired():
-                        await _stall_stream(owner, stream, "acknowledgement of the closing bit")
+                        await _stall_stream(owner, stream_id, "acknowledgement of the closing bit")
                     else:
-                        await self._signal.wait(stall.left())
-                if stream.state is InitiatorState.BROKEN:
-                    raise StreamBroken(f"stream {stream.stream_id} broke: {stream.broken_reason}")
+                        await self._signal.wait(stall.deadline)
+                if isinstance(outcome, StreamBroke):
+                    raise StreamBroken(f"stream {stream_id} broke: {outcome.reason}")
         finally:
-            owner.unwatch(self.stream_id)
+            owner.unwatch(stream_id)
 
     async def abort(self) -> None:
         """Stop without a closing bit; the peer sees the stream break."""
-        self._owner.connection.abort_stream(self._stream, "the sender aborted", self._owner.now())
+        self._owner.connection.abort_stream(self.stream_id, "the sender aborted", self._owner.now())
         self._owner.unwatch(self.stream_id)
         await self._owner.flush()
 
     async def _wait_for_space(self) -> None:
         stall = _Stall(self._owner)
-        while not self._stream.has_space() and not self._stream.done:
+        while not self._owner.connection.can_write(self.stream_id):
             if stall.expired():
-                await _stall_stream(self._owner, self._stream, "room in the stream window")
+                await _stall_stream(self._owner, self.stream_id, "room in the stream window")
             else:
-                await self._signal.wait(stall.left())
+                await self._signal.wait(stall.deadline)
 
 
 class HandlerContext:
@@ -221,13 +226,13 @@ class HandlerContext:
         self._request_id = request_id
 
     def receive_stream(self, marker: StreamMarker) -> ByteSource:
-        stream = self._owner.connection.request_stream(self._request_id, marker.stream_id)
-        return Source(self._owner, stream)
+        self._owner.connection.read_request_stream(self._request_id, marker.stream_id)
+        return Source(self._owner, marker.stream_id)
 
     def open_send_stream(self, producer: Producer | None = None) -> tuple[StreamMarker, ByteSink]:
-        stream = self._owner.connection.open_reply_stream(self._request_id)
-        self.producers[stream.stream_id] = producer
-        return marker_of(stream.stream_id), Sink(self._owner, stream)
+        stream_id = self._owner.connection.open_reply_stream(self._request_id, self._owner.now())
+        self.producers[stream_id] = producer
+        return marker_of(stream_id), Sink(self._owner, stream_id, acknowledged=False)
 
 
 def marker_of(stream_id: str) -> StreamMarker:

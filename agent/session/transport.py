@@ -13,8 +13,9 @@ Thin adapter, both roles (the agent's client socket and the stand-in Cloudly's s
 `connect_transport()` opens the agent's client connection and translates every way opening can
 fail (refused, DNS, TLS, handshake, timeout) into `SessionError`, chained (the session classifies
 the cause, `agent.session.faults`; an upgrade answered with an HTTP status is `UpgradeRefused`,
-carrying it); `websocket_url()` and `tls_context()` turn the configured Cloudly URL and CA file
-into what it needs. `CloseCode` names the close codes the agent sends or reads.
+carrying it); `tls_context()` turns the CA file into what a wss:// URL needs
+(`agent.config.websocket_url` maps the configured Cloudly URL to the one dialled). `CloseCode`
+names the close codes the agent sends or reads.
 `quiet_websocket_logger()` is the logger handed to the library: websockets logs whole frames at
 DEBUG, and frames carry the machine token and the JWT, so that logger never goes below INFO.
 """
@@ -39,7 +40,6 @@ __all__ = [
     "connect_transport",
     "quiet_websocket_logger",
     "tls_context",
-    "websocket_url",
 ]
 
 
@@ -102,15 +102,6 @@ class WebsocketTransport:
     async def close(self, code: int = CloseCode.GOING_AWAY, reason: str = "") -> None:
         """Close the connection with `code` (bounded by the connection's close timeout)."""
         await self._connection.close(code, reason)
-
-
-def websocket_url(url: str) -> str:
-    """`url` with http(s) mapped to ws(s); ws(s) unchanged. Anything else is a `ConfigError`."""
-    scheme, separator, rest = url.partition("://")
-    mapped = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(scheme.lower())
-    if not separator or mapped is None or not rest:
-        raise ConfigError("cloudly.url", "must be an http, https, ws or wss URL")
-    return f"{mapped}://{rest}"
 
 
 def tls_context(url: str, ca_file: Path | None) -> ssl.SSLContext | None:

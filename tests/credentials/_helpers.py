@@ -15,7 +15,7 @@ from agent.contracts.cluster import ClusterView, NodeView
 from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
 from agent.credentials.provider import SealedCredentials
-from agent.protocol.routes import Routes
+from agent.protocol.handlers import Routes
 from agent.session.peer import Peer
 from devstack.credentials import CredentialAuthority
 from tests.clock import ManualClock

@@ -20,7 +20,7 @@ from agent.credentials.binding import challenge_info, open_challenge
 from agent.credentials.enrollment import read_answer
 from agent.credentials.keys import ENROLLMENT_FILE, EnrollmentRecord
 from agent.errors import CallFailed, EnrollmentFailed
-from agent.protocol.routes import Route, Routes
+from agent.protocol.handlers import Route, Routes
 from tests.credentials._helpers import CLUSTER, Cloudly, cloudly_side
 from tests.session._helpers import Body
 

@@ -17,7 +17,7 @@ from agent.credentials.keys import ENROLLMENT_FILE
 from agent.credentials.provider import SealedCredentials
 from agent.errors import CredentialUnavailable, SealedMaterialRefused, SessionClosed
 from agent.log import scrub_text
-from agent.protocol.routes import Route, Routes
+from agent.protocol.handlers import Route, Routes
 from agent.secret import Secret
 from tests.credentials._helpers import CLUSTER, cloudly_side, view_of
 

@@ -1,5 +1,6 @@
 """Fuzz targets: the native Buffer-form decoder (`agent/_bufferform.c` through
-`agent.protocol.bytearrays`) and the frame intake (`Connection.receive`), as hypothesis tests.
+`agent.protocol.bytearrays`) and the frame intake (`Connection.receive_frame`), as hypothesis
+tests.
 
 Each target is an ordinary `@given` test that `python -m tests.fuzz` runs again and again, with
 fresh randomness, until its time is up (`scripts/fuzz [SECONDS]`); pytest collects them too,
@@ -12,8 +13,9 @@ with a few examples each, so a broken target fails the suite. What each one hold
   copy of the extension built with AddressSanitizer and UBSan when gcc is there
   (`AGENT_FUZZ_NATIVE` names that build), so an out-of-bounds read fails the run too.
 - `test_frame_intake_never_raises`: the property of tests/protocol/test_hostile_frames.py,
-  with more examples: no frame makes `Connection.receive` (or a reply it triggers) raise, every
-  frame sent is UTF-8 JSON, no request correlation is answered more often than it was asked.
+  with more examples: no frame makes `Connection.receive_frame` (or a reply it triggers) raise,
+  every frame sent is UTF-8 JSON, no request correlation is answered more often than it was
+  asked.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ import pytest
 
 from agent.app import session_settings
 from agent.config import load_config, read_secret_file
-from agent.protocol.routes import Route, Routes
+from agent.protocol.handlers import Route, Routes
 from agent.session.client import CloudlySession
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 

@@ -14,7 +14,7 @@ import pytest
 from agent.contracts.base import NonNegativeSafeInt, WireModel
 from agent.errors import CallFailed, RevisionConflict
 from agent.protocol.connection import UNKNOWN_METHOD_TEXT
-from agent.protocol.routes import RequestContext, Route
+from agent.protocol.handlers import RequestContext, Route
 
 if TYPE_CHECKING:
     from tests.interop.conftest import AgentUnderTest, NodeCloudly

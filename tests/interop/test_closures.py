@@ -88,7 +88,7 @@ async def test_a_typedrequest_3_3_0_closure_stream_fails_fast_by_name_and_import
     import is dropped and the database is as it was."""
     services = corestore.services
     services.write_database(SERVICE_ID, [b"before"])
-    timeout = agent.config.streams.keepalive_timeout_s
+    timeout = agent.config.streams.idle_timeout_s
     async with agent.running(), CorestoreClient(corestore.url, Secret(BEARER)) as client:
         started = SYSTEM_CLOCK.monotonic()
         with pytest.raises(StreamNotServed) as refused:

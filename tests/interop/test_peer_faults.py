@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from agent.contracts.base import WireModel
-from agent.protocol.routes import RequestContext, Route
+from agent.protocol.handlers import RequestContext, Route
 from tests.interop.conftest import CLUSTER_ID, AgentUnderTest, connected
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from agent.contracts.base import StreamMarker, WireModel
-from agent.protocol.routes import RequestContext, Route
+from agent.protocol.handlers import RequestContext, Route
 from tests.interop.conftest import AgentUnderTest, deterministic_bytes
 
 if TYPE_CHECKING:

@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 
 from agent.errors import InvalidRequest, StreamBroken
 from agent.protocol.connection import (
-    ChunkReceived,
+    ChunkToDecode,
     Connection,
     ConnectionSettings,
     RequestReceived,
+    StreamSettings,
 )
 from agent.protocol.envelope import STREAM_METHOD
-from agent.protocol.stream_responder import ResponderStream
 
 __all__ = [
     "METHODS",
@@ -222,7 +222,9 @@ class Driver:
     conn: Connection = field(
         default_factory=lambda: Connection(
             METHODS,
-            ConnectionSettings(stream_window=2, inline_decode_max=8, max_concurrent_requests=3),
+            ConnectionSettings(
+                streams=StreamSettings(window=2, inline_decode_max=8), max_concurrent_requests=3
+            ),
             new_id=_ids(),
         )
     )
@@ -231,24 +233,25 @@ class Driver:
     answered: Counter[str] = field(default_factory=Counter)  # replies sent, per corr id
     turn: int = 0
 
-    reading: ResponderStream | None = None
-    decoding: list[ChunkReceived] = field(default_factory=list)
+    reading: str | None = None  # the id of the request stream the driver reads
+    decoding: list[ChunkToDecode] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.conn.call("remote", {"a": 1}, now=self.now, timeout=30.0)  # id1: a pending call
-        self.conn.receive_stream("theirs", self.now)  # we read a stream the peer answers for
+        self.conn.read_response_stream("theirs", self.now)  # we read a stream the peer answers for
         self.check(self.conn.data_to_send())
         # A request in flight whose handler reads stream s1 (s2 it never opens).
         setup = {"in": [marker("s1"), marker("s2")]}
         self._count_request(orjson.dumps(_request("echo", setup, "setup")))
-        self.conn.receive(orjson.dumps(_request("echo", setup, "setup")), self.now)
+        self.conn.receive_frame(orjson.dumps(_request("echo", setup, "setup")), self.now)
         [event] = [e for e in self.conn.events_received() if isinstance(e, RequestReceived)]
-        self.reading = self.conn.request_stream(event.request_id, "s1")
+        self.conn.read_request_stream(event.request_id, "s1")
+        self.reading = "s1"
 
     def feed(self, frame: bytes) -> None:
         """Hand `frame` to the connection, act on its events, check what it sends."""
         self._count_request(frame)
-        self.conn.receive(frame, self.now)
+        self.conn.receive_frame(frame, self.now)
         self.turn += 1
         self._act()
         if self.turn % 3 == 0:
@@ -266,36 +269,36 @@ class Driver:
         for event in self.conn.events_received():
             if isinstance(event, RequestReceived):
                 self._answer(event)
-            elif isinstance(event, ChunkReceived):
+            elif isinstance(event, ChunkToDecode):
                 self.decoding.append(event)
         if self.turn % 2 == 0:  # chunks settle a frame late: the stream's next frame waits
             for chunk in self.decoding:
                 try:
-                    outcome: Any = chunk.chunk.decode()
+                    outcome: Any = chunk.token.decode()
                 except Exception as exc:  # the decoder's verdict, whatever it is
                     outcome = exc
-                self.conn.settle_chunk(chunk.stream_id, chunk.chunk, outcome, self.now)
+                self.conn.settle_chunk(chunk.stream_id, chunk.token, outcome, self.now)
             self.decoding.clear()
         self.check(self.conn.data_to_send())
 
     def _answer(self, event: RequestReceived) -> None:
         choice = (event.request_id + self.turn) % 4
         for stream_id in event.stream_ids[: choice % 2]:
-            source = self.conn.request_stream(event.request_id, stream_id)
+            self.conn.read_request_stream(event.request_id, stream_id)
             try:
-                while self.conn.take(source, self.now) is not None:
+                while self.conn.take(stream_id, self.now) is not None:
                     pass
             except StreamBroken:
                 pass  # the handler's request would be refused transfer-interrupted
         if choice == 0:
-            self.conn.refuse(event.request_id, InvalidRequest("refused by the driver"))
+            self.conn.refuse(event.request_id, InvalidRequest("refused by the driver"), self.now)
         elif choice == 1:
-            sink: ResponderStream = self.conn.open_reply_stream(event.request_id)
-            self.conn.respond(event.request_id, {"out": marker(sink.stream_id)})
+            sink = self.conn.open_reply_stream(event.request_id, self.now)
+            self.conn.respond(event.request_id, {"out": marker(sink)}, self.now)
             self.conn.write(sink, b"abc", self.now)
-            self.conn.close_stream(sink, self.now)
+            self.conn.end_stream(sink, self.now)
         elif choice == 2:
-            self.conn.respond(event.request_id, {"ok": True})
+            self.conn.respond(event.request_id, {"ok": True}, self.now)
         # choice 3: left in flight (the concurrency bound fills up)
 
     def _count_request(self, frame: bytes) -> None:

@@ -39,7 +39,7 @@ def served(conn: Connection) -> list[dict[str, Any]]:
     """Answer every request `{}` as a handler would, then what was sent (each frame parsed)."""
     for event in conn.events_received():
         if isinstance(event, RequestReceived):
-            conn.respond(event.request_id, {})
+            conn.respond(event.request_id, {}, 0.0)
     return [orjson.loads(frame) for frame in conn.data_to_send()]
 
 
@@ -56,7 +56,7 @@ class TestDepthBound:
         """Any method, any depth past the bound, a marker at the bottom or not: one
         `invalid-request` answer, `request: null`, and nothing raises."""
         conn = connection()
-        conn.receive(request_frame(method, dumps_deep(depth, inner)), 0.0)
+        conn.receive_frame(request_frame(method, dumps_deep(depth, inner)), 0.0)
         [answer] = served(conn)
         assert answer["correlation"] == {"id": "c1", "phase": "response"}
         assert answer["request"] is None
@@ -67,7 +67,7 @@ class TestDepthBound:
     def test_a_request_at_the_bound_is_served_and_echoed(self) -> None:
         """The envelope, `request`, `x` and 125 arrays: 128 levels, taken and echoed whole."""
         conn = connection()
-        conn.receive(request_frame("echo", dumps_deep(MAX_DEPTH - 3)), 0.0)
+        conn.receive_frame(request_frame("echo", dumps_deep(MAX_DEPTH - 3)), 0.0)
         [answer] = served(conn)
         assert answer["response"] == {}
         assert answer["request"] == {"x": deep(1, MAX_DEPTH - 3)}
@@ -81,13 +81,13 @@ class TestDepthBound:
             b'{"method":"##VirtualStream##","request":{"streamId":"nobody","cycleId":"k1",'
             b'"cycle":"request","mainPurpose":"keepAlive","x":' + dumps_deep(depth) + b"}}"
         )
-        conn.receive(frame, 0.0)
+        conn.receive_frame(frame, 0.0)
         assert conn.data_to_send() == []
 
     def test_a_frame_past_orjsons_read_limit_is_dropped(self) -> None:
         """Past 1,024 levels the frame is no JSON orjson reads: dropped, nothing raises."""
         conn = connection()
-        conn.receive(request_frame("echo", dumps_deep(5000)), 0.0)
+        conn.receive_frame(request_frame("echo", dumps_deep(5000)), 0.0)
         assert conn.data_to_send() == []
 
 
@@ -118,7 +118,7 @@ class TestAnswersCarryNoPayload:
     ) -> None:
         """The one echo of an unknown stream's frame carries its package, never its bytes."""
         conn = connection()
-        conn.receive(stream_frame("nobody", purpose, chunk), 0.0)
+        conn.receive_frame(stream_frame("nobody", purpose, chunk), 0.0)
         [echo] = [orjson.loads(frame) for frame in conn.data_to_send()]
         assert echo == {
             "method": STREAM_METHOD,
@@ -141,9 +141,9 @@ class TestAnswersCarryNoPayload:
         """keepAlive/feedback/read/start/end on a stream we read echo the package as we read it;
         the payload the peer put into the frame stays out of the answer."""
         conn = connection()
-        conn.receive(request_frame("echo", MARKER), 0.0)
+        conn.receive_frame(request_frame("echo", MARKER), 0.0)
         assert [type(e) for e in conn.events_received()] == [RequestReceived]
-        conn.receive(stream_frame("s1", purpose, chunk), 0.0)
+        conn.receive_frame(stream_frame("s1", purpose, chunk), 0.0)
         [answer] = [orjson.loads(frame) for frame in conn.data_to_send()]
         assert "chunkData" not in answer["request"]
         assert answer["request"]["cycleId"] == answer["response"]["cycleId"] == "k1"
@@ -156,9 +156,9 @@ class TestAnswersCarryNoPayload:
 )
 @given(st.lists(frames(), min_size=1, max_size=8))
 def test_no_frame_makes_the_connection_raise_or_answer_twice(batch: list[bytes]) -> None:
-    """Any JSON of any depth, size and type, any envelope, stream frame or raw bytes: receive
-    never raises, every frame sent is UTF-8 JSON, each request correlation is answered at most
-    once per time it was asked."""
+    """Any JSON of any depth, size and type, any envelope, stream frame or raw bytes:
+    receive_frame never raises, every frame sent is UTF-8 JSON, each request correlation is
+    answered at most once per time it was asked."""
     driver = Driver()
     for frame in batch:
         driver.feed(frame)

@@ -8,6 +8,7 @@ import pytest
 
 from agent.errors import InvalidState, StreamBroken
 from agent.protocol.chunks import CLOSING, CLOSING_BIT, encode_chunk
+from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 from agent.protocol.stream_responder import Role
@@ -17,15 +18,10 @@ WINDOW = 2
 
 def initiator(role: Role, *, armed: bool = True) -> InitiatorStream:
     numbers = count(1)
-    stream = InitiatorStream(
-        "s1",
-        role,
-        window=WINDOW,
-        keepalive_interval=1.0,
-        keepalive_timeout=10.0,
-        probe_interval=0.05,
-        new_id=lambda: f"k{next(numbers)}",
+    settings = StreamSettings(
+        window=WINDOW, park_timeout=1.0, idle_timeout=10.0, probe_interval=0.05
     )
+    stream = InitiatorStream("s1", role, settings, new_id=lambda: f"k{next(numbers)}")
     if armed:
         stream.arm(0.0)
     return stream
@@ -120,7 +116,7 @@ def test_keepalive_is_sent_every_interval_once_answered() -> None:
     assert by_purpose(stream.poll(1.0), "keepAlive").keep_alive is True
 
 
-def test_no_answer_within_the_keepalive_timeout_breaks_the_stream() -> None:
+def test_no_answer_within_the_idle_timeout_breaks_the_stream() -> None:
     """10 s without any answer: StreamBroken for the writer."""
     stream = initiator(Role.SEND)
     stream.poll(0.0)

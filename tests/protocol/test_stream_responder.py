@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -10,14 +11,16 @@ import pytest
 from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
 from agent.protocol.chunks import CLOSING, CLOSING_BIT, EncodedChunk, RawChunk, encode_chunk
 from agent.protocol.envelope import Envelope
+from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
 from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role, StreamState
 
 WINDOW = 2
+SETTINGS = StreamSettings(window=WINDOW, idle_timeout=10.0, park_timeout=1.0)
 
 
 def responder(role: Role) -> ResponderStream:
-    return ResponderStream("s1", role, now=0.0, window=WINDOW, idle_timeout=10.0, park_timeout=1.0)
+    return ResponderStream("s1", role, SETTINGS, now=0.0)
 
 
 def frame(purpose: str, cycle: str = "k1", **fields: Any) -> tuple[Envelope, StreamPackage]:
@@ -220,12 +223,12 @@ def test_offer_after_abort_raises_stream_broken() -> None:
 
 
 def test_finished_registration_lingers_then_may_go() -> None:
-    """An ended stream is kept for `linger` seconds after its last frame."""
+    """An ended stream is kept for `idle_timeout` seconds after its last frame."""
     stream = responder(Role.RECEIVE)
     send(stream, "chunk", now=1.0, **chunk(None))
     stream.take()
-    assert not stream.finished(5.0, linger=10.0)
-    assert stream.finished(11.0, linger=10.0)
+    assert not stream.finished(5.0)
+    assert stream.finished(11.0)
 
 
 # --- pipelined receive: large chunks are answered before they are decoded --------------------
@@ -233,16 +236,8 @@ def test_finished_registration_lingers_then_may_go() -> None:
 
 def pipelined(window: int = 4, window_bytes: int = 1000) -> ResponderStream:
     """A receiving stream that leaves every raw chunk (any size) for the driver to decode."""
-    return ResponderStream(
-        "s1",
-        Role.RECEIVE,
-        now=0.0,
-        window=window,
-        idle_timeout=10.0,
-        park_timeout=1.0,
-        window_bytes=window_bytes,
-        inline_decode_max=0,
-    )
+    settings = replace(SETTINGS, window=window, window_bytes=window_bytes, inline_decode_max=0)
+    return ResponderStream("s1", Role.RECEIVE, settings, now=0.0)
 
 
 def raw(data: bytes, frame_bytes: int = 100) -> dict[str, Any]:

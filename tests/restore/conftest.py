@@ -41,7 +41,7 @@ from agent.contracts.isolatedrestore import (
 from agent.corestore import CorestoreClients, CorestoreTimeouts
 from agent.corestore.credentials import FixedCredentials
 from agent.errors import StreamBroken
-from agent.protocol.routes import Routes
+from agent.protocol.handlers import Routes
 from agent.restore.background import running
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.routes import isolated_restore_routes

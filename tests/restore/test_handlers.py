@@ -18,13 +18,15 @@ from agent.contracts.isolatedrestore import (
     METHOD_STAGE,
 )
 from agent.errors import CallFailed, InvalidRequest, SessionClosed
-from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import Routes
+from agent.protocol.connection import ConnectionSettings, StreamSettings
+from agent.protocol.handlers import Routes
 from agent.restore.routes import isolated_restore_routes
 from agent.session.peer import Peer
 from tests.memory import transport_pair
 
-FAST = ConnectionSettings(keepalive_interval=0.05, keepalive_timeout=2.0, backpressure_probe=0.005)
+FAST = ConnectionSettings(
+    streams=StreamSettings(park_timeout=0.05, idle_timeout=2.0, probe_interval=0.005)
+)
 
 
 @asynccontextmanager

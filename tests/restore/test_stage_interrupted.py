@@ -11,9 +11,9 @@ import pytest
 
 from agent.contracts.isolatedrestore import METHOD_STAGE
 from agent.errors import CallFailed, SessionClosed, StreamBroken
-from agent.protocol.connection import ConnectionSettings
+from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.envelope import STREAM_METHOD
-from agent.protocol.routes import Routes
+from agent.protocol.handlers import Routes
 from agent.restore.routes import isolated_restore_routes
 from agent.session.peer import Peer
 from tests.memory import MemoryTransport, transport_pair
@@ -21,7 +21,7 @@ from tests.memory import MemoryTransport, transport_pair
 DUMP = "snap-db/dump.bson"
 # The agent drops a stream that stays silent this long (seconds, the peer's own clock).
 SILENCE = 0.3
-PEERS = ConnectionSettings(keepalive_interval=0.05, keepalive_timeout=SILENCE)
+PEERS = ConnectionSettings(streams=StreamSettings(park_timeout=0.05, idle_timeout=SILENCE))
 
 
 @asynccontextmanager

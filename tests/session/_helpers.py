@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.base import PassThroughModel
 from agent.errors import SessionClosed
-from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import RequestContext, Route, Routes
+from agent.protocol.connection import ConnectionSettings, StreamSettings
+from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.session.client import CloudlySession
 from agent.session.peer import Peer
 from agent.status import SessionState, StatusSnapshot
@@ -23,7 +24,9 @@ from tests.memory import MemoryTransport, transport_pair
 
 __all__ = ["FAST", "Body", "body_route", "is_connected", "peers", "running"]
 
-FAST = ConnectionSettings(keepalive_interval=0.05, keepalive_timeout=0.5, backpressure_probe=0.005)
+FAST = ConnectionSettings(
+    streams=StreamSettings(park_timeout=0.05, idle_timeout=0.5, probe_interval=0.005)
+)
 
 
 class Body(PassThroughModel):
@@ -48,13 +51,14 @@ async def peers(
     settings: ConnectionSettings = FAST,
     *,
     stall_timeout: float | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> AsyncIterator[tuple[Peer, Peer, MemoryTransport, MemoryTransport]]:
-    """Two running peers (both with `stall_timeout`); the connection closes on exit and both
-    runs end SessionClosed."""
+    """Two running peers (both with `stall_timeout`, both on `clock`); the connection closes
+    on exit and both runs end SessionClosed."""
     ta, tb = transport_pair()
     left, right = (
-        Peer(ta, left_routes, settings=settings, stall_timeout=stall_timeout),
-        Peer(tb, right_routes, settings=settings, stall_timeout=stall_timeout),
+        Peer(ta, left_routes, settings=settings, stall_timeout=stall_timeout, clock=clock),
+        Peer(tb, right_routes, settings=settings, stall_timeout=stall_timeout, clock=clock),
     )
     runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
     try:

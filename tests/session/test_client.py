@@ -14,7 +14,7 @@ import structlog
 
 from agent.contracts.base import StreamMarker
 from agent.errors import CallFailed, SessionClosed
-from agent.protocol.routes import RequestContext, Routes
+from agent.protocol.handlers import RequestContext, Routes
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus, SessionState

@@ -14,7 +14,7 @@ from agent.contracts.cluster import ClusterView
 from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
 from agent.errors import CallFailed, EnrollmentFailed
-from agent.protocol.routes import RequestContext, Routes
+from agent.protocol.handlers import RequestContext, Routes
 from agent.secret import Secret
 from agent.session.authentication import Caller
 from agent.session.client import CloudlySession, SessionSettings

@@ -8,7 +8,7 @@ import structlog
 
 from agent.contracts.cluster import GetClusterConfigRequest
 from agent.errors import AuthenticationFailed
-from agent.protocol.routes import RequestContext, Route, Routes
+from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus

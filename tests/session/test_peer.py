@@ -9,11 +9,13 @@ from typing import Any
 import orjson
 import pytest
 
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.base import WireModel
 from agent.errors import CallFailed, CallTimeout, InvalidState, RestoreNotFound, SessionClosed
 from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import RequestContext, Route, Routes
+from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.session.peer import Peer
+from tests.clock import ManualClock
 from tests.memory import MemoryTransport, transport_pair
 from tests.session._helpers import FAST, body_route, peers
 
@@ -205,11 +207,11 @@ async def test_retry_limit_fails_the_call() -> None:
 
 
 async def serve_raw(
-    routes: Routes, settings: ConnectionSettings = FAST
+    routes: Routes, settings: ConnectionSettings = FAST, clock: Clock = SYSTEM_CLOCK
 ) -> tuple[Peer, MemoryTransport, asyncio.Task[None]]:
-    """A running peer and the raw other end of its transport."""
+    """A running peer (on `clock`) and the raw other end of its transport."""
     ta, tb = transport_pair()
-    peer = Peer(ta, routes, settings=settings)
+    peer = Peer(ta, routes, settings=settings, clock=clock)
     return peer, tb, asyncio.create_task(peer.run())
 
 
@@ -280,6 +282,31 @@ async def test_drain_waits_for_handlers_then_cancels_and_answers_the_rest() -> N
     assert peer.in_flight == 0
     out = orjson.loads(await raw.recv())
     assert (out["correlation"]["id"], out["error"]["data"]["code"]) == ("c5", "shutting-down")
+    await stop(raw, run)
+
+
+async def test_the_drain_deadline_runs_on_the_peers_clock() -> None:
+    """On a clock moved by hand, the drain ends when the clock passes its deadline, however
+    little real time went by: the slow handler is answered shutting-down."""
+    clock, started = ManualClock(), asyncio.Event()
+
+    async def slow(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+        started.set()
+        await asyncio.Event().wait()
+        return {}
+
+    peer, raw, run = await serve_raw(routes_with(slow=slow), clock=clock)
+    frame = {"method": "slow", "request": {}, "correlation": {"id": "c7", "phase": "request"}}
+    await raw.send(orjson.dumps(frame))
+    await started.wait()
+    async with asyncio.timeout(10):
+        drain = asyncio.create_task(peer.drain(600.0))
+        await asyncio.sleep(0)  # the drain's first step: it waits on its deadline
+        assert clock.timeouts == [600.0]
+        clock.advance(600.0)
+        await drain
+        out = orjson.loads(await raw.recv())
+    assert (out["correlation"]["id"], out["error"]["data"]["code"]) == ("c7", "shutting-down")
     await stop(raw, run)
 
 

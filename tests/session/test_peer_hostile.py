@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from agent.errors import CallFailed
-from agent.protocol.routes import RequestContext, Routes
+from agent.protocol.handlers import RequestContext, Routes
 from tests.session._helpers import body_route, peers
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from agent.contracts.base import StreamMarker, WireModel
 from agent.errors import SessionClosed, StreamBroken
-from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import ByteSink, RequestContext, Route, Routes
+from agent.protocol.connection import ConnectionSettings, StreamSettings
+from agent.protocol.handlers import ByteSink, RequestContext, Route, Routes
 from agent.session.peer import Peer
 from tests.memory import transport_pair
 from tests.session._helpers import FAST, body_route, peers
@@ -121,7 +121,9 @@ async def test_64_mib_upload_keeps_its_sha256(form: str) -> None:
     """64 MiB sent initiator -> responder in 1 MiB chunks arrive with the same sha256."""
     payload = pattern(64 * MIB)
     digests: list[str] = []
-    settings = ConnectionSettings(keepalive_interval=0.2, keepalive_timeout=10, chunk_form=form)
+    settings = ConnectionSettings(
+        streams=StreamSettings(park_timeout=0.2, idle_timeout=10, chunk_form=form)
+    )
     async with peers(Routes(), upload_router(digests), settings) as (left, _, _, _):
         assert await upload(left, payload, MIB) == {"size": len(payload)}
     assert digests == [hashlib.sha256(payload).hexdigest()]
@@ -131,7 +133,9 @@ async def test_64_mib_upload_keeps_its_sha256(form: str) -> None:
 async def test_64_mib_download_keeps_its_sha256(form: str) -> None:
     """64 MiB sent responder -> initiator (read) arrive with the same sha256."""
     payload = pattern(64 * MIB)
-    settings = ConnectionSettings(keepalive_interval=0.2, keepalive_timeout=10, chunk_form=form)
+    settings = ConnectionSettings(
+        streams=StreamSettings(park_timeout=0.2, idle_timeout=10, chunk_form=form)
+    )
     async with peers(Routes(), download_router(payload, MIB), settings) as (left, _, _, _):
         assert await download(left) == (hashlib.sha256(payload).hexdigest(), len(payload))
 
@@ -214,7 +218,7 @@ async def test_upload_to_unknown_stream_breaks_the_writer() -> None:
 
 
 async def test_responder_that_stops_answering_breaks_the_writer_after_the_timeout() -> None:
-    """No stream answer within keepalive_timeout: the initiator's sink raises StreamBroken."""
+    """No stream answer within idle_timeout: the initiator's sink raises StreamBroken."""
     digests: list[str] = []
     async with peers(Routes(), upload_router(digests)) as (left, _, _, tb):
         tb.on_send = lambda frame: None if b"##VirtualStream##" in frame else frame
@@ -249,7 +253,9 @@ async def test_a_bad_chunk_breaks_the_stream_before_the_next_frame_is_answered()
     time the peer's next frame is answered (one frame later at most): that keepAlive hears
     `false`, and the upload is refused `transfer-interrupted`, naming the undecodable chunk."""
     ours, theirs = transport_pair()
-    settings = ConnectionSettings(inline_decode_max=0)  # every chunk takes the pipelined path
+    settings = ConnectionSettings(
+        streams=StreamSettings(inline_decode_max=0)
+    )  # every chunk takes the pipelined path
     peer = Peer(ours, upload_router([]), settings=settings)
     run = asyncio.create_task(peer.run())
     marker = {"_isVirtualStream": True, "streamId": "s1"}

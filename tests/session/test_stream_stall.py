@@ -4,7 +4,8 @@ no chunk breaks after `stall_timeout`, on either side and in either direction.
 Timing is scaled, not slept: the keep-alive timeout is 0.3 s (`SETTINGS`) and the stall
 deadline 1 s, so a stream that outlives several keep-alive timeouts and then breaks with the
 stall's reason was kept alive by keep-alives and ended by the deadline alone. Every test is
-bounded by `asyncio.timeout(10)`: without the deadline it would wait forever.
+bounded by `asyncio.timeout(10)`: without the deadline it would wait forever. The deadline is
+read on the peer's clock: moved by hand, it fires when the clock passes it, not in real time.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import pytest
 
 from agent.contracts.base import StreamMarker, WireModel
 from agent.errors import CallFailed, StreamBroken
-from agent.protocol.connection import ConnectionSettings
-from agent.protocol.routes import ByteSink, ByteSource, RequestContext, Route, Routes
+from agent.protocol.connection import ConnectionSettings, StreamSettings
+from agent.protocol.handlers import ByteSink, ByteSource, RequestContext, Route, Routes
+from tests.clock import ManualClock
 from tests.session._helpers import peers
 
 STALL = 1.0
 SETTINGS = ConnectionSettings(
-    keepalive_interval=0.05, keepalive_timeout=0.3, backpressure_probe=0.005
+    streams=StreamSettings(park_timeout=0.05, idle_timeout=0.3, probe_interval=0.005)
 )
 
 
@@ -127,4 +129,32 @@ async def test_a_writer_whose_reader_stops_reading_breaks_when_the_window_stays_
             await write_forever(sink)
         call.cancel()
         await asyncio.gather(call, return_exceptions=True)
-    assert SETTINGS.stream_window <= written < 4 * SETTINGS.stream_window
+    assert SETTINGS.streams.window <= written < 4 * SETTINGS.streams.window
+
+
+async def test_the_stall_deadline_runs_on_the_peers_clock() -> None:
+    """On a clock moved by hand, a handler waiting for its next chunk stalls the moment the
+    clock passes the deadline, long before that much real time went by."""
+    clock, stall = ManualClock(), 600.0
+    # No keep-alive falls due before the deadline: only the deadline itself can wake the wait.
+    quiet = ConnectionSettings(streams=StreamSettings(park_timeout=3000.0, idle_timeout=30000.0))
+    first = asyncio.Event()
+
+    async def upload(request: Upload, ctx: RequestContext) -> Size:
+        async for _ in ctx.receive_stream(request.data):
+            first.set()  # the next chunk's wait starts before this task yields again
+        return Size(size=0)
+
+    routes = Routes([Route("upload", Upload, upload)])
+    async with (
+        asyncio.timeout(10),
+        peers(Routes(), routes, quiet, stall_timeout=stall, clock=clock) as (left, *_),
+    ):
+        marker, sink = left.open_send_stream()
+        call = asyncio.create_task(left.call("upload", {"data": marker.to_wire()}, timeout=1e5))
+        await sink.write(b"x" * 1000)
+        await first.wait()
+        clock.advance(stall)
+        with pytest.raises(CallFailed) as refused:
+            await call
+    assert f"no chunk from the peer within {stall:g} s" in refused.value.text

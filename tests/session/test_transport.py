@@ -18,7 +18,6 @@ from agent.session.transport import (
     connect_transport,
     quiet_websocket_logger,
     tls_context,
-    websocket_url,
 )
 
 ServerHandler = Callable[[ServerConnection], Awaitable[None]]
@@ -192,28 +191,6 @@ async def test_frames_are_never_logged_even_at_debug(
     await transport.close()
     assert caplog.records  # the capture works: the library did log (at INFO)
     assert all("tok-SECRET-123" not in record.getMessage() for record in caplog.records)
-
-
-@pytest.mark.parametrize(
-    ("given", "expected"),
-    [
-        ("http://cloudly.example:8080", "ws://cloudly.example:8080"),
-        ("https://cloudly.example/", "wss://cloudly.example/"),
-        ("HTTPS://cloudly.example", "wss://cloudly.example"),
-        ("ws://127.0.0.1:1", "ws://127.0.0.1:1"),
-        ("wss://cloudly.example/socket", "wss://cloudly.example/socket"),
-    ],
-)
-def test_http_urls_map_to_websocket_urls(given: str, expected: str) -> None:
-    """http(s) becomes ws(s); ws(s) stays as it is."""
-    assert websocket_url(given) == expected
-
-
-@pytest.mark.parametrize("given", ["ftp://cloudly.example", "cloudly.example", "https://"])
-def test_other_urls_are_a_config_error(given: str) -> None:
-    """A URL that is no http(s)/ws(s) URL is refused naming the config key."""
-    with pytest.raises(ConfigError, match=r"cloudly\.url"):
-        websocket_url(given)
 
 
 def test_plain_websocket_needs_no_tls() -> None:

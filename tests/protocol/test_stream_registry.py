@@ -11,11 +11,12 @@ import pytest
 from agent.errors import RemoteProtocolError
 from agent.protocol.chunks import CLOSING
 from agent.protocol.envelope import Envelope, decode_envelope, encode_envelope
+from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_initiator import InitiatorState
+from agent.protocol.stream_registry import StreamRegistry
 from agent.protocol.stream_responder import ResponderStream, Role, StreamState
-from agent.protocol.streams import StreamRegistry, StreamSettings
 
-SETTINGS = StreamSettings(window=4, keepalive_interval=1.0, keepalive_timeout=10.0)
+SETTINGS = StreamSettings(window=4, park_timeout=1.0, idle_timeout=10.0)
 
 
 def registry(prefix: str) -> StreamRegistry:

@@ -19,6 +19,10 @@ frame whose cycle id we already echoed is our own answer coming back: it is neve
 The memory of echoed cycle ids is bounded (`ECHO_MEMORY`, oldest forgotten first); a peer
 flooding more distinct stray ids than that in one round trip gets one echo per frame it sends,
 never more.
+
+A finished stream is forgotten (a stream we answer for after lingering, one we drive once it
+said farewell and its reader took the end), but how it ended is remembered (`past()`, the last
+`OVER_MEMORY`), so a late local call by its id is answered as the stream would have been.
 """
 
 from __future__ import annotations
@@ -28,28 +32,18 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from agent.errors import InvalidState, RemoteProtocolError
-from agent.protocol.chunks import ChunkForm
 from agent.protocol.envelope import Envelope
+from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
 from agent.protocol.stream_initiator import InitiatorStream
 from agent.protocol.stream_responder import ResponderStream, Role
 
-__all__ = ["ECHO_MEMORY", "FrameResult", "StreamRegistry", "StreamSettings"]
+__all__ = ["ECHO_MEMORY", "OVER_MEMORY", "FrameResult", "StreamRegistry"]
 
 ECHO_MEMORY: Final = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class StreamSettings:
-    """Tunables shared by every stream of a connection."""
-
-    window: int = 16
-    window_bytes: int = 8 * 1024 * 1024
-    inline_decode_max: int = 64 * 1024
-    keepalive_interval: float = 1.0
-    keepalive_timeout: float = 10.0
-    probe_interval: float = 0.05
-    chunk_form: ChunkForm = "buffer"
+# How many forgotten streams' outcomes are remembered, so that a late local call on one (a
+# producer back after its stream broke and lingered out) is answered as the stream would have.
+OVER_MEMORY: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,23 +65,28 @@ class StreamRegistry:
     initiators: dict[str, InitiatorStream] = field(default_factory=dict)
     _cycles: dict[str, str] = field(default_factory=dict)  # cycle id -> initiator stream id
     _echoed: dict[str, None] = field(default_factory=dict)  # cycle ids we echoed, oldest first
+    _over: dict[str, str] = field(default_factory=dict)  # forgotten id -> why it broke ("": ended)
+
+    def find(self, stream_id: str) -> ResponderStream | InitiatorStream | None:
+        """The registered stream `stream_id`, if any."""
+        stream = self.responders.get(stream_id)
+        return stream if stream is not None else self.initiators.get(stream_id)
+
+    def past(self, stream_id: str) -> str | None:
+        """How forgotten stream `stream_id` ended: "" through its end, else why it broke; None
+        for an id it does not remember."""
+        return self._over.get(stream_id)
+
+    def _remember(self, stream: ResponderStream | InitiatorStream) -> None:
+        self._over[stream.stream_id] = stream.broken_reason if stream.broken else ""
+        if len(self._over) > OVER_MEMORY:
+            del self._over[next(iter(self._over))]
 
     def open_responder(self, stream_id: str, role: Role, now: float) -> ResponderStream:
         """Register a stream we answer for; raises `RemoteProtocolError` on a duplicate id."""
         if stream_id in self.responders or stream_id in self.initiators:
             raise RemoteProtocolError(f"stream id {stream_id} is already in use")
-        s = self.settings
-        stream = ResponderStream(
-            stream_id,
-            role,
-            now=now,
-            window=s.window,
-            idle_timeout=s.keepalive_timeout,
-            park_timeout=s.keepalive_interval,
-            chunk_form=s.chunk_form,
-            window_bytes=s.window_bytes,
-            inline_decode_max=s.inline_decode_max,
-        )
+        stream = ResponderStream(stream_id, role, self.settings, now=now)
         self.responders[stream_id] = stream
         return stream
 
@@ -98,17 +97,7 @@ class StreamRegistry:
             stream_id = self.new_id()
         if stream_id in self.responders or stream_id in self.initiators:
             raise InvalidState(f"stream id {stream_id} is already in use")
-        s = self.settings
-        stream = InitiatorStream(
-            stream_id,
-            role,
-            window=s.window,
-            keepalive_interval=s.keepalive_interval,
-            keepalive_timeout=s.keepalive_timeout,
-            probe_interval=s.probe_interval,
-            new_id=self.new_id,
-            chunk_form=s.chunk_form,
-        )
+        stream = InitiatorStream(stream_id, role, self.settings, new_id=self.new_id)
         self.initiators[stream_id] = stream
         return stream
 
@@ -172,14 +161,14 @@ class StreamRegistry:
             answer = stream.expire(now)
             if answer is not None or stream.state is not before:
                 changed.append((stream.stream_id, answer))
-            if stream.finished(now, self.settings.keepalive_timeout):
+            if stream.finished(now):
                 del self.responders[stream.stream_id]
+                self._remember(stream)
         return changed
 
     def next_wakeup(self) -> float | None:
         """The earliest responder timer (idle timeout, parked read, end of lingering)."""
-        linger = self.settings.keepalive_timeout
-        times = [t for s in self.responders.values() if (t := s.next_wakeup(linger)) is not None]
+        times = [t for s in self.responders.values() if (t := s.next_wakeup()) is not None]
         return min(times, default=None)
 
     def forget_responder(self, stream_id: str) -> None:
@@ -188,7 +177,9 @@ class StreamRegistry:
 
     def forget_initiator(self, stream_id: str) -> None:
         """Drop a finished stream we drove, and its outstanding cycles."""
-        self.initiators.pop(stream_id, None)
+        stream = self.initiators.pop(stream_id, None)
+        if stream is not None:
+            self._remember(stream)
         for cycle_id in [c for c, s in self._cycles.items() if s == stream_id]:
             del self._cycles[cycle_id]
 

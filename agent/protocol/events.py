@@ -1,0 +1,87 @@
+"""What a `Connection` hands out (`events_received()`): plain values, in the order things
+happened. A driver acts on each; none of them gives access to the connection's internals.
+
+- `RequestReceived`: the peer asks us to handle a request; end it with `respond` or `refuse`.
+- `Completed` / `Failed` (from `calls`): one of our calls is over.
+- `StreamChanged`: a stream moved (data arrived, room was freed, a frame of it was handled):
+  whoever waits on it asks again (`take`, `can_write`). Two in a row for one stream are one.
+- `StreamEnded` / `StreamBroke`: a stream is over, through its closing bit or broken (and
+  why); once per stream. `Connection.stream_outcome()` answers the same afterwards.
+- `ChunkToDecode`: a received chunk was queued undecoded; decode its `token` (`decode()`, pure,
+  best in a worker thread) and hand the bytes or the `RemoteProtocolError` back with
+  `Connection.settle_chunk`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent.protocol.calls import Completed, Failed
+
+__all__ = [
+    "ChunkToDecode",
+    "ChunkToken",
+    "Completed",
+    "Event",
+    "Failed",
+    "RequestReceived",
+    "StreamBroke",
+    "StreamChanged",
+    "StreamEnded",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReceived:
+    """The peer asks us to handle `method`; end it with `respond()` or `refuse()`."""
+
+    request_id: int
+    method: str
+    request: dict[str, Any]
+    stream_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChanged:
+    """Stream `stream_id` moved: its waiters ask again."""
+
+    stream_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnded:
+    """Stream `stream_id` is over through its closing bit (what it queued may still be read)."""
+
+    stream_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBroke:
+    """Stream `stream_id` is over without its end, for `reason`."""
+
+    stream_id: str
+    reason: str
+
+
+class ChunkToken(Protocol):
+    """An undecoded received chunk, opaque but for `decode()`."""
+
+    def decode(self) -> bytes:
+        """The chunk's bytes (pure, safe in a worker thread); `RemoteProtocolError` when it is
+        no chunk."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkToDecode:
+    """A chunk of stream `stream_id` waits to be decoded: `token.decode()`, then
+    `settle_chunk(stream_id, token, bytes or error, now)` before the stream's next frame."""
+
+    stream_id: str
+    token: ChunkToken
+
+
+Event = (
+    RequestReceived | Completed | Failed | StreamChanged | StreamEnded | StreamBroke | ChunkToDecode
+)
