@@ -48,13 +48,14 @@ from agent.contracts.relay import (
     RestoreClusterServiceResponse,
 )
 from agent.corestore.client import CorestoreClient, CorestoreClients
+from agent.domain.job_machine import JobKind
+from agent.domain.jobs import JobKey
+from agent.domain.replay import request_digest
 from agent.relay.closures import CloudlyCalls, Progress, receive_closure, send_closure
 from agent.relay.jobs import JobRunner, Outcome, Work
-from agent.relay.machine import JobKind
 from agent.relay.plan import RestorePlan, locate_node, plan_restore
-from agent.restore.replay import request_digest
 from agent.restore.settings import EngineSettings
-from agent.store import JobKey, RevisionStore
+from agent.store import RevisionStore
 
 __all__ = ["RelayService", "import_id_for"]
 

@@ -25,10 +25,11 @@ from typing import Any, TypeVar
 
 import structlog
 
+from agent.domain.restores import RestoreKey, StoredState
 from agent.errors import ShuttingDown
 from agent.locks import KeyedLocks
 from agent.owner import TaskOwner
-from agent.store import RestoreKey, RevisionStore, StoredState
+from agent.store import RevisionStore
 
 __all__ = ["Observer", "WorkOwner", "running"]
 

@@ -8,7 +8,7 @@ Every request goes through the same gate, in this order, and a refusal changes n
 2. the grant's shape (`grants.check_grant`, `grant-invalid`);
 3. the revision: `replay.check_expected_revision` — PROCEED, an exact REPLAY of the request
    that produced the current state, or `revision-conflict` {currentRevision, status};
-4. the transition table (`machine.decide`, `illegal-transition`).
+4. the transition table (`RESTORE_TABLE.decide`, `illegal-transition`).
 
 Then (docs/isolated-restore.md has the state machine):
 
@@ -63,19 +63,20 @@ from agent.contracts.isolatedrestore import (
     StageIsolatedRestoreArchiveRequest,
 )
 from agent.corestore.client import CorestoreClient, CorestoreClients
+from agent.domain.replay import Verdict, check_expected_revision, request_digest
+from agent.domain.restore_machine import RESTORE_TABLE, Op
+from agent.domain.restores import PreparedPlan, RestoreKey, StoredState, plan_of
 from agent.errors import ObjectNotInManifest, RestoreNotFound
 from agent.protocol.routes import ByteSource
 from agent.restore import state as s
 from agent.restore.background import Observer, WorkOwner
 from agent.restore.grants import check_grant
 from agent.restore.jobs import Job, run_cleanup, run_execute, run_prepare
-from agent.restore.machine import Op, decide
-from agent.restore.replay import Verdict, check_expected_revision, request_digest
 from agent.restore.routing import check_preparable, locate
 from agent.restore.settings import EngineSettings
 from agent.restore.staging import StagingJob, stage_object
 from agent.secret import Secret
-from agent.store import RestoreKey, RevisionStore, StoredState
+from agent.store import RevisionStore
 
 __all__ = ["IsolatedRestoreEngine", "Observer"]
 
@@ -125,13 +126,13 @@ class IsolatedRestoreEngine(WorkOwner):
                     self._start(run_prepare, stored, client, grant)
                 return stored.state
             current = (None, 0) if stored is None else (stored.status, stored.revision)
-            decide(current[0], Op.PREPARE, revision=current[1])
+            RESTORE_TABLE.decide(current[0], Op.PREPARE, revision=current[1])
             stored = await self._mutate(
                 key,
                 request.expected_revision,
                 Op.PREPARE,
                 s.initial_state(request, epoch_ms(self._clock)),
-                plan=s.plan_of(request),
+                plan=plan_of(request),
                 digest=digest,
             )
             self._start(run_prepare, stored, client, grant)
@@ -153,7 +154,7 @@ class IsolatedRestoreEngine(WorkOwner):
             stored = await self._existing(key)
             verdict = self._verdict(request.expected_revision, stored, digest)
             if verdict is Verdict.PROCEED:
-                decide(stored.status, Op.STAGE, revision=stored.revision)
+                RESTORE_TABLE.decide(stored.status, Op.STAGE, revision=stored.revision)
             if not stored.plan.archive_manifest.contains(request.object):
                 raise ObjectNotInManifest(
                     f"object {request.object.path} with this size and sha256 is not in the "
@@ -210,7 +211,9 @@ class IsolatedRestoreEngine(WorkOwner):
                     self._start(run_execute, stored, client, grant)
                 return stored.state
             complete = await self._staging_complete(stored)
-            decide(stored.status, Op.EXECUTE, revision=stored.revision, staging_complete=complete)
+            RESTORE_TABLE.decide(
+                stored.status, Op.EXECUTE, revision=stored.revision, guard=complete
+            )
             stored = await self._mutate(
                 key, stored.revision, Op.EXECUTE, stored.state, digest=digest
             )
@@ -229,7 +232,7 @@ class IsolatedRestoreEngine(WorkOwner):
                 if stored.status == "cleaning" and not self.working(key):
                     self._start(run_cleanup, stored, client, grant)
                 return stored.state
-            decide(stored.status, Op.CLEANUP, revision=stored.revision)
+            RESTORE_TABLE.decide(stored.status, Op.CLEANUP, revision=stored.revision)
             planned = s.with_cleanup_plan(stored.state, stored.plan.resource_mappings)
             stored = await self._mutate(key, stored.revision, Op.CLEANUP, planned, digest=digest)
             self._start(run_cleanup, stored, client, grant)
@@ -267,7 +270,7 @@ class IsolatedRestoreEngine(WorkOwner):
         op: Op,
         state: IsolatedRestoreNodeState,
         *,
-        plan: s.PreparedPlan | None = None,
+        plan: PreparedPlan | None = None,
         digest: str | None = None,
     ) -> StoredState:
         stored = await self._store.mutate(

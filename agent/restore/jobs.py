@@ -45,12 +45,13 @@ from agent.clock import Clock, epoch_ms
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState, ResourceCleanupProgress
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import ResourceStatus
+from agent.domain.restore_machine import Op
+from agent.domain.restores import RestoreKey, StoredState
 from agent.errors import AgentError, CorestoreError, CorestoreUnavailable, TransferError
 from agent.restore import state as s
-from agent.restore.machine import Op
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
-from agent.store import RestoreKey, RevisionStore, StoredState
+from agent.store import RevisionStore
 
 __all__ = ["Job", "run_cleanup", "run_execute", "run_prepare"]
 

@@ -46,11 +46,12 @@ from agent.clock import Clock
 from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import VerifiedChunk
+from agent.domain.restores import RestoreKey
 from agent.errors import AgentError, CorestoreUnavailable, IntegrityError, StreamBroken
 from agent.protocol.routes import ByteSource
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
-from agent.store import RestoreKey, RevisionStore
+from agent.store import RevisionStore
 
 __all__ = ["StageOutcome", "StagingJob", "rechunk", "stage_object"]
 

@@ -40,6 +40,7 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.corestore import CorestoreClients, CorestoreTimeouts
 from agent.corestore.credentials import FixedCredentials
+from agent.domain.restores import RestoreKey, StoredState
 from agent.errors import StreamBroken
 from agent.protocol.routes import Routes
 from agent.restore.background import running
@@ -48,7 +49,7 @@ from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
 from agent.retry import Backoff, RetryPolicy
 from agent.secret import Secret
-from agent.store import RestoreKey, RevisionStore, StoredState
+from agent.store import RevisionStore
 from devstack.corestore import CorestoreHandle, start
 from tests.clock import ManualClock, advancing
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from agent.contracts.isolatedrestore import METHOD_EXECUTE
 from agent.corestore.routes import RouteName
-from agent.store import StoredState
+from agent.domain.restores import StoredState
 
 
 async def _execute_until_settled(world: Any) -> StoredState:
