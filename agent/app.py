@@ -54,6 +54,7 @@ from agent.protocol.connection import ConnectionSettings
 from agent.protocol.routes import Routes
 from agent.relay.routes import relay_routes
 from agent.relay.service import RelayService
+from agent.relay.settings import RelaySettings
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
@@ -143,7 +144,6 @@ async def run(
             systemd_notify=notifier.enabled,
             chunk_decoders=codec_backends(),
         )
-        settings = EngineSettings.from_config(config.corestore)
         corestore = config.corestore
         sealed = await _sealed_credentials(config, resources, lambda: session)
         credentials: CredentialSource = (
@@ -151,11 +151,7 @@ async def run(
         )
         clients = CorestoreClients(
             credentials=credentials,
-            timeouts=CorestoreTimeouts(
-                connect=corestore.connect_timeout_s,
-                control=corestore.request_timeout_s,
-                transfer=settings.transfer_timeout,
-            ),
+            timeouts=CorestoreTimeouts.from_config(corestore),
             retry=RetryPolicy(attempts=corestore.retries + 1),
             observer=metrics,
         )
@@ -166,14 +162,14 @@ async def run(
             # The session is built next (it serves the engine's routes); the engine reads its
             # cluster view only while handling a request, when the session exists.
             cluster_view=lambda: session.cluster_view,
-            settings=settings,
+            settings=EngineSettings.from_config(corestore),
         )
         relay = RelayService(
             store=store,
             clients=clients,
             cluster_view=lambda: session.cluster_view,
             cloudly=lambda: session,  # read by a job, when the session exists
-            settings=settings,
+            settings=RelaySettings.from_config(corestore),
         )
         routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
         steps, view_watchers = [], []

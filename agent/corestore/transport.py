@@ -26,6 +26,7 @@ import asyncio
 import io
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import aiohttp
 from yarl import URL
@@ -37,6 +38,7 @@ from agent.corestore.sanitize import sanitize_code, sanitize_text
 from agent.errors import (
     CorestoreRefused,
     CorestoreUnavailable,
+    InvalidState,
     LocalProtocolError,
     NodeWithoutCorestore,
     ShuttingDown,
@@ -44,6 +46,9 @@ from agent.errors import (
 from agent.observe import NULL_OBSERVER, CorestoreObserver
 from agent.retry import RetryPolicy, retrying
 from agent.secret import Secret
+
+if TYPE_CHECKING:
+    from agent.config import CorestoreConfig
 
 __all__ = ["CorestoreTimeouts", "HttpTransport", "Reply", "check_credential"]
 
@@ -56,6 +61,21 @@ class CorestoreTimeouts:
     connect: float = 5.0
     control: float = 30.0
     transfer: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("connect", "control", "transfer"):
+            if not getattr(self, name) > 0:
+                raise InvalidState(f"{name} must be positive")
+
+    @classmethod
+    def from_config(cls, corestore: CorestoreConfig) -> CorestoreTimeouts:
+        """The timeouts `[corestore]` asks for (`connect_timeout_s`, `request_timeout_s`,
+        `transfer_timeout_s`)."""
+        return cls(
+            connect=corestore.connect_timeout_s,
+            control=corestore.request_timeout_s,
+            transfer=corestore.transfer_timeout_s,
+        )
 
 
 def _canonical_origin(endpoint: str) -> URL:

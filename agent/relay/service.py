@@ -54,7 +54,7 @@ from agent.domain.replay import request_digest
 from agent.relay.closures import CloudlyCalls, Progress, receive_closure, send_closure
 from agent.relay.jobs import JobRunner, Outcome, Work
 from agent.relay.plan import RestorePlan, locate_node, plan_restore
-from agent.restore.settings import EngineSettings
+from agent.relay.settings import RelaySettings
 from agent.store import RevisionStore
 
 __all__ = ["RelayService", "import_id_for"]
@@ -79,17 +79,17 @@ class RelayService(JobRunner):
         clients: CorestoreClients,
         cluster_view: Callable[[], ClusterView | None],
         cloudly: Callable[[], CloudlyCalls],
-        settings: EngineSettings | None = None,
+        settings: RelaySettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """`cloudly()` is the live session (read when a job needs it); `settings` are the
-        engine's: `chunk_size` bounds every closure chunk, `transfer_timeout` each closure call,
-        `progress_interval` the pace of the progress log."""
+        """`cloudly()` is the live session (read when a job needs it); `settings`: `chunk_size`
+        bounds every closure chunk, `transfer_timeout` each closure call, `progress_interval`
+        the pace of the progress log."""
         super().__init__(store)
         self._clients = clients
         self._cluster_view = cluster_view
         self._cloudly = cloudly
-        self._settings = settings or EngineSettings()
+        self._settings = settings or RelaySettings()
         self._clock = clock
 
     # --- the three requests -------------------------------------------------------------------

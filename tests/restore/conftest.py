@@ -68,7 +68,6 @@ FAST = EngineSettings(
     max_in_flight=2,
     poll_interval=0.002,
     progress_interval=0.0,
-    transfer_timeout=2.0,
 )
 
 
@@ -359,10 +358,16 @@ def settings() -> EngineSettings:
 
 
 @pytest.fixture
-def corestore_timeouts(settings: EngineSettings) -> CorestoreTimeouts:
-    """The Corestore client's timeouts; `transfer` is the settings' `transfer_timeout`, as
-    the composition root wires it (a test module may override this fixture)."""
-    return CorestoreTimeouts(connect=2.0, control=2.0, transfer=settings.transfer_timeout)
+def transfer_timeout() -> float:
+    """One bulk Corestore call's bound (a test module may override this fixture)."""
+    return 2.0
+
+
+@pytest.fixture
+def corestore_timeouts(transfer_timeout: float) -> CorestoreTimeouts:
+    """The Corestore client's timeouts, `transfer` from the `transfer_timeout` fixture (a test
+    module may override this fixture)."""
+    return CorestoreTimeouts(connect=2.0, control=2.0, transfer=transfer_timeout)
 
 
 @pytest.fixture
