@@ -208,8 +208,8 @@ async def run(
             on_ready(address)
         with _stop_on_signals(stop):
             async with asyncio.TaskGroup() as group:
-                engine_task = group.create_task(engine.run(), name="isolated-restore-engine")
-                relay_task = group.create_task(relay.run(), name="relay-jobs")
+                engine_task = group.create_task(engine.owner.run(), name="isolated-restore-engine")
+                relay_task = group.create_task(relay.runner.run(), name="relay-jobs")
                 session_task = group.create_task(session.run(), name="cloudly-session")
                 side_tasks = [
                     group.create_task(loop_watch.run(), name="loop-watch"),
@@ -226,10 +226,12 @@ async def run(
                 if not await _step("close the Cloudly socket", lambda: session.close(0.0), close_s):
                     session_task.cancel()  # the TaskGroup awaits it
                 if not await _step(
-                    "stop the engine's work", lambda: engine.close(close_s), close_s
+                    "stop the engine's work", lambda: engine.owner.close(close_s), close_s
                 ):
                     engine_task.cancel()
-                if not await _step("stop the relay's jobs", lambda: relay.close(close_s), close_s):
+                if not await _step(
+                    "stop the relay's jobs", lambda: relay.runner.close(close_s), close_s
+                ):
                     relay_task.cancel()
                 for task in side_tasks:
                     task.cancel()

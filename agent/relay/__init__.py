@@ -7,7 +7,8 @@ and row `agent.domain.jobs`); the store persists the jobs.
 - `plan`: which snapshots a restore restores, the partial-restore rule (pure).
 - `closures`: the two closure directions (Corestore export -> Cloudly, Cloudly -> Corestore
   import), bounded chunks, sha256 verified before anything counts.
-- `jobs`: `JobRunner`, the durable jobs and their owner (`run()`/`close()`); `service`:
-  `RelayService`, the three requests and their work.
+- `runner`: `JobRunner`, the durable jobs and their owner (`run()`/`close()`); `service`:
+  `RelayService`, the three requests and their work (it has a `JobRunner`: `runner`);
+  `settings`: `RelaySettings`, its tunables.
 - `routes`: the three typed routes Cloudly calls, bound to one service.
 """

@@ -23,15 +23,16 @@ Every request is routed by node first (`plan.locate_node`: `unknown-node`,
 - `pruneClusterNodeArchive`: one idempotent Corestore call, no job; `found: false` when the node
   has no archive. `dryRun` is passed to Corestore, which removes nothing then.
 
-The jobs belong to the service's `JobRunner` (`run()` in the composition root's TaskGroup,
-`close()` in its ordered shutdown). docs/relay.md has the details and the decisions.
+The service has its job runner (`runner`, a `JobRunner`): the jobs belong to it
+(`runner.run()` in the composition root's TaskGroup, `runner.close()` in its ordered
+shutdown). docs/relay.md has the details and the decisions.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -52,8 +53,8 @@ from agent.domain.job_machine import JobKind
 from agent.domain.jobs import JobKey
 from agent.domain.replay import request_digest
 from agent.relay.closures import CloudlyCalls, Progress, receive_closure, send_closure
-from agent.relay.jobs import JobRunner, Outcome, Work
 from agent.relay.plan import RestorePlan, locate_node, plan_restore
+from agent.relay.runner import JobRunner, Outcome, Work
 from agent.relay.settings import RelaySettings
 from agent.store import RevisionStore
 
@@ -69,7 +70,7 @@ def import_id_for(key: JobKey) -> str:
     return "closure-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
-class RelayService(JobRunner):
+class RelayService:
     """Backup, restore and prune on the nodes of this agent's cluster."""
 
     def __init__(
@@ -85,7 +86,9 @@ class RelayService(JobRunner):
         """`cloudly()` is the live session (read when a job needs it); `settings`: `chunk_size`
         bounds every closure chunk, `transfer_timeout` each closure call, `progress_interval`
         the pace of the progress log."""
-        super().__init__(store)
+        self.runner: Final = JobRunner(store)
+        """The relay's jobs: run them (`runner.run()`) in the caller's TaskGroup, stop them with
+        `runner.close()`; requests are refused `shutting-down` outside that."""
         self._clients = clients
         self._cluster_view = cluster_view
         self._cloudly = cloudly
@@ -102,7 +105,7 @@ class RelayService(JobRunner):
         async def start() -> Work:
             return lambda job: self._run_backup(job, client, request)
 
-        response = await self.submit(key, digest, start)
+        response = await self.runner.submit(key, digest, start)
         return BackupClusterServiceResponse.from_wire(response)
 
     async def restore(self, request: RestoreClusterServiceRequest) -> RestoreClusterServiceResponse:
@@ -115,7 +118,7 @@ class RelayService(JobRunner):
             plan = plan_restore(request, record)
             return lambda job: self._run_restore(job, client, plan)
 
-        response = await self.submit(key, digest, start)
+        response = await self.runner.submit(key, digest, start)
         return RestoreClusterServiceResponse.from_wire(response)
 
     async def prune(

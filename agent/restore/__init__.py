@@ -5,8 +5,9 @@ Its state machine, plan and replay rule are the domain's (`agent.domain.restore_
 
 - `state`: the node state's pure transforms; `grants`, `routing`: request checks (pure);
   `settings`: the engine's tunables.
-- `engine`: `IsolatedRestoreEngine`, the five operations; `staging`: stream -> chunks ->
-  Corestore (resumable); `jobs`: prepare/execute/cleanup background work; `background`: the
-  owner of the engine's tasks, per-restore locks, observers.
+- `engine`: `IsolatedRestoreEngine`, the five operations (it has a `WorkOwner`: `owner`);
+  `staging`: stream -> chunks -> Corestore (resumable); `work`: the prepare/execute/cleanup
+  background work, step by step; `background`: `WorkOwner`, the owner of the engine's tasks
+  and its per-restore locks.
 - `routes`: the five typed routes, bound to an engine.
 """

@@ -42,7 +42,7 @@ from agent.store import RevisionStore
 
 __all__ = ["INTERRUPTED", "JobRunner", "Outcome", "Work"]
 
-_log = structlog.get_logger("agent.relay.jobs")
+_log = structlog.get_logger("agent.relay.runner")
 
 Outcome = tuple[dict[str, Any], dict[str, Any]]
 """What a job's work returns: the response's wire dict and the report recorded next to it."""
@@ -99,10 +99,6 @@ class JobRunner:
     async def close(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109  # a shutdown bound
         """Stop taking work, cancel the running jobs, wait at most `timeout` s for `run()`."""
         await self._owner.close(timeout)
-
-    def working(self, key: JobKey) -> bool:
-        """Whether work of `key`'s scope runs in this process."""
-        return self._live(key.scope) is not None
 
     # --- the request rule ---------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import pytest
 from agent.domain.job_machine import JobOp
 from agent.domain.jobs import JobKey
 from agent.errors import RestoreInProgress, ShuttingDown
-from agent.relay.jobs import INTERRUPTED, JobRunner, Outcome, Work
+from agent.relay.runner import INTERRUPTED, JobRunner, Outcome, Work
 from agent.store import RevisionStore
 
 RESTORE = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
