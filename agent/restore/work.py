@@ -1,7 +1,7 @@
 """The engine's background work: preparing, executing and cleaning up a restore, step by step.
 
 `run_prepare()`, `run_execute()` and `run_cleanup()` run in tasks the engine owns
-(`IsolatedRestoreEngine.run`).
+(`IsolatedRestoreEngine.owner`, `background.WorkOwner`).
 Each step is one Corestore call (which the Corestore client alone resends while Corestore is
 unavailable, `agent.retry`) followed by one mutation of the node state, so a restart finds
 exactly the steps that finished:
