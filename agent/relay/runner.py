@@ -33,6 +33,7 @@ from typing import Any, Final
 
 import structlog
 
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.domain.job_machine import Answer, JobOp, answer, backup_meets, restore_meets
 from agent.domain.jobs import JobKey, StoredJob
 from agent.errors import AgentError, JobConflict, RestoreInProgress, ShuttingDown
@@ -80,11 +81,12 @@ class _Running:
 class JobRunner:
     """Runs relay jobs for the relay service; run it in the caller's TaskGroup."""
 
-    def __init__(self, store: RevisionStore) -> None:
+    def __init__(self, store: RevisionStore, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        """`clock` bounds `close()`."""
         self._store = store
         self._locks: KeyedLocks[Scope] = KeyedLocks()
         self._running: dict[Scope, _Running] = {}
-        self._owner = TaskOwner("the relay job runner")
+        self._owner = TaskOwner("the relay job runner", clock=clock)
 
     # --- lifecycle ----------------------------------------------------------------------------
 

@@ -86,7 +86,7 @@ class RelayService:
         """`cloudly()` is the live session (read when a job needs it); `settings`: `chunk_size`
         bounds every closure chunk, `transfer_timeout` each closure call, `progress_interval`
         the pace of the progress log."""
-        self.runner: Final = JobRunner(store)
+        self.runner: Final = JobRunner(store, clock=clock)
         """The relay's jobs: run them (`runner.run()`) in the caller's TaskGroup, stop them with
         `runner.close()`; requests are refused `shutting-down` outside that."""
         self._clients = clients

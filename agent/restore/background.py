@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.domain.restores import RestoreKey
 from agent.errors import ShuttingDown
 from agent.locks import KeyedLocks
@@ -38,11 +39,12 @@ _log = structlog.get_logger("agent.restore.background")
 class WorkOwner:
     """Owns the background work on restores and the per-restore locks."""
 
-    def __init__(self, store: RevisionStore) -> None:
+    def __init__(self, store: RevisionStore, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        """`clock` bounds `close()`."""
         self._store = store
         self._locks: KeyedLocks[RestoreKey] = KeyedLocks()
         self._work: dict[RestoreKey, asyncio.Task[None]] = {}
-        self._tasks = TaskOwner("the isolated-restore engine")
+        self._tasks = TaskOwner("the isolated-restore engine", clock=clock)
 
     # --- lifecycle ----------------------------------------------------------------------------
 

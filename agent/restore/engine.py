@@ -99,10 +99,11 @@ class IsolatedRestoreEngine:
         settings: EngineSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """`clock` is the engine's one source of time: state timestamps, waits between status
-        reads, the pace of the staging progress log. `clients` give each node's Corestore client
+        """`clock` is the engine's one source of time: state timestamps, the pace of the staging
+        progress log, the bound of closing (the waits between Corestore's status reads are its
+        clients', on the clock they were given). `clients` give each node's Corestore client
         with that node's control credential (fetched, cached and refreshed by their source)."""
-        self.owner: Final = WorkOwner(store)
+        self.owner: Final = WorkOwner(store, clock=clock)
         """The engine's background work: run it (`owner.run()`) in the caller's TaskGroup,
         stop it with `owner.close()`; requests are refused `shutting-down` outside that."""
         self._store = store

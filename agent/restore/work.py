@@ -35,7 +35,6 @@ in flight as it is: it resumes on the next replay.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,7 +46,7 @@ from agent.corestore.client import CorestoreClient
 from agent.corestore.models import ResourceStatus
 from agent.domain.restore_machine import Op
 from agent.domain.restores import RestoreKey, StoredState
-from agent.errors import AgentError, CorestoreError, CorestoreUnavailable, TransferError
+from agent.errors import AgentError, CorestoreError, TransferError
 from agent.restore import state as s
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
@@ -172,21 +171,15 @@ async def _restore_all(work: RestoreWork) -> None:
 
 
 async def _restore_one(work: RestoreWork, mapping_id: str) -> ResourceStatus:
-    """Start (or confirm) the restore of one mapping and poll until it is no longer running."""
-    restore_id, timeout = work.key.restore_id, work.settings.restore_timeout
-    try:
-        async with asyncio.timeout(timeout):
-            status = await work.client.restore_resource(restore_id, mapping_id, work.grant)
-            while status.state == "running":
-                await work.clock.sleep(work.settings.poll_interval)
-                status = await work.client.resource_restore_status(
-                    restore_id, mapping_id, work.grant
-                )
-    except TimeoutError as exc:
-        raise CorestoreUnavailable(
-            f"Corestore did not finish restoring resource mapping {mapping_id} within {timeout:g} s"
-        ) from exc
-    return status
+    """Start (or confirm) the restore of one mapping and poll until it is no longer running
+    (`CorestoreUnavailable` past `restore_timeout`)."""
+    return await work.client.wait_resource_restored(
+        work.key.restore_id,
+        mapping_id,
+        work.grant,
+        poll_interval=work.settings.poll_interval,
+        max_wait=work.settings.restore_timeout,
+    )
 
 
 async def _verify_all(work: RestoreWork) -> None:
