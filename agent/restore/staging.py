@@ -9,9 +9,11 @@ for the object's progress first, and
   NOT sent again; the rest goes out from the verified offset on;
 - otherwise every chunk is sent.
 
-Chunks: the stream's pieces are re-cut into `chunk_size` buffers (the last one shorter). Each is
-hashed (in a worker thread: hashlib drops the GIL, the event loop keeps serving the websocket)
-together with the running whole-object digest, then queued for the uploader. PUTs of one object
+Chunks: the stream's pieces are re-cut into `chunk_size` chunks (the last one shorter) by the
+agent's one re-chunker (`agent.chunking.rechunk`, one copy per chunk, refusing bytes past the
+manifest size at once). Each is hashed together with the running whole-object digest
+(`agent.chunking.Digests`: in a worker thread when large, so the event loop keeps serving the
+websocket), then queued for the uploader. PUTs of one object
 go one at a time in offset order, because Corestore counts only a contiguous verified prefix (a
 chunk past it is refused as `offset-gap`); `max_in_flight` bounds the queue between the stream
 and the uploader, so memory stays below `(max_in_flight + 2) * chunk_size` plus the stream
@@ -35,13 +37,12 @@ resumes after them.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
+from agent.chunking import Digests, rechunk
 from agent.clock import Clock
 from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
@@ -53,11 +54,9 @@ from agent.restore.settings import EngineSettings
 from agent.secret import Secret
 from agent.store import RevisionStore
 
-__all__ = ["StageOutcome", "StagingWork", "rechunk", "stage_object"]
+__all__ = ["StageOutcome", "StagingWork", "stage_object"]
 
 _log = structlog.get_logger("agent.restore.staging")
-# Below this a worker thread costs more than hashing on the event loop.
-_THREAD_HASH_MIN = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,31 +83,6 @@ class StageOutcome:
     stream_opened: bool  # False when Corestore already held the committed object
 
 
-async def rechunk(
-    source: ByteSource, boundaries: Sequence[int], chunk_size: int
-) -> AsyncGenerator[bytes, None]:
-    """The bytes of `source` cut into chunks: first of the lengths in `boundaries`, then of
-    `chunk_size`; the last chunk may be shorter."""
-    plan = list(boundaries)
-    target = plan.pop(0) if plan else chunk_size
-    buffer = bytearray()
-    async for piece in source:
-        buffer += piece
-        while len(buffer) >= target:
-            with memoryview(buffer) as view:
-                chunk = bytes(view[:target])  # one copy (a slice of the bytearray is another)
-            del buffer[:target]
-            yield chunk
-            target = plan.pop(0) if plan else chunk_size
-    if buffer:
-        yield bytes(buffer)
-
-
-def _hash_chunk(whole: Any, chunk: bytes) -> str:
-    whole.update(chunk)
-    return hashlib.sha256(chunk).hexdigest()
-
-
 class _Transfer:
     """One pass over the incoming stream (state shared by the reader and the uploader)."""
 
@@ -116,7 +90,7 @@ class _Transfer:
         self.work = work
         self.verified = {chunk.offset: chunk for chunk in verified}
         self.verified_end = max((c.offset + c.length for c in verified), default=0)
-        self.whole = hashlib.sha256()
+        self.digests = Digests()
         self.received = 0
         self.sent = 0
         self.chunks_sent = 0
@@ -131,20 +105,21 @@ class _Transfer:
 
     async def read(self, source: ByteSource) -> None:
         work = self.work
-        boundaries = [self.verified[offset].length for offset in sorted(self.verified)]
-        chunks = rechunk(source, boundaries, work.settings.chunk_size)
+        entry = work.entry
+        chunks = rechunk(
+            source,
+            work.settings.chunk_size,
+            boundaries=[self.verified[offset].length for offset in sorted(self.verified)],
+            limit=entry.size,
+            too_long=lambda: IntegrityError(
+                f"object {entry.path} arrived longer than its {entry.size} bytes"
+            ),
+        )
         try:
             async for chunk in chunks:
                 offset = self.received
                 self.received += len(chunk)
-                if self.received > work.entry.size:
-                    raise IntegrityError(
-                        f"object {work.entry.path} arrived longer than its {work.entry.size} bytes"
-                    )
-                if len(chunk) >= _THREAD_HASH_MIN:
-                    digest = await asyncio.to_thread(_hash_chunk, self.whole, chunk)
-                else:
-                    digest = _hash_chunk(self.whole, chunk)
+                digest = await self.digests.chunk(chunk)
                 if offset < self.verified_end:
                     self._check_verified(offset, len(chunk), digest)
                     self.skipped += len(chunk)
@@ -243,7 +218,7 @@ async def stage_object(work: StagingWork, open_source: Callable[[], ByteSource])
         raise transfer.broken
     transfer.log_progress(final=True)
 
-    actual = (transfer.received, transfer.whole.hexdigest())
+    actual = (transfer.received, transfer.digests.hexdigest())
     if actual != (entry.size, entry.sha256):
         await _discard(work)
         raise IntegrityError(
