@@ -103,6 +103,7 @@ __all__ = [
     "StreamNotServed",
     "TransferError",
     "UnknownNode",
+    "first_leaf",
     "wire_error_data",
 ]
 
@@ -453,3 +454,14 @@ class ShuttingDown(Refusal):
 def wire_error_data(exc: AgentError) -> dict[str, Any]:
     """The `error.data` object for an agent error: `code`, `retryable`, then its own facts."""
     return {"code": exc.code, "retryable": exc.retryable, **exc.data}
+
+
+def first_leaf(group: BaseExceptionGroup[AgentError]) -> AgentError:
+    """The first agent error in `group`, nested groups opened (a TaskGroup whose tasks failed
+    raises their errors grouped; the first one says why)."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    if not isinstance(first, AgentError):  # a caller that typed its group wrongly
+        raise TypeError(f"not an agent error: {type(first).__name__}") from first
+    return first

@@ -49,6 +49,7 @@ PURE = [
     AGENT / "config.py",
     AGENT / "observe.py",
     AGENT / "overview.py",
+    AGENT / "progress.py",
     AGENT / "session" / "faults.py",
 ]
 

@@ -194,22 +194,27 @@ class HttpTransport:
             ) from exc
 
     async def _observed(self, request: RouteRequest, credential: Secret | None) -> Reply:
-        """One attempt, its latency and answer kind reported to the observer."""
+        """One attempt, its latency and answer kind reported to the observer: the kind of the
+        answer Corestore gave (`unavailable` for a 5xx, 408 or 429), `error` for none."""
+        spec = request.spec
         started, outcome = self._clock.monotonic(), "error"
         try:
             reply = await self._attempt(request, credential)
-            outcome = routes.classify_answer(request.spec, reply.status, reply.error_code()).value
+            kind = routes.classify_answer(spec, reply.status, reply.error_code())
+            outcome = kind.value
+            if kind is AnswerKind.UNAVAILABLE:
+                raise CorestoreUnavailable(
+                    f"Corestore at {self._endpoint} answered {spec.name} with {reply.status} "
+                    f"{sanitize_code(reply.error_code())}",
+                    httpStatus=reply.status,
+                )
             return reply
-        except CorestoreUnavailable as exc:
-            outcome = "unavailable" if "httpStatus" in exc.data else "error"
-            raise
         finally:
             seconds = self._clock.monotonic() - started
-            self._observer.corestore_answer(
-                route=request.spec.name, outcome=outcome, seconds=seconds
-            )
+            self._observer.corestore_answer(route=spec.name, outcome=outcome, seconds=seconds)
 
     async def _attempt(self, request: RouteRequest, credential: Secret | None) -> Reply:
+        """One exchange; `CorestoreUnavailable` when Corestore gave no answer."""
         spec = request.spec
         total = self._timeouts.transfer if spec.transfer else self._timeouts.control
         try:
@@ -226,12 +231,6 @@ class HttpTransport:
                 f"Corestore at {self._endpoint} did not answer {spec.name}: "
                 f"{type(exc).__name__}" + (f": {text}" if text else "")
             ) from _scrub(exc)
-        if routes.classify_answer(spec, reply.status, None) is AnswerKind.UNAVAILABLE:
-            raise CorestoreUnavailable(
-                f"Corestore at {self._endpoint} answered {spec.name} with {reply.status} "
-                f"{sanitize_code(reply.error_code())}",
-                httpStatus=reply.status,
-            )
         return reply
 
     async def _exchange(

@@ -52,6 +52,7 @@ from agent.corestore.client import CorestoreClient, CorestoreClients
 from agent.domain.job_machine import JobKind
 from agent.domain.jobs import JobKey
 from agent.domain.replay import request_digest
+from agent.progress import ProgressPace
 from agent.relay.closures import CloudlyCalls, Progress, receive_closure, send_closure
 from agent.relay.plan import RestorePlan, locate_node, plan_restore
 from agent.relay.runner import JobRunner, Outcome, Work
@@ -223,14 +224,11 @@ class RelayService:
     def _progress(self, key: JobKey, event: str) -> Progress:
         """A progress callback that logs at most once per `progress_interval` (and at the end)."""
         interval = self._settings.progress_interval
-        last = [self._clock.monotonic() - interval]
+        pace = ProgressPace(interval, last=self._clock.monotonic() - interval)
 
         def report(done: int, total: int) -> None:
-            now = self._clock.monotonic()
-            if done < total and now - last[0] < interval:
-                return
-            last[0] = now
-            _log.info(event, **_key_fields(key), bytes=done, total=total)
+            if pace.due(self._clock.monotonic(), final=done >= total):
+                _log.info(event, **_key_fields(key), bytes=done, total=total)
 
         return report
 

@@ -48,7 +48,14 @@ from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import VerifiedChunk
 from agent.domain.restores import RestoreKey
-from agent.errors import AgentError, CorestoreUnavailable, IntegrityError, StreamBroken
+from agent.errors import (
+    AgentError,
+    CorestoreUnavailable,
+    IntegrityError,
+    StreamBroken,
+    first_leaf,
+)
+from agent.progress import ProgressPace
 from agent.protocol.routes import ByteSource
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
@@ -100,8 +107,8 @@ class _Transfer:
         self.queue: asyncio.Queue[tuple[int, bytes, str] | None] = asyncio.Queue(
             maxsize=work.settings.max_in_flight
         )
-        self._last_log = work.clock.monotonic()
-        self._started = self._last_log
+        self._started = work.clock.monotonic()
+        self._pace = ProgressPace(work.settings.progress_interval, last=self._started)
 
     async def read(self, source: ByteSource) -> None:
         work = self.work
@@ -174,9 +181,8 @@ class _Transfer:
     def log_progress(self, *, final: bool = False) -> None:
         work = self.work
         now = work.clock.monotonic()
-        if not final and now - self._last_log < work.settings.progress_interval:
+        if not self._pace.due(now, final=final):
             return
-        self._last_log = now
         elapsed = max(now - self._started, 1e-9)
         _log.info(
             "staging_progress",
@@ -208,7 +214,7 @@ async def stage_object(work: StagingWork, open_source: Callable[[], ByteSource])
             group.create_task(transfer.upload())
             await transfer.read(open_source())
     except* AgentError as caught:
-        error = _first(caught)
+        error = first_leaf(caught)
     error = error or transfer.refused
     if isinstance(error, IntegrityError):
         await _discard(work)
@@ -281,12 +287,3 @@ async def _discard(work: StagingWork) -> None:
             code=exc.code,
         )
     await work.store.forget_object(work.key, work.entry.path)
-
-
-def _first(group: BaseExceptionGroup[AgentError]) -> AgentError:
-    """The first leaf of an exception group (a TaskGroup of two tasks fails with one error)."""
-    first: BaseException = group
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    assert isinstance(first, AgentError)
-    return first
