@@ -59,6 +59,7 @@ from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import Routes
 from agent.relay.routes import relay_routes
 from agent.relay.service import RelayService
+from agent.relay.settings import RelaySettings
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
@@ -166,7 +167,6 @@ async def run(
             chunk_decoders=decoders,
         )
         _warn_about(config, created=created, decoders=decoders)
-        settings = EngineSettings.from_config(config.corestore)
         corestore = config.corestore
         sealed = _sealed_credentials(config, keys, lambda: session)
         credentials: CredentialSource = (
@@ -174,11 +174,7 @@ async def run(
         )
         clients = CorestoreClients(
             credentials=credentials,
-            timeouts=CorestoreTimeouts(
-                connect=corestore.connect_timeout_s,
-                control=corestore.request_timeout_s,
-                transfer=settings.transfer_timeout,
-            ),
+            timeouts=CorestoreTimeouts.from_config(corestore),
             retry=RetryPolicy(attempts=corestore.retries + 1),
             observer=metrics,
         )
@@ -189,14 +185,14 @@ async def run(
             # The session is built next (it serves the engine's routes); the engine reads its
             # cluster view only while handling a request, when the session exists.
             cluster_view=lambda: session.cluster_view,
-            settings=settings,
+            settings=EngineSettings.from_config(corestore),
         )
         relay = RelayService(
             store=store,
             clients=clients,
             cluster_view=lambda: session.cluster_view,
             cloudly=lambda: session,  # read by a job, when the session exists
-            settings=settings,
+            settings=RelaySettings.from_config(corestore),
         )
         routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
         enrollment, provider = sealed if sealed is not None else (None, None)
@@ -236,8 +232,8 @@ async def run(
             on_ready(address)
         with _stop_on_signals(stop) if handle_signals else contextlib.nullcontext():
             async with asyncio.TaskGroup() as group:
-                engine_task = group.create_task(engine.run(), name="isolated-restore-engine")
-                relay_task = group.create_task(relay.run(), name="relay-jobs")
+                engine_task = group.create_task(engine.owner.run(), name="isolated-restore-engine")
+                relay_task = group.create_task(relay.runner.run(), name="relay-jobs")
                 session_task = group.create_task(session.run(), name="cloudly-session")
                 side_tasks = [
                     group.create_task(loop_watch.run(), name="loop-watch"),
@@ -254,10 +250,12 @@ async def run(
                 if not await _step("close the Cloudly socket", lambda: session.close(0.0), close_s):
                     session_task.cancel()  # the TaskGroup awaits it
                 if not await _step(
-                    "stop the engine's work", lambda: engine.close(close_s), close_s
+                    "stop the engine's work", lambda: engine.owner.close(close_s), close_s
                 ):
                     engine_task.cancel()
-                if not await _step("stop the relay's jobs", lambda: relay.close(close_s), close_s):
+                if not await _step(
+                    "stop the relay's jobs", lambda: relay.runner.close(close_s), close_s
+                ):
                     relay_task.cancel()
                 for task in side_tasks:
                     task.cancel()

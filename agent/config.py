@@ -46,6 +46,7 @@ from pydantic_core import ErrorDetails
 from agent.errors import ConfigError
 from agent.protocol.chunks import ChunkForm
 from agent.protocol.settings import ConnectionSettings
+from agent.retry import Backoff
 from agent.secret import Secret
 
 __all__ = [
@@ -182,8 +183,14 @@ class CloudlyConfig(_Section):
     @classmethod
     def _check_backoff_cap(cls, cap: float, info: ValidationInfo) -> float:
         base = info.data.get("backoff_base_s")
-        if base is not None and cap < base:
-            raise ValueError(f"must be >= backoff_base_s ({_number(base)}), got {_number(cap)}")
+        if base is None:
+            return cap
+        try:
+            Backoff(base=base, cap=cap)  # the one rule of a backoff's shape (`agent.retry`)
+        except ValueError:
+            raise ValueError(
+                f"must be >= backoff_base_s ({_number(base)}), got {_number(cap)}"
+            ) from None
         return cap
 
     @field_validator("tag_payload")

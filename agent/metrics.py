@@ -67,8 +67,8 @@ from prometheus_client import (
 
 from agent import __version__
 from agent.contracts.isolatedrestore import NODE_STATUSES
+from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES
 from agent.observe import Direction
-from agent.relay.machine import JOB_KINDS, JOB_STATUSES
 from agent.status import SessionState, StatusSnapshot
 from agent.store.records import StatusSummary
 

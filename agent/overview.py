@@ -35,9 +35,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from agent.domain.jobs import StoredJob
+from agent.domain.restores import StoredState
 from agent.status import SessionState, StatusSnapshot
-from agent.store.jobs import StoredJob
-from agent.store.records import StoredState
 
 __all__ = ["StagingTotals", "job_rows", "readiness", "restore_row", "restore_rows"]
 

@@ -9,8 +9,9 @@ that asked for it. Each holds a `TaskOwner` and follows one lifecycle:
 - `started()` waits until work can be taken; `check()` raises `ShuttingDown` when it cannot
   (not started yet, or closing), so a request is refused before anything is stored;
 - `spawn(coroutine, name=...)` runs one piece of work in the group;
-- `close(timeout)` stops taking work and waits at most `timeout` seconds for `run()` to end; a
-  `run()` that overruns (work that ignores its cancellation) is cancelled itself, and awaited.
+- `close(timeout)` stops taking work and waits at most `timeout` seconds of its `Clock` for
+  `run()` to end; a `run()` that overruns (work that ignores its cancellation) is cancelled
+  itself, and awaited.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.errors import InvalidState, ShuttingDown
 
 __all__ = ["TaskOwner"]
@@ -31,8 +33,10 @@ _log = structlog.get_logger("agent.owner")
 class TaskOwner:
     """Owns the background tasks of the component named `what` (it appears in refusals)."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        """`clock` bounds `close()`."""
         self._what = what
+        self._clock = clock
         self._group: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._run_task: asyncio.Task[None] | None = None
@@ -68,7 +72,7 @@ class TaskOwner:
         if not self._started.is_set():
             return
         try:
-            async with asyncio.timeout(timeout):
+            async with self._clock.timeout(timeout):
                 await self._stopped.wait()
         except TimeoutError:
             _log.error("task_owner_close_overran", owner=self._what, timeout_s=timeout)

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
 
 import structlog
 
-from agent.clock import Clock
+if TYPE_CHECKING:
+    # Only a type: the configuration checks a backoff's shape here without loading asyncio.
+    from agent.clock import Clock
 
 __all__ = ["Backoff", "RetryPolicy", "retrying"]
 

@@ -4,7 +4,8 @@ Runs `agent.app.run()` — the same composition root, Cloudly session, Peer, str
 Corestore client as the agent — with ONE extra route the engine does not use:
 `benchForward {archive: <stream>, endpoint, grant, stagingArchiveId, path, size, sha256,
 chunkDigests}`. It re-cuts the stream into `[corestore] chunk_size` chunks with the engine's own
-`rechunk()` and PUTs each to the reference Corestore's chunk route through `CorestoreClient`,
+`rechunk()` (`agent.chunking`) and PUTs each to the reference Corestore's chunk route through
+`CorestoreClient`,
 `max_in_flight` chunks queued between reader and uploader exactly like the engine — but it
 hashes nothing (each chunk's sha256 header comes from `chunkDigests`, computed by the bench
 before any timing) and persists nothing (no revision store, no routing, no grants check). When
@@ -24,13 +25,13 @@ import time
 from pathlib import Path
 
 from agent import app
+from agent.chunking import rechunk
 from agent.config import Config, Secrets, load_config, load_secrets
 from agent.contracts.base import StreamMarker, WireModel
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.corestore.credentials import FixedCredentials
 from agent.log import configure_logging
 from agent.protocol.handlers import RequestContext, Route, Routes
-from agent.restore.staging import rechunk
 from agent.retry import RetryPolicy
 from agent.secret import Secret
 
@@ -84,7 +85,7 @@ def forward_route(config: Config, secrets: Secrets, clients: CorestoreClients) -
         started = time.perf_counter()
         async with asyncio.TaskGroup() as group:
             group.create_task(upload())
-            pieces = rechunk(ctx.receive_stream(body.archive), [], corestore.chunk_size)
+            pieces = rechunk(ctx.receive_stream(body.archive), corestore.chunk_size)
             try:
                 async for chunk in pieces:
                     await queue.put(chunk)

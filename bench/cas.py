@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
-from agent.restore.machine import Op
-from agent.restore.state import PreparedPlan
-from agent.store import RestoreKey, RevisionStore
+from agent.domain.restore_machine import Op
+from agent.domain.restores import PreparedPlan, RestoreKey
+from agent.store import RevisionStore
 
 __all__ = ["main", "measure"]
 

@@ -1,7 +1,7 @@
 """The layering rules, checked on the source: pure core, I/O at the edges, one composition root.
 
-- The pure core (contracts, the protocol, the restore state machine and its pure helpers, the
-  relay's job table and restore plan, the Corestore route descriptions, HPKE and the credential
+- The pure core (contracts, the protocol, the domain, the restore state's transforms and request
+  checks, the relay's restore plan, the Corestore route descriptions, HPKE and the credential
   bindings, errors, secrets, config) imports no I/O library and no asyncio.
 - Each I/O library has one adapter home: aiohttp in `agent/corestore/transport.py` (the
   Corestore client) and `agent/health.py` (the health endpoint), websockets in
@@ -15,6 +15,11 @@
 - The protocol's stream machines and their registry are its own: outside `agent/protocol/` (and
   its tests, `tests/protocol/`) nothing imports them; the `Connection` hands out stream ids,
   values and bytes.
+  the contracts; so does the domain (`agent/domain/`: the transition tables, keys, records and
+  the replay rule), on which both the engines and the store depend.
+- No two modules of the product import each other (directly or around a circle), and neither do
+  two packages (`agent/<package>/` as one node, each top-level module as another): there is an
+  order to read the packages in.
 """
 
 from __future__ import annotations
@@ -35,11 +40,9 @@ AGENT = ROOT / "agent"
 PURE = [
     *sorted((AGENT / "contracts").glob("*.py")),
     *sorted((AGENT / "protocol").glob("*.py")),
-    *(
-        AGENT / "restore" / name
-        for name in ("machine.py", "replay.py", "state.py", "grants.py", "routing.py")
-    ),
-    *(AGENT / "relay" / name for name in ("machine.py", "plan.py")),
+    *sorted((AGENT / "domain").glob("*.py")),
+    *(AGENT / "restore" / name for name in ("state.py", "grants.py", "routing.py")),
+    AGENT / "relay" / "plan.py",
     *(
         AGENT / "corestore" / name
         for name in ("routes.py", "shapes.py", "models.py", "service_models.py")
@@ -50,6 +53,7 @@ PURE = [
     AGENT / "config.py",
     AGENT / "observe.py",
     AGENT / "overview.py",
+    AGENT / "progress.py",
     AGENT / "session" / "faults.py",
     AGENT / "session" / "handshake.py",
     AGENT / "session" / "outage.py",
@@ -213,6 +217,44 @@ def test_the_stream_machines_stay_inside_the_protocol() -> None:
     assert strays == {}
 
 
+def test_the_domain_depends_only_on_errors_and_contracts() -> None:
+    """`agent/domain/` imports, of the product, only itself, `agent.errors` and contracts: the
+    engines and the store build on it, it builds on neither (nor on any I/O)."""
+    allowed = ("agent.domain", "agent.errors", "agent.contracts")
+    strays = {
+        module: sorted(name for name in _product_imports(path) if not name.startswith(allowed))
+        for module, path in MODULES.items()
+        if module.startswith("agent.domain")
+    }
+    assert strays, "no domain modules found: the rule checks nothing"
+    assert {module: names for module, names in strays.items() if names} == {}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per node that starts one (empty when the graph has none)."""
+    done: set[str] = set()
+
+    def visit(node: str, trail: list[str]) -> list[str] | None:
+        if node in trail:
+            return [*trail[trail.index(node) :], node]
+        if node in done:
+            return None
+        for target in sorted(graph[node]):
+            cycle = visit(target, [*trail, node])
+            if cycle is not None:
+                return cycle
+        done.add(node)
+        return None
+
+    return [cycle for node in sorted(graph) if (cycle := visit(node, [])) is not None]
+
+
+def _package_of(module: str) -> str:
+    """`agent.restore.engine` -> `agent.restore`; a top-level module is its own node."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if (AGENT / parts[1]).is_dir() else module
+
+
 def test_no_product_modules_import_each_other_in_a_circle() -> None:
     """The import graph of `agent/` has no cycle, not even through imports made only for type
     checking (as the old peer <-> peer_types one was)."""
@@ -220,22 +262,24 @@ def test_no_product_modules_import_each_other_in_a_circle() -> None:
     # A package's __init__ re-exporting its submodules is not a circle with them.
     for module in graph:
         graph[module] = {name for name in graph[module] if not module.startswith(name + ".")}
-    done: set[str] = set()
+    assert _cycles(graph) == []
 
-    def visit(module: str, trail: list[str]) -> list[str] | None:
-        if module in trail:
-            return [*trail[trail.index(module) :], module]
-        if module in done:
-            return None
-        for target in sorted(graph[module]):
-            cycle = visit(target, [*trail, module])
-            if cycle is not None:
-                return cycle
-        done.add(module)
-        return None
 
-    cycles = [cycle for module in sorted(graph) if (cycle := visit(module, [])) is not None]
-    assert cycles == []
+def test_no_product_packages_import_each_other_in_a_circle() -> None:
+    """Taking each package of `agent/` as one node (and each top-level module as its own), the
+    import graph has no cycle: the store does not import the engines that import it."""
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        if module == "agent":
+            continue
+        source = _package_of(module)
+        targets = {_package_of(name) for name in _product_imports(path) if name != "agent"}
+        graph.setdefault(source, set()).update(targets - {source})
+    for targets in list(graph.values()):
+        for target in targets:
+            graph.setdefault(target, set())
+    assert {"agent.domain", "agent.store", "agent.restore", "agent.relay"} <= graph.keys()
+    assert _cycles(graph) == []
 
 
 def test_the_wheel_holds_the_daemon_and_nothing_else(tmp_path: Path) -> None:

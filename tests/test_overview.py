@@ -13,11 +13,11 @@ from agent.contracts.isolatedrestore import (
     ResourceVerification,
     StagingCleanupProgress,
 )
+from agent.domain.jobs import JobKey, StoredJob
+from agent.domain.restores import StoredState
 from agent.overview import StagingTotals, job_rows, readiness, restore_row
 from agent.status import ClusterSummary, NodeSummary, SessionState, StatusSnapshot
 from agent.statusview import render
-from agent.store import StoredState
-from agent.store.jobs import JobKey, StoredJob
 from tests.store.states import KEY, node_state, plan
 
 NOW = 1_000_000.0

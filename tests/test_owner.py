@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from agent.errors import InvalidState, ShuttingDown
 from agent.owner import TaskOwner
+from tests.clock import ManualClock
 
 
 async def _nothing() -> None:
@@ -85,3 +87,32 @@ async def test_work_that_ignores_cancellation_is_cut_off_at_the_bound() -> None:
     await owner.close(timeout=0.05)
     assert run.cancelled()
     assert len(swallowed) == 2
+
+
+async def test_the_close_bound_runs_on_the_owners_clock() -> None:
+    """With a hand-moved clock, `close(timeout)` waits for that clock to pass the bound, not
+    for real time: it cuts off stubborn work only once the clock is moved past it."""
+    clock = ManualClock()
+    owner = TaskOwner("the test component", clock=clock)
+    waiting = asyncio.Event()
+
+    async def stubborn() -> None:
+        waiting.set()
+        with contextlib.suppress(asyncio.CancelledError):  # the owner's cancellation, swallowed
+            await asyncio.Event().wait()
+        await asyncio.Event().wait()  # the second one (`run()` cut off) is obeyed
+
+    run = asyncio.create_task(owner.run(_nothing))
+    await owner.started()
+    owner.spawn(stubborn(), name="stubborn")
+    await waiting.wait()
+    closing = asyncio.create_task(owner.close(timeout=60))
+    await asyncio.sleep(0)
+    assert clock.timeouts == [60.0]
+    clock.advance(59)
+    await asyncio.sleep(0)
+    assert not closing.done()
+    clock.advance(1)
+    async with asyncio.timeout(5):  # a guard against a hang, not a synchronisation
+        await closing
+    assert run.cancelled()

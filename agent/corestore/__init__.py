@@ -3,7 +3,6 @@
 - `shapes`   scalar rules: ids, object paths, sha256, grant shape, the 16 MiB chunk cap (pure)
 - `models`   request bodies and answers as frozen pydantic models (pure)
 - `routes`   THE place that knows paths, headers and what each status means (pure)
-- `ledger`   which chunk PUT counts, replays or is refused (pure)
 - `sanitize` Corestore's error text made safe for an exception message (pure)
 - `transport` the HTTP edge: one aiohttp session, timeouts, resends of idempotent routes only
              (by `agent.retry`'s policy, waiting on an `agent.clock.Clock`)
@@ -20,7 +19,7 @@ Typical use by the engine:
     progress = await client.object_progress(archive_id, entry.path, grant)
     ...put_chunk(archive_id, entry.path, offset, data, sha256_of(data), grant) from
        progress.verified_bytes on, then commit_object(archive_id, path, size, sha256, grant)
-    status = await client.wait_resource_restored(restore_id, mapping.id, grant)
+    status = await client.wait_resource_restored(restore_id, mapping.id, grant, ...)
     verification = await client.verify_resource(restore_id, mapping.id, grant)
     await client.delete_resource(...); await client.delete_staging_archive(...)  # cleanup
 """

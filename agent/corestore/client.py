@@ -25,7 +25,6 @@ Corestore's raw answer text as a local variable (see `transport.py`).
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -241,19 +240,20 @@ class CorestoreClient:
         poll_interval: float = 1.0,
         max_wait: float = 3600.0,
     ) -> ResourceStatus:
-        """`restore_resource`, then poll until it is no longer `running`; returns the final
-        status (`succeeded` or `failed`, the caller decides). `CorestoreUnavailable` after
-        `max_wait` seconds."""
+        """`restore_resource`, then poll every `poll_interval` s until it is no longer `running`;
+        returns the final status (`succeeded` or `failed`, the caller decides).
+        `CorestoreUnavailable` after `max_wait` seconds. Both are seconds of the client's
+        `Clock`: the waits and their bound run in the same time."""
         try:
-            async with asyncio.timeout(max_wait):
+            async with self._clock.timeout(max_wait):
                 status = await self.restore_resource(restore_id, mapping_id, grant)
                 while status.state == "running":
                     await self._clock.sleep(poll_interval)
                     status = await self.resource_restore_status(restore_id, mapping_id, grant)
         except TimeoutError as exc:
             raise CorestoreUnavailable(
-                f"Corestore at {self._endpoint} did not finish restoring {mapping_id} "
-                f"within {max_wait:g} s"
+                f"Corestore at {self._endpoint} did not finish restoring resource mapping "
+                f"{mapping_id} within {max_wait:g} s"
             ) from exc
         return status
 

@@ -14,6 +14,7 @@ from agent.contracts.base import MAX_PATH_SEGMENT_ID_LENGTH, path_segment_id_pro
 from agent.errors import LocalProtocolError
 
 __all__ = [
+    "DEFAULT_CHUNK_SIZE",
     "MAX_ARCHIVE_PATH_BYTES",
     "MAX_CHUNK_SIZE",
     "MAX_GRANT_LENGTH",
@@ -29,6 +30,8 @@ __all__ = [
 
 # One chunk PUT carries at most this many bytes.
 MAX_CHUNK_SIZE: Final = 16 * 1024 * 1024
+# What one chunk PUT carries unless configured otherwise (staging and closure imports alike).
+DEFAULT_CHUNK_SIZE: Final = 4 * 1024 * 1024
 MAX_ID_LENGTH: Final = MAX_PATH_SEGMENT_ID_LENGTH
 # HTTP servers cap one header line near 8 KiB (aiohttp: 8190 bytes); an RS256 grant binding
 # digests of the mappings and the manifest is 1-2 KiB.

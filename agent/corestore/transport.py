@@ -26,6 +26,7 @@ import asyncio
 import io
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import aiohttp
 from yarl import URL
@@ -37,6 +38,7 @@ from agent.corestore.sanitize import sanitize_code, sanitize_text
 from agent.errors import (
     CorestoreRefused,
     CorestoreUnavailable,
+    InvalidState,
     LocalProtocolError,
     NodeWithoutCorestore,
     ShuttingDown,
@@ -44,6 +46,9 @@ from agent.errors import (
 from agent.observe import NULL_OBSERVER, CorestoreObserver
 from agent.retry import RetryPolicy, retrying
 from agent.secret import Secret
+
+if TYPE_CHECKING:
+    from agent.config import CorestoreConfig
 
 __all__ = ["CorestoreTimeouts", "HttpTransport", "Reply", "check_credential"]
 
@@ -56,6 +61,21 @@ class CorestoreTimeouts:
     connect: float = 5.0
     control: float = 30.0
     transfer: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("connect", "control", "transfer"):
+            if not getattr(self, name) > 0:
+                raise InvalidState(f"{name} must be positive")
+
+    @classmethod
+    def from_config(cls, corestore: CorestoreConfig) -> CorestoreTimeouts:
+        """The timeouts `[corestore]` asks for (`connect_timeout_s`, `request_timeout_s`,
+        `transfer_timeout_s`)."""
+        return cls(
+            connect=corestore.connect_timeout_s,
+            control=corestore.request_timeout_s,
+            transfer=corestore.transfer_timeout_s,
+        )
 
 
 def _canonical_origin(endpoint: str) -> URL:
@@ -174,22 +194,27 @@ class HttpTransport:
             ) from exc
 
     async def _observed(self, request: RouteRequest, credential: Secret | None) -> Reply:
-        """One attempt, its latency and answer kind reported to the observer."""
+        """One attempt, its latency and answer kind reported to the observer: the kind of the
+        answer Corestore gave (`unavailable` for a 5xx, 408 or 429), `error` for none."""
+        spec = request.spec
         started, outcome = self._clock.monotonic(), "error"
         try:
             reply = await self._attempt(request, credential)
-            outcome = routes.classify_answer(request.spec, reply.status, reply.error_code()).value
+            kind = routes.classify_answer(spec, reply.status, reply.error_code())
+            outcome = kind.value
+            if kind is AnswerKind.UNAVAILABLE:
+                raise CorestoreUnavailable(
+                    f"Corestore at {self._endpoint} answered {spec.name} with {reply.status} "
+                    f"{sanitize_code(reply.error_code())}",
+                    httpStatus=reply.status,
+                )
             return reply
-        except CorestoreUnavailable as exc:
-            outcome = "unavailable" if "httpStatus" in exc.data else "error"
-            raise
         finally:
             seconds = self._clock.monotonic() - started
-            self._observer.corestore_answer(
-                route=request.spec.name, outcome=outcome, seconds=seconds
-            )
+            self._observer.corestore_answer(route=spec.name, outcome=outcome, seconds=seconds)
 
     async def _attempt(self, request: RouteRequest, credential: Secret | None) -> Reply:
+        """One exchange; `CorestoreUnavailable` when Corestore gave no answer."""
         spec = request.spec
         total = self._timeouts.transfer if spec.transfer else self._timeouts.control
         try:
@@ -206,12 +231,6 @@ class HttpTransport:
                 f"Corestore at {self._endpoint} did not answer {spec.name}: "
                 f"{type(exc).__name__}" + (f": {text}" if text else "")
             ) from _scrub(exc)
-        if routes.classify_answer(spec, reply.status, None) is AnswerKind.UNAVAILABLE:
-            raise CorestoreUnavailable(
-                f"Corestore at {self._endpoint} answered {spec.name} with {reply.status} "
-                f"{sanitize_code(reply.error_code())}",
-                httpStatus=reply.status,
-            )
         return reply
 
     async def _exchange(

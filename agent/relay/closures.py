@@ -21,11 +21,15 @@ Relay -> Cloudly (`send_closure`, `backupServiceDatabaseClosure`; the agent init
 Cloudly -> relay (`receive_closure`, `restoreServiceDatabaseClosure`; the agent initiates and
 reads): Cloudly answers the descriptor and the marker of a stream it serves. The agent opens the
 Corestore import from the descriptor first (Corestore checks the receipt), then drains the
-stream into it in `chunk_size` chunks (each PUT carries its sha256), refusing the moment more
-than `size` bytes arrive; at the end it checks the length and the whole sha256 and only then
+stream into it in `chunk_size` chunks (each PUT carries its sha256), refusing the stream (at the
+latest a chunk's worth of bytes later) once it brings more than `size` bytes: no byte past
+`size` is sent; at the end it checks the length and the whole sha256 and only then
 asks Corestore to commit (Corestore re-hashes and replaces the database in one step). Any
 failure aborts the import: the database stays as it was. A responder that cannot serve a stream
 in its response (typedrequest 3.3.0 echoes our `read`) fails fast as `StreamNotServed`.
+
+Both directions hash with `agent.chunking.Digests` (large pieces in a worker thread, off the
+event loop) and the import cuts its chunks with `agent.chunking.rechunk`, as staging does.
 
 Neither direction can pin its job: every wait on the stream is bounded by the session's stall
 deadline (`agent.session.streams`), so a Cloudly that keeps the stream alive but stops reading
@@ -37,13 +41,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import structlog
 from pydantic import ValidationError
 
+from agent.chunking import Digests, rechunk
 from agent.contracts.base import StreamMarker, first_problem
 from agent.contracts.relay import (
     METHOD_BACKUP_SERVICE_DATABASE_CLOSURE,
@@ -152,7 +156,7 @@ async def _pump_export(
     chunk_size: int,
     progress: Progress,
 ) -> None:
-    size, digest, offset = descriptor.size, hashlib.sha256(), 0
+    size, digests, offset = descriptor.size, Digests(), 0
     what = f"the database closure of service {service_id} for backup {backup_id}"
     # One read is one stream chunk: the bytes pass through without being cut or joined, and
     # memory stays the stream window plus one chunk.
@@ -167,7 +171,7 @@ async def _pump_export(
                 f"where {want} were asked ({'shorter' if shorter else 'longer'} than its "
                 f"descriptor's {size} bytes)"
             )
-        digest.update(data)
+        await digests.add(data)
         if call.done():
             # Cloudly answered before the end: an error or `accepted: false` stops the transfer
             # now; `accepted: true` early is permission, so go on.
@@ -181,7 +185,7 @@ async def _pump_export(
         raise IntegrityError(
             f"Corestore's export of {what} is longer than its descriptor's {size} bytes"
         )
-    if digest.hexdigest() != descriptor.sha256:
+    if digests.hexdigest() != descriptor.sha256:
         raise IntegrityError(f"Corestore's export of {what} does not match its descriptor's sha256")
 
 
@@ -241,45 +245,30 @@ async def _pump_import(
     chunk_size: int,
     progress: Progress,
 ) -> None:
-    size, digest = descriptor.size, hashlib.sha256()
-    offset, pending, pending_size = 0, list[bytes](), 0
-
-    async def put(data: bytes) -> None:
-        nonlocal offset
-        digest.update(data)
-        await client.put_closure_chunk(import_id, offset, data, hashlib.sha256(data).hexdigest())
-        offset += len(data)
-        progress(offset, size)
-
-    # Pieces are joined only at chunk boundaries (one copy), and only the chunk in flight and
-    # the next one's pieces are held here: memory stays a few chunks, whatever the size.
-    async for piece in source:
-        if offset + pending_size + len(piece) > size:
-            raise IntegrityError(
-                f"Cloudly's closure stream is longer than its descriptor's {size} bytes"
-            )
-        pending.append(piece)
-        pending_size += len(piece)
-        if pending_size >= chunk_size:
-            joined = b"".join(pending)
-            pending.clear()
-            view = memoryview(joined)
-            while len(view) >= chunk_size:
-                # The whole join is one chunk (the usual case): send it without another copy.
-                whole = len(view) == len(joined) == chunk_size
-                await put(joined if whole else bytes(view[:chunk_size]))
-                view = view[chunk_size:]
-            pending_size = len(view)
-            if pending_size:
-                pending.append(bytes(view))
-            del view, joined
-    if pending:
-        await put(b"".join(pending))
+    size, digests, offset = descriptor.size, Digests(), 0
+    # The agent's one re-chunker: one copy per chunk, only the chunk being filled held here,
+    # so memory stays a few chunks whatever the size; no chunk past `size` bytes comes out.
+    chunks = rechunk(
+        source,
+        chunk_size,
+        limit=size,
+        too_long=lambda: IntegrityError(
+            f"Cloudly's closure stream is longer than its descriptor's {size} bytes"
+        ),
+    )
+    try:
+        async for data in chunks:
+            sha256 = await digests.chunk(data)
+            await client.put_closure_chunk(import_id, offset, data, sha256)
+            offset += len(data)
+            progress(offset, size)
+    finally:
+        await chunks.aclose()
     if offset != size:
         raise IntegrityError(
             f"Cloudly's closure stream ended after {offset} of its descriptor's {size} bytes"
         )
-    if digest.hexdigest() != descriptor.sha256:
+    if digests.hexdigest() != descriptor.sha256:
         raise IntegrityError("Cloudly's closure stream does not match its descriptor's sha256")
 
 

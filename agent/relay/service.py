@@ -23,15 +23,16 @@ Every request is routed by node first (`plan.locate_node`: `unknown-node`,
 - `pruneClusterNodeArchive`: one idempotent Corestore call, no job; `found: false` when the node
   has no archive. `dryRun` is passed to Corestore, which removes nothing then.
 
-The jobs belong to the service's `JobRunner` (`run()` in the composition root's TaskGroup,
-`close()` in its ordered shutdown). docs/relay.md has the details and the decisions.
+The service has its job runner (`runner`, a `JobRunner`): the jobs belong to it
+(`runner.run()` in the composition root's TaskGroup, `runner.close()` in its ordered
+shutdown). docs/relay.md has the details and the decisions.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -48,13 +49,15 @@ from agent.contracts.relay import (
     RestoreClusterServiceResponse,
 )
 from agent.corestore.client import CorestoreClient, CorestoreClients
+from agent.domain.job_machine import JobKind
+from agent.domain.jobs import JobKey
+from agent.domain.replay import request_digest
+from agent.progress import ProgressPace
 from agent.relay.closures import CloudlyCalls, Progress, receive_closure, send_closure
-from agent.relay.jobs import JobRunner, Outcome, Work
-from agent.relay.machine import JobKind
 from agent.relay.plan import RestorePlan, locate_node, plan_restore
-from agent.restore.replay import request_digest
-from agent.restore.settings import EngineSettings
-from agent.store import JobKey, RevisionStore
+from agent.relay.runner import JobRunner, Outcome, Work
+from agent.relay.settings import RelaySettings
+from agent.store import RevisionStore
 
 __all__ = ["RelayService", "import_id_for"]
 
@@ -68,7 +71,7 @@ def import_id_for(key: JobKey) -> str:
     return "closure-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
-class RelayService(JobRunner):
+class RelayService:
     """Backup, restore and prune on the nodes of this agent's cluster."""
 
     def __init__(
@@ -78,17 +81,19 @@ class RelayService(JobRunner):
         clients: CorestoreClients,
         cluster_view: Callable[[], ClusterView | None],
         cloudly: Callable[[], CloudlyCalls],
-        settings: EngineSettings | None = None,
+        settings: RelaySettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """`cloudly()` is the live session (read when a job needs it); `settings` are the
-        engine's: `chunk_size` bounds every closure chunk, `transfer_timeout` each closure call,
-        `progress_interval` the pace of the progress log."""
-        super().__init__(store)
+        """`cloudly()` is the live session (read when a job needs it); `settings`: `chunk_size`
+        bounds every closure chunk, `transfer_timeout` each closure call, `progress_interval`
+        the pace of the progress log."""
+        self.runner: Final = JobRunner(store, clock=clock)
+        """The relay's jobs: run them (`runner.run()`) in the caller's TaskGroup, stop them with
+        `runner.close()`; requests are refused `shutting-down` outside that."""
         self._clients = clients
         self._cluster_view = cluster_view
         self._cloudly = cloudly
-        self._settings = settings or EngineSettings()
+        self._settings = settings or RelaySettings()
         self._clock = clock
 
     # --- the three requests -------------------------------------------------------------------
@@ -101,7 +106,7 @@ class RelayService(JobRunner):
         async def start() -> Work:
             return lambda job: self._run_backup(job, client, request)
 
-        response = await self.submit(key, digest, start)
+        response = await self.runner.submit(key, digest, start)
         return BackupClusterServiceResponse.from_wire(response)
 
     async def restore(self, request: RestoreClusterServiceRequest) -> RestoreClusterServiceResponse:
@@ -114,7 +119,7 @@ class RelayService(JobRunner):
             plan = plan_restore(request, record)
             return lambda job: self._run_restore(job, client, plan)
 
-        response = await self.submit(key, digest, start)
+        response = await self.runner.submit(key, digest, start)
         return RestoreClusterServiceResponse.from_wire(response)
 
     async def prune(
@@ -219,14 +224,11 @@ class RelayService(JobRunner):
     def _progress(self, key: JobKey, event: str) -> Progress:
         """A progress callback that logs at most once per `progress_interval` (and at the end)."""
         interval = self._settings.progress_interval
-        last = [self._clock.monotonic() - interval]
+        pace = ProgressPace(interval, last=self._clock.monotonic() - interval)
 
         def report(done: int, total: int) -> None:
-            now = self._clock.monotonic()
-            if done < total and now - last[0] < interval:
-                return
-            last[0] = now
-            _log.info(event, **_key_fields(key), bytes=done, total=total)
+            if pace.due(self._clock.monotonic(), final=done >= total):
+                _log.info(event, **_key_fields(key), bytes=done, total=total)
 
         return report
 

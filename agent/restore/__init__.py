@@ -1,30 +1,13 @@
-"""Isolated restore on a node: the pure core here, the async engine beside it.
+"""The isolated-restore engine: Cloudly's five requests on a node, driven to its Corestore.
 
-- `machine`: the node-status transition table and `decide()` (pure).
-- `replay`: request digests and the exact-replay rule for `expectedRevision` (pure).
+Its state machine, plan and replay rule are the domain's (`agent.domain.restore_machine`,
+`agent.domain.restores`, `agent.domain.replay`); the store persists what it decides.
 
-The engine modules (staging, execute, cleanup) live next to these and use `agent.store` for
-durable state; importing this package imports only the pure core.
+- `state`: the node state's pure transforms; `grants`, `routing`: request checks (pure);
+  `settings`: the engine's tunables.
+- `engine`: `IsolatedRestoreEngine`, the five operations (it has a `WorkOwner`: `owner`);
+  `staging`: stream -> chunks -> Corestore (resumable); `work`: the prepare/execute/cleanup
+  background work, step by step; `background`: `WorkOwner`, the owner of the engine's tasks
+  and its per-restore locks.
+- `routes`: the five typed routes, bound to an engine.
 """
-
-from agent.restore.machine import (
-    IN_FLIGHT,
-    NODE_STATUSES,
-    TRANSITIONS,
-    NodeStatus,
-    Op,
-    decide,
-)
-from agent.restore.replay import Verdict, check_expected_revision, request_digest
-
-__all__ = [
-    "IN_FLIGHT",
-    "NODE_STATUSES",
-    "TRANSITIONS",
-    "NodeStatus",
-    "Op",
-    "Verdict",
-    "check_expected_revision",
-    "decide",
-    "request_digest",
-]

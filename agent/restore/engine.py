@@ -8,21 +8,21 @@ Every request goes through the same gate, in this order, and a refusal changes n
 2. the grant's shape (`grants.check_grant`, `grant-invalid`);
 3. the revision: `replay.check_expected_revision` — PROCEED, an exact REPLAY of the request
    that produced the current state, or `revision-conflict` {currentRevision, status};
-4. the transition table (`machine.decide`, `illegal-transition`).
+4. the transition table (`RESTORE_TABLE.decide`, `illegal-transition`).
 
 Then (docs/isolated-restore.md has the state machine):
 
 - prepare: writes `preparing` (revision `expectedRevision + 1`, i.e. 1) as a write-ahead intent
-  and answers it at once; the engine's task (`jobs.run_prepare`) asks Corestore and settles
+  and answers it at once; the engine's task (`work.run_prepare`) asks Corestore and settles
   `prepared` or `failed` (with `lastErrorCode`/`lastErrorMessage`): a refusal by Corestore is a
   state Cloudly reads, not an error reply. What can be refused before anything is stored
   (routing, the grant's shape, `check_preparable`, the contract's id rule) still is, at once.
 - stage: moves the object's bytes (`staging.stage_object`), and only once the object is proven
   and committed writes the `stage` mutation. A failed stage changes no revision, so Cloudly's
   retry of the same request proceeds and resumes after the chunks Corestore already verified.
-- execute: writes `restoring` and returns at once; the work (`jobs.run_execute`) runs in a task
+- execute: writes `restoring` and returns at once; the work (`work.run_execute`) runs in a task
   this engine owns, with the grant of the request that started it held in memory only.
-- cleanup: likewise returns at once with `cleaning`; `jobs.run_cleanup` finishes it
+- cleanup: likewise returns at once with `cleaning`; `work.run_cleanup` finishes it
   (`cleaned` or the retryable `cleanup-failed`). Background rather than synchronous because a
   cleanup may delete large resources and Corestore may be slow; Cloudly polls the status.
 - status: read-only, never locks, served while a stage of the same restore streams.
@@ -35,14 +35,15 @@ settled at start-up: unfinished states are logged (`restore_unfinished`) and sta
 status until Cloudly repeats the request.
 
 Mutating requests of one restore are serialised by a per-key lock (status takes none). The
-background tasks live in the TaskGroup of `run()`; `close()` cancels and awaits them, leaving
-their states in flight for a later replay.
+engine has its work owner (`owner`, `background.WorkOwner`): the background tasks live in the
+TaskGroup of `owner.run()`; `owner.close()` cancels and awaits them, leaving their states in
+flight for a later replay. `observe()` hears every mutation the engine writes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
@@ -63,26 +64,30 @@ from agent.contracts.isolatedrestore import (
     StageIsolatedRestoreArchiveRequest,
 )
 from agent.corestore.client import CorestoreClient, CorestoreClients
+from agent.domain.replay import Verdict, check_expected_revision, request_digest
+from agent.domain.restore_machine import RESTORE_TABLE, Op
+from agent.domain.restores import PreparedPlan, RestoreKey, StoredState, plan_of
 from agent.errors import ObjectNotInManifest, RestoreNotFound
 from agent.protocol.handlers import ByteSource
 from agent.restore import state as s
-from agent.restore.background import Observer, WorkOwner
+from agent.restore.background import WorkOwner
 from agent.restore.grants import check_grant
-from agent.restore.jobs import Job, run_cleanup, run_execute, run_prepare
-from agent.restore.machine import Op, decide
-from agent.restore.replay import Verdict, check_expected_revision, request_digest
 from agent.restore.routing import check_preparable, locate
 from agent.restore.settings import EngineSettings
-from agent.restore.staging import StagingJob, stage_object
+from agent.restore.staging import StagingWork, stage_object
+from agent.restore.work import RestoreWork, run_cleanup, run_execute, run_prepare
 from agent.secret import Secret
-from agent.store import RestoreKey, RevisionStore, StoredState
+from agent.store import RevisionStore
 
 __all__ = ["IsolatedRestoreEngine", "Observer"]
 
 _log = structlog.get_logger("agent.restore.engine")
 
+Observer = Callable[[StoredState], None]
+"""Told every node state the engine (or its background work) wrote, synchronously."""
 
-class IsolatedRestoreEngine(WorkOwner):
+
+class IsolatedRestoreEngine:
     """The isolated-restore state of this agent's nodes, and the work that moves it."""
 
     def __init__(
@@ -94,10 +99,15 @@ class IsolatedRestoreEngine(WorkOwner):
         settings: EngineSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        """`clock` is the engine's one source of time: state timestamps, waits between status
-        reads, the pace of the staging progress log. `clients` give each node's Corestore client
+        """`clock` is the engine's one source of time: state timestamps, the pace of the staging
+        progress log, the bound of closing (the waits between Corestore's status reads are its
+        clients', on the clock they were given). `clients` give each node's Corestore client
         with that node's control credential (fetched, cached and refreshed by their source)."""
-        super().__init__(store)
+        self.owner: Final = WorkOwner(store, clock=clock)
+        """The engine's background work: run it (`owner.run()`) in the caller's TaskGroup,
+        stop it with `owner.close()`; requests are refused `shutting-down` outside that."""
+        self._store = store
+        self._observers: list[Observer] = []
         self._clients = clients
         self._cluster_view = cluster_view
         self._settings = settings or EngineSettings()
@@ -108,6 +118,11 @@ class IsolatedRestoreEngine(WorkOwner):
         """The engine's tunables."""
         return self._settings
 
+    def observe(self, observer: Observer) -> Callable[[], None]:
+        """Call `observer(stored)` synchronously after every mutation; returns the remover."""
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer)
+
     # --- the five requests --------------------------------------------------------------------
 
     async def prepare(self, request: PrepareIsolatedRestoreRequest) -> IsolatedRestoreNodeState:
@@ -116,22 +131,22 @@ class IsolatedRestoreEngine(WorkOwner):
         grant = check_grant(request.restore_grant)
         check_preparable(request)
         digest = request_digest(METHOD_PREPARE, request.to_wire())
-        self._check_running()
-        async with self._key_lock(key):
+        self.owner.check()
+        async with self.owner.hold(key):
             stored = await self._store.get(key)
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
                 assert stored is not None
-                if stored.status == "preparing" and not self.working(key):
+                if stored.status == "preparing" and not self.owner.working(key):
                     self._start(run_prepare, stored, client, grant)
                 return stored.state
             current = (None, 0) if stored is None else (stored.status, stored.revision)
-            decide(current[0], Op.PREPARE, revision=current[1])
+            RESTORE_TABLE.decide(current[0], Op.PREPARE, revision=current[1])
             stored = await self._mutate(
                 key,
                 request.expected_revision,
                 Op.PREPARE,
                 s.initial_state(request, epoch_ms(self._clock)),
-                plan=s.plan_of(request),
+                plan=plan_of(request),
                 digest=digest,
             )
             self._start(run_prepare, stored, client, grant)
@@ -149,11 +164,11 @@ class IsolatedRestoreEngine(WorkOwner):
         key, client = self._route(request)
         grant = check_grant(request.restore_grant)
         digest = request_digest(METHOD_STAGE, request.to_wire())
-        async with self._key_lock(key):
+        async with self.owner.hold(key):
             stored = await self._existing(key)
             verdict = self._verdict(request.expected_revision, stored, digest)
             if verdict is Verdict.PROCEED:
-                decide(stored.status, Op.STAGE, revision=stored.revision)
+                RESTORE_TABLE.decide(stored.status, Op.STAGE, revision=stored.revision)
             if not stored.plan.archive_manifest.contains(request.object):
                 raise ObjectNotInManifest(
                     f"object {request.object.path} with this size and sha256 is not in the "
@@ -161,7 +176,7 @@ class IsolatedRestoreEngine(WorkOwner):
                 )
             if not await self._written(key, request.object.path):
                 outcome = await stage_object(
-                    StagingJob(
+                    StagingWork(
                         client,
                         self._store,
                         key,
@@ -202,15 +217,17 @@ class IsolatedRestoreEngine(WorkOwner):
         key, client = self._route(request)
         grant = check_grant(request.restore_grant)
         digest = request_digest(METHOD_EXECUTE, request.to_wire())
-        self._check_running()
-        async with self._key_lock(key):
+        self.owner.check()
+        async with self.owner.hold(key):
             stored = await self._existing(key)
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
-                if stored.status in ("restoring", "verifying") and not self.working(key):
+                if stored.status in ("restoring", "verifying") and not self.owner.working(key):
                     self._start(run_execute, stored, client, grant)
                 return stored.state
             complete = await self._staging_complete(stored)
-            decide(stored.status, Op.EXECUTE, revision=stored.revision, staging_complete=complete)
+            RESTORE_TABLE.decide(
+                stored.status, Op.EXECUTE, revision=stored.revision, guard=complete
+            )
             stored = await self._mutate(
                 key, stored.revision, Op.EXECUTE, stored.state, digest=digest
             )
@@ -222,20 +239,24 @@ class IsolatedRestoreEngine(WorkOwner):
         key, client = self._route(request)
         grant = check_grant(request.restore_grant)
         digest = request_digest(METHOD_CLEANUP, request.to_wire())
-        self._check_running()
-        async with self._key_lock(key):
+        self.owner.check()
+        async with self.owner.hold(key):
             stored = await self._existing(key)
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
-                if stored.status == "cleaning" and not self.working(key):
+                if stored.status == "cleaning" and not self.owner.working(key):
                     self._start(run_cleanup, stored, client, grant)
                 return stored.state
-            decide(stored.status, Op.CLEANUP, revision=stored.revision)
+            RESTORE_TABLE.decide(stored.status, Op.CLEANUP, revision=stored.revision)
             planned = s.with_cleanup_plan(stored.state, stored.plan.resource_mappings)
             stored = await self._mutate(key, stored.revision, Op.CLEANUP, planned, digest=digest)
             self._start(run_cleanup, stored, client, grant)
             return stored.state
 
     # --- internals ----------------------------------------------------------------------------
+
+    def _notify(self, stored: StoredState) -> None:
+        for observer in list(self._observers):
+            observer(stored)
 
     def _route(self, request: IsolatedRestoreRequest) -> tuple[RestoreKey, CorestoreClient]:
         """The routing key and the Corestore client of the request's node."""
@@ -267,7 +288,7 @@ class IsolatedRestoreEngine(WorkOwner):
         op: Op,
         state: IsolatedRestoreNodeState,
         *,
-        plan: s.PreparedPlan | None = None,
+        plan: PreparedPlan | None = None,
         digest: str | None = None,
     ) -> StoredState:
         stored = await self._store.mutate(
@@ -293,13 +314,13 @@ class IsolatedRestoreEngine(WorkOwner):
 
     def _start(
         self,
-        runner: Callable[[Job], Coroutine[Any, Any, None]],
+        runner: Callable[[RestoreWork], Coroutine[Any, Any, None]],
         stored: StoredState,
         client: CorestoreClient,
         grant: Secret,
     ) -> None:
         """Start `runner` on `stored` as the key's background task, holding `grant` for it."""
-        job = Job(
+        work = RestoreWork(
             self._store,
             client,
             stored.key,
@@ -309,4 +330,4 @@ class IsolatedRestoreEngine(WorkOwner):
             self._notify,
             stored,
         )
-        self._spawn(stored.key, runner(job), job.log_fields())
+        self.owner.spawn(stored.key, runner(work), work.log_fields())

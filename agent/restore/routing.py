@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from agent.contracts.cluster import ClusterView
 from agent.contracts.isolatedrestore import IsolatedRestoreRequest, PrepareIsolatedRestoreRequest
+from agent.domain.restores import RestoreKey
 from agent.errors import InvalidRequest, MisroutedCluster, NodeWithoutCorestore
-from agent.store import RestoreKey
 
 __all__ = ["check_preparable", "locate"]
 

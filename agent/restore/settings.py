@@ -12,17 +12,15 @@ is settled by asking Corestore's progress (`commit_attempts`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-from agent.corestore.shapes import MAX_CHUNK_SIZE
+from agent.corestore.shapes import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 from agent.errors import InvalidState
 
 if TYPE_CHECKING:
     from agent.config import CorestoreConfig
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "EngineSettings"]
-
-DEFAULT_CHUNK_SIZE: Final = 4 * 1024 * 1024
+__all__ = ["EngineSettings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +30,9 @@ class EngineSettings:
     `chunk_size` is what one chunk PUT carries (1 byte .. Corestore's 16 MiB cap; the config
     file allows 64 KiB .. 16 MiB, tests use less). `max_in_flight` is how many chunks may wait
     between the incoming stream and Corestore: memory per staged object stays below
-    `(max_in_flight + 2) * chunk_size` plus the stream window. `transfer_timeout` bounds one
-    attempt of a bulk Corestore call (chunk PUT, commit, verification); the engine does not
-    apply it itself: whoever builds the Corestore clients passes it as their `transfer` timeout
-    (`handlers.install`), so the configuration has one source for it.
+    `(max_in_flight + 2) * chunk_size` plus the stream window. One attempt of a bulk Corestore
+    call (chunk PUT, commit, verification) is bounded by the Corestore clients' own `transfer`
+    timeout (`CorestoreTimeouts.from_config`), not here.
     """
 
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -43,7 +40,6 @@ class EngineSettings:
     chunk_attempts: int = 3  # sends of one chunk Corestore found corrupted in transit
     commit_attempts: int = 3  # commits of one object whose outcome was unknown
     poll_interval: float = 1.0  # between resource-restore status reads
-    transfer_timeout: float = 300.0  # one bulk Corestore call (the clients' `transfer` timeout)
     restore_timeout: float = 3600.0  # one resource restore, start to finish
     progress_interval: float = 5.0  # at most one staging_progress log line per object this often
 
@@ -56,17 +52,15 @@ class EngineSettings:
         for name in ("poll_interval", "progress_interval"):
             if getattr(self, name) < 0:
                 raise InvalidState(f"{name} must not be negative")
-        for name in ("restore_timeout", "transfer_timeout"):
-            if getattr(self, name) <= 0:
-                raise InvalidState(f"{name} must be positive")
+        if self.restore_timeout <= 0:
+            raise InvalidState("restore_timeout must be positive")
 
     @classmethod
     def from_config(cls, corestore: CorestoreConfig) -> EngineSettings:
-        """The settings a configuration file asks for (`[corestore]`; `retries` is the Corestore
-        client's, not the engine's)."""
+        """The settings a configuration file asks for (`[corestore]`; `retries` and the timeouts
+        are the Corestore client's, not the engine's)."""
         return cls(
             chunk_size=corestore.chunk_size,
             max_in_flight=corestore.max_in_flight,
             poll_interval=corestore.restore_poll_interval_s,
-            transfer_timeout=corestore.transfer_timeout_s,
         )

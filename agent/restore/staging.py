@@ -9,9 +9,11 @@ for the object's progress first, and
   NOT sent again; the rest goes out from the verified offset on;
 - otherwise every chunk is sent.
 
-Chunks: the stream's pieces are re-cut into `chunk_size` buffers (the last one shorter). Each is
-hashed (in a worker thread: hashlib drops the GIL, the event loop keeps serving the websocket)
-together with the running whole-object digest, then queued for the uploader. PUTs of one object
+Chunks: the stream's pieces are re-cut into `chunk_size` chunks (the last one shorter) by the
+agent's one re-chunker (`agent.chunking.rechunk`, one copy per chunk, refusing bytes past the
+manifest size at once). Each is hashed together with the running whole-object digest
+(`agent.chunking.Digests`: in a worker thread when large, so the event loop keeps serving the
+websocket), then queued for the uploader. PUTs of one object
 go one at a time in offset order, because Corestore counts only a contiguous verified prefix (a
 chunk past it is refused as `offset-gap`); `max_in_flight` bounds the queue between the stream
 and the uploader, so memory stays below `(max_in_flight + 2) * chunk_size` plus the stream
@@ -35,33 +37,38 @@ resumes after them.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
+from agent.chunking import Digests, rechunk
 from agent.clock import Clock
 from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import VerifiedChunk
-from agent.errors import AgentError, CorestoreUnavailable, IntegrityError, StreamBroken
+from agent.domain.restores import RestoreKey
+from agent.errors import (
+    AgentError,
+    CorestoreUnavailable,
+    IntegrityError,
+    StreamBroken,
+    first_leaf,
+)
+from agent.progress import ProgressPace
 from agent.protocol.handlers import ByteSource
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
-from agent.store import RestoreKey, RevisionStore
+from agent.store import RevisionStore
 
-__all__ = ["StageOutcome", "StagingJob", "rechunk", "stage_object"]
+__all__ = ["StageOutcome", "StagingWork", "stage_object"]
 
 _log = structlog.get_logger("agent.restore.staging")
-# Below this a worker thread costs more than hashing on the event loop.
-_THREAD_HASH_MIN = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
-class StagingJob:
-    """Everything one stage needs. `grant` is held only for this job."""
+class StagingWork:
+    """Everything one stage needs. `grant` is held only for this work."""
 
     client: CorestoreClient
     store: RevisionStore
@@ -83,39 +90,14 @@ class StageOutcome:
     stream_opened: bool  # False when Corestore already held the committed object
 
 
-async def rechunk(
-    source: ByteSource, boundaries: Sequence[int], chunk_size: int
-) -> AsyncGenerator[bytes, None]:
-    """The bytes of `source` cut into chunks: first of the lengths in `boundaries`, then of
-    `chunk_size`; the last chunk may be shorter."""
-    plan = list(boundaries)
-    target = plan.pop(0) if plan else chunk_size
-    buffer = bytearray()
-    async for piece in source:
-        buffer += piece
-        while len(buffer) >= target:
-            with memoryview(buffer) as view:
-                chunk = bytes(view[:target])  # one copy (a slice of the bytearray is another)
-            del buffer[:target]
-            yield chunk
-            target = plan.pop(0) if plan else chunk_size
-    if buffer:
-        yield bytes(buffer)
-
-
-def _hash_chunk(whole: Any, chunk: bytes) -> str:
-    whole.update(chunk)
-    return hashlib.sha256(chunk).hexdigest()
-
-
 class _Transfer:
     """One pass over the incoming stream (state shared by the reader and the uploader)."""
 
-    def __init__(self, job: StagingJob, verified: Sequence[VerifiedChunk]) -> None:
-        self.job = job
+    def __init__(self, work: StagingWork, verified: Sequence[VerifiedChunk]) -> None:
+        self.work = work
         self.verified = {chunk.offset: chunk for chunk in verified}
         self.verified_end = max((c.offset + c.length for c in verified), default=0)
-        self.whole = hashlib.sha256()
+        self.digests = Digests()
         self.received = 0
         self.sent = 0
         self.chunks_sent = 0
@@ -123,27 +105,28 @@ class _Transfer:
         self.broken: StreamBroken | None = None
         self.refused: AgentError | None = None  # the reader's own verdict on the bytes
         self.queue: asyncio.Queue[tuple[int, bytes, str] | None] = asyncio.Queue(
-            maxsize=job.settings.max_in_flight
+            maxsize=work.settings.max_in_flight
         )
-        self._last_log = job.clock.monotonic()
-        self._started = self._last_log
+        self._started = work.clock.monotonic()
+        self._pace = ProgressPace(work.settings.progress_interval, last=self._started)
 
     async def read(self, source: ByteSource) -> None:
-        job = self.job
-        boundaries = [self.verified[offset].length for offset in sorted(self.verified)]
-        chunks = rechunk(source, boundaries, job.settings.chunk_size)
+        work = self.work
+        entry = work.entry
+        chunks = rechunk(
+            source,
+            work.settings.chunk_size,
+            boundaries=[self.verified[offset].length for offset in sorted(self.verified)],
+            limit=entry.size,
+            too_long=lambda: IntegrityError(
+                f"object {entry.path} arrived longer than its {entry.size} bytes"
+            ),
+        )
         try:
             async for chunk in chunks:
                 offset = self.received
                 self.received += len(chunk)
-                if self.received > job.entry.size:
-                    raise IntegrityError(
-                        f"object {job.entry.path} arrived longer than its {job.entry.size} bytes"
-                    )
-                if len(chunk) >= _THREAD_HASH_MIN:
-                    digest = await asyncio.to_thread(_hash_chunk, self.whole, chunk)
-                else:
-                    digest = _hash_chunk(self.whole, chunk)
+                digest = await self.digests.chunk(chunk)
                 if offset < self.verified_end:
                     self._check_verified(offset, len(chunk), digest)
                     self.skipped += len(chunk)
@@ -164,153 +147,143 @@ class _Transfer:
         known = self.verified.get(offset)
         if known is None or known.length != length or known.sha256 != digest:
             raise IntegrityError(
-                f"object {self.job.entry.path} at offset {offset} differs from the bytes "
+                f"object {self.work.entry.path} at offset {offset} differs from the bytes "
                 "Corestore already verified"
             )
 
     async def upload(self) -> None:
-        job = self.job
+        work = self.work
         while (item := await self.queue.get()) is not None:
             if self.refused is not None:
                 continue  # drain what the reader queued before it refused the bytes
             offset, chunk, digest = item
-            for attempt in range(1, job.settings.chunk_attempts + 1):
+            for attempt in range(1, work.settings.chunk_attempts + 1):
                 try:
-                    await job.client.put_chunk(
-                        job.archive_id, job.entry.path, offset, chunk, digest, job.grant
+                    await work.client.put_chunk(
+                        work.archive_id, work.entry.path, offset, chunk, digest, work.grant
                     )
                     break
                 except IntegrityError:
-                    if attempt >= job.settings.chunk_attempts:
+                    if attempt >= work.settings.chunk_attempts:
                         raise
                     _log.warning(
                         "staging_chunk_resent",
-                        restore_id=job.key.restore_id,
-                        path=job.entry.path,
+                        restore_id=work.key.restore_id,
+                        path=work.entry.path,
                         offset=offset,
                         attempt=attempt,
                     )
-            await job.store.record_chunk(job.key, job.entry.path, offset, len(chunk), digest)
+            await work.store.record_chunk(work.key, work.entry.path, offset, len(chunk), digest)
             self.sent += len(chunk)
             self.chunks_sent += 1
             self.log_progress()
 
     def log_progress(self, *, final: bool = False) -> None:
-        job = self.job
-        now = job.clock.monotonic()
-        if not final and now - self._last_log < job.settings.progress_interval:
+        work = self.work
+        now = work.clock.monotonic()
+        if not self._pace.due(now, final=final):
             return
-        self._last_log = now
         elapsed = max(now - self._started, 1e-9)
         _log.info(
             "staging_progress",
-            restore_id=job.key.restore_id,
-            node=job.key.node_name,
-            path=job.entry.path,
+            restore_id=work.key.restore_id,
+            node=work.key.node_name,
+            path=work.entry.path,
             bytes=self.skipped + self.sent,
-            total=job.entry.size,
+            total=work.entry.size,
             mb_per_s=round(self.sent / elapsed / 1e6, 2),
         )
 
 
-async def stage_object(job: StagingJob, open_source: Callable[[], ByteSource]) -> StageOutcome:
-    """Stage `job.entry` from the stream `open_source()` opens (only if bytes are needed)."""
-    client, entry = job.client, job.entry
-    progress = await client.object_progress(job.archive_id, entry.path, job.grant)
+async def stage_object(work: StagingWork, open_source: Callable[[], ByteSource]) -> StageOutcome:
+    """Stage `work.entry` from the stream `open_source()` opens (only if bytes are needed)."""
+    client, entry = work.client, work.entry
+    progress = await client.object_progress(work.archive_id, entry.path, work.grant)
     if progress.state == "committed":
         if (progress.size, progress.sha256) != (entry.size, entry.sha256):
             raise IntegrityError(f"Corestore holds {entry.path} with another size or sha256")
-        await job.store.mark_object_written(job.key, entry.path, entry.size, entry.sha256)
+        await work.store.mark_object_written(work.key, entry.path, entry.size, entry.sha256)
         return StageOutcome(0, 0, 0, stream_opened=False)
     verified = list(progress.chunks) if progress.state == "partial" else []
-    await _align_records(job, verified)
+    await _align_records(work, verified)
 
-    transfer = _Transfer(job, verified)
+    transfer = _Transfer(work, verified)
     error: AgentError | None = None
     try:
         async with asyncio.TaskGroup() as group:
             group.create_task(transfer.upload())
             await transfer.read(open_source())
     except* AgentError as caught:
-        error = _first(caught)
+        error = first_leaf(caught)
     error = error or transfer.refused
     if isinstance(error, IntegrityError):
-        await _discard(job)
+        await _discard(work)
     if error is not None:
         raise error
     if transfer.broken is not None:
         raise transfer.broken
     transfer.log_progress(final=True)
 
-    actual = (transfer.received, transfer.whole.hexdigest())
+    actual = (transfer.received, transfer.digests.hexdigest())
     if actual != (entry.size, entry.sha256):
-        await _discard(job)
+        await _discard(work)
         raise IntegrityError(
             f"object {entry.path} arrived as {actual[0]} bytes with sha256 {actual[1]}, "
             f"not the manifest's {entry.size} bytes with sha256 {entry.sha256}"
         )
-    await _commit(job)
-    await job.store.mark_object_written(job.key, entry.path, entry.size, entry.sha256)
+    await _commit(work)
+    await work.store.mark_object_written(work.key, entry.path, entry.size, entry.sha256)
     return StageOutcome(transfer.sent, transfer.skipped, transfer.chunks_sent, stream_opened=True)
 
 
-async def _align_records(job: StagingJob, verified: Sequence[VerifiedChunk]) -> None:
+async def _align_records(work: StagingWork, verified: Sequence[VerifiedChunk]) -> None:
     """Forget the store's chunk records of this object when Corestore does not confirm them."""
-    recorded = await job.store.verified_chunks(job.key, job.entry.path)
+    recorded = await work.store.verified_chunks(work.key, work.entry.path)
     confirmed = {(c.offset, c.length, c.sha256) for c in verified}
     if any((r.offset, r.length, r.sha256) not in confirmed for r in recorded):
-        await job.store.forget_object(job.key, job.entry.path)
+        await work.store.forget_object(work.key, work.entry.path)
 
 
-async def _commit(job: StagingJob) -> None:
+async def _commit(work: StagingWork) -> None:
     """Have Corestore re-hash and count the object; after an unknown outcome, ask its progress.
 
     Not an availability retry (the client does those, and never resends a commit): the commit
     is sent again only when Corestore's progress answer says every byte is there but the object
     is not committed, at most `commit_attempts` commits in all.
     """
-    client, entry = job.client, job.entry
-    for attempt in range(1, job.settings.commit_attempts + 1):
+    client, entry = work.client, work.entry
+    for attempt in range(1, work.settings.commit_attempts + 1):
         try:
             await client.commit_object(
-                job.archive_id, entry.path, entry.size, entry.sha256, job.grant
+                work.archive_id, entry.path, entry.size, entry.sha256, work.grant
             )
             return
         except IntegrityError:
             # Corestore removed the partial object: forget it here too.
-            await job.store.forget_object(job.key, entry.path)
+            await work.store.forget_object(work.key, entry.path)
             raise
         except CorestoreUnavailable:
-            if attempt >= job.settings.commit_attempts:
+            if attempt >= work.settings.commit_attempts:
                 raise
-            progress = await client.object_progress(job.archive_id, entry.path, job.grant)
+            progress = await client.object_progress(work.archive_id, entry.path, work.grant)
             if progress.state == "committed":
                 return
             if progress.state == "absent" or progress.verified_bytes < entry.size:
-                await job.store.forget_object(job.key, entry.path)
+                await work.store.forget_object(work.key, entry.path)
                 raise
             # Every byte is there and Corestore just answered: commit again at once.
 
 
-async def _discard(job: StagingJob) -> None:
+async def _discard(work: StagingWork) -> None:
     """Delete the partial object at Corestore (best effort) and forget it here."""
     try:
-        await job.client.delete_object(job.archive_id, job.entry.path, job.grant)
+        await work.client.delete_object(work.archive_id, work.entry.path, work.grant)
     except AgentError as exc:
         # The object is not counted either way; a later stage or cleanup removes it.
         _log.warning(
             "staging_discard_failed",
-            restore_id=job.key.restore_id,
-            path=job.entry.path,
+            restore_id=work.key.restore_id,
+            path=work.entry.path,
             code=exc.code,
         )
-    await job.store.forget_object(job.key, job.entry.path)
-
-
-def _first(group: BaseExceptionGroup[AgentError]) -> AgentError:
-    """The first leaf of an exception group (a TaskGroup of two tasks fails with one error)."""
-    first: BaseException = group
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
-    assert isinstance(first, AgentError)
-    return first
+    await work.store.forget_object(work.key, work.entry.path)

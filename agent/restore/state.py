@@ -8,9 +8,8 @@ state it writes through the model. The store owns `revision`, `status` and `upda
 routing key): the transforms leave them alone and the store replaces them from its row.
 Timestamps are epoch milliseconds passed in.
 
-Also here: `PreparedPlan`, what the prepare request fixed for the rest of the restore and the
-engine keeps next to the state (never sent): the resource mappings (execute, cleanup) and the
-archive manifest (stage). Cloudly does not resend them.
+What the prepare request fixed for the rest of the restore (`PreparedPlan`) is the domain's:
+`agent.domain.restores`.
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
-from agent.contracts.backup import BackupArchiveManifest
-from agent.contracts.base import WireModel
 from agent.contracts.isolatedrestore import (
     CleanupProgress,
     CleanupProgressStatus,
@@ -34,18 +31,17 @@ from agent.contracts.isolatedrestore import (
 )
 
 if TYPE_CHECKING:
-    # Only a type here: the store imports this module and needs no HTTP client for it.
+    # Only a type here: importing `agent.corestore` loads its HTTP client, which pure
+    # transforms have no use for.
     from agent.corestore.models import VerificationAnswer
 
 __all__ = [
     "STAGING_ENTRY",
     "CleanupEntry",
-    "PreparedPlan",
     "cleanup_complete",
     "cleanup_entry",
     "cleanup_pending",
     "initial_state",
-    "plan_of",
     "verification_result",
     "with_cleanup_entry",
     "with_cleanup_plan",
@@ -65,22 +61,7 @@ CleanupEntry = ResourceCleanupProgress | StagingCleanupProgress
 State = IsolatedRestoreNodeState
 
 
-class PreparedPlan(WireModel):
-    """The prepare request's resource mappings and archive manifest (stored as its wire JSON)."""
-
-    resource_mappings: list[ResourceMapping]
-    archive_manifest: BackupArchiveManifest
-
-
 # --- prepare ------------------------------------------------------------------------------------
-
-
-def plan_of(request: PrepareIsolatedRestoreRequest) -> PreparedPlan:
-    """What the engine keeps of a prepare request beyond the state (never the grant)."""
-    return PreparedPlan(
-        resource_mappings=list(request.resource_mappings),
-        archive_manifest=request.archive_manifest,
-    )
 
 
 def initial_state(request: PrepareIsolatedRestoreRequest, now: int) -> State:

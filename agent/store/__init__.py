@@ -1,28 +1,21 @@
-"""Durable isolated-restore state: the revision store (aiosqlite, compare-and-swap in SQL).
+"""Durable state: the revision store (aiosqlite, compare-and-swap in SQL over the domain's tables).
+
+It takes and returns the domain's values (`agent.domain`: `RestoreKey`, `StoredState`,
+`JobKey`, `StoredJob`) and builds its SQL from the domain's transition tables; it imports no
+engine.
 
 - `store`: `RevisionStore` — open/check/migrate the database, `get`, `mutate`, `list_unfinished`,
-  and the resumable-staging progress (`record_chunk`, `verified_chunks`, `mark_object_written`,
-  `written_objects`, `forget_object`).
-- relay jobs (`get_job`, `list_jobs`, `running_restore`, `move_job`; rows and SQL in `jobs`:
-  `JobKey`, `StoredJob`).
-- `records`: the typed values it takes and returns (`RestoreKey`, `StoredState`,
-  `StatusSummary` for the metrics, ...).
-- `schema`: the ordered migrations.
+  the resumable-staging progress (`record_chunk`, `verified_chunks`, `mark_object_written`,
+  `written_objects`, `forget_object`) and the relay jobs (`get_job`, `list_jobs`,
+  `running_restore`, `move_job`; their SQL in `job_table`).
+- `records`: the staging-progress records it returns (`ChunkRecord`, `ObjectRecord`) and
+  `StatusSummary` for the metrics.
+- `codec`: node states and plans to JSON and back; `transitions`: a table's moves as SQL.
+- `schema`: the ordered migrations; `startup`: the start-up checks.
 - `files`: directory/file modes and moving a damaged database aside.
 """
 
-from agent.store.jobs import JobKey, StoredJob
-from agent.store.records import ChunkRecord, ObjectRecord, RestoreKey, StatusSummary, StoredState
+from agent.store.records import ChunkRecord, ObjectRecord, StatusSummary
 from agent.store.store import DB_NAME, RevisionStore
 
-__all__ = [
-    "DB_NAME",
-    "ChunkRecord",
-    "JobKey",
-    "ObjectRecord",
-    "RestoreKey",
-    "RevisionStore",
-    "StatusSummary",
-    "StoredJob",
-    "StoredState",
-]
+__all__ = ["DB_NAME", "ChunkRecord", "ObjectRecord", "RevisionStore", "StatusSummary"]

@@ -23,12 +23,10 @@ from typing import Any, Final, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from agent.contracts.base import WireModel, first_problem
-from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
+from agent.contracts.isolatedrestore import NODE_STATUSES, IsolatedRestoreNodeState, NodeStatus
+from agent.domain.restores import PreparedPlan, RestoreKey, StoredState
 from agent.errors import InvalidState, StoreError
-from agent.restore.machine import NODE_STATUSES, NodeStatus
-from agent.restore.state import PreparedPlan
 from agent.secret import Secret
-from agent.store.records import RestoreKey, StoredState
 
 __all__ = [
     "check_count",

@@ -16,11 +16,11 @@ Tables (version 1):
 - `staged_object`: objects proven complete (size and sha256 checked).
 
 Version 2 adds `relay_job`: one row per relay backup or restore, keyed by (cluster_id, node_id,
-kind, backup_id, service_id). `status` one of `agent.relay.machine.JOB_STATUSES`, `revision` >= 1
-(advanced by every move of the job table), `request_digest` the canonical digest of the request
-that owns the key, `result_json` the recorded outcome (`{"response", "report"}` once succeeded,
-`{"error"}` once failed, NULL while running), `attempts` how many times the work started,
-`created_at`/`updated_at` in epoch milliseconds.
+kind, backup_id, service_id). `status` one of `agent.domain.job_machine.JOB_STATUSES`,
+`revision` >= 1 (advanced by every move of the job table), `request_digest` the canonical
+digest of the request that owns the key, `result_json` the recorded outcome (`{"response",
+"report"}` once succeeded, `{"error"}` once failed, NULL while running), `attempts` how many
+times the work started, `created_at`/`updated_at` in epoch milliseconds.
 
 Version 3 numbers restores: a backup may be restored many times, so a restore row is one run,
 keyed by (cluster_id, node_id, kind, backup_id, service_id, run). `run` is 0 for a backup (one

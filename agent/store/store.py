@@ -41,6 +41,10 @@ import aiosqlite
 
 from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
+from agent.domain.job_machine import JobOp, JobStatus
+from agent.domain.jobs import JobKey, StoredJob
+from agent.domain.restore_machine import IN_FLIGHT, RESTORE_TABLE, Op
+from agent.domain.restores import PreparedPlan, RestoreKey, StoredState
 from agent.errors import (
     AgentError,
     IllegalTransition,
@@ -50,10 +54,7 @@ from agent.errors import (
     StoreError,
 )
 from agent.observe import NULL_OBSERVER, StoreObserver
-from agent.relay.machine import JobOp, JobStatus
-from agent.restore.machine import IN_FLIGHT, Op, sources
-from agent.restore.state import PreparedPlan
-from agent.store import jobs
+from agent.store import job_table
 from agent.store.codec import (
     check_count,
     check_path,
@@ -63,14 +64,7 @@ from agent.store.codec import (
     is_sha256,
     to_stored,
 )
-from agent.store.jobs import JobKey, StoredJob
-from agent.store.records import (
-    ChunkRecord,
-    ObjectRecord,
-    RestoreKey,
-    StatusSummary,
-    StoredState,
-)
+from agent.store.records import ChunkRecord, ObjectRecord, StatusSummary
 from agent.store.startup import open_database
 from agent.store.transitions import status_moves
 
@@ -98,7 +92,7 @@ RETURNING {_COLUMNS}
 
 def _update_statement(op: Op) -> tuple[str, dict[str, str]] | None:
     """The CAS `UPDATE` for `op`, its status CASE and IN list built from the table."""
-    moves = status_moves(sources(op).items())
+    moves = status_moves(RESTORE_TABLE, op)
     if moves is None:
         return None
     sql = f"""
@@ -232,7 +226,7 @@ class RevisionStore:
             raise InvalidState("expected_revision must be an int")
         if request_digest is not None and not is_sha256(request_digest):
             raise InvalidState("request_digest must be 64 lower-case hex characters")
-        creates = expected_revision == 0 and sources(op).get(None) is not None
+        creates = expected_revision == 0 and RESTORE_TABLE.sources(op).get(None) is not None
         if creates and plan is None:
             raise InvalidState("a new node state needs its plan")
         params: dict[str, Any] = {
@@ -262,7 +256,8 @@ class RevisionStore:
         update = _UPDATES.get(op)
         async with self._connection() as db:
             rows: Iterable[sqlite3.Row] = ()
-            if expected_revision == 0 and (insert_to := sources(op).get(None)) is not None:
+            insert_to = RESTORE_TABLE.sources(op).get(None)
+            if expected_revision == 0 and insert_to is not None:
                 rows = await db.execute_fetchall(_INSERT, {**params, "to_status": insert_to})
             elif expected_revision > 0 and update is not None:
                 sql, status_params = update
@@ -279,7 +274,7 @@ class RevisionStore:
         raise IllegalTransition(operation=op.value, status=status, current=revision)
 
     async def list_unfinished(self) -> list[StoredState]:
-        """States in an in-flight status (`machine.IN_FLIGHT`), oldest change first."""
+        """States in an in-flight status (`restore_machine.IN_FLIGHT`), oldest change first."""
         marks = ", ".join("?" for _ in IN_FLIGHT)
         async with self._connection() as db:
             rows = await db.execute_fetchall(
@@ -425,24 +420,24 @@ class RevisionStore:
                 params,
             )
 
-    # --- relay jobs (agent.relay; the SQL lives in jobs.py) ------------------------------------
+    # --- relay jobs (agent.relay; the SQL lives in job_table.py) --------------------------------
 
     async def get_job(self, key: JobKey) -> StoredJob | None:
         """The relay job stored under `key`, or None."""
         async with self._connection() as db:
-            return await jobs.get_job(db, key)
+            return await job_table.get_job(db, key)
 
     async def list_jobs(self, status: JobStatus | None = None) -> list[StoredJob]:
         """Every relay job (or those in `status`), oldest change first."""
         async with self._connection() as db:
-            return await jobs.list_jobs(db, status)
+            return await job_table.list_jobs(db, status)
 
     async def running_restore(
         self, cluster_id: str, node_id: str, service_id: str
     ) -> StoredJob | None:
         """The restore of `service_id` on `node_id` the store holds as `running`, or None."""
         async with self._connection() as db:
-            return await jobs.running_restore(db, cluster_id, node_id, service_id)
+            return await job_table.running_restore(db, cluster_id, node_id, service_id)
 
     async def move_job(
         self,
@@ -458,7 +453,7 @@ class RevisionStore:
         if not is_sha256(digest):
             raise InvalidState("a job digest must be 64 lower-case hex characters")
         async with self._connection() as db:
-            return await jobs.move_job(
+            return await job_table.move_job(
                 db,
                 key,
                 op=op,

@@ -1,16 +1,20 @@
 """A transition table's moves as SQL, for the compare-and-swap `UPDATE`s of both tables.
 
-`status_moves(sources(op).items())` gives the `CASE status WHEN .. THEN .. END` that moves each
-allowed source status to its target, the `IN (..)` list of those sources for the `WHERE`, and
-their parameters; None when the op starts from nothing only (an `INSERT`, not an `UPDATE`). Both the
-isolated-restore states (`store.py`) and the relay jobs (`jobs.py`) build their statements with
-it from their own machine's table, so SQLite enforces the same table the Python side checks.
+`status_moves(table, op)` gives the `CASE status WHEN .. THEN .. END` that moves each status
+`op` may leave to its target, the `IN (..)` list of those statuses for the `WHERE`, and their
+parameters; None when the op starts from nothing only (an `INSERT`, not an `UPDATE`). Both the
+isolated-restore states (`store.py`, from `RESTORE_TABLE`) and the relay jobs (`job_table.py`,
+from `JOB_TABLE`) build their statements with it, so SQLite enforces the same
+`agent.domain.table.TransitionTable` the Python side checks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import enum
 from dataclasses import dataclass
+from typing import Any
+
+from agent.domain.table import TransitionTable
 
 __all__ = ["StatusMoves", "status_moves"]
 
@@ -22,9 +26,10 @@ class StatusMoves:
     params: dict[str, str]
 
 
-def status_moves(table: Iterable[tuple[str | None, str]]) -> StatusMoves | None:
-    """The SQL of `table`'s moves from an existing status (`None`, a fresh row, is left out)."""
-    moves = [(source, to) for source, to in table if source is not None]
+def status_moves(table: TransitionTable[Any, Any], op: enum.StrEnum) -> StatusMoves | None:
+    """The SQL of `op`'s moves in `table` from an existing status (`None`, a fresh row, is
+    left out)."""
+    moves = [(source, to) for source, to in table.sources(op).items() if source is not None]
     if not moves:
         return None
     params: dict[str, str] = {}

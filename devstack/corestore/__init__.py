@@ -13,7 +13,8 @@ Standalone (for the demo and crash tests; the bearer is read from a file, never 
 
 prints one JSON line `{"url": "http://127.0.0.1:P"}` once it listens, and stops on SIGTERM or
 SIGINT. What it checks and what it does not (it does not verify the grant's signature) is in
-docs/corestore-api.md. Modules: `storage` (prepared restores, staging objects), `scratch`
+docs/corestore-api.md. Modules: `storage` (prepared restores, staging objects; `ledger` the
+chunk rules it applies), `scratch`
 (restored resources), `services` (service data, the node archive, database closures; its HTTP
 handlers in `service_routes`), `server` (HTTP, auth, faults), `faults` (switchable faults).
 """

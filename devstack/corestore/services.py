@@ -36,13 +36,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from agent.corestore.ledger import Chunk, ChunkVerdict, judge_chunk, verified_bytes
 from agent.corestore.service_models import (
     ArchivePruneBody,
     ClosureImportBody,
     ServiceBackupBody,
     ServiceRestoreBody,
 )
+from devstack.corestore.ledger import Chunk, ChunkVerdict, judge_chunk, verified_bytes
 from devstack.corestore.storage import read_json, refuse, segment, sha256_file, write_json
 
 __all__ = ["RESOURCE_DIRECTORIES", "Services", "receipt_for"]

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from agent.corestore.ledger import Chunk, ChunkVerdict, judge_chunk, verified_bytes
 from agent.corestore.models import ArchiveObject, MappingBody, PrepareRestoreBody
 from agent.errors import CorestoreRefused
+from devstack.corestore.ledger import Chunk, ChunkVerdict, judge_chunk, verified_bytes
 
 __all__ = ["Storage", "read_json", "refuse", "segment", "sha256_file", "write_json"]
 

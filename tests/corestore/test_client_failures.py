@@ -254,3 +254,41 @@ async def test_a_bare_404_on_a_delete_is_not_taken_for_cleaned(
                 await client.delete_staging_archive("staging-archive-1", grant)
     finally:
         await runner.cleanup()
+
+
+class _Answers:
+    """A `CorestoreObserver` that keeps every attempt's (route, outcome)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
+        self.seen.append((route, outcome))
+
+    def corestore_resend(self, *, route: str) -> None:
+        pass
+
+
+async def test_each_attempt_is_reported_by_the_kind_of_answer_it_got(
+    corestore: Any, bearer: Secret, clock: Any
+) -> None:
+    """A reset connection is reported `error` (no answer), a 503 `unavailable` (Corestore
+    answered), the resend that succeeds `ok`."""
+    answers = _Answers()
+    async with CorestoreClient(
+        corestore.url,
+        bearer,
+        retry=RetryPolicy(attempts=3, backoff=Backoff(base=0.01)),
+        clock=clock,
+        observer=answers,
+    ) as client:
+        # Two resets: aiohttp itself sends an idempotent request once more when its connection
+        # drops, so one attempt of the client meets both.
+        corestore.faults.reset_next(RouteName.HEALTH, times=2)
+        corestore.faults.fail_next(RouteName.HEALTH, status=503)
+        await client.health()
+    assert answers.seen == [
+        (RouteName.HEALTH, "error"),
+        (RouteName.HEALTH, "unavailable"),
+        (RouteName.HEALTH, "ok"),
+    ]

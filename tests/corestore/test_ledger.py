@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.corestore.ledger import Chunk, ChunkVerdict, judge_chunk, verified_bytes
+from devstack.corestore.ledger import Chunk, ChunkVerdict, judge_chunk, verified_bytes
 
 A = Chunk(0, 4, "a" * 64)
 B = Chunk(4, 4, "b" * 64)

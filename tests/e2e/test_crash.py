@@ -16,8 +16,9 @@ import pytest
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
 from agent.corestore.routes import RouteName
 from agent.credentials.keys import KEY_FILE
+from agent.domain.restores import RestoreKey
 from agent.errors import SessionClosed
-from agent.store import DB_NAME, RestoreKey, RevisionStore
+from agent.store import DB_NAME, RevisionStore
 from devstack.driver import RestorePlan
 
 pytestmark = pytest.mark.slow

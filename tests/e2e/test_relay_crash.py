@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from agent.corestore.routes import RouteName
+from agent.domain.jobs import JobKey
 from agent.errors import SessionClosed
-from agent.store import JobKey, RevisionStore
+from agent.store import RevisionStore
 
 pytestmark = pytest.mark.slow
 

@@ -4,9 +4,11 @@ Test modules cannot import this file (importlib mode), so everything travels as 
 
 - `world`: a `World` — the reference Corestore (127.0.0.1, port 0, tmp_path), the revision
   store (SQLite in tmp_path), the Corestore clients, the cluster view, a running engine (run as
-  the app runs it: `background.running()`, its TaskGroup held by one task the world owns), its
-  handlers, and one restore's facts (two mappings, three objects) with request builders.
+  the app runs it: `engine.owner.run()` in a TaskGroup held by one task the world owns), its
+  routes, and one restore's facts (two mappings, three objects) with request builders.
   `world.restart()` closes the engine and runs a new one on the same store (an agent restart).
+  `world.until()` waits on the engine's change notifications (`engine.observe`) for a status;
+  `world.work_ended()` for the restore's background task to end.
 - `clock`: the one `ManualClock` of the engine, its store and its Corestore clients, moved by
   `tests.clock.advancing` so backoffs and poll intervals end at once; `clock.slept` lists them.
 - `source_factory`: fake `ByteSource`s (`ChunkSource`) fed from bytes, optionally breaking.
@@ -40,15 +42,15 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.corestore import CorestoreClients, CorestoreTimeouts
 from agent.corestore.credentials import FixedCredentials
+from agent.domain.restores import RestoreKey, StoredState
 from agent.errors import StreamBroken
 from agent.protocol.handlers import Routes
-from agent.restore.background import running
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
 from agent.retry import Backoff, RetryPolicy
 from agent.secret import Secret
-from agent.store import RestoreKey, RevisionStore, StoredState
+from agent.store import RevisionStore
 from devstack.corestore import CorestoreHandle, start
 from tests.clock import ManualClock, advancing
 
@@ -67,7 +69,6 @@ FAST = EngineSettings(
     max_in_flight=2,
     poll_interval=0.002,
     progress_interval=0.0,
-    transfer_timeout=2.0,
 )
 
 
@@ -174,7 +175,7 @@ class World:
         self.engine_owner = asyncio.create_task(
             _own(self.engine, self.engine_stop), name="engine-owner"
         )
-        await self.engine.started()
+        await self.engine.owner.started()
         self.routes = isolated_restore_routes(self.engine)
         return self.engine
 
@@ -302,7 +303,32 @@ class World:
 
     async def until(self, *statuses: str) -> StoredState:
         """Wait (on the engine's change notifications) until the state reaches one of them."""
-        return await self.engine.wait_for(KEY, lambda stored: stored.status in statuses)
+        return await self.reached(lambda stored: stored.status in statuses)
+
+    async def reached(self, predicate: Callable[[StoredState], bool]) -> StoredState:
+        """The first state of the restore, the current one included, that satisfies
+        `predicate` (heard through `engine.observe`, so no poll)."""
+        found: asyncio.Future[StoredState] = asyncio.get_running_loop().create_future()
+
+        def check(stored: StoredState) -> None:
+            if stored.key == KEY and not found.done() and predicate(stored):
+                found.set_result(stored)
+
+        remove = self.engine.observe(check)
+        try:
+            current = await self.store.get(KEY)
+            if current is not None:
+                check(current)
+            return await found
+        finally:
+            remove()
+
+    async def work_ended(self) -> None:
+        """Wait until no background task of the restore runs (the engine names each task
+        `restore-<restoreId>`); at once when none does."""
+        name = f"restore-{RESTORE}"
+        while tasks := [task for task in asyncio.all_tasks() if task.get_name() == name]:
+            await asyncio.wait(tasks)
 
     async def settled(self, *statuses: str) -> dict[str, Any]:
         """`until(*statuses)`, as the wire state Cloudly's status call would read."""
@@ -330,11 +356,18 @@ class World:
 
 
 async def _own(engine: IsolatedRestoreEngine, stop: asyncio.Event) -> None:
-    """Hold the engine's TaskGroup (`running`) until `stop` is set.
+    """Run the engine's work owner in a TaskGroup of this task until `stop` is set, then close
+    it (as the composition root does).
 
-    One task enters and leaves it: a pytest fixture's set-up and tear-down may run in two."""
-    async with running(engine):
-        await stop.wait()
+    One task enters and leaves the group: a pytest fixture's set-up and tear-down may run in
+    two."""
+    async with asyncio.TaskGroup() as group:
+        group.create_task(engine.owner.run(), name="isolated-restore-engine")
+        await engine.owner.started()
+        try:
+            await stop.wait()
+        finally:
+            await engine.owner.close()
 
 
 @pytest.fixture
@@ -358,10 +391,16 @@ def settings() -> EngineSettings:
 
 
 @pytest.fixture
-def corestore_timeouts(settings: EngineSettings) -> CorestoreTimeouts:
-    """The Corestore client's timeouts; `transfer` is the settings' `transfer_timeout`, as
-    the composition root wires it (a test module may override this fixture)."""
-    return CorestoreTimeouts(connect=2.0, control=2.0, transfer=settings.transfer_timeout)
+def transfer_timeout() -> float:
+    """One bulk Corestore call's bound (a test module may override this fixture)."""
+    return 2.0
+
+
+@pytest.fixture
+def corestore_timeouts(transfer_timeout: float) -> CorestoreTimeouts:
+    """The Corestore client's timeouts, `transfer` from the `transfer_timeout` fixture (a test
+    module may override this fixture)."""
+    return CorestoreTimeouts(connect=2.0, control=2.0, transfer=transfer_timeout)
 
 
 @pytest.fixture

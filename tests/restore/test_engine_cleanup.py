@@ -114,8 +114,7 @@ async def test_a_cleanup_cut_off_by_a_restart_resumes_on_its_replay(world: Any) 
     faults.delay_next(RouteName.DELETE_RESOURCE, seconds=60)
     body = world.cleanup_body(revision)
     await world.call(METHOD_CLEANUP, body)
-    await world.engine.wait_for(
-        world.KEY,
+    await world.reached(
         lambda s: s.state.cleanup is not None and s.state.cleanup.resources[0].status == "running",
     )
     await world.restart()

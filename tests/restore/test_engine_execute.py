@@ -7,7 +7,7 @@ from typing import Any
 
 from agent.contracts.isolatedrestore import METHOD_EXECUTE
 from agent.corestore.routes import RouteName
-from agent.store import StoredState
+from agent.domain.restores import StoredState
 
 
 async def _execute_until_settled(world: Any) -> StoredState:
@@ -95,15 +95,13 @@ async def test_a_restart_mid_execute_keeps_the_state_and_a_replay_resumes_it(
     world.engine.observe(stall_after_the_first_mapping)
     body = world.execute_body(revision)
     await world.call(METHOD_EXECUTE, body)
-    await world.engine.wait_for(
-        world.KEY, lambda s: s.state.completed_resource_mapping_ids == ["map-db"]
-    )
+    await world.reached(lambda s: s.state.completed_resource_mapping_ids == ["map-db"])
     await world.restart()
 
     unfinished = (await world.status())["state"]
     assert unfinished["status"] == "restoring"
     assert unfinished["completedResourceMappingIds"] == ["map-db"]
-    assert world.engine.working(world.KEY) is False
+    assert world.engine.owner.working(world.KEY) is False
 
     restores = faults.hits[RouteName.RESTORE_RESOURCE]
     answer = await world.call(METHOD_EXECUTE, {**body, "restoreGrant": world.grant()})

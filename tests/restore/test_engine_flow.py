@@ -45,7 +45,7 @@ async def test_prepare_answers_before_corestore_does(world: Any) -> None:
     world.corestore.faults.hold_prepares()
     state = await world.state_of(METHOD_PREPARE, world.prepare_body())
     assert (state["revision"], state["status"]) == (1, "preparing")
-    assert world.engine.working(world.KEY)
+    assert world.engine.owner.working(world.KEY)
     assert (await world.status())["state"] == state
     world.corestore.faults.release_prepares()
     assert (await world.settled("prepared", "failed"))["status"] == "prepared"
@@ -104,7 +104,7 @@ async def test_execute_returns_restoring_before_the_work_finishes(world: Any) ->
     world.corestore.faults.hold_restores()
     state = await world.execute(revision)
     assert state["status"] == "restoring"
-    assert world.engine.working(world.KEY)
+    assert world.engine.owner.working(world.KEY)
     assert (await world.status())["state"]["status"] == "restoring"
     world.corestore.faults.release_restores()
     assert (await world.until("ready", "failed")).status == "ready"

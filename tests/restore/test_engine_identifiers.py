@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from agent.contracts.isolatedrestore import METHOD_PREPARE
+from agent.domain.restores import RestoreKey
 from agent.errors import InvalidRequest
-from agent.store import RestoreKey
 
 BAD = ["../../x", "a/b", ".", "..", "x\u0000", "x" * 257]
 

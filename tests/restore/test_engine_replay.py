@@ -45,7 +45,7 @@ async def test_a_prepare_replayed_while_its_task_runs_answers_preparing_and_star
     assert replayed["status"] == "preparing"
     world.corestore.faults.release_prepares()
     assert (await world.settled("prepared", "failed"))["status"] == "prepared"
-    await world.engine.settled(world.KEY)
+    await world.work_ended()
     assert world.corestore.faults.hits[RouteName.PREPARE_RESTORE] == 1
 
 
@@ -82,7 +82,7 @@ async def test_a_replayed_execute_after_ready_answers_ready_and_restores_nothing
     answer = await world.call(METHOD_EXECUTE, {**body, "restoreGrant": world.grant()})
     assert answer["state"] == (await world.status())["state"]
     assert answer["state"]["revision"] == ready.revision
-    assert world.engine.working(world.KEY) is False
+    assert world.engine.owner.working(world.KEY) is False
     assert world.corestore.faults.hits[RouteName.RESTORE_RESOURCE] == restores
 
 
@@ -149,12 +149,12 @@ async def test_a_replayed_prepare_resumes_one_left_preparing(world: Any) -> None
     left = (await world.status())["state"]
     assert left == first
     assert (left["status"], left["revision"]) == ("preparing", 1)
-    assert world.engine.working(world.KEY) is False
+    assert world.engine.owner.working(world.KEY) is False
 
     replay = {**body, "restoreGrant": world.grant()}
     answer = (await world.call(METHOD_PREPARE, replay))["state"]
     assert answer == left
-    assert world.engine.working(world.KEY)
+    assert world.engine.owner.working(world.KEY)
     state = await world.settled("prepared", "failed")
     assert (state["status"], state["revision"]) == ("prepared", 2)
     assert world.corestore.faults.hits[RouteName.PREPARE_RESTORE] == 2

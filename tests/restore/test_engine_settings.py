@@ -1,4 +1,6 @@
-"""The configured transfer timeout and poll interval reach the engine and bound its work."""
+"""The configured transfer timeout and poll interval bound the engine's work: the poll interval
+is the engine's setting, the transfer timeout the Corestore clients' (and the relay's, for its
+closure calls)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ import pytest
 
 from agent.config import CorestoreConfig
 from agent.corestore.routes import RouteName
+from agent.corestore.transport import CorestoreTimeouts
 from agent.errors import CorestoreUnavailable, InvalidState
+from agent.relay.settings import RelaySettings
 from agent.restore.settings import EngineSettings
 
 DUMP = "snap-db/dump.bson"
@@ -19,38 +23,66 @@ POLL_INTERVAL = 0.0123  # recognisable among the recorded sleeps
 
 @pytest.fixture
 def settings(settings: EngineSettings) -> EngineSettings:
-    """The shared fast settings with a short transfer timeout and a recognisable poll interval."""
-    return dataclasses.replace(
-        settings, transfer_timeout=TRANSFER_TIMEOUT, poll_interval=POLL_INTERVAL
-    )
+    """The shared fast settings with a recognisable poll interval."""
+    return dataclasses.replace(settings, poll_interval=POLL_INTERVAL)
+
+
+@pytest.fixture
+def transfer_timeout() -> float:
+    """A short bound of one bulk Corestore call."""
+    return TRANSFER_TIMEOUT
+
+
+_SECTION = CorestoreConfig(
+    chunk_size=128 * 1024,
+    max_in_flight=2,
+    retries=5,
+    connect_timeout_s=3.0,
+    request_timeout_s=7.0,
+    transfer_timeout_s=42.0,
+    restore_poll_interval_s=0.05,
+)
 
 
 def test_engine_settings_take_the_corestore_section() -> None:
-    """from_config carries chunking, the transfer timeout and the poll interval; `retries` is
-    the Corestore client's alone, so nothing else of the engine changes."""
-    corestore = CorestoreConfig(
-        chunk_size=128 * 1024,
-        max_in_flight=2,
-        retries=5,
-        transfer_timeout_s=42.0,
-        restore_poll_interval_s=0.05,
+    """from_config carries chunking and the poll interval; `retries` and the timeouts are the
+    Corestore client's alone, so nothing else of the engine changes."""
+    assert EngineSettings.from_config(_SECTION) == EngineSettings(
+        chunk_size=128 * 1024, max_in_flight=2, poll_interval=0.05
     )
-    assert EngineSettings.from_config(corestore) == EngineSettings(
-        chunk_size=128 * 1024, max_in_flight=2, transfer_timeout=42.0, poll_interval=0.05
+
+
+def test_the_corestore_clients_take_the_transfer_timeout_of_the_section() -> None:
+    """The clients' timeouts carry connect, request and transfer as configured."""
+    assert CorestoreTimeouts.from_config(_SECTION) == CorestoreTimeouts(
+        connect=3.0, control=7.0, transfer=42.0
+    )
+
+
+def test_the_relay_takes_the_chunk_size_and_transfer_timeout_of_the_section() -> None:
+    """The relay's closures use the same chunk size and bound each closure call by the
+    transfer timeout."""
+    assert RelaySettings.from_config(_SECTION) == RelaySettings(
+        chunk_size=128 * 1024, transfer_timeout=42.0
     )
 
 
 def test_the_default_section_keeps_the_engine_defaults() -> None:
     """Without the keys: a 300 s transfer bound and one status read per second."""
     settings = EngineSettings.from_config(CorestoreConfig())
-    assert (settings.transfer_timeout, settings.poll_interval) == (300.0, 1.0)
+    timeouts = CorestoreTimeouts.from_config(CorestoreConfig())
+    assert (timeouts.transfer, settings.poll_interval) == (300.0, 1.0)
+    assert RelaySettings.from_config(CorestoreConfig()).transfer_timeout == 300.0
 
 
 @pytest.mark.parametrize("timeout", [0.0, -1.0])
 def test_a_transfer_timeout_that_is_not_positive_is_refused(timeout: float) -> None:
-    """A transfer that may take no time at all is a bug, refused at construction."""
+    """A transfer that may take no time at all is a bug, refused at construction (by the
+    Corestore clients' timeouts and by the relay's settings)."""
+    with pytest.raises(InvalidState, match="transfer"):
+        CorestoreTimeouts(transfer=timeout)
     with pytest.raises(InvalidState, match="transfer_timeout"):
-        EngineSettings(transfer_timeout=timeout)
+        RelaySettings(transfer_timeout=timeout)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,6 @@ from agent.corestore import CorestoreTimeouts
 from agent.corestore.routes import RouteName
 from agent.errors import CorestoreUnavailable, IntegrityError, StreamBroken
 from agent.restore.settings import EngineSettings
-from agent.restore.staging import rechunk
 
 DUMP = "snap-db/dump.bson"  # 3 full chunks and 123 bytes: 4 chunk PUTs
 
@@ -39,21 +38,6 @@ async def _stage_raw(world: Any, revision: int, source: Any, path: str = DUMP) -
         METHOD_STAGE, world.stage_body(path, revision), source
     )
     return state
-
-
-async def test_rechunk_follows_recorded_boundaries_then_the_chunk_size() -> None:
-    """Pieces are re-cut to the given lengths first, then to chunk_size; the tail is short."""
-
-    async def pieces() -> Any:
-        for piece in (b"abc", b"defgh", b"ij", b"klmnopq"):
-            yield piece
-
-    class Source:
-        def __aiter__(self) -> Any:
-            return pieces()
-
-    chunks = [chunk async for chunk in rechunk(Source(), [2, 5], 4)]
-    assert chunks == [b"ab", b"cdefg", b"hijk", b"lmno", b"pq"]
 
 
 async def test_a_chunk_corrupted_in_transit_is_resent_and_the_object_converges(

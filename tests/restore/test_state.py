@@ -12,6 +12,7 @@ from agent.contracts.isolatedrestore import (
     StagingCleanupProgress,
 )
 from agent.corestore.models import VerificationAnswer
+from agent.domain.restores import plan_of
 from agent.restore import state as s
 
 GRANT = "eyJhbGciOiJSUzI1NiJ9.cGF5bG9hZA.c2ln"
@@ -40,7 +41,7 @@ REQUEST = PrepareIsolatedRestoreRequest.from_wire(
         "archiveManifest": {"objects": [{"path": "s/a", "size": 1, "sha256": SHA}], "v": 2},
     }
 )
-PLAN = s.plan_of(REQUEST)
+PLAN = plan_of(REQUEST)
 
 
 def _state() -> IsolatedRestoreNodeState:

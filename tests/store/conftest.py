@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.restore.machine import Op
+from agent.domain.restore_machine import Op
 from agent.store import RevisionStore
 from tests.clock import ManualClock
 from tests.store.states import KEY, node_state, plan

@@ -13,8 +13,7 @@ from agent.contracts.isolatedrestore import (
     IsolatedRestoreNodeState,
     IsolatedRestoreVerification,
 )
-from agent.restore.state import PreparedPlan
-from agent.store import RestoreKey
+from agent.domain.restores import PreparedPlan, RestoreKey
 
 __all__ = ["KEY", "node_state", "plan"]
 

@@ -11,9 +11,10 @@ import pytest
 
 from agent.clock import epoch_ms
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
+from agent.domain.restore_machine import Op
+from agent.domain.restores import RestoreKey, StoredState
 from agent.errors import IllegalTransition, InvalidState, RevisionConflict, StoreError
-from agent.restore.machine import Op
-from agent.store import RestoreKey, RevisionStore, StoredState
+from agent.store import RevisionStore
 from tests.clock import ManualClock
 from tests.store.states import KEY, node_state, plan
 

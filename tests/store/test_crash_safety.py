@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.store import DB_NAME, RestoreKey, RevisionStore
+from agent.domain.restores import RestoreKey
+from agent.store import DB_NAME, RevisionStore
 
 KEY = RestoreKey("cluster-1", "node-1", "restore-1")
 REPO = Path(__file__).resolve().parents[2]
@@ -23,8 +24,9 @@ MUTATIONS_BEFORE_KILL = 120
 CHILD = """
 import asyncio, sys
 from pathlib import Path
-from agent.restore.machine import Op
-from agent.store import RestoreKey, RevisionStore
+from agent.domain.restore_machine import Op
+from agent.store import RevisionStore
+from agent.domain.restores import RestoreKey
 from tests.store.states import node_state, plan
 
 async def main() -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from agent.domain.restore_machine import NODE_STATUSES, Op
+from agent.domain.restores import RestoreKey
 from agent.errors import StoreCorrupt, StoreError
-from agent.restore.machine import NODE_STATUSES, Op
-from agent.store import DB_NAME, RestoreKey, RevisionStore
+from agent.store import DB_NAME, RevisionStore
 from agent.store.schema import MIGRATIONS, SCHEMA_VERSION, split_statements
 from agent.store.startup import open_database
 from tests.clock import ManualClock

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from agent.contracts.backup import BackupArchiveManifest
+from agent.domain.replay import request_digest
+from agent.domain.restore_machine import Op
+from agent.domain.restores import PreparedPlan
 from agent.errors import InvalidState
-from agent.restore.machine import Op
-from agent.restore.replay import request_digest
-from agent.restore.state import PreparedPlan
 from agent.secret import Secret
 from agent.store import RevisionStore
 from tests.store.states import KEY, node_state, plan

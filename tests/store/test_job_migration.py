@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from agent.domain.job_machine import JobOp
+from agent.domain.jobs import JobKey
 from agent.errors import RevisionConflict
-from agent.relay.jobs import INTERRUPTED
-from agent.relay.machine import JobOp
-from agent.store import DB_NAME, JobKey, RevisionStore
+from agent.relay.runner import INTERRUPTED
+from agent.store import DB_NAME, RevisionStore
 from agent.store.schema import MIGRATIONS
 from agent.store.startup import open_database
 from tests.clock import ManualClock

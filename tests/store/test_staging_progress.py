@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agent.domain.restores import RestoreKey
 from agent.errors import InvalidState, RestoreNotFound
-from agent.store import ChunkRecord, RestoreKey, RevisionStore
+from agent.store import ChunkRecord, RevisionStore
 
 KEY = RestoreKey("cluster-1", "node-1", "restore-1")
 SHA_A = "a" * 64

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from agent.relay.machine import JobOp
-from agent.restore.machine import Op
-from agent.store import JobKey, RevisionStore, StatusSummary
+from agent.domain.job_machine import JobOp
+from agent.domain.jobs import JobKey
+from agent.domain.restore_machine import Op
+from agent.store import RevisionStore, StatusSummary
 from tests.clock import ManualClock
 from tests.store.states import KEY, node_state, plan
 

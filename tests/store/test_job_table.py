@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from agent.domain.job_machine import JobOp
+from agent.domain.jobs import JobKey
 from agent.errors import IllegalTransition, InvalidState, RevisionConflict
-from agent.relay.machine import JobOp
 from agent.secret import Secret
-from agent.store import JobKey, RevisionStore
+from agent.store import RevisionStore
 
 KEY = JobKey("cluster-1", "node-1", "backup", "bk-1", "svc-1")
 DIGEST, OTHER = "a" * 64, "b" * 64

@@ -1,9 +1,9 @@
 """`JobRunner`: durable relay jobs, the rule that answers a repeated request, and the one owner
 of their tasks.
 
-`submit(key, digest, start)` answers a request by `agent.relay.machine.REQUESTS` (docs/relay.md,
-"Jobs and repeats"), under the lock of what one job at a time may hold (`JobKey.scope`: a
-backup's key, a restore's service on its node):
+`submit(key, digest, start)` answers a request by `agent.domain.job_machine.REQUESTS`
+(docs/relay.md, "Jobs and repeats"), under the lock of what one job at a time may hold
+(`JobKey.scope`: a backup's key, a restore's service on its node):
 
 - a backup meets the job of its exact key: another body is `JobConflict`, `succeeded` answers
   its recorded response at once, work running in this process is joined, a `failed` job is
@@ -15,13 +15,13 @@ backup's key, a restore's service on its node):
   and the same happens to every such run at start-up (`relay_restore_interrupted`).
 
 Work that starts runs `start()` first (checks that refuse before anything is stored, and that
-may ask Corestore), then the job row moves (`start`, `resume`, `retry`; `agent.relay.machine`)
-and the work runs as a task of `run()`'s TaskGroup. The work belongs to the runner, not to the
-request: a caller that goes away (its session dropped) leaves the work running, and the
-repeated request joins it. `close()` cancels the work; its row stays `running` (a backup's next
-identical request after the restart resumes it; a restore's is recorded interrupted). A job's
-outcome is recorded before any caller sees it: `succeed` with `{"response", "report"}`, `fail`
-with `{"error": {code, message, retryable}}`.
+may ask Corestore), then the job row moves (`start`, `resume`, `retry`;
+`agent.domain.job_machine`) and the work runs as a task of `run()`'s TaskGroup. The work belongs
+to the runner, not to the request: a caller that goes away (its session dropped) leaves the work
+running, and the repeated request joins it. `close()` cancels the work; its row stays `running`
+(a backup's next identical request after the restart resumes it; a restore's is recorded
+interrupted). A job's outcome is recorded before any caller sees it: `succeed` with
+`{"response", "report"}`, `fail` with `{"error": {code, message, retryable}}`.
 """
 
 from __future__ import annotations
@@ -33,15 +33,17 @@ from typing import Any, Final
 
 import structlog
 
+from agent.clock import SYSTEM_CLOCK, Clock
+from agent.domain.job_machine import Answer, JobOp, answer, backup_meets, restore_meets
+from agent.domain.jobs import JobKey, StoredJob
 from agent.errors import AgentError, JobConflict, RestoreInProgress, ShuttingDown
 from agent.locks import KeyedLocks
 from agent.owner import TaskOwner
-from agent.relay.machine import Answer, JobOp, answer, backup_meets, restore_meets
-from agent.store import JobKey, RevisionStore, StoredJob
+from agent.store import RevisionStore
 
 __all__ = ["INTERRUPTED", "JobRunner", "Outcome", "Work"]
 
-_log = structlog.get_logger("agent.relay.jobs")
+_log = structlog.get_logger("agent.relay.runner")
 
 Outcome = tuple[dict[str, Any], dict[str, Any]]
 """What a job's work returns: the response's wire dict and the report recorded next to it."""
@@ -79,11 +81,12 @@ class _Running:
 class JobRunner:
     """Runs relay jobs for the relay service; run it in the caller's TaskGroup."""
 
-    def __init__(self, store: RevisionStore) -> None:
+    def __init__(self, store: RevisionStore, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        """`clock` bounds `close()`."""
         self._store = store
         self._locks: KeyedLocks[Scope] = KeyedLocks()
         self._running: dict[Scope, _Running] = {}
-        self._owner = TaskOwner("the relay job runner")
+        self._owner = TaskOwner("the relay job runner", clock=clock)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -98,10 +101,6 @@ class JobRunner:
     async def close(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109  # a shutdown bound
         """Stop taking work, cancel the running jobs, wait at most `timeout` s for `run()`."""
         await self._owner.close(timeout)
-
-    def working(self, key: JobKey) -> bool:
-        """Whether work of `key`'s scope runs in this process."""
-        return self._live(key.scope) is not None
 
     # --- the request rule ---------------------------------------------------------------------
 

@@ -1,10 +1,10 @@
 """The isolated-restore node state machine, as data.
 
-One table, `TRANSITIONS`, says which operation may move a node state from which status to which
-status (`None` is "no state exists yet", revision 0). `decide()` reads the table and either
-answers the next status or raises `IllegalTransition`; it is pure and changes nothing, so the
-engine asks it before doing any work and the store asks it again (as SQL built from the same
-table) inside the compare-and-swap that persists the move.
+One table, `RESTORE_TABLE` (an `agent.domain.table.TransitionTable`), says which operation may
+move a node state from which status to which status (`None` is "no state exists yet", revision
+0). `RESTORE_TABLE.decide()` either answers the next status or raises `IllegalTransition`; it is
+pure and changes nothing, so the engine asks it before doing any work and the store asks it
+again (as SQL built from the same table) inside the compare-and-swap that persists the move.
 
     from status      operation           to status       note
     ---------------  ------------------  --------------  ------------------------------------
@@ -47,31 +47,24 @@ exact replay, see `replay.py`). The same holds for `restoring`/`verifying` and `
 The execute guard: `execute` needs every manifest object written. From `prepared` that is true
 only for an empty manifest (any object would have moved the state to `staging`); from `staging`
 it is true once the last object is written. The table says where `execute` goes; the guard is a
-fact only the engine knows (the manifest), passed to `decide(..., staging_complete=...)`.
+fact only the engine knows (the manifest), passed to `RESTORE_TABLE.decide(..., guard=...)`.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Final
 
 from agent.contracts.isolatedrestore import NODE_STATUSES, NodeStatus
-from agent.errors import IllegalTransition
+from agent.domain.table import TransitionTable
 
 __all__ = [
-    "GUARDED_BY_STAGING_COMPLETE",
     "IN_FLIGHT",
     "NODE_STATUSES",
+    "RESTORE_TABLE",
     "TERMINAL",
-    "TRANSITIONS",
     "NodeStatus",
     "Op",
-    "decide",
-    "render_table",
-    "sources",
-    "target",
 ]
 
 
@@ -101,7 +94,7 @@ _CLEANABLE: Final[tuple[NodeStatus, ...]] = (
     "cleanup-failed",
 )
 
-TRANSITIONS: Final[Mapping[tuple[NodeStatus | None, Op], NodeStatus]] = MappingProxyType(
+RESTORE_TABLE: Final = TransitionTable[NodeStatus, Op](
     {
         (None, Op.PREPARE): "preparing",
         ("preparing", Op.PREPARE_SUCCEEDED): "prepared",
@@ -120,62 +113,17 @@ TRANSITIONS: Final[Mapping[tuple[NodeStatus | None, Op], NodeStatus]] = MappingP
         ("cleaning", Op.PROGRESS): "cleaning",
         ("cleaning", Op.CLEANUP_SUCCEEDED): "cleaned",
         ("cleaning", Op.CLEANUP_FAILED): "cleanup-failed",
-    }
+    },
+    guarded={("prepared", Op.EXECUTE), ("staging", Op.EXECUTE)},
+    guard="staging complete",
 )
-"""(status or None for absent, operation) -> next status. Anything missing is illegal."""
-
-GUARDED_BY_STAGING_COMPLETE: Final[frozenset[tuple[NodeStatus | None, Op]]] = frozenset(
-    {("prepared", Op.EXECUTE), ("staging", Op.EXECUTE)}
-)
-"""Moves that are legal only once every manifest object is written."""
+"""(status or None for absent, operation) -> next status; anything missing is illegal. The
+guarded moves (the two `execute`s) are legal only once every manifest object is written."""
 
 IN_FLIGHT: Final[frozenset[NodeStatus]] = frozenset(
     {"preparing", "restoring", "verifying", "cleaning"}
 )
 """Statuses only the engine leaves; after a restart they wait for Cloudly to repeat the request."""
 
-TERMINAL: Final[frozenset[NodeStatus]] = frozenset(
-    status for status in NODE_STATUSES if not any(key[0] == status for key in TRANSITIONS)
-)
+TERMINAL: Final = RESTORE_TABLE.terminal(NODE_STATUSES)
 """Statuses no operation leaves (`cleaned`)."""
-
-
-def target(status: NodeStatus | None, op: Op, *, revision: int) -> NodeStatus:
-    """The table's answer for `op` in `status`, ignoring guards; `IllegalTransition` if none."""
-    try:
-        return TRANSITIONS[(status, op)]
-    except KeyError:
-        raise IllegalTransition(operation=op.value, status=status, current=revision) from None
-
-
-def decide(
-    status: NodeStatus | None,
-    op: Op,
-    *,
-    revision: int,
-    staging_complete: bool = False,
-) -> NodeStatus:
-    """The status `op` moves a state in `status` to, or `IllegalTransition` (nothing changes).
-
-    `revision` is the state's current revision (0 when absent); it only travels in the error.
-    `staging_complete` is the engine's fact that every manifest object is written; it matters
-    only for the moves in `GUARDED_BY_STAGING_COMPLETE`.
-    """
-    next_status = target(status, op, revision=revision)
-    if (status, op) in GUARDED_BY_STAGING_COMPLETE and not staging_complete:
-        raise IllegalTransition(operation=op.value, status=status, current=revision)
-    return next_status
-
-
-def sources(op: Op) -> dict[NodeStatus | None, NodeStatus]:
-    """Every status `op` may leave, with where it goes (the store builds its SQL from this)."""
-    return {status: to for (status, candidate), to in TRANSITIONS.items() if candidate is op}
-
-
-def render_table() -> str:
-    """The table as Markdown rows, in table order (docs/isolated-restore.md embeds this)."""
-    lines = ["| from | operation | to |", "|---|---|---|"]
-    for (status, op), to in TRANSITIONS.items():
-        guard = " (staging complete)" if (status, op) in GUARDED_BY_STAGING_COMPLETE else ""
-        lines.append(f"| {status or '(absent)'} | `{op.value}`{guard} | {to} |")
-    return "\n".join(lines)

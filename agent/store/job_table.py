@@ -1,12 +1,11 @@
-"""The relay jobs table: typed rows and the compare-and-swap SQL built from the job table.
+"""The `relay_job` table's SQL: its rows read back, its compare-and-swap moves from the job table.
 
-`JobKey` is the exact key of one relay job: (cluster, node, kind, backupId, serviceId, run).
-`run` is 0 for a backup (one backupId is one backup); a restore's runs are numbered 1, 2, ...
-per service on its node, and `start` numbers the next one (its key is given with `run` 0).
-`StoredJob` is one row. `move()` is one SQL statement, hence one transaction: an `INSERT ... ON
-CONFLICT DO NOTHING` for `start` (revision 0 -> 1), otherwise an `UPDATE ... SET revision =
-revision + 1, status = CASE status ... END WHERE <key> AND revision = :expected AND status IN
-(<statuses the operation may leave>)` built from `agent.relay.machine`. When no row changed,
+A row reads back as the domain's `StoredJob` under its `JobKey` (`agent.domain.jobs`); a
+restore's `start` numbers its run (its key is given with `run` 0). `move_job()` is one SQL
+statement, hence one transaction: an `INSERT ... ON CONFLICT DO NOTHING` for `start` (revision
+0 -> 1), otherwise an `UPDATE ... SET revision = revision + 1, status = CASE status ... END
+WHERE <key> AND revision = :expected AND status IN (<statuses the operation may leave>)` built
+from `agent.domain.job_machine.JOB_TABLE`. When no row changed,
 the row is read once to say why (`RevisionConflict` or `IllegalTransition`). The schema holds
 at most one `running` restore per service on a node (a unique partial index), so two restores
 of one service can never both be persisted as running.
@@ -21,16 +20,16 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import aiosqlite
 
+from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, JOB_TABLE, JobKind, JobOp, JobStatus
+from agent.domain.jobs import JobKey, StoredJob
 from agent.errors import IllegalTransition, InvalidState, RevisionConflict, StoreError
-from agent.relay.machine import JOB_KINDS, JOB_STATUSES, JobKind, JobOp, JobStatus, sources
 from agent.store.transitions import status_moves
 
-__all__ = ["JobKey", "StoredJob", "get_job", "list_jobs", "move_job", "running_restore"]
+__all__ = ["encode_result", "get_job", "list_jobs", "move_job", "running_restore"]
 
 _COLUMNS: Final = (
     "cluster_id, node_id, kind, backup_id, service_id, run, revision, status, request_digest, "
@@ -42,66 +41,6 @@ _KEY_WHERE: Final = (
 )
 _STATUS: Final[dict[str, JobStatus]] = {status: status for status in JOB_STATUSES}
 _KIND: Final[dict[str, JobKind]] = {kind: kind for kind in JOB_KINDS}
-
-
-@dataclass(frozen=True, slots=True)
-class JobKey:
-    """The exact key of one relay job."""
-
-    cluster_id: str
-    node_id: str
-    kind: JobKind
-    backup_id: str
-    service_id: str
-    run: int = 0
-    """0 for a backup; a restore's run number (0 only for the key `start` numbers)."""
-
-    def __post_init__(self) -> None:
-        for name in ("cluster_id", "node_id", "backup_id", "service_id"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise InvalidState(f"JobKey.{name} must be a non-empty string")
-        if self.kind not in JOB_KINDS:
-            raise InvalidState(f"JobKey.kind must be one of {JOB_KINDS}")
-        if type(self.run) is not int or self.run < 0 or (self.kind == "backup" and self.run):
-            raise InvalidState("JobKey.run must be 0 for a backup, a whole number for a restore")
-
-    @property
-    def scope(self) -> tuple[str, str, str, str, str]:
-        """What one job at a time may hold: a backup's exact key, a restore's service on its
-        node (whichever backup it restores)."""
-        backup = self.backup_id if self.kind == "backup" else ""
-        return (self.cluster_id, self.node_id, self.kind, self.service_id, backup)
-
-    def numbered(self, run: int) -> JobKey:
-        """This key with run number `run`."""
-        return replace(self, run=run)
-
-    def as_params(self) -> dict[str, str | int]:
-        """The key as named SQL parameters."""
-        return {
-            "cluster_id": self.cluster_id,
-            "node_id": self.node_id,
-            "kind": self.kind,
-            "backup_id": self.backup_id,
-            "service_id": self.service_id,
-            "run": self.run,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class StoredJob:
-    """One relay job as persisted."""
-
-    key: JobKey
-    revision: int
-    status: JobStatus
-    request_digest: str
-    result: Mapping[str, Any] | None
-    """The recorded outcome: `{"response", "report"}` (succeeded), `{"error"}` (failed)."""
-    attempts: int
-    created_at: int
-    updated_at: int
 
 
 def encode_result(result: Mapping[str, Any] | None) -> str | None:
@@ -185,7 +124,7 @@ RETURNING {_COLUMNS}
 
 
 def _update_statement(op: JobOp) -> tuple[str, dict[str, str]] | None:
-    moves = status_moves(sources(op).items())
+    moves = status_moves(JOB_TABLE, op)
     if moves is None:
         return None
     # A move back to `running` is a new attempt: its old outcome no longer stands.
@@ -232,7 +171,7 @@ async def move_job(
     if op is JobOp.START and key.run != 0:
         raise InvalidState("a job is started with run 0: the store numbers a restore's run")
     rows: Iterable[sqlite3.Row] = ()
-    insert_to = sources(op).get(None)
+    insert_to = JOB_TABLE.sources(op).get(None)
     update = _UPDATES.get(op)
     if expected_revision == 0 and insert_to is not None:
         rows = await db.execute_fetchall(_INSERT, {**params, "to_status": insert_to})

@@ -1,11 +1,12 @@
 """The chunk rules of a staging object: which chunk PUT Corestore counts, replays or refuses.
 
-Pure. An object is written as a contiguous prefix of verified chunks: a chunk is counted only if
-it starts exactly where the verified bytes end (`APPEND`). Re-sending a chunk that was already
-counted, byte for byte (same offset, length and sha256), is an idempotent replay; any other
-overlap, a gap, a chunk running past the manifest size, or a new chunk for a committed object is
-refused. So `verified_bytes` is always the offset an interrupted stage resumes from. The reference
-server applies these rules; docs/corestore-api.md states them as the contract.
+Pure. The reference Corestore's (the staging archive and the closure imports); the agent only
+meets their verdicts, so the rules live with the stand-in. An object is written as a contiguous
+prefix of verified chunks: a chunk is counted only if it starts exactly where the verified bytes
+end (`APPEND`). Re-sending a chunk that was already counted, byte for byte (same offset, length
+and sha256), is an idempotent replay; any other overlap, a gap, a chunk running past the
+manifest size, or a new chunk for a committed object is refused. So `verified_bytes` is always
+the offset an interrupted stage resumes from. docs/corestore-api.md states them as the contract.
 """
 
 from __future__ import annotations

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
+from agent.domain.job_machine import JobOp
+from agent.domain.jobs import JobKey
 from agent.errors import RestoreInProgress, ShuttingDown
-from agent.relay.jobs import INTERRUPTED, JobRunner, Outcome, Work
-from agent.relay.machine import JobOp
-from agent.store import JobKey, RevisionStore
+from agent.relay.runner import INTERRUPTED, JobRunner, Outcome, Work
+from agent.store import RevisionStore
 
 RESTORE = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
 OTHER_BACKUP = JobKey("cluster-1", "node-1", "restore", "bk-2", "svc-1")

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from agent.errors import RevisionConflict
-from agent.restore.replay import (
+from agent.domain.replay import (
     Verdict,
     canonical_json,
     check_expected_revision,
     request_digest,
 )
+from agent.errors import RevisionConflict
 from agent.secret import Secret
 
 STAGE = "stageIsolatedRestoreArchive"

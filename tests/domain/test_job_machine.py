@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import IllegalTransition, InvalidState
-from agent.relay.machine import (
+from agent.domain.job_machine import (
     JOB_KINDS,
     JOB_STATUSES,
+    JOB_TABLE,
     REQUESTS,
-    TRANSITIONS,
     Answer,
     JobKind,
     JobOp,
@@ -21,11 +20,13 @@ from agent.relay.machine import (
     Meets,
     answer,
     backup_meets,
-    decide,
     render_requests,
-    render_table,
     restore_meets,
 )
+from agent.errors import IllegalTransition, InvalidState
+
+TRANSITIONS = JOB_TABLE.moves
+decide = JOB_TABLE.decide
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "relay.md"
 EVERY_PAIR = list(itertools.product((None, *JOB_STATUSES), JobOp))
@@ -61,7 +62,7 @@ def test_succeeded_is_the_only_terminal_status() -> None:
 
 def test_docs_embed_the_rendered_table() -> None:
     """docs/relay.md shows the table exactly as the code renders it."""
-    assert render_table() in DOCS.read_text(encoding="utf-8")
+    assert JOB_TABLE.render() in DOCS.read_text(encoding="utf-8")
 
 
 # --- the request rule ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The engine's background work: preparing, executing and cleaning up a restore, step by step.
 
 `run_prepare()`, `run_execute()` and `run_cleanup()` run in tasks the engine owns
-(`IsolatedRestoreEngine.run`).
+(`IsolatedRestoreEngine.owner`, `background.WorkOwner`).
 Each step is one Corestore call (which the Corestore client alone resends while Corestore is
 unavailable, `agent.retry`) followed by one mutation of the node state, so a restart finds
 exactly the steps that finished:
@@ -35,7 +35,6 @@ in flight as it is: it resumes on the next replay.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -45,23 +44,24 @@ from agent.clock import Clock, epoch_ms
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState, ResourceCleanupProgress
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import ResourceStatus
-from agent.errors import AgentError, CorestoreError, CorestoreUnavailable, TransferError
+from agent.domain.restore_machine import Op
+from agent.domain.restores import RestoreKey, StoredState
+from agent.errors import AgentError, CorestoreError, TransferError
 from agent.restore import state as s
-from agent.restore.machine import Op
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
-from agent.store import RestoreKey, RevisionStore, StoredState
+from agent.store import RevisionStore
 
-__all__ = ["Job", "run_cleanup", "run_execute", "run_prepare"]
+__all__ = ["RestoreWork", "run_cleanup", "run_execute", "run_prepare"]
 
-_log = structlog.get_logger("agent.restore.jobs")
+_log = structlog.get_logger("agent.restore.work")
 _VERIFICATION_FAILED = "verification-failed"
 _RESTORE_FAILED = "restore-failed"
 
 
 @dataclass(slots=True)
-class Job:
-    """One piece of background work on one restore. `grant` lives only as long as the job."""
+class RestoreWork:
+    """One piece of background work on one restore. `grant` lives only as long as the work."""
 
     store: RevisionStore
     client: CorestoreClient
@@ -70,7 +70,7 @@ class Job:
     settings: EngineSettings
     clock: Clock
     notify: Callable[[StoredState], None]
-    stored: StoredState  # the latest state this job wrote or started from
+    stored: StoredState  # the latest state this work wrote or started from
 
     def now(self) -> int:
         """The clock's wall time in epoch milliseconds (the state's timestamps)."""
@@ -82,7 +82,7 @@ class Job:
         return self.stored.state
 
     async def mutate(self, op: Op, state: IsolatedRestoreNodeState) -> StoredState:
-        """Persist `state` with `op` at the revision this job knows; the request digest stays."""
+        """Persist `state` with `op` at the revision this work knows; the request digest stays."""
         self.stored = await self.store.mutate(
             self.key, expected_revision=self.stored.revision, op=op, state=state
         )
@@ -90,7 +90,7 @@ class Job:
         return self.stored
 
     def log_fields(self) -> dict[str, str]:
-        """The identifying fields of every log line of this job (no secret among them)."""
+        """The identifying fields of every log line of this work (no secret among them)."""
         return {"restore_id": self.key.restore_id, "node": self.key.node_name}
 
 
@@ -102,175 +102,171 @@ def _settles_as_failure(exc: AgentError) -> bool:
 # --- prepare ------------------------------------------------------------------------------------
 
 
-async def run_prepare(job: Job) -> None:
+async def run_prepare(work: RestoreWork) -> None:
     """Have Corestore prepare the restore; ends `prepared` or `failed`.
 
     Corestore's prepare is idempotent (the same body answers the same), so the replay that
     resumes a `preparing` state left by a restart simply asks again.
     """
-    _log.info("prepare_work_started", **job.log_fields())
-    plan = job.stored.plan
+    _log.info("prepare_work_started", **work.log_fields())
+    plan = work.stored.plan
     try:
-        await job.client.prepare_restore(
-            job.key.restore_id,
-            scratch_namespace_id=job.state.scratch_namespace_id,
-            staging_archive_id=job.state.staging_archive_id,
+        await work.client.prepare_restore(
+            work.key.restore_id,
+            scratch_namespace_id=work.state.scratch_namespace_id,
+            staging_archive_id=work.state.staging_archive_id,
             resource_mappings=list(plan.resource_mappings),
             archive_manifest=plan.archive_manifest,
-            grant=job.grant,
+            grant=work.grant,
         )
-        await job.mutate(Op.PREPARE_SUCCEEDED, s.with_prepared(job.state, job.now()))
+        await work.mutate(Op.PREPARE_SUCCEEDED, s.with_prepared(work.state, work.now()))
     except AgentError as exc:
         if not _settles_as_failure(exc):
-            _log.warning("prepare_work_interrupted", **job.log_fields(), code=exc.code)
+            _log.warning("prepare_work_interrupted", **work.log_fields(), code=exc.code)
             return
-        await job.mutate(Op.PREPARE_FAILED, s.with_error(job.state, exc.code, str(exc)))
-        _log.warning("prepare_failed", **job.log_fields(), code=exc.code)
+        await work.mutate(Op.PREPARE_FAILED, s.with_error(work.state, exc.code, str(exc)))
+        _log.warning("prepare_failed", **work.log_fields(), code=exc.code)
         return
-    _log.info("prepare_work_finished", **job.log_fields(), status=job.stored.status)
+    _log.info("prepare_work_finished", **work.log_fields(), status=work.stored.status)
 
 
 # --- execute ------------------------------------------------------------------------------------
 
 
-async def run_execute(job: Job) -> None:
+async def run_execute(work: RestoreWork) -> None:
     """Restore every mapping not yet completed, then verify; ends `ready` or `failed`."""
-    _log.info("restore_work_started", **job.log_fields(), status=job.stored.status)
+    _log.info("restore_work_started", **work.log_fields(), status=work.stored.status)
     try:
-        if job.stored.status == "restoring":
-            await _restore_all(job)
-        if job.stored.status == "verifying":
-            await _verify_all(job)
+        if work.stored.status == "restoring":
+            await _restore_all(work)
+        if work.stored.status == "verifying":
+            await _verify_all(work)
     except AgentError as exc:
         if not _settles_as_failure(exc):
-            _log.warning("restore_work_interrupted", **job.log_fields(), code=exc.code)
+            _log.warning("restore_work_interrupted", **work.log_fields(), code=exc.code)
             return
-        op = Op.RESTORE_FAILED if job.stored.status == "restoring" else Op.VERIFY_FAILED
-        state = job.state
+        op = Op.RESTORE_FAILED if work.stored.status == "restoring" else Op.VERIFY_FAILED
+        state = work.state
         if op is Op.VERIFY_FAILED:
-            state = s.with_verification_finished(state, passed=False, now=job.now())
-        await job.mutate(op, s.with_error(state, exc.code, str(exc)))
-        _log.warning("restore_failed", **job.log_fields(), code=exc.code)
+            state = s.with_verification_finished(state, passed=False, now=work.now())
+        await work.mutate(op, s.with_error(state, exc.code, str(exc)))
+        _log.warning("restore_failed", **work.log_fields(), code=exc.code)
         return
-    _log.info("restore_work_finished", **job.log_fields(), status=job.stored.status)
+    _log.info("restore_work_finished", **work.log_fields(), status=work.stored.status)
 
 
-async def _restore_all(job: Job) -> None:
-    for mapping in job.stored.plan.resource_mappings:
-        if mapping.id in job.state.completed_resource_mapping_ids:
+async def _restore_all(work: RestoreWork) -> None:
+    for mapping in work.stored.plan.resource_mappings:
+        if mapping.id in work.state.completed_resource_mapping_ids:
             continue
-        status = await _restore_one(job, mapping.id)
+        status = await _restore_one(work, mapping.id)
         if status.state != "succeeded":
             code = status.error.code if status.error is not None else status.state
             message = f"Corestore could not restore resource mapping {mapping.id}: {code}"
-            await job.mutate(Op.RESTORE_FAILED, s.with_error(job.state, _RESTORE_FAILED, message))
-            _log.warning("restore_failed", **job.log_fields(), code=_RESTORE_FAILED)
+            await work.mutate(Op.RESTORE_FAILED, s.with_error(work.state, _RESTORE_FAILED, message))
+            _log.warning("restore_failed", **work.log_fields(), code=_RESTORE_FAILED)
             return
-        await job.mutate(Op.PROGRESS, s.with_completed_mapping(job.state, mapping.id))
-    await job.mutate(Op.RESTORE_SUCCEEDED, s.with_verification_started(job.state, job.now()))
+        await work.mutate(Op.PROGRESS, s.with_completed_mapping(work.state, mapping.id))
+    await work.mutate(Op.RESTORE_SUCCEEDED, s.with_verification_started(work.state, work.now()))
 
 
-async def _restore_one(job: Job, mapping_id: str) -> ResourceStatus:
-    """Start (or confirm) the restore of one mapping and poll until it is no longer running."""
-    restore_id, timeout = job.key.restore_id, job.settings.restore_timeout
-    try:
-        async with asyncio.timeout(timeout):
-            status = await job.client.restore_resource(restore_id, mapping_id, job.grant)
-            while status.state == "running":
-                await job.clock.sleep(job.settings.poll_interval)
-                status = await job.client.resource_restore_status(restore_id, mapping_id, job.grant)
-    except TimeoutError as exc:
-        raise CorestoreUnavailable(
-            f"Corestore did not finish restoring resource mapping {mapping_id} within {timeout:g} s"
-        ) from exc
-    return status
+async def _restore_one(work: RestoreWork, mapping_id: str) -> ResourceStatus:
+    """Start (or confirm) the restore of one mapping and poll until it is no longer running
+    (`CorestoreUnavailable` past `restore_timeout`)."""
+    return await work.client.wait_resource_restored(
+        work.key.restore_id,
+        mapping_id,
+        work.grant,
+        poll_interval=work.settings.poll_interval,
+        max_wait=work.settings.restore_timeout,
+    )
 
 
-async def _verify_all(job: Job) -> None:
-    done = {result.resource_mapping_id for result in job.state.verification.results}
-    for mapping in job.stored.plan.resource_mappings:
+async def _verify_all(work: RestoreWork) -> None:
+    done = {result.resource_mapping_id for result in work.state.verification.results}
+    for mapping in work.stored.plan.resource_mappings:
         if mapping.id in done:
             continue
-        answer = await job.client.verify_resource(job.key.restore_id, mapping.id, job.grant)
-        result = s.verification_result(mapping, answer, job.now())
-        await job.mutate(Op.PROGRESS, s.with_verification_result(job.state, result))
-    failed = [result for result in job.state.verification.results if result.status != "passed"]
-    now = job.now()
+        answer = await work.client.verify_resource(work.key.restore_id, mapping.id, work.grant)
+        result = s.verification_result(mapping, answer, work.now())
+        await work.mutate(Op.PROGRESS, s.with_verification_result(work.state, result))
+    failed = [result for result in work.state.verification.results if result.status != "passed"]
+    now = work.now()
     if not failed:
-        await job.mutate(Op.VERIFY_PASSED, s.with_ready(job.state, now))
+        await work.mutate(Op.VERIFY_PASSED, s.with_ready(work.state, now))
         return
     checks = sorted({c.code for r in failed for c in r.checks if c.status != "passed"})
     ids = ", ".join(result.resource_mapping_id for result in failed)
     message = f"verification failed for resource mapping(s) {ids}: " + (
         ", ".join(checks) or "no passing result"
     )
-    state = s.with_verification_finished(job.state, passed=False, now=now)
-    await job.mutate(Op.VERIFY_FAILED, s.with_error(state, _VERIFICATION_FAILED, message))
-    _log.warning("restore_failed", **job.log_fields(), code=_VERIFICATION_FAILED)
+    state = s.with_verification_finished(work.state, passed=False, now=now)
+    await work.mutate(Op.VERIFY_FAILED, s.with_error(state, _VERIFICATION_FAILED, message))
+    _log.warning("restore_failed", **work.log_fields(), code=_VERIFICATION_FAILED)
 
 
 # --- cleanup ------------------------------------------------------------------------------------
 
 
-async def run_cleanup(job: Job) -> None:
+async def run_cleanup(work: RestoreWork) -> None:
     """Delete every entry not yet cleaned; ends `cleaned` or `cleanup-failed`."""
-    _log.info("cleanup_work_started", **job.log_fields())
+    _log.info("cleanup_work_started", **work.log_fields())
     try:
-        for entry_id in s.cleanup_pending(job.state):
-            await _clean_one(job, entry_id)
-        if s.cleanup_complete(job.state):
-            await _forget_restore(job)
+        for entry_id in s.cleanup_pending(work.state):
+            await _clean_one(work, entry_id)
+        if s.cleanup_complete(work.state):
+            await _forget_restore(work)
             return
-        first = s.cleanup_entry(job.state, s.cleanup_pending(job.state)[0])
+        first = s.cleanup_entry(work.state, s.cleanup_pending(work.state)[0])
         what = (
             first.resource_mapping_id
             if isinstance(first, ResourceCleanupProgress)
             else first.staging_archive_id
         )
         state = s.with_error(
-            job.state,
+            work.state,
             first.error_code or "internal",
             f"cleanup of {what} failed: {first.error_message or 'no answer'}",
         )
-        await job.mutate(Op.CLEANUP_FAILED, state)
-        _log.warning("cleanup_failed", **job.log_fields(), code=first.error_code)
+        await work.mutate(Op.CLEANUP_FAILED, state)
+        _log.warning("cleanup_failed", **work.log_fields(), code=first.error_code)
     except AgentError as exc:
-        _log.warning("cleanup_work_interrupted", **job.log_fields(), code=exc.code)
+        _log.warning("cleanup_work_interrupted", **work.log_fields(), code=exc.code)
 
 
-async def _forget_restore(job: Job) -> None:
+async def _forget_restore(work: RestoreWork) -> None:
     """Every entry is clean: Corestore forgets the prepared restore, then `cleaned`."""
     try:
-        await job.client.delete_restore(job.key.restore_id, job.grant)
+        await work.client.delete_restore(work.key.restore_id, work.grant)
     except CorestoreError as exc:
         message = f"forgetting the prepared restore failed: {exc}"
-        await job.mutate(Op.CLEANUP_FAILED, s.with_error(job.state, exc.code, message))
-        _log.warning("cleanup_failed", **job.log_fields(), code=exc.code)
+        await work.mutate(Op.CLEANUP_FAILED, s.with_error(work.state, exc.code, message))
+        _log.warning("cleanup_failed", **work.log_fields(), code=exc.code)
         return
-    await job.mutate(Op.CLEANUP_SUCCEEDED, job.state)
-    _log.info("cleanup_work_finished", **job.log_fields(), status=job.stored.status)
+    await work.mutate(Op.CLEANUP_SUCCEEDED, work.state)
+    _log.info("cleanup_work_finished", **work.log_fields(), status=work.stored.status)
 
 
-async def _clean_one(job: Job, entry_id: str | None) -> None:
+async def _clean_one(work: RestoreWork, entry_id: str | None) -> None:
     """Delete one resource (or the staging archive): one try, recorded before and after."""
     running = s.with_cleanup_entry(
-        job.state, entry_id, status="running", now=job.now(), attempt=True
+        work.state, entry_id, status="running", now=work.now(), attempt=True
     )
-    await job.mutate(Op.PROGRESS, running)
+    await work.mutate(Op.PROGRESS, running)
     try:
         if entry_id is s.STAGING_ENTRY:
-            outcome = await job.client.delete_staging_archive(
-                job.state.staging_archive_id, job.grant
+            outcome = await work.client.delete_staging_archive(
+                work.state.staging_archive_id, work.grant
             )
         else:
-            outcome = await job.client.delete_resource(job.key.restore_id, entry_id, job.grant)
+            outcome = await work.client.delete_resource(work.key.restore_id, entry_id, work.grant)
     except CorestoreError as exc:
         error = (exc.code, str(exc))
         failed = s.with_cleanup_entry(
-            job.state, entry_id, status="failed", now=job.now(), error=error
+            work.state, entry_id, status="failed", now=work.now(), error=error
         )
-        await job.mutate(Op.PROGRESS, failed)
+        await work.mutate(Op.PROGRESS, failed)
         return
-    done = s.with_cleanup_entry(job.state, entry_id, status="succeeded", now=job.now())
-    await job.mutate(Op.PROGRESS, done)
-    _log.info("cleanup_entry_done", **job.log_fields(), outcome=outcome.value)
+    done = s.with_cleanup_entry(work.state, entry_id, status="succeeded", now=work.now())
+    await work.mutate(Op.PROGRESS, done)
+    _log.info("cleanup_entry_done", **work.log_fields(), outcome=outcome.value)

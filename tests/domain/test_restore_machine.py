@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import IllegalTransition
-from agent.restore import machine
-from agent.restore.machine import (
-    GUARDED_BY_STAGING_COMPLETE,
+from agent.domain import restore_machine as machine
+from agent.domain.restore_machine import (
     IN_FLIGHT,
     NODE_STATUSES,
+    RESTORE_TABLE,
     TERMINAL,
-    TRANSITIONS,
     NodeStatus,
     Op,
-    decide,
-    render_table,
-    sources,
 )
+from agent.errors import IllegalTransition
+
+TRANSITIONS = RESTORE_TABLE.moves
+decide = RESTORE_TABLE.decide
+sources = RESTORE_TABLE.sources
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "isolated-restore.md"
 
@@ -40,7 +40,7 @@ def _id(pair: tuple[NodeStatus | None, Op]) -> str:
 def test_legal_move_answers_the_tables_status(pair: tuple[NodeStatus | None, Op]) -> None:
     """A move in the table yields exactly the table's next status."""
     status, op = pair
-    assert decide(status, op, revision=7, staging_complete=True) == TRANSITIONS[pair]
+    assert decide(status, op, revision=7, guard=True) == TRANSITIONS[pair]
 
 
 @pytest.mark.parametrize("pair", ILLEGAL, ids=_id)
@@ -51,7 +51,7 @@ def test_illegal_move_raises_with_operation_status_and_revision(
     status, op = pair
     before = dict(TRANSITIONS)
     with pytest.raises(IllegalTransition) as raised:
-        decide(status, op, revision=7, staging_complete=True)
+        decide(status, op, revision=7, guard=True)
     assert raised.value.code == "illegal-transition"
     assert raised.value.data == {"currentRevision": 7, "status": status}
     assert op.value in str(raised.value)
@@ -92,21 +92,19 @@ def test_stage_is_allowed_again_while_staging() -> None:
 def test_execute_before_staging_completes_is_illegal(status: NodeStatus) -> None:
     """Execute needs every manifest object written (from prepared: an empty manifest)."""
     with pytest.raises(IllegalTransition) as raised:
-        decide(status, Op.EXECUTE, revision=4, staging_complete=False)
+        decide(status, Op.EXECUTE, revision=4, guard=False)
     assert raised.value.data == {"currentRevision": 4, "status": status}
 
 
 @pytest.mark.parametrize("status", ["prepared", "staging"])
 def test_execute_once_staging_is_complete_starts_restoring(status: NodeStatus) -> None:
     """With every object written, execute moves to restoring."""
-    assert decide(status, Op.EXECUTE, revision=4, staging_complete=True) == "restoring"
+    assert decide(status, Op.EXECUTE, revision=4, guard=True) == "restoring"
 
 
 def test_only_execute_is_guarded() -> None:
     """The staging guard applies to the two execute moves and nothing else."""
-    assert frozenset({("prepared", Op.EXECUTE), ("staging", Op.EXECUTE)}) == (
-        GUARDED_BY_STAGING_COMPLETE
-    )
+    assert frozenset({("prepared", Op.EXECUTE), ("staging", Op.EXECUTE)}) == RESTORE_TABLE.guarded
 
 
 def test_cleanup_is_allowed_exactly_from_the_settled_statuses() -> None:
@@ -163,4 +161,4 @@ def test_module_docstring_lists_every_move_of_the_table() -> None:
 
 def test_docs_embed_the_rendered_table() -> None:
     """docs/isolated-restore.md shows the table exactly as the code renders it."""
-    assert render_table() in DOCS.read_text(encoding="utf-8")
+    assert RESTORE_TABLE.render() in DOCS.read_text(encoding="utf-8")

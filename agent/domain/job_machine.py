@@ -5,10 +5,10 @@ exact (cluster, node, `backup`, backupId, serviceId): one backupId is one backup
 key adds its run number (1, 2, ... per service on its node): a backup may be restored many
 times, and every restore request is a run of its own.
 
-One table, `TRANSITIONS`, says which operation may move a job from which status to which;
-`decide()` answers the next status or raises `IllegalTransition` and changes nothing. The store
-builds its compare-and-swap SQL from the same table, so an illegal move cannot be persisted
-either.
+One table, `JOB_TABLE` (an `agent.domain.table.TransitionTable`), says which operation may move a
+job from which status to which; `JOB_TABLE.decide()` answers the next status or raises
+`IllegalTransition` and changes nothing. The store builds its compare-and-swap SQL from the same
+table, so an illegal move cannot be persisted either.
 
     from status   operation  to status   note
     ------------  ---------  ----------  ---------------------------------------------------
@@ -34,13 +34,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final, Literal, get_args
 
-from agent.errors import IllegalTransition, InvalidState
+from agent.domain.table import TransitionTable
+from agent.errors import InvalidState
 
 __all__ = [
     "JOB_KINDS",
     "JOB_STATUSES",
+    "JOB_TABLE",
     "REQUESTS",
-    "TRANSITIONS",
     "Answer",
     "JobKind",
     "JobOp",
@@ -48,11 +49,8 @@ __all__ = [
     "Meets",
     "answer",
     "backup_meets",
-    "decide",
     "render_requests",
-    "render_table",
     "restore_meets",
-    "sources",
 ]
 
 JobKind = Literal["backup", "restore"]
@@ -72,7 +70,7 @@ class JobOp(enum.StrEnum):
     RETRY = "retry"
 
 
-TRANSITIONS: Final[Mapping[tuple[JobStatus | None, JobOp], JobStatus]] = MappingProxyType(
+JOB_TABLE: Final = TransitionTable[JobStatus, JobOp](
     {
         (None, JobOp.START): "running",
         ("running", JobOp.SUCCEED): "succeeded",
@@ -81,27 +79,7 @@ TRANSITIONS: Final[Mapping[tuple[JobStatus | None, JobOp], JobStatus]] = Mapping
         ("failed", JobOp.RETRY): "running",
     }
 )
-
-
-def decide(status: JobStatus | None, op: JobOp, *, revision: int) -> JobStatus:
-    """The status `op` moves a job in `status` to, or `IllegalTransition` (nothing changes)."""
-    to = TRANSITIONS.get((status, op))
-    if to is None:
-        raise IllegalTransition(operation=op.value, status=status, current=revision)
-    return to
-
-
-def sources(op: JobOp) -> dict[JobStatus | None, JobStatus]:
-    """Every status `op` may leave, with where it goes."""
-    return {source: to for (source, each), to in TRANSITIONS.items() if each is op}
-
-
-def render_table() -> str:
-    """The table as Markdown (docs/relay.md embeds exactly this)."""
-    lines = ["| from | operation | to |", "|---|---|---|"]
-    for (source, op), to in TRANSITIONS.items():
-        lines.append(f"| {source or '(absent)'} | `{op.value}` | {to} |")
-    return "\n".join(lines)
+"""The job machine (no guarded moves)."""
 
 
 # --- the request rule -----------------------------------------------------------------------
