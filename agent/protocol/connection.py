@@ -104,14 +104,13 @@ from agent.protocol.events import (
 from agent.protocol.ids import new_uni_id
 from agent.protocol.markers import find_stream_ids
 from agent.protocol.settings import ConnectionSettings, StreamSettings
-from agent.protocol.stream_initiator import UNSERVED, InitiatorState, InitiatorStream
+from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 from agent.protocol.stream_registry import StreamRegistry
 from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role
 
 __all__ = [
     "MAX_CHUNK",
     "UNKNOWN_METHOD_TEXT",
-    "UNSERVED",
     "ChunkToDecode",
     "ChunkToken",
     "Completed",
@@ -219,15 +218,12 @@ class Connection:
         if stream is not None:
             if not stream.done:
                 return None
-            return (
-                StreamBroke(stream_id, stream.broken_reason)
-                if stream.broken
-                else StreamEnded(stream_id)
-            )
+            return _outcome(stream)
         past = self._streams.past(stream_id)
-        if past == "":
-            return StreamEnded(stream_id)
-        return StreamBroke(stream_id, past or "the connection knows no such stream")
+        if past is None:
+            return StreamBroke(stream_id, "the connection knows no such stream")
+        reason, not_served = past
+        return StreamBroke(stream_id, reason, not_served) if reason else StreamEnded(stream_id)
 
     # --- what goes in: frames, the transport's end and time ------------------------------------
 
@@ -499,9 +495,11 @@ class Connection:
         if stream is not None:
             return stream
         past = self._streams.past(stream_id)
-        if past == "":
+        if past is None:
+            raise StreamBroken(f"stream {stream_id} broke: the stream is gone")
+        if not past[0]:
             raise InvalidState(f"stream {stream_id} is over")
-        raise StreamBroken(f"stream {stream_id} broke: {past or 'the stream is gone'}")
+        raise StreamBroke(stream_id, *past).error()
 
     def _write(self, stream: _Stream, piece: bytes | bytearray | memoryview, now: float) -> None:
         if isinstance(stream, ResponderStream):
@@ -515,10 +513,7 @@ class Connection:
         it changed (two in a row are one)."""
         if stream.done and not stream.end_reported:
             stream.end_reported = True
-            sid = stream.stream_id
-            self._events.append(
-                StreamBroke(sid, stream.broken_reason) if stream.broken else StreamEnded(sid)
-            )
+            self._events.append(_outcome(stream))
             return
         events = self._events
         last = events[-1] if events else None
@@ -635,3 +630,10 @@ class Connection:
         if initiator is not None:
             self._touch(initiator)
             self._pump(initiator, now)
+
+
+def _outcome(stream: _Stream) -> StreamEnded | StreamBroke:
+    """How `stream`, being over, ended."""
+    if stream.broken:
+        return StreamBroke(stream.stream_id, stream.broken_reason, stream.not_served)
+    return StreamEnded(stream.stream_id)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agent.errors import StreamBroken, StreamNotServed
 from agent.protocol.calls import Completed, Failed
 
 __all__ = [
@@ -58,10 +59,17 @@ class StreamEnded:
 
 @dataclass(frozen=True, slots=True)
 class StreamBroke:
-    """Stream `stream_id` is over without its end, for `reason`."""
+    """Stream `stream_id` is over without its end, for `reason`; `not_served` when the peer
+    answered our `read` by echoing it (it cannot serve a stream in a response)."""
 
     stream_id: str
     reason: str
+    not_served: bool = False
+
+    def error(self) -> StreamBroken:
+        """The error a reader or writer of the stream gets: `StreamNotServed` or `StreamBroken`."""
+        kind = StreamNotServed if self.not_served else StreamBroken
+        return kind(f"stream {self.stream_id} broke: {self.reason}")
 
 
 class ChunkToken(Protocol):

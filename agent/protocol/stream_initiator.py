@@ -27,7 +27,7 @@ import enum
 from collections import deque
 from collections.abc import Callable
 
-from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
+from agent.errors import InvalidState, RemoteProtocolError, StreamBroken, StreamNotServed
 from agent.protocol.chunks import CLOSING, ChunkForm, Closing, decode_chunk, encode_chunk
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage
@@ -70,6 +70,7 @@ class InitiatorStream:
         self.role = role
         self.state = InitiatorState.PENDING
         self.broken_reason = ""
+        self.not_served = False  # broken because the peer echoed our frame: it serves no `read`
         self._window = settings.window
         self._interval = settings.park_timeout
         self._timeout = settings.idle_timeout
@@ -214,6 +215,9 @@ class InitiatorStream:
             self._keepalive_cycle = self._data_cycle = None
             if self.state is InitiatorState.OPEN:
                 self._break(UNSERVED)
+                # An echoed `read`: this peer serves no stream in a response (StreamNotServed);
+                # an echoed data frame of ours is a break like any other.
+                self.not_served = self.role is Role.RECEIVE
 
     def _on_keepalive(self, package: StreamPackage, now: float) -> None:
         if self.state is not InitiatorState.OPEN:
@@ -279,7 +283,7 @@ class InitiatorStream:
             return item
         if self.state is InitiatorState.BROKEN:
             self._reader_done = True
-            raise StreamBroken(f"stream {self.stream_id} broke: {self.broken_reason}")
+            raise self._broken_error()
         return None
 
     def stop_reading(self) -> None:
@@ -307,7 +311,7 @@ class InitiatorStream:
         if self.role is not Role.SEND:
             raise InvalidState("producer call on a stream we receive on")
         if self.state is InitiatorState.BROKEN:
-            raise StreamBroken(f"stream {self.stream_id} broke: {self.broken_reason}")
+            raise self._broken_error()
         if self._queued_close:
             raise InvalidState("the stream is already closed")
 
@@ -315,6 +319,10 @@ class InitiatorStream:
         if to not in TRANSITIONS[self.state]:
             raise InvalidState(f"stream {self.stream_id}: {self.state.value} -> {to.value}")
         self.state = to
+
+    def _broken_error(self) -> StreamBroken:
+        kind = StreamNotServed if self.not_served else StreamBroken
+        return kind(f"stream {self.stream_id} broke: {self.broken_reason}")
 
     def _break(self, reason: str) -> None:
         self._move(InitiatorState.BROKEN)

@@ -65,20 +65,23 @@ class StreamRegistry:
     initiators: dict[str, InitiatorStream] = field(default_factory=dict)
     _cycles: dict[str, str] = field(default_factory=dict)  # cycle id -> initiator stream id
     _echoed: dict[str, None] = field(default_factory=dict)  # cycle ids we echoed, oldest first
-    _over: dict[str, str] = field(default_factory=dict)  # forgotten id -> why it broke ("": ended)
+    # forgotten id -> (why it broke, "" if it ended; whether the peer served it not at all)
+    _over: dict[str, tuple[str, bool]] = field(default_factory=dict)
 
     def find(self, stream_id: str) -> ResponderStream | InitiatorStream | None:
         """The registered stream `stream_id`, if any."""
         stream = self.responders.get(stream_id)
         return stream if stream is not None else self.initiators.get(stream_id)
 
-    def past(self, stream_id: str) -> str | None:
-        """How forgotten stream `stream_id` ended: "" through its end, else why it broke; None
-        for an id it does not remember."""
+    def past(self, stream_id: str) -> tuple[str, bool] | None:
+        """How forgotten stream `stream_id` ended: ("", False) through its end, else why it
+        broke and whether it was not served; None for an id it does not remember."""
         return self._over.get(stream_id)
 
     def _remember(self, stream: ResponderStream | InitiatorStream) -> None:
-        self._over[stream.stream_id] = stream.broken_reason if stream.broken else ""
+        self._over[stream.stream_id] = (
+            (stream.broken_reason, stream.not_served) if stream.broken else ("", False)
+        )
         if len(self._over) > OVER_MEMORY:
             del self._over[next(iter(self._over))]
 

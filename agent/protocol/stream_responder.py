@@ -114,6 +114,8 @@ class _Parked:
 class ResponderStream:
     """One stream we answer for."""
 
+    not_served = False  # only a stream we drive can find its peer serving none
+
     def __init__(self, stream_id: str, role: Role, settings: StreamSettings, *, now: float) -> None:
         self.stream_id = stream_id
         self.role = role

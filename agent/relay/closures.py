@@ -66,7 +66,7 @@ from agent.errors import (
     StreamBroken,
     StreamNotServed,
 )
-from agent.protocol.connection import MAX_CHUNK, UNSERVED
+from agent.protocol.connection import MAX_CHUNK
 from agent.protocol.handlers import ByteSink, ByteSource
 
 __all__ = ["CloudlyCalls", "Progress", "receive_closure", "send_closure"]
@@ -227,7 +227,7 @@ async def receive_closure(
                 await asyncio.shield(closer())
         with contextlib.suppress(Exception):
             await asyncio.shield(client.abort_closure_import(import_id))
-        if isinstance(exc, StreamBroken) and UNSERVED in str(exc):
+        if isinstance(exc, StreamNotServed):
             raise StreamNotServed(
                 f"Cloudly did not serve the database closure stream of service {service_id} "
                 f"for backup {backup_id}: its TypedRequest cannot stream in a response "

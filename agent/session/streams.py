@@ -197,7 +197,7 @@ class Sink:
                     else:
                         await self._signal.wait(stall.deadline)
                 if isinstance(outcome, StreamBroke):
-                    raise StreamBroken(f"stream {stream_id} broke: {outcome.reason}")
+                    raise outcome.error()
         finally:
             owner.unwatch(stream_id)
 

@@ -6,8 +6,9 @@ from itertools import count
 
 import pytest
 
-from agent.errors import InvalidState, StreamBroken
+from agent.errors import InvalidState, StreamBroken, StreamNotServed
 from agent.protocol.chunks import CLOSING, CLOSING_BIT, encode_chunk
+from agent.protocol.events import StreamBroke
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
@@ -145,6 +146,29 @@ def test_unserved_frame_breaks_the_stream() -> None:
         stream.take()
 
 
+def test_an_unserved_read_is_the_typed_stream_not_served() -> None:
+    """An echoed `read`: the peer serves no stream in a response, and the reader is told so by
+    the error's type (not retryable), not by its text."""
+    stream = initiator(Role.RECEIVE)
+    read = by_purpose(stream.poll(0.0), "read")
+    stream.on_unserved(read.cycle_id)
+    with pytest.raises(StreamNotServed):
+        stream.take()
+    assert stream.not_served
+
+
+def test_an_unserved_data_frame_of_a_stream_we_send_is_a_plain_break() -> None:
+    """An echoed frame of a stream we send on is a break like any other (retryable)."""
+    stream = initiator(Role.SEND)
+    stream.write(b"data")
+    frame = by_purpose(stream.poll(0.0), "chunk")
+    stream.on_unserved(frame.cycle_id)
+    with pytest.raises(StreamBroken) as raised:
+        stream.write(b"more")
+    assert type(raised.value) is StreamBroken
+    assert not stream.not_served
+
+
 def test_reader_reads_while_its_window_has_room() -> None:
     """RECEIVE: read frames go out until `window` chunks wait unread."""
     stream = initiator(Role.RECEIVE)
@@ -194,3 +218,13 @@ def test_final_states_do_not_move() -> None:
     assert stream.state is InitiatorState.ENDED
     with pytest.raises(InvalidState):
         stream.arm(1.0)
+
+
+def test_a_broken_outcome_gives_the_error_its_kind_says() -> None:
+    """`StreamBroke.error()`: `StreamNotServed` for a stream the peer did not serve, else a
+    plain `StreamBroken`, both naming the stream and why."""
+    not_served = StreamBroke("s1", "echoed", not_served=True).error()
+    broken = StreamBroke("s1", "timed out").error()
+    assert isinstance(not_served, StreamNotServed)
+    assert type(broken) is StreamBroken
+    assert str(broken) == "stream s1 broke: timed out"
