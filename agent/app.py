@@ -41,6 +41,7 @@ from pathlib import Path
 import structlog
 
 from agent import __version__, statedir
+from agent.clock import SYSTEM_CLOCK, Clock
 from agent.config import Config, Secrets
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.corestore.credentials import CredentialSource, FixedCredentials
@@ -365,18 +366,20 @@ async def _tell_systemd(status: AgentStatus, notifier: Notifier) -> None:
         notifier.status(line)
 
 
-async def _step(name: str, work: Callable[[], Awaitable[None]], bound_s: float) -> bool:
-    """Await `work()` for at most `bound_s` (+ grace) seconds; log and return False if it
-    overran."""
-    started = asyncio.get_running_loop().time()
+async def _step(
+    name: str, work: Callable[[], Awaitable[None]], bound_s: float, clock: Clock = SYSTEM_CLOCK
+) -> bool:
+    """Await `work()` for at most `bound_s` (+ grace) seconds on `clock`; log and return False
+    if it overran."""
+    started = clock.monotonic()
     try:
-        async with asyncio.timeout(bound_s + _GRACE_S):
+        async with clock.timeout(bound_s + _GRACE_S):
             await work()
     except TimeoutError:
         # Expected outcome of a hung step, not a crash: no traceback, the step name says it.
         log.error("shutdown_step_overran", step=name, bound_s=bound_s)  # noqa: TRY400
         return False
-    elapsed = asyncio.get_running_loop().time() - started
+    elapsed = clock.monotonic() - started
     log.info("shutdown_step_done", step=name, seconds=round(elapsed, 3))
     return True
 

@@ -20,6 +20,7 @@ from agent.protocol.handlers import RequestContext, Routes
 from agent.secret import MASK
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 from devstack.cloudly import StandInCloudly, cluster_document
+from tests.clock import ManualClock
 from tests.session._helpers import body_route
 
 TOKEN = "machine-token-a1b2c3d4e5f60718"
@@ -255,3 +256,16 @@ async def test_the_secrets_it_reads_are_masked_in_every_log_line(
         stop.set()
     assert agent.result() is None
     assert scrub_text(f"sending {credential} now") == f"sending {MASK} now"
+
+
+async def test_a_shutdown_step_is_bounded_on_the_agents_clock() -> None:
+    """A hung step ends when the clock it was given passes its bound (+ grace), not when the
+    loop's time does: the one Clock bounds the shutdown too."""
+    clock = ManualClock()
+    hung = asyncio.Event()
+    step = asyncio.create_task(app._step("hung", hung.wait, 1.0, clock))
+    await asyncio.sleep(0)  # the step starts and enters its bound
+    assert clock.timeouts == [1.0 + app._GRACE_S]
+    assert not step.done()
+    clock.advance(clock.timeouts[0] - clock.monotonic())
+    assert await step is False
