@@ -57,9 +57,18 @@ class Backoff:
 
     def delay(self, failures: int, fraction: float) -> float:
         """The wait after `failures` consecutive failures; `fraction` is a draw from U(0, 1)."""
-        if not 0.0 <= fraction <= 1.0:
-            raise ValueError("the random draw must be in [0, 1]")
-        return fraction * self.window(failures)
+        return _draw(fraction) * self.window(failures)
+
+    def from_cap(self, fraction: float) -> float:
+        """A wait drawn from the cap's whole window (after a failure retrying cannot mend
+        soon); `fraction` is a draw from U(0, 1)."""
+        return _draw(fraction) * self.cap
+
+
+def _draw(fraction: float) -> float:
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError("the random draw must be in [0, 1]")
+    return fraction
 
 
 @dataclass(frozen=True, slots=True)

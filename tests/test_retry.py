@@ -35,6 +35,17 @@ class TestBackoff:
         """The random source must return [0, 1]: anything else is a bug, not a delay."""
         with pytest.raises(ValueError, match="random draw"):
             Backoff().delay(1, fraction)
+        with pytest.raises(ValueError, match="random draw"):
+            Backoff().from_cap(fraction)
+
+    def test_a_wait_from_the_cap_draws_over_the_caps_whole_window(self) -> None:
+        """After a failure retrying cannot mend soon, the wait is the draw times the cap."""
+        backoff = Backoff(base=0.5, cap=60.0)
+        assert (backoff.from_cap(0.0), backoff.from_cap(0.25), backoff.from_cap(1.0)) == (
+            0.0,
+            15.0,
+            60.0,
+        )
 
     @pytest.mark.parametrize(
         ("base", "cap", "factor"), [(0.0, 1.0, 2.0), (2.0, 1.0, 2.0), (1.0, 2.0, 0.5)]

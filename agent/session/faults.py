@@ -225,14 +225,8 @@ class Reconnects:
         self._failures += 1
         try:
             if permanent:  # trying again quickly cannot help: drawn from the cap's window
-                return self._rng_checked() * self._backoff.cap
+                return self._backoff.from_cap(self._rng())
             return self._backoff.delay(self._failures, self._rng())
         except ValueError:
             self._failures -= 1
             raise
-
-    def _rng_checked(self) -> float:
-        fraction = self._rng()
-        if not 0.0 <= fraction <= 1.0:
-            raise ValueError("the random draw must be in [0, 1]")
-        return fraction
