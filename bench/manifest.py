@@ -19,7 +19,7 @@ the agent CPU per staged object of the largest manifest over that of the smalles
 a per-request cost that grows with the manifest shows as a ratio above 1. The figures and the
 commands that made them are in docs/benchmarks.md. Run from the repository root:
 
-    .venv/bin/python -m bench.manifest [--sizes 10,1000,10000] [--total-bytes 10000000]
+    .venv/bin/python -m bench.manifest [--sizes 10,1000,10000] [--total-bytes 1000000]
         [--small-repeat 20] [--form buffer] [--checkout PATH] [--json out.json] [--keep]
 
 `--checkout` runs another checkout's agent (with its own `.venv`) against this checkout's
@@ -68,7 +68,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,1000,10000", help="manifest sizes, smallest first")
     parser.add_argument(
-        "--total-bytes", type=int, default=10_000_000, help="archive bytes at every size"
+        "--total-bytes", type=int, default=1_000_000, help="archive bytes at every size"
     )
     parser.add_argument(
         "--small-repeat", type=int, default=20, help="restores of the smallest manifest"

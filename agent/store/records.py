@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ChunkRecord", "ObjectRecord", "StatusSummary"]
+__all__ = ["ChunkRecord", "ManifestEntry", "ObjectRecord", "StatusSummary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,16 @@ class ObjectRecord:
     sha256: str
     written_at: int
     """Epoch milliseconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    """One object of a restore's manifest, found by its path, and whether it is written."""
+
+    size: int
+    sha256: str
+    written: bool
+    """Marked written (`mark_object_written`): its bytes are proven and committed."""
 
 
 @dataclass(frozen=True, slots=True)
