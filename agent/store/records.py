@@ -47,7 +47,9 @@ class ManifestEntry:
 class StatusSummary:
     """How many rows each status holds and when the least recently changed of them changed
     (epoch ms): node states by status, relay jobs by (kind, status). Statuses without rows
-    are left out."""
+    are left out. And how large the database is."""
 
     restores: dict[str, tuple[int, int]]
     jobs: dict[tuple[str, str], tuple[int, int]]
+    database_bytes: int = 0
+    """The database file and its WAL on disk, in bytes."""

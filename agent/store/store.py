@@ -61,7 +61,7 @@ from agent.errors import (
     StoreError,
 )
 from agent.observe import NULL_OBSERVER, StoreObserver
-from agent.store import job_table
+from agent.store import forgetting, job_table
 from agent.store.codec import (
     EncodedPlan,
     check_count,
@@ -74,6 +74,7 @@ from agent.store.codec import (
     read_plan,
     to_stored,
 )
+from agent.store.files import database_bytes
 from agent.store.records import ChunkRecord, ManifestEntry, ObjectRecord, StatusSummary
 from agent.store.startup import open_database
 from agent.store.transitions import status_moves
@@ -408,6 +409,7 @@ class RevisionStore:
         return StatusSummary(
             restores={str(status): (int(n), int(oldest)) for status, n, oldest in restores},
             jobs={(str(k), str(status)): (int(n), int(oldest)) for k, status, n, oldest in jobs},
+            database_bytes=self.file_bytes(),
         )
 
     async def restore_facts(
@@ -568,6 +570,31 @@ class RevisionStore:
                 now=self._now_ms(),
                 result=result,
             )
+
+    # --- retention (agent/store/retention.py runs it; the SQL is forgetting.py's) ------------
+
+    async def forget_expired(self, cutoff_ms: int, *, rows: int) -> forgetting.ForgetStep:
+        """One bounded step of forgetting what finished before `cutoff_ms` (at most about
+        `rows` rows, one transaction): `forgetting.forget_step`."""
+        check_count("rows", rows, minimum=1)
+        async with self._connection() as db:
+            return await forgetting.forget_step(db, cutoff_ms=cutoff_ms, rows=rows)
+
+    async def vacuum(self, *, pages: int) -> int:
+        """Give up to `pages` free pages back to the file system; the bytes freed."""
+        check_count("pages", pages, minimum=1)
+        async with self._connection() as db:
+            freed = await forgetting.vacuum_step(db, pages=pages)
+            return freed * await forgetting.page_size(db) if freed else 0
+
+    async def checkpoint(self) -> None:
+        """Move the WAL into the database file; truncate the WAL."""
+        async with self._connection() as db:
+            await forgetting.checkpoint(db)
+
+    def file_bytes(self) -> int:
+        """The database's files on disk now: the database and its WAL, in bytes."""
+        return database_bytes(self._path)
 
     # --- plumbing ---------------------------------------------------------------------------
 
