@@ -145,11 +145,7 @@ class IsolatedRestoreEngine:
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
                 assert stored is not None
                 if stored.status == "preparing" and not self.owner.working(key):
-                    plan = await self._store.plan(key)
-                    self._start(
-                        run_prepare, stored, client, grant, plan.resource_mappings,
-                        plan.archive_manifest,
-                    )  # fmt: skip
+                    self._start_prepare(stored, client, grant, await self._store.plan(key))
                 return stored.state
             current = (None, 0) if stored is None else (stored.status, stored.revision)
             RESTORE_TABLE.decide(current[0], Op.PREPARE, revision=current[1])
@@ -162,9 +158,7 @@ class IsolatedRestoreEngine:
                 plan=plan,
                 digest=digest,
             )
-            self._start(
-                run_prepare, stored, client, grant, plan.resource_mappings, plan.archive_manifest
-            )
+            self._start_prepare(stored, client, grant, plan)
             return stored.state
 
     async def stage(
@@ -323,6 +317,14 @@ class IsolatedRestoreEngine:
         )
         self._notify(stored)
         return stored
+
+    def _start_prepare(
+        self, stored: StoredState, client: CorestoreClient, grant: Secret, plan: PreparedPlan
+    ) -> None:
+        """Start the prepare work, which sends Corestore the whole plan."""
+        self._start(
+            run_prepare, stored, client, grant, plan.resource_mappings, plan.archive_manifest
+        )
 
     def _start(
         self,
