@@ -13,7 +13,8 @@
        step, the credential source watching the cluster view)
     -> LoopWatch -> HealthServer (serving on the bound socket) -> READY=1
     one TaskGroup: the engine's and the relay's background work, the session, the loop watch
-        (WATCHDOG=1 only from a healthy loop), STATUS= on every change of the session;
+        (WATCHDOG=1 only from a healthy loop), STATUS= on every change of the session, the
+        store's retention (old finished records forgotten, `[state] retention_days`);
         SIGTERM/SIGINT set `stop`
     shutdown, each step bounded: STOPPING=1 -> stop intake -> drain in-flight requests
         (drain_timeout_s) -> close the socket with 1001 -> stop the engine's background work
@@ -68,6 +69,7 @@ from agent.retry import Backoff, RetryPolicy
 from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 from agent.store import RevisionStore
+from agent.store.retention import Retention, RetentionSettings
 
 __all__ = ["run", "session_settings", "status_line"]
 
@@ -226,6 +228,9 @@ async def run(
             loop_watch=loop_watch,
             stale_after=config.cloudly.ping_interval_s + config.cloudly.ping_timeout_s,
         )
+        retention = Retention(
+            store, RetentionSettings.from_days(config.state.retention_days), observer=metrics
+        )
         address = await health.start(listener)
         resources.push_async_callback(_step, "stop the health server", health.stop, close_s)
         notifier.ready(status_line(status.snapshot()))
@@ -238,6 +243,7 @@ async def run(
                 session_task = group.create_task(session.run(), name="cloudly-session")
                 side_tasks = [
                     group.create_task(loop_watch.run(), name="loop-watch"),
+                    group.create_task(retention.run(), name="state-retention"),
                     group.create_task(_tell_systemd(status, notifier), name="systemd-status"),
                 ]
                 stop_task = group.create_task(stop.wait(), name="stop-signal")

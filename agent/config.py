@@ -292,9 +292,15 @@ class CorestoreConfig(_Section):
 
 
 class StateConfig(_Section):
-    """`[state]`: where the revision store and the agent's key live."""
+    """`[state]`: where the revision store and the agent's key live, and how long finished
+    records stay (docs/operations.md, "Retention")."""
 
     directory: FilePath = Path("/var/lib/restore-agent")
+    # Days a cleaned restore or a finished relay job stays in the store after its last change.
+    # 30: far past any repeat Cloudly may still send (a call's timeout and retries are minutes,
+    # an isolated restore's lifetime is capped by Cloudly's maximum TTL) and a month of history
+    # in /v1/restores and /v1/jobs. At most ten years.
+    retention_days: Annotated[int, Field(ge=1, le=3650)] = 30
 
 
 class StreamsConfig(_Section):

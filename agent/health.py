@@ -40,7 +40,7 @@ from agent.config import HealthListen
 from agent.errors import ConfigError, StartupBlocked, StoreError
 from agent.loopwatch import LoopWatch
 from agent.metrics import CONTENT_TYPE, Metrics
-from agent.overview import StagingTotals, job_rows, readiness, restore_rows
+from agent.overview import BYTES_STATUSES, RestoreFacts, job_rows, readiness, restore_rows
 from agent.status import AgentStatus, StatusSnapshot
 from agent.store import RevisionStore, StatusSummary
 
@@ -234,12 +234,12 @@ class HealthServer:
             return web.json_response({"error": "the revision store is not open"}, status=503)
         try:
             states = await self._store.list_states()
-            totals = await self._store.staging_totals()
+            found = await self._store.restore_facts(counted=BYTES_STATUSES)
         except StoreError as exc:
             return web.json_response({"error": str(exc)}, status=503)
-        staging = {key: StagingTotals(*value) for key, value in totals.items()}
+        facts = {key: RestoreFacts(*value) for key, value in found.items()}
         body: dict[str, Any] = {
-            "restores": restore_rows(states, staging, now_ms=epoch_ms(self._clock)),
+            "restores": restore_rows(states, facts, now_ms=epoch_ms(self._clock)),
         }
         return web.json_response(body)
 

@@ -22,6 +22,11 @@ the library's process and platform collectors are registered on it too.
                                                           of them changed (0: none)
     restore_agent_jobs{kind,status}                       relay jobs in the store
     restore_agent_jobs_oldest_seconds{kind,status}        the same for them
+    restore_agent_retention_deleted_total{what}           old finished records retention
+                                                          forgot: restore | job
+    restore_agent_retention_freed_bytes_total             database bytes retention gave back
+                                                          to the file system
+    restore_agent_state_database_bytes                    the database file and its WAL
     restore_agent_staged_bytes_total                      chunk bytes Corestore accepted
     restore_agent_verified_bytes_total                    bytes of objects proven complete
     restore_agent_chunk_retries_total{reason}             unavailable | integrity
@@ -153,6 +158,23 @@ class Metrics:
             ["kind", "status"],
             registry=r,
         )
+        self._retention_deleted = Counter(
+            f"{_NS}_retention_deleted",
+            "Old finished records retention forgot: restore (a node state with its plan and "
+            "staging rows) or job (a relay job).",
+            ["what"],
+            registry=r,
+        )
+        self._retention_freed = Counter(
+            f"{_NS}_retention_freed_bytes",
+            "Bytes of the state database retention gave back to the file system.",
+            registry=r,
+        )
+        self._database_bytes = Gauge(
+            f"{_NS}_state_database_bytes",
+            "The state database file and its WAL on disk, in bytes.",
+            registry=r,
+        )
         self._staged = Counter(
             f"{_NS}_staged_bytes", "Chunk bytes Corestore accepted with a matching sha256.",
             registry=r,
@@ -207,6 +229,8 @@ class Metrics:
             for job_status in JOB_STATUSES:
                 self._jobs.labels(kind=kind, status=job_status).set(0)
                 self._jobs_oldest.labels(kind=kind, status=job_status).set(0)
+        for what in ("restore", "job"):
+            self._retention_deleted.labels(what=what)
         for reason in ("unavailable", "integrity"):
             self._chunk_retries.labels(reason=reason)
         for direction in ("in", "out"):
@@ -232,6 +256,7 @@ class Metrics:
             self._pong.set(snapshot.pong_latency)
         if summary is None:
             return
+        self._database_bytes.set(summary.database_bytes)
         for status in NODE_STATUSES:
             count, oldest = summary.restores.get(status, (0, now_ms))
             self._restores.labels(status=status).set(count)
@@ -278,6 +303,14 @@ class Metrics:
     def object_written(self, *, size: int) -> None:
         """Count verified bytes."""
         self._verified.inc(size)
+
+    def retention_deleted(self, *, what: str, count: int) -> None:
+        """Count records retention forgot."""
+        self._retention_deleted.labels(what=what).inc(count)
+
+    def retention_freed(self, *, count: int) -> None:
+        """Count bytes retention gave back."""
+        self._retention_freed.inc(count)
 
     def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
         """Time a Corestore attempt; an integrity refusal of a chunk is a chunk retry."""

@@ -12,6 +12,8 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
     agent/store/store.py           StoreObserver       a mutation (op, outcome, s); a chunk
                                                        recorded (bytes staged); an object
                                                        written (bytes verified)
+    agent/store/retention.py       StoreObserver       records retention forgot (restores,
+                                                       jobs); bytes it gave back to the disk
     agent/corestore/transport.py   CorestoreObserver   one HTTP attempt (route, answer kind, s);
     agent/corestore/client.py                          one resend of a route; a control
                                                        credential refused for good
@@ -71,6 +73,13 @@ class StoreObserver(Protocol):
     def object_written(self, *, size: int) -> None:
         """A staged object of `size` bytes proved complete (size, sha256 and commit)."""
 
+    def retention_deleted(self, *, what: str, count: int) -> None:
+        """Retention forgot `count` old finished records: `what` is `restore` (a node state
+        with everything it owned) or `job` (a relay job)."""
+
+    def retention_freed(self, *, count: int) -> None:
+        """Retention gave `count` bytes of the database file back to the file system."""
+
 
 class CorestoreObserver(Protocol):
     """What the Corestore HTTP edge reports."""
@@ -116,6 +125,12 @@ class NullObserver:
         """Nothing."""
 
     def object_written(self, *, size: int) -> None:
+        """Nothing."""
+
+    def retention_deleted(self, *, what: str, count: int) -> None:
+        """Nothing."""
+
+    def retention_freed(self, *, count: int) -> None:
         """Nothing."""
 
     def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:

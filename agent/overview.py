@@ -39,9 +39,10 @@ from agent.domain.jobs import StoredJob
 from agent.domain.restores import StoredState
 from agent.status import SessionState, StatusSnapshot
 
-__all__ = ["StagingTotals", "job_rows", "readiness", "restore_row", "restore_rows"]
+__all__ = ["BYTES_STATUSES", "RestoreFacts", "job_rows", "readiness", "restore_row", "restore_rows"]
 
-_BYTES_STATUSES: Final = frozenset({"prepared", "staging"})
+BYTES_STATUSES: Final = frozenset({"prepared", "staging"})
+"""The statuses whose progress is staged bytes (the store counts staging rows only for them)."""
 
 
 def readiness(
@@ -86,24 +87,26 @@ def readiness(
 
 
 @dataclass(frozen=True, slots=True)
-class StagingTotals:
-    """What the store recorded of one restore's staging: accepted chunk bytes, written
-    objects."""
+class RestoreFacts:
+    """What the store holds of one restore besides its state: its plan's counts (resource
+    mappings, manifest objects and bytes) and its staging so far (accepted chunk bytes,
+    written objects; counted in the `BYTES_STATUSES` only)."""
 
+    mappings: int = 0
+    objects: int = 0
+    total_bytes: int = 0
     chunk_bytes: int = 0
     written_objects: int = 0
 
 
-def _progress(stored: StoredState, staging: StagingTotals) -> dict[str, Any] | None:
-    state, plan = stored.state, stored.plan
-    mappings = len(plan.resource_mappings)
-    if stored.status in _BYTES_STATUSES:
-        objects = plan.archive_manifest.objects
+def _progress(stored: StoredState, facts: RestoreFacts) -> dict[str, Any] | None:
+    state, mappings = stored.state, facts.mappings
+    if stored.status in BYTES_STATUSES:
         return {
-            "done": staging.chunk_bytes,
-            "total": sum(entry.size for entry in objects),
+            "done": facts.chunk_bytes,
+            "total": facts.total_bytes,
             "unit": "bytes",
-            "objects": {"done": staging.written_objects, "total": len(objects)},
+            "objects": {"done": facts.written_objects, "total": facts.objects},
         }
     if stored.status == "restoring":
         return {
@@ -121,7 +124,7 @@ def _progress(stored: StoredState, staging: StagingTotals) -> dict[str, Any] | N
     return None
 
 
-def restore_row(stored: StoredState, staging: StagingTotals, *, now_ms: int) -> dict[str, Any]:
+def restore_row(stored: StoredState, facts: RestoreFacts, *, now_ms: int) -> dict[str, Any]:
     """One node state as the operator's JSON row (camelCase, no secret, no plan detail)."""
     state = stored.state
     return {
@@ -134,7 +137,7 @@ def restore_row(stored: StoredState, staging: StagingTotals, *, now_ms: int) -> 
         "revision": stored.revision,
         "updatedAt": stored.updated_at,
         "ageSeconds": max(0, now_ms - stored.updated_at) // 1000,
-        "progress": _progress(stored, staging),
+        "progress": _progress(stored, facts),
         "lastErrorCode": state.last_error_code,
         "lastErrorMessage": state.last_error_message,
     }
@@ -142,18 +145,16 @@ def restore_row(stored: StoredState, staging: StagingTotals, *, now_ms: int) -> 
 
 def restore_rows(
     states: Sequence[StoredState],
-    staging: Mapping[tuple[str, str, str], StagingTotals],
+    facts: Mapping[tuple[str, str, str], RestoreFacts],
     *,
     now_ms: int,
 ) -> list[dict[str, Any]]:
     """Every row, in the order given (the store gives the most recent change first)."""
-    empty = StagingTotals()
+    empty = RestoreFacts()
     return [
         restore_row(
             stored,
-            staging.get(
-                (stored.key.cluster_id, stored.key.node_name, stored.key.restore_id), empty
-            ),
+            facts.get((stored.key.cluster_id, stored.key.node_name, stored.key.restore_id), empty),
             now_ms=now_ms,
         )
         for stored in states

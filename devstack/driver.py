@@ -141,6 +141,11 @@ class RestoreDriver:
     revision: int = 0
     state: dict[str, Any] | None = None
     issued_grants: list[str] = field(default_factory=list)
+    # The plan's objects by path, for the plan they were indexed from (a stage finds its
+    # object at once, whatever the manifest's size).
+    _index: tuple[RestorePlan, dict[str, ObjectSpec]] | None = field(
+        default=None, init=False, repr=False
+    )
 
     # --- the five requests ----------------------------------------------------------------
 
@@ -190,9 +195,9 @@ class RestoreDriver:
         `stall_after`, the writer stops after that many bytes and keeps the stream open, as a
         Cloudly that hangs mid-object: its keep-alives go on until the call is answered)."""
         path = obj if isinstance(obj, str) else obj.path
-        if self.plan.object(path).sha256 is None:
+        if self._spec(path).sha256 is None:
             await self.compute_digests()
-        spec = self.plan.object(path)
+        spec = self._spec(path)
         expected = self.revision if expected_revision is None else expected_revision
 
         async def attempt() -> dict[str, Any]:
@@ -241,6 +246,12 @@ class RestoreDriver:
                 if state is not None and state["status"] in statuses:
                     return state
                 await self.clock.sleep(self.poll_interval)
+
+    def _spec(self, path: str) -> ObjectSpec:
+        """The plan's object at `path`."""
+        if self._index is None or self._index[0] is not self.plan:
+            self._index = (self.plan, {spec.path: spec for spec in self.plan.objects})
+        return self._index[1][path]
 
     # --- calls ----------------------------------------------------------------------------
 

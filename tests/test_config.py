@@ -81,6 +81,7 @@ def test_minimal_file_gets_every_default(tmp_path: Path) -> None:
     assert config.corestore.transfer_timeout_s == 300.0
     assert config.corestore.restore_poll_interval_s == 1.0
     assert config.state.directory == Path("/var/lib/restore-agent")
+    assert config.state.retention_days == 30
     assert (config.streams.window, config.streams.idle_timeout_s) == (16, 10.0)
     assert config.streams.window_bytes == 8 * 1024 * 1024
     assert config.streams.chunk_form == "buffer"
@@ -402,6 +403,14 @@ REFUSALS = [
     (
         ("", "[shutdown]\nclose_timeout_s = 86401\n"),
         "config shutdown.close_timeout_s: must be <= 86400, got 86401",
+    ),
+    (
+        ("", "[state]\nretention_days = 0\n"),
+        "config state.retention_days: must be >= 1, got 0",
+    ),
+    (
+        ("", "[state]\nretention_days = 3651\n"),
+        "config state.retention_days: must be <= 3650, got 3651",
     ),
     (
         ("https://", "ftp://"),

@@ -109,3 +109,26 @@ def test_a_credential_rejection_is_counted() -> None:
     metrics.credential_rejected()
     metrics.credential_rejected()
     assert _value(metrics, "restore_agent_corestore_credential_rejections_total") == 2
+
+
+def test_what_retention_forgot_is_counted_by_kind() -> None:
+    """`retention_deleted_total{what}` adds up each report; both kinds exist from the start."""
+    metrics = Metrics()
+    assert _value(metrics, "restore_agent_retention_deleted_total", what="job") == 0
+    metrics.retention_deleted(what="restore", count=3)
+    metrics.retention_deleted(what="restore", count=2)
+    assert _value(metrics, "restore_agent_retention_deleted_total", what="restore") == 5
+
+
+def test_the_bytes_retention_gave_back_are_counted() -> None:
+    """`retention_freed_bytes_total` adds up the bytes of each incremental vacuum."""
+    metrics = Metrics()
+    metrics.retention_freed(count=4096)
+    metrics.retention_freed(count=8192)
+    assert _value(metrics, "restore_agent_retention_freed_bytes_total") == 12288
+
+
+def test_the_database_size_is_a_gauge_read_at_scrape_time() -> None:
+    """`state_database_bytes` is the store summary's size of the database files."""
+    metrics = _refreshed(StatusSummary(restores={}, jobs={}, database_bytes=123_456))
+    assert _value(metrics, "restore_agent_state_database_bytes") == 123_456

@@ -15,10 +15,10 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.domain.jobs import JobKey, StoredJob
 from agent.domain.restores import StoredState
-from agent.overview import StagingTotals, job_rows, readiness, restore_row
+from agent.overview import RestoreFacts, job_rows, readiness, restore_row
 from agent.status import ClusterSummary, NodeSummary, SessionState, StatusSnapshot
 from agent.statusview import render
-from tests.store.states import KEY, node_state, plan
+from tests.store.states import KEY, node_state
 
 NOW = 1_000_000.0
 CLUSTER = ClusterSummary(
@@ -83,15 +83,17 @@ def _stored(status: str, **changes: Any) -> StoredState:
         revision=4,
         status=status,  # type: ignore[arg-type]
         state=node_state(status=status, revision=4, **changes),
-        plan=plan(),
         mutation_digest=None,
         updated_at=int(NOW * 1000) - 90_500,
     )
 
 
+ONE_MAPPING = RestoreFacts(mappings=1)
+
+
 def test_a_row_names_the_key_status_revision_and_age() -> None:
     """Age is whole seconds since the last change; a finished state has no progress."""
-    row = restore_row(_stored("ready"), StagingTotals(), now_ms=int(NOW * 1000))
+    row = restore_row(_stored("ready"), ONE_MAPPING, now_ms=int(NOW * 1000))
     assert row == {
         "clusterId": "cluster-1",
         "nodeId": "node-1",
@@ -108,12 +110,15 @@ def test_a_row_names_the_key_status_revision_and_age() -> None:
 
 def test_staging_progress_is_bytes_of_the_manifest() -> None:
     """While staging: bytes Corestore accepted of the manifest's total, and objects written."""
-    row = restore_row(_stored("staging"), StagingTotals(4096, 0), now_ms=int(NOW * 1000))
+    facts = RestoreFacts(
+        mappings=1, objects=3, total_bytes=9000, chunk_bytes=4096, written_objects=1
+    )
+    row = restore_row(_stored("staging"), facts, now_ms=int(NOW * 1000))
     assert row["progress"] == {
         "done": 4096,
-        "total": 0,  # the helper's plan has an empty manifest
+        "total": 9000,
         "unit": "bytes",
-        "objects": {"done": 0, "total": 0},
+        "objects": {"done": 1, "total": 3},
     }
 
 
@@ -147,7 +152,7 @@ def test_restore_and_verification_progress_count_resource_mappings(
     if "verification" in changes:
         base = node_state()
         changes = {"verification": base.verification.model_copy(update=changes["verification"])}
-    row = restore_row(_stored(status, **changes), StagingTotals(), now_ms=int(NOW * 1000))
+    row = restore_row(_stored(status, **changes), ONE_MAPPING, now_ms=int(NOW * 1000))
     assert row["progress"] == {"done": done, "total": 1, "unit": "resources"}
 
 
@@ -166,7 +171,7 @@ def test_cleanup_progress_counts_finished_resources() -> None:
             staging_archive_id="staging-1", status="pending", attempts=0
         ),
     )
-    row = restore_row(_stored("cleaning", cleanup=cleanup), StagingTotals(), now_ms=int(NOW * 1000))
+    row = restore_row(_stored("cleaning", cleanup=cleanup), ONE_MAPPING, now_ms=int(NOW * 1000))
     assert row["progress"] == {"done": 1, "total": 2, "unit": "resources"}
 
 

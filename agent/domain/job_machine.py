@@ -38,6 +38,7 @@ from agent.domain.table import TransitionTable
 from agent.errors import InvalidState
 
 __all__ = [
+    "FINISHED",
     "JOB_KINDS",
     "JOB_STATUSES",
     "JOB_TABLE",
@@ -69,6 +70,12 @@ class JobOp(enum.StrEnum):
     RESUME = "resume"
     RETRY = "retry"
 
+
+FINISHED: Final[frozenset[JobStatus]] = frozenset({"succeeded", "failed"})
+"""The statuses a job's work has ended in, which retention may forget once old enough. A
+forgotten job is a key with no job: its request then meets `NOTHING` and starts (for a failed
+backup the same as `retry`; for a succeeded one a rerun that Corestore's idempotent backup PUT
+answers with the same record; docs/relay.md, "Retention")."""
 
 JOB_TABLE: Final = TransitionTable[JobStatus, JobOp](
     {

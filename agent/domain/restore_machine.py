@@ -59,6 +59,7 @@ from agent.contracts.isolatedrestore import NODE_STATUSES, NodeStatus
 from agent.domain.table import TransitionTable
 
 __all__ = [
+    "FORGETTABLE",
     "IN_FLIGHT",
     "NODE_STATUSES",
     "RESTORE_TABLE",
@@ -127,3 +128,11 @@ IN_FLIGHT: Final[frozenset[NodeStatus]] = frozenset(
 
 TERMINAL: Final = RESTORE_TABLE.terminal(NODE_STATUSES)
 """Statuses no operation leaves (`cleaned`)."""
+
+FORGETTABLE: Final[frozenset[NodeStatus]] = TERMINAL
+"""The statuses retention may forget once old enough: the terminal ones only (`cleaned`).
+`failed` and `cleanup-failed` are left by `cleanup` and may still hold scratch resources and a
+staging archive on Corestore that only a cleanup removes (seed 000: a failed restore "must
+proceed through cleanup before its source-backup hold can be released"; cleanup-failed "remains
+retryable"): forgetting them would turn Cloudly's next cleanup into `restore-not-found` and
+leak what they hold. An in-flight or idle state is Cloudly's to finish or expire."""

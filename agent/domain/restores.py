@@ -4,8 +4,10 @@
 - `PreparedPlan`: what the prepare request fixed for the rest of the restore and the engine keeps
   next to the state (never sent): the resource mappings (execute, cleanup) and the archive
   manifest (stage). Cloudly does not resend them. `plan_of()` takes it from the request.
-- `StoredState`: one node state as the store holds it (the frozen contract model, its plan, the
-  digest of the request that last moved it).
+- `StoredState`: one node state as the store holds it (the frozen contract model and the digest
+  of the request that last moved it). Its plan is not part of it: it never changes after
+  prepare, and the store keeps it apart (`RevisionStore.plan`, `resource_mappings`, and keyed
+  lookups of its manifest), so a request reads only what it needs.
 
 The engine builds these, the store persists and returns them; only the store's codec turns them
 into JSON and back.
@@ -73,14 +75,13 @@ class StoredState:
 
     `state` is the node state with the fields the store owns taken from the row: `restoreId`,
     `clusterId`, `targetNodeName`, `revision`, `status`, `updatedAt` (so `revision` and `status`
-    here always equal the state's). `plan` is the engine's own `PreparedPlan` (never sent).
+    here always equal the state's).
     """
 
     key: RestoreKey
     revision: int
     status: NodeStatus
     state: IsolatedRestoreNodeState
-    plan: PreparedPlan
     mutation_digest: str | None
     """`request_digest()` of the last request that mutated this row (kept by progress writes)."""
     updated_at: int

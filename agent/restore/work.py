@@ -41,12 +41,17 @@ from dataclasses import dataclass, field
 import structlog
 
 from agent.clock import Clock, epoch_ms
-from agent.contracts.isolatedrestore import IsolatedRestoreNodeState, ResourceCleanupProgress
+from agent.contracts.backup import BackupArchiveManifest
+from agent.contracts.isolatedrestore import (
+    IsolatedRestoreNodeState,
+    ResourceCleanupProgress,
+    ResourceMapping,
+)
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import ResourceStatus
 from agent.domain.restore_machine import Op
 from agent.domain.restores import RestoreKey, StoredState
-from agent.errors import AgentError, CorestoreError, TransferError
+from agent.errors import AgentError, CorestoreError, InvalidState, TransferError
 from agent.restore import state as s
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
@@ -71,6 +76,8 @@ class RestoreWork:
     clock: Clock
     notify: Callable[[StoredState], None]
     stored: StoredState  # the latest state this work wrote or started from
+    mappings: tuple[ResourceMapping, ...]  # the plan's, fixed at prepare
+    manifest: BackupArchiveManifest | None = None  # the plan's, for the prepare work only
 
     def now(self) -> int:
         """The clock's wall time in epoch milliseconds (the state's timestamps)."""
@@ -109,14 +116,15 @@ async def run_prepare(work: RestoreWork) -> None:
     resumes a `preparing` state left by a restart simply asks again.
     """
     _log.info("prepare_work_started", **work.log_fields())
-    plan = work.stored.plan
+    if work.manifest is None:
+        raise InvalidState("the prepare work needs the plan's manifest")
     try:
         await work.client.prepare_restore(
             work.key.restore_id,
             scratch_namespace_id=work.state.scratch_namespace_id,
             staging_archive_id=work.state.staging_archive_id,
-            resource_mappings=list(plan.resource_mappings),
-            archive_manifest=plan.archive_manifest,
+            resource_mappings=list(work.mappings),
+            archive_manifest=work.manifest,
             grant=work.grant,
         )
         await work.mutate(Op.PREPARE_SUCCEEDED, s.with_prepared(work.state, work.now()))
@@ -156,7 +164,7 @@ async def run_execute(work: RestoreWork) -> None:
 
 
 async def _restore_all(work: RestoreWork) -> None:
-    for mapping in work.stored.plan.resource_mappings:
+    for mapping in work.mappings:
         if mapping.id in work.state.completed_resource_mapping_ids:
             continue
         status = await _restore_one(work, mapping.id)
@@ -184,7 +192,7 @@ async def _restore_one(work: RestoreWork, mapping_id: str) -> ResourceStatus:
 
 async def _verify_all(work: RestoreWork) -> None:
     done = {result.resource_mapping_id for result in work.state.verification.results}
-    for mapping in work.stored.plan.resource_mappings:
+    for mapping in work.mappings:
         if mapping.id in done:
             continue
         answer = await work.client.verify_resource(work.key.restore_id, mapping.id, work.grant)

@@ -5,10 +5,11 @@ It takes and returns the domain's values (`agent.domain`: `RestoreKey`, `StoredS
 engine.
 
 - `store`: `RevisionStore` — open/check/migrate the database, `get`, `mutate`, `list_unfinished`,
-  the resumable-staging progress (`record_chunk`, `verified_chunks`, `mark_object_written`,
-  `written_objects`, `forget_object`) and the relay jobs (`get_job`, `list_jobs`,
-  `running_restore`, `move_job`; their SQL in `job_table`).
-- `records`: the staging-progress records it returns (`ChunkRecord`, `ObjectRecord`) and
+  the plan written once at prepare (`plan`, `resource_mappings`, `manifest_entry`,
+  `staging_complete`), the resumable-staging progress (`record_chunk`, `verified_chunks`,
+  `mark_object_written`, `written_objects`, `forget_object`) and the relay jobs (`get_job`,
+  `list_jobs`, `running_restore`, `move_job`; their SQL in `job_table`).
+- `records`: the records it returns (`ChunkRecord`, `ObjectRecord`, `ManifestEntry`) and
   `StatusSummary` for the metrics.
 - `codec`: node states and plans to JSON and back; `transitions`: a table's moves as SQL.
 - `schema`: the ordered migrations; `startup`: the start-up checks.

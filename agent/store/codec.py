@@ -4,8 +4,11 @@ The one place a node state is serialised for the store. `encode_state` writes th
 JSON without the six fields the store owns (`restoreId`, `clusterId`, `targetNodeName`,
 `revision`, `status`, `updatedAt`); `to_stored` reads a row back into the model with those
 fields filled in from the row's columns, so the row has one source of truth for each.
-`encode_plan` writes the engine's `PreparedPlan` (the private column) as its wire JSON. A row
-that no longer reads as the models is a `StoreError` naming the field, never its value.
+`encode_plan` writes the engine's `PreparedPlan` once, at prepare, for the `restore_plan` row
+(its mappings' and its manifest's wire JSON, apart, with their counts) and the
+`manifest_object` rows (one per manifest object); `read_plan` reads it back, `read_mappings`
+only its mappings (what execute and cleanup need: a large manifest is never parsed for them). A
+row that no longer reads as the models is a `StoreError` naming the field, never its value.
 
 The guard: nothing that is or holds a `Secret`, or carries a `restoreGrant` field or key at any
 depth (a pass-through document's extra fields included), is ever written.
@@ -18,23 +21,32 @@ import json
 import re
 import sqlite3
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from agent.contracts.base import WireModel, first_problem
-from agent.contracts.isolatedrestore import NODE_STATUSES, IsolatedRestoreNodeState, NodeStatus
+from agent.contracts.isolatedrestore import (
+    NODE_STATUSES,
+    IsolatedRestoreNodeState,
+    NodeStatus,
+    ResourceMapping,
+)
 from agent.domain.restores import PreparedPlan, RestoreKey, StoredState
 from agent.errors import InvalidState, StoreError
 from agent.secret import Secret
 
 __all__ = [
+    "EncodedPlan",
     "check_count",
     "check_path",
     "check_sha256",
     "encode_plan",
     "encode_state",
     "is_sha256",
+    "read_mappings",
+    "read_plan",
     "to_stored",
 ]
 
@@ -114,12 +126,63 @@ def encode_state(key: RestoreKey, state: IsolatedRestoreNodeState) -> str:
     return _json("state", {k: v for k, v in wire.items() if k not in _OWNED_FIELDS})
 
 
-def encode_plan(plan: PreparedPlan) -> str:
-    """The plan's wire JSON (camelCase: `resourceMappings`, `archiveManifest`)."""
+@dataclass(frozen=True, slots=True)
+class EncodedPlan:
+    """A plan as the store writes it: the `restore_plan` row's values and the manifest's rows."""
+
+    mappings_json: str
+    manifest_json: str
+    mapping_count: int
+    object_count: int
+    manifest_bytes: int
+    objects: list[tuple[str, int, str]]
+    """(path, size, sha256) of every manifest object, in manifest order."""
+
+
+def encode_plan(plan: PreparedPlan) -> EncodedPlan:
+    """The plan's parts as wire JSON (camelCase), counted, and its manifest as rows."""
     if not isinstance(plan, PreparedPlan):
         raise InvalidState("plan must be a PreparedPlan")
     _refuse_secrets(plan, "plan")
-    return _json("plan", plan.to_wire())
+    wire = plan.to_wire()
+    objects = plan.archive_manifest.objects
+    return EncodedPlan(
+        mappings_json=_json_list("plan", wire["resourceMappings"]),
+        manifest_json=_json("plan", wire["archiveManifest"]),
+        mapping_count=len(plan.resource_mappings),
+        object_count=len(objects),
+        manifest_bytes=sum(entry.size for entry in objects),
+        objects=[(entry.path, entry.size, entry.sha256) for entry in objects],
+    )
+
+
+def _json_list(where: str, value: list[Any]) -> str:
+    try:
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidState(f"{where} is not JSON: {exc}") from exc
+
+
+_NO_MANIFEST: Final = '{"objects":[]}'
+
+
+def read_plan(mappings_json: str, manifest_json: str) -> PreparedPlan:
+    """The `PreparedPlan` of a `restore_plan` row."""
+    return _read(
+        PreparedPlan,
+        {
+            "resourceMappings": json.loads(mappings_json),
+            "archiveManifest": json.loads(manifest_json),
+        },
+        "plan",
+    )
+
+
+def read_mappings(mappings_json: str) -> list[ResourceMapping]:
+    """The resource mappings of a `restore_plan` row (its manifest left unread)."""
+    return read_plan(mappings_json, _NO_MANIFEST).resource_mappings
 
 
 def _read(model: type[_W], data: Any, what: str) -> _W:
@@ -135,7 +198,7 @@ def _read(model: type[_W], data: Any, what: str) -> _W:
 
 def to_stored(row: sqlite3.Row | tuple[Any, ...]) -> StoredState:
     """A `restore_state` row (`_COLUMNS` order) as a `StoredState` with the owned fields set."""
-    cluster_id, node_name, restore_id, revision, status, state_json, plan_json, digest, at = row
+    cluster_id, node_name, restore_id, revision, status, state_json, digest, at = row
     key = RestoreKey(cluster_id, node_name, restore_id)
     typed_status = _STATUS.get(status)
     if typed_status is None:
@@ -150,13 +213,11 @@ def to_stored(row: sqlite3.Row | tuple[Any, ...]) -> StoredState:
         updatedAt=at,
     )
     state = _read(IsolatedRestoreNodeState, data, "state")
-    plan = _read(PreparedPlan, json.loads(plan_json), "plan")
     return StoredState(
         key=key,
         revision=revision,
         status=typed_status,
         state=state,
-        plan=plan,
         mutation_digest=digest,
         updated_at=at,
     )

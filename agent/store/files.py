@@ -1,4 +1,4 @@
-"""File-system edges of the state database: private modes and moving a damaged file aside.
+"""File-system edges of the state database: private modes, moving a damaged file aside, size.
 
 The directory is 0700 and the database 0600 whatever the umask: the file is created by us with
 `O_CREAT` and mode 0600 before SQLite opens it, and SQLite gives its `-wal` and `-shm` files the
@@ -17,6 +17,7 @@ __all__ = [
     "DB_MODE",
     "DIR_MODE",
     "SIDECAR_SUFFIXES",
+    "database_bytes",
     "ensure_private_directory",
     "ensure_private_file",
     "move_aside",
@@ -67,3 +68,14 @@ def move_aside(path: Path, now: float) -> Path:
         if sidecar.exists():
             sidecar.rename(destination.with_name(destination.name + suffix))
     return destination
+
+
+def database_bytes(path: Path) -> int:
+    """The bytes the database takes on disk now: its file and its WAL (absent ones count 0)."""
+    total = 0
+    for name in (path, path.with_name(path.name + "-wal")):
+        try:
+            total += name.stat().st_size
+        except OSError:
+            continue
+    return total

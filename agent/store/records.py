@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ChunkRecord", "ObjectRecord", "StatusSummary"]
+__all__ = ["ChunkRecord", "ManifestEntry", "ObjectRecord", "StatusSummary"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +34,22 @@ class ObjectRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    """One object of a restore's manifest, found by its path, and whether it is written."""
+
+    size: int
+    sha256: str
+    written: bool
+    """Marked written (`mark_object_written`): its bytes are proven and committed."""
+
+
+@dataclass(frozen=True, slots=True)
 class StatusSummary:
     """How many rows each status holds and when the least recently changed of them changed
     (epoch ms): node states by status, relay jobs by (kind, status). Statuses without rows
-    are left out."""
+    are left out. And how large the database is."""
 
     restores: dict[str, tuple[int, int]]
     jobs: dict[tuple[str, str], tuple[int, int]]
+    database_bytes: int = 0
+    """The database file and its WAL on disk, in bytes."""

@@ -32,6 +32,17 @@ by the agent stopping. It becomes `failed` with the error the agent records for 
 restore (`shutting-down`, retryable; docs/relay.md) and its revision moves on, so two of them
 for one service can never break the index and the next request restores anew.
 
+Version 4 keeps the prepare request's plan out of the hot row. The plan never changes after
+prepare, yet every request read `private_json` (the whole manifest) and every mutation wrote
+and returned it: `restore_plan` now holds it once (`mappings_json`, `manifest_json`, read only
+by the work that needs them, with the counts the operator's rows show), and `manifest_object`
+indexes the manifest by path, so "is this object in the manifest" and "is it written" are keyed
+lookups. Existing rows are split with SQLite's JSON functions, then `private_json` is dropped.
+The status indexes gain `updated_at` (retention finds old finished rows by them) and restore
+runs get an index of their own (a restore's `start` numbers its run by it). Retention may delete
+a restore's rows in several transactions, its children first: every child table refers to its
+`restore_state` row `ON DELETE CASCADE`, so a parent's delete never leaves an orphan.
+
 SQL only, no Python values: the status list is written out, not generated, so that changing
 the state machine can never silently rewrite a released migration.
 """
@@ -167,7 +178,69 @@ CREATE UNIQUE INDEX relay_job_one_running_restore ON relay_job (cluster_id, node
     WHERE kind = 'restore' AND status = 'running';
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3)
+_V4: Final = """
+CREATE TABLE restore_plan (
+    cluster_id     TEXT    NOT NULL,
+    node_name      TEXT    NOT NULL,
+    restore_id     TEXT    NOT NULL,
+    mappings_json  TEXT    NOT NULL,
+    manifest_json  TEXT    NOT NULL,
+    mapping_count  INTEGER NOT NULL CHECK (typeof(mapping_count) = 'integer'
+                                           AND mapping_count >= 0),
+    object_count   INTEGER NOT NULL CHECK (typeof(object_count) = 'integer'
+                                           AND object_count >= 0),
+    manifest_bytes INTEGER NOT NULL CHECK (typeof(manifest_bytes) = 'integer'
+                                           AND manifest_bytes >= 0),
+    PRIMARY KEY (cluster_id, node_name, restore_id),
+    FOREIGN KEY (cluster_id, node_name, restore_id)
+        REFERENCES restore_state (cluster_id, node_name, restore_id) ON DELETE CASCADE
+) WITHOUT ROWID;
+
+CREATE TABLE manifest_object (
+    cluster_id  TEXT    NOT NULL,
+    node_name   TEXT    NOT NULL,
+    restore_id  TEXT    NOT NULL,
+    object_path TEXT    NOT NULL CHECK (length(object_path) > 0),
+    size        INTEGER NOT NULL CHECK (typeof(size) = 'integer' AND size >= 0),
+    sha256      TEXT    NOT NULL CHECK (length(sha256) = 64),
+    PRIMARY KEY (cluster_id, node_name, restore_id, object_path),
+    FOREIGN KEY (cluster_id, node_name, restore_id)
+        REFERENCES restore_state (cluster_id, node_name, restore_id) ON DELETE CASCADE
+) WITHOUT ROWID;
+
+INSERT INTO restore_plan (
+    cluster_id, node_name, restore_id, mappings_json, manifest_json, mapping_count,
+    object_count, manifest_bytes)
+SELECT cluster_id, node_name, restore_id,
+       COALESCE(json_extract(private_json, '$.resourceMappings'), '[]'),
+       COALESCE(json_extract(private_json, '$.archiveManifest'), '{"objects":[]}'),
+       COALESCE(json_array_length(private_json, '$.resourceMappings'), 0),
+       COALESCE(json_array_length(private_json, '$.archiveManifest.objects'), 0),
+       (SELECT COALESCE(SUM(json_extract(entry.value, '$.size')), 0)
+        FROM json_each(private_json, '$.archiveManifest.objects') AS entry)
+FROM restore_state;
+
+INSERT INTO manifest_object (cluster_id, node_name, restore_id, object_path, size, sha256)
+SELECT state.cluster_id, state.node_name, state.restore_id,
+       json_extract(entry.value, '$.path'), json_extract(entry.value, '$.size'),
+       json_extract(entry.value, '$.sha256')
+FROM restore_state AS state, json_each(state.private_json, '$.archiveManifest.objects') AS entry;
+
+ALTER TABLE restore_state DROP COLUMN private_json;
+
+DROP INDEX restore_state_by_status;
+
+CREATE INDEX restore_state_by_status ON restore_state (status, updated_at);
+
+DROP INDEX relay_job_by_status;
+
+CREATE INDEX relay_job_by_status ON relay_job (status, updated_at);
+
+CREATE INDEX relay_job_restore_runs ON relay_job (cluster_id, node_id, service_id, run)
+    WHERE kind = 'restore';
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4)
 """Ordered; index `i` upgrades version `i` to `i + 1`."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

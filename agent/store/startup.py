@@ -5,13 +5,26 @@
 calling it corrupt / not a database) is closed, moved aside to `<name>.corrupt-<UTC timestamp>`
 with its `-wal`/`-shm`, logged, and reported by raising `StoreCorrupt` (with `movedTo`). Lock or
 I/O errors are not corruption: they raise `StoreError` and the file stays where it is.
+
+The file gives freed pages back (`auto_vacuum = INCREMENTAL`; retention then runs `PRAGMA
+incremental_vacuum`, `forgetting.py`). A new database is made so from its first page. A database
+an older agent made is not (the mode of an existing file changes only by rewriting it): it is
+rewritten once by `VACUUM`, right after the migrations committed and before anything else uses
+the connection, so no transaction is open and nothing of the agent waits on it. `VACUUM` is one
+atomic write (killed half-way, the file is the old one, still in the old mode), but it needs
+room for a second copy of the database: with less than twice the files' size free beside it,
+it is not tried (`state_database_vacuum_skipped`), and when it fails
+(`state_database_vacuum_failed`) the agent starts all the same. Either way the file works as
+before: SQLite reuses the pages retention frees, so the file stops growing, it only does not
+shrink; the next start tries again.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, NoReturn
 
@@ -20,7 +33,12 @@ import structlog
 
 from agent.clock import Clock, epoch_ms
 from agent.errors import StoreCorrupt, StoreError
-from agent.store.files import ensure_private_directory, ensure_private_file, move_aside
+from agent.store.files import (
+    database_bytes,
+    ensure_private_directory,
+    ensure_private_file,
+    move_aside,
+)
 from agent.store.schema import MIGRATIONS, VERSION_TABLE, split_statements
 
 __all__ = ["open_database"]
@@ -29,6 +47,11 @@ _log = structlog.get_logger(__name__)
 
 _MIN_SQLITE: Final = (3, 35, 0)  # RETURNING
 _CORRUPT_CODES: Final = frozenset({11, 26})  # SQLITE_CORRUPT, SQLITE_NOTADB (primary codes)
+_INCREMENTAL: Final = 2  # PRAGMA auto_vacuum's INCREMENTAL
+
+
+def _free_bytes(directory: Path) -> int:
+    return shutil.disk_usage(directory).free
 
 
 def quiet_sqlite_logger() -> logging.Logger:
@@ -46,11 +69,14 @@ async def open_database(
     busy_timeout: float,
     clock: Clock,
     migrations: Sequence[str] = MIGRATIONS,
+    free_bytes: Callable[[Path], int] = _free_bytes,
 ) -> aiosqlite.Connection:
-    """A checked, configured, migrated autocommit connection to `path` (created if missing).
+    """A checked, configured, migrated autocommit connection to `path` (created if missing),
+    in `auto_vacuum = INCREMENTAL` unless the one `VACUUM` that switches an older file could
+    not run (module docstring).
 
     `migrations` is injectable so tests can prove the upgrade path; production uses
-    `schema.MIGRATIONS`.
+    `schema.MIGRATIONS`. `free_bytes(directory)` is the room left beside the file.
     """
     directory = path.parent
     if sqlite3.sqlite_version_info < _MIN_SQLITE:
@@ -73,6 +99,7 @@ async def open_database(
             _move_aside_and_raise(path, problem, clock.time())
         await _configure(db, path)
         await _migrate(db, migrations, epoch_ms(clock))
+        await _switch_to_incremental_vacuum(db, path, free_bytes, clock)
     except sqlite3.Error as exc:
         await db.close()
         raise StoreError(f"cannot open the state database {path}: {exc}") from exc
@@ -116,12 +143,53 @@ def _move_aside_and_raise(path: Path, problem: str, now: float) -> NoReturn:
 
 
 async def _configure(db: aiosqlite.Connection, path: Path) -> None:
-    """WAL (persistent in the file), FULL sync and foreign keys (per connection)."""
+    """Incremental vacuum (takes effect on a new file, before its first table), WAL
+    (persistent in the file), FULL sync and foreign keys (per connection)."""
+    await db.execute_fetchall("PRAGMA auto_vacuum = INCREMENTAL")
     rows = list(await db.execute_fetchall("PRAGMA journal_mode = WAL"))
     if rows[0][0] != "wal":
         raise StoreError(f"the state database {path} cannot use WAL mode ({rows[0][0]})")
     await db.execute_fetchall("PRAGMA synchronous = FULL")
     await db.execute_fetchall("PRAGMA foreign_keys = ON")
+
+
+async def _switch_to_incremental_vacuum(
+    db: aiosqlite.Connection, path: Path, free_bytes: Callable[[Path], int], clock: Clock
+) -> None:
+    """Rewrite an older file once into `auto_vacuum = INCREMENTAL` (module docstring)."""
+    rows = list(await db.execute_fetchall("PRAGMA auto_vacuum"))
+    if int(rows[0][0]) == _INCREMENTAL:
+        return
+    before = database_bytes(path)
+    free = free_bytes(path.parent)
+    if free < 2 * before:
+        _log.warning(
+            "state_database_vacuum_skipped",
+            path=str(path),
+            database_bytes=before,
+            free_bytes=free,
+            hint="the file keeps its size (freed pages are reused); the next start tries again",
+        )
+        return
+    started = clock.monotonic()
+    try:
+        await db.execute_fetchall("PRAGMA auto_vacuum = INCREMENTAL")
+        await db.execute_fetchall("VACUUM")
+    except sqlite3.Error as exc:
+        _log.warning(
+            "state_database_vacuum_failed",
+            path=str(path),
+            error=str(exc),
+            hint="the file keeps its size (freed pages are reused); the next start tries again",
+        )
+        return
+    _log.info(
+        "state_database_vacuumed",
+        path=str(path),
+        bytes_before=before,
+        bytes_after=database_bytes(path),
+        seconds=round(clock.monotonic() - started, 3),
+    )
 
 
 def _check_schema_version(current: int, known: int) -> None:

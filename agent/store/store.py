@@ -21,6 +21,13 @@ flight — an operator must know, hence the raise rather than a flag that is eas
 
 What it stores: the node state (`IsolatedRestoreNodeState`, the frozen contract model) and the
 engine's `PreparedPlan`, as JSON written and read only by `codec.py`. Never persisted: a grant.
+The plan is written once, with the state it belongs to (the `prepare` that creates the row, in
+the same transaction), and never again: its mappings and manifest live in `restore_plan`, its
+manifest's objects are rows of `manifest_object`. A request reads the small state row only;
+the manifest is asked by key (`manifest_entry`: in the manifest? written?; `staging_complete`),
+the mappings only by the work that needs them (`resource_mappings`), the whole plan only by a
+prepare's work (`plan`). A mutation that does not change the state (a stage) passes no state:
+the row keeps its JSON and only the revision, status, digest and time move.
 The store refuses a state or plan that is or holds a `Secret`, or carries a `restoreGrant` field
 or key at any depth. Every sqlite3 failure becomes `StoreError`
 (chained). One connection per store; an asyncio lock gives each call the connection alone, so
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import TracebackType
@@ -40,7 +47,7 @@ from typing import Any, Final
 import aiosqlite
 
 from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
-from agent.contracts.isolatedrestore import IsolatedRestoreNodeState
+from agent.contracts.isolatedrestore import IsolatedRestoreNodeState, ResourceMapping
 from agent.domain.job_machine import JobOp, JobStatus
 from agent.domain.jobs import JobKey, StoredJob
 from agent.domain.restore_machine import IN_FLIGHT, RESTORE_TABLE, Op
@@ -54,17 +61,21 @@ from agent.errors import (
     StoreError,
 )
 from agent.observe import NULL_OBSERVER, StoreObserver
-from agent.store import job_table
+from agent.store import forgetting, job_table
 from agent.store.codec import (
+    EncodedPlan,
     check_count,
     check_path,
     check_sha256,
     encode_plan,
     encode_state,
     is_sha256,
+    read_mappings,
+    read_plan,
     to_stored,
 )
-from agent.store.records import ChunkRecord, ObjectRecord, StatusSummary
+from agent.store.files import database_bytes
+from agent.store.records import ChunkRecord, ManifestEntry, ObjectRecord, StatusSummary
 from agent.store.startup import open_database
 from agent.store.transitions import status_moves
 
@@ -77,17 +88,33 @@ _FOREIGN_KEY: Final = 787  # SQLITE_CONSTRAINT_FOREIGNKEY
 _KEY_WHERE: Final = (
     "cluster_id = :cluster_id AND node_name = :node_name AND restore_id = :restore_id"
 )
+# The same key condition on the rows of a table aliased `t`, from the state row `s`.
+_SAME_KEY: Final = (
+    "{t}.cluster_id = s.cluster_id AND {t}.node_name = s.node_name "
+    "AND {t}.restore_id = s.restore_id"
+)
+_S_KEY_WHERE: Final = (
+    "s.cluster_id = :cluster_id AND s.node_name = :node_name AND s.restore_id = :restore_id"
+)
 _COLUMNS: Final = (
-    "cluster_id, node_name, restore_id, revision, status, state_json, private_json, "
-    "mutation_digest, updated_at"
+    "cluster_id, node_name, restore_id, revision, status, state_json, mutation_digest, updated_at"
 )
 _INSERT: Final = f"""
 INSERT INTO restore_state ({_COLUMNS})
-VALUES (:cluster_id, :node_name, :restore_id, 1, :to_status, :state_json,
-        COALESCE(:private_json, '{{}}'), :digest, :now)
+VALUES (:cluster_id, :node_name, :restore_id, 1, :to_status, :state_json, :digest, :now)
 ON CONFLICT (cluster_id, node_name, restore_id) DO NOTHING
 RETURNING {_COLUMNS}
 """  # noqa: S608  # placeholders only; column names are constants
+_INSERT_PLAN: Final = """
+INSERT INTO restore_plan (cluster_id, node_name, restore_id, mappings_json, manifest_json,
+                          mapping_count, object_count, manifest_bytes)
+VALUES (:cluster_id, :node_name, :restore_id, :mappings_json, :manifest_json,
+        :mapping_count, :object_count, :manifest_bytes)
+"""
+_INSERT_OBJECT: Final = """
+INSERT INTO manifest_object (cluster_id, node_name, restore_id, object_path, size, sha256)
+VALUES (?, ?, ?, ?, ?, ?)
+"""
 
 
 def _update_statement(op: Op) -> tuple[str, dict[str, str]] | None:
@@ -99,8 +126,7 @@ def _update_statement(op: Op) -> tuple[str, dict[str, str]] | None:
 UPDATE restore_state
 SET revision = revision + 1,
     status = {moves.case},
-    state_json = :state_json,
-    private_json = COALESCE(:private_json, private_json),
+    state_json = COALESCE(:state_json, state_json),
     mutation_digest = COALESCE(:digest, mutation_digest),
     updated_at = :now
 WHERE {_KEY_WHERE} AND revision = :expected AND status IN ({moves.allowed})
@@ -205,41 +231,46 @@ class RevisionStore:
         *,
         expected_revision: int,
         op: Op,
-        state: IsolatedRestoreNodeState,
+        state: IsolatedRestoreNodeState | None = None,
         plan: PreparedPlan | None = None,
         request_digest: str | None = None,
     ) -> StoredState:
         """Apply `op` at `expected_revision`: one transaction, revision + 1, or nothing at all.
 
-        `state` is the whole node state; the store owns `restoreId`, `clusterId`,
+        `state` is the whole node state, or None to keep the stored one as it is (a stage moves
+        only the revision and status); the store owns `restoreId`, `clusterId`,
         `targetNodeName` (must match `key`), `revision`, `status` (the table decides it from
-        `op`) and `updatedAt`, whatever `state` says. `plan` is the engine's `PreparedPlan`:
-        required when the state is created (revision 0), None afterwards keeps it.
-        `request_digest` is given for a Cloudly request and None for the engine's own progress,
-        which keeps the digest of the request it follows.
+        `op`) and `updatedAt`, whatever `state` says. `plan` is the engine's `PreparedPlan`,
+        given exactly when the state is created (revision 0, with its state) and never after:
+        it is fixed at prepare. `request_digest` is given for a Cloudly request and None for the
+        engine's own progress, which keeps the digest of the request it follows.
 
         Raises `RevisionConflict` (revision not current), `IllegalTransition` (revision current,
-        `op` illegal in its status), `InvalidState` (a bug: a secret, a foreign key, no plan for
-        a new state), `StoreError` (SQLite failed).
+        `op` illegal in its status), `InvalidState` (a bug: a secret, a foreign key, no state or
+        plan for a new state, a plan for an existing one), `StoreError` (SQLite failed).
         """
         if isinstance(expected_revision, bool) or not isinstance(expected_revision, int):
             raise InvalidState("expected_revision must be an int")
         if request_digest is not None and not is_sha256(request_digest):
             raise InvalidState("request_digest must be 64 lower-case hex characters")
         creates = expected_revision == 0 and RESTORE_TABLE.sources(op).get(None) is not None
-        if creates and plan is None:
-            raise InvalidState("a new node state needs its plan")
+        if creates and (plan is None or state is None):
+            raise InvalidState("a new node state needs its state and its plan")
+        if not creates and plan is not None:
+            raise InvalidState("the plan is written with the state it belongs to, and never after")
         params: dict[str, Any] = {
             **key.as_params(),
             "expected": expected_revision,
-            "state_json": encode_state(key, state),
-            "private_json": None if plan is None else encode_plan(plan),
+            "state_json": None if state is None else encode_state(key, state),
             "digest": request_digest,
             "now": self._now_ms(),
         }
+        # A plan holds the whole manifest (10,000 objects take ~40 ms to check and encode):
+        # off the loop, once per restore.
+        encoded = None if plan is None else await asyncio.to_thread(encode_plan, plan)
         started = self._clock.monotonic()
         try:
-            stored = await self._mutate(op, key, params, expected_revision)
+            stored = await self._mutate(op, key, params, expected_revision, encoded)
         except AgentError as exc:
             self._observe_mutation(op, exc.code, started)
             raise
@@ -251,14 +282,19 @@ class RevisionStore:
         self._observer.store_mutation(op=op.value, outcome=outcome, seconds=seconds)
 
     async def _mutate(
-        self, op: Op, key: RestoreKey, params: dict[str, Any], expected_revision: int
+        self,
+        op: Op,
+        key: RestoreKey,
+        params: dict[str, Any],
+        expected_revision: int,
+        plan: EncodedPlan | None,
     ) -> StoredState:
         update = _UPDATES.get(op)
         async with self._connection() as db:
             rows: Iterable[sqlite3.Row] = ()
             insert_to = RESTORE_TABLE.sources(op).get(None)
-            if expected_revision == 0 and insert_to is not None:
-                rows = await db.execute_fetchall(_INSERT, {**params, "to_status": insert_to})
+            if expected_revision == 0 and insert_to is not None and plan is not None:
+                rows = await _create(db, key, {**params, "to_status": insert_to}, plan)
             elif expected_revision > 0 and update is not None:
                 sql, status_params = update
                 rows = await db.execute_fetchall(sql, {**params, **status_params})
@@ -272,6 +308,62 @@ class RevisionStore:
         if revision != expected_revision:
             raise RevisionConflict(expected=expected_revision, current=revision, status=status)
         raise IllegalTransition(operation=op.value, status=status, current=revision)
+
+    # --- the plan (written once, with its state) --------------------------------------------
+
+    async def plan(self, key: RestoreKey) -> PreparedPlan:
+        """The whole plan of `key` (its manifest included); `RestoreNotFound` without one."""
+        async with self._connection() as db:
+            rows = await db.execute_fetchall(
+                "SELECT mappings_json, manifest_json FROM restore_plan "  # noqa: S608
+                f"WHERE {_KEY_WHERE}",
+                key.as_params(),
+            )
+        for mappings_json, manifest_json in rows:
+            # The whole manifest (10,000 objects take ~40 ms to validate): off the loop.
+            return await asyncio.to_thread(read_plan, mappings_json, manifest_json)
+        raise _not_found(key)
+
+    async def resource_mappings(self, key: RestoreKey) -> list[ResourceMapping]:
+        """The plan's resource mappings of `key` (its manifest left unread)."""
+        async with self._connection() as db:
+            rows = await db.execute_fetchall(
+                f"SELECT mappings_json FROM restore_plan WHERE {_KEY_WHERE}",  # noqa: S608
+                key.as_params(),
+            )
+        for (mappings_json,) in rows:
+            return read_mappings(mappings_json)
+        raise _not_found(key)
+
+    async def manifest_entry(self, key: RestoreKey, object_path: str) -> ManifestEntry | None:
+        """The manifest's object at `object_path` and whether it is written, or None when the
+        manifest of `key` lists no such path (one keyed lookup, whatever the manifest's size)."""
+        async with self._connection() as db:
+            rows = await db.execute_fetchall(
+                "SELECT m.size, m.sha256, EXISTS (SELECT 1 FROM staged_object AS o "
+                "WHERE o.cluster_id = m.cluster_id AND o.node_name = m.node_name "
+                "AND o.restore_id = m.restore_id AND o.object_path = m.object_path) "
+                "FROM manifest_object AS m WHERE m.cluster_id = :cluster_id "
+                "AND m.node_name = :node_name AND m.restore_id = :restore_id "
+                "AND m.object_path = :path",
+                {**key.as_params(), "path": object_path},
+            )
+        return next((ManifestEntry(size, sha256, bool(w)) for size, sha256, w in rows), None)
+
+    async def staging_complete(self, key: RestoreKey) -> bool:
+        """Whether every manifest object of `key` is written with its manifest size and sha256
+        (true for an empty manifest)."""
+        async with self._connection() as db:
+            rows = await db.execute_fetchall(
+                "SELECT NOT EXISTS (SELECT 1 FROM manifest_object AS m "
+                "WHERE m.cluster_id = :cluster_id AND m.node_name = :node_name "
+                "AND m.restore_id = :restore_id AND NOT EXISTS (SELECT 1 FROM staged_object AS o "
+                "WHERE o.cluster_id = m.cluster_id AND o.node_name = m.node_name "
+                "AND o.restore_id = m.restore_id AND o.object_path = m.object_path "
+                "AND o.size = m.size AND o.sha256 = m.sha256))",
+                key.as_params(),
+            )
+        return bool(next(iter(rows))[0])
 
     async def list_unfinished(self) -> list[StoredState]:
         """States in an in-flight status (`restore_machine.IN_FLIGHT`), oldest change first."""
@@ -318,19 +410,36 @@ class RevisionStore:
         return StatusSummary(
             restores={str(status): (int(n), int(oldest)) for status, n, oldest in restores},
             jobs={(str(k), str(status)): (int(n), int(oldest)) for k, status, n, oldest in jobs},
+            database_bytes=self.file_bytes(),
         )
 
-    async def staging_totals(self) -> dict[tuple[str, str, str], tuple[int, int]]:
-        """Per key with staging records: (accepted chunk bytes, objects marked written)."""
+    async def restore_facts(
+        self, limit: int = 500, *, counted: Collection[str] = ()
+    ) -> dict[tuple[str, str, str], tuple[int, int, int, int, int]]:
+        """For the `limit` most recently changed node states (`list_states`' rows): (resource
+        mappings, manifest objects, manifest bytes) of the plan and, for states in a `counted`
+        status only, (accepted chunk bytes, objects marked written) of the staging, else 0s:
+        counting staging rows costs a pass over them, worth it only while they grow."""
+        marks = ", ".join("?" for _ in counted) or "NULL"
+        chunks, objects = _SAME_KEY.format(t="c"), _SAME_KEY.format(t="o")
         async with self._connection() as db:
             rows = await db.execute_fetchall(
-                "SELECT cluster_id, node_name, restore_id, SUM(chunk_bytes), SUM(objects) FROM ("
-                " SELECT cluster_id, node_name, restore_id, length AS chunk_bytes, 0 AS objects"
-                " FROM staged_chunk UNION ALL"
-                " SELECT cluster_id, node_name, restore_id, 0, 1 FROM staged_object"
-                ") GROUP BY cluster_id, node_name, restore_id"
+                "SELECT s.cluster_id, s.node_name, s.restore_id, "  # noqa: S608
+                "COALESCE(p.mapping_count, 0), COALESCE(p.object_count, 0), "
+                "COALESCE(p.manifest_bytes, 0), "
+                f"CASE WHEN s.status IN ({marks}) THEN (SELECT COALESCE(SUM(c.length), 0) "
+                f"FROM staged_chunk AS c WHERE {chunks}) ELSE 0 END, "
+                f"CASE WHEN s.status IN ({marks}) THEN (SELECT COUNT(*) "
+                f"FROM staged_object AS o WHERE {objects}) ELSE 0 END "
+                "FROM restore_state AS s LEFT JOIN restore_plan AS p "
+                f"ON {_SAME_KEY.format(t='p')} "
+                "ORDER BY s.updated_at DESC, s.cluster_id, s.node_name, s.restore_id LIMIT ?",
+                [*counted, *counted, limit],
             )
-        return {(str(c), str(n), str(r)): (int(b), int(o)) for c, n, r, b, o in rows}
+        return {
+            (str(c), str(n), str(r)): (int(maps), int(objs), int(total), int(staged), int(done))
+            for c, n, r, maps, objs, total, staged, done in rows
+        }
 
     # --- resumable staging (private progress: no revision change) ----------------------------
 
@@ -463,6 +572,31 @@ class RevisionStore:
                 result=result,
             )
 
+    # --- retention (agent/store/retention.py runs it; the SQL is forgetting.py's) ------------
+
+    async def forget_expired(self, cutoff_ms: int, *, rows: int) -> forgetting.ForgetStep:
+        """One bounded step of forgetting what finished before `cutoff_ms` (at most about
+        `rows` rows, one transaction): `forgetting.forget_step`."""
+        check_count("rows", rows, minimum=1)
+        async with self._connection() as db:
+            return await forgetting.forget_step(db, cutoff_ms=cutoff_ms, rows=rows)
+
+    async def vacuum(self, *, pages: int) -> int:
+        """Give up to `pages` free pages back to the file system; the bytes freed."""
+        check_count("pages", pages, minimum=1)
+        async with self._connection() as db:
+            freed = await forgetting.vacuum_step(db, pages=pages)
+            return freed * await forgetting.page_size(db) if freed else 0
+
+    async def checkpoint(self) -> None:
+        """Move the WAL into the database file; truncate the WAL."""
+        async with self._connection() as db:
+            await forgetting.checkpoint(db)
+
+    def file_bytes(self) -> int:
+        """The database's files on disk now: the database and its WAL, in bytes."""
+        return database_bytes(self._path)
+
     # --- plumbing ---------------------------------------------------------------------------
 
     def _now_ms(self) -> int:
@@ -497,6 +631,43 @@ class RevisionStore:
                 raise
 
 
+async def _create(
+    db: aiosqlite.Connection, key: RestoreKey, params: dict[str, Any], plan: EncodedPlan
+) -> list[sqlite3.Row]:
+    """The new state row with its plan and manifest rows, in one transaction; no row when the
+    key exists already (nothing is written then)."""
+    await db.execute_fetchall("BEGIN IMMEDIATE")
+    try:
+        rows = list(await db.execute_fetchall(_INSERT, params))
+        if rows:
+            await db.execute_fetchall(
+                _INSERT_PLAN,
+                {
+                    **key.as_params(),
+                    "mappings_json": plan.mappings_json,
+                    "manifest_json": plan.manifest_json,
+                    "mapping_count": plan.mapping_count,
+                    "object_count": plan.object_count,
+                    "manifest_bytes": plan.manifest_bytes,
+                },
+            )
+            routing = (key.cluster_id, key.node_name, key.restore_id)
+            cursor = await db.executemany(_INSERT_OBJECT, [(*routing, *o) for o in plan.objects])
+            await cursor.close()
+        await db.execute_fetchall("COMMIT")
+    except BaseException:
+        await db.rollback()
+        raise
+    return rows
+
+
+def _not_found(key: RestoreKey) -> RestoreNotFound:
+    return RestoreNotFound(
+        f"no isolated-restore state for restore {key.restore_id} on node {key.node_name} of "
+        f"cluster {key.cluster_id}"
+    )
+
+
 def _has_content(path: Path) -> bool:
     try:
         return path.stat().st_size > 0
@@ -511,8 +682,5 @@ async def _missing_state_is_not_found(key: RestoreKey) -> AsyncIterator[None]:
         yield
     except sqlite3.IntegrityError as exc:
         if exc.sqlite_errorcode == _FOREIGN_KEY:
-            raise RestoreNotFound(
-                f"no isolated-restore state for restore {key.restore_id} on node "
-                f"{key.node_name} of cluster {key.cluster_id}"
-            ) from exc
+            raise _not_found(key) from exc
         raise

@@ -22,6 +22,10 @@ sync, so chunks of one archive arriving together share one ledger sync (and no c
 or renames a whole ledger file any more). The chunk's bytes are fdatasynced before its record
 is appended.
 
+Prepared restores are read from disk once and kept in memory with their manifest indexed by
+path (until forgotten), so a chunk, progress or commit costs the same whatever the manifest's
+size, as a real Corestore's would.
+
 `Storage(root, discard=True)` is the benchmarks' discarding Corestore: chunks are verified and
 judged as usual but their bytes are thrown away, and the ledger lives in memory only; commit
 compares the digest of the bytes it was sent.
@@ -178,6 +182,8 @@ class Storage:
         self._object_locks: dict[tuple[str, str], threading.Lock] = {}
         self._journals: dict[str, _Journal] = {}
         self._ledgers: dict[str, dict[str, _Ledger]] = {}  # archive -> path -> ledger
+        # restore id -> (its prepare body, its manifest by path), read from disk once
+        self._prepared: dict[str, tuple[PrepareRestoreBody, dict[str, ArchiveObject]]] = {}
 
     # --- restores -------------------------------------------------------------------------------
 
@@ -207,10 +213,21 @@ class Storage:
 
     def restore(self, restore_id: str) -> PrepareRestoreBody:
         """The prepared restore, or a 404 refusal."""
-        known = read_json(self._restore_path(restore_id))
-        if known is None:
-            raise refuse(404, "restore-not-found", "no restore was prepared under this id")
-        return PrepareRestoreBody.model_validate(known)
+        return self._prepared_restore(restore_id)[0]
+
+    def _prepared_restore(
+        self, restore_id: str
+    ) -> tuple[PrepareRestoreBody, dict[str, ArchiveObject]]:
+        with self._lock:
+            prepared = self._prepared.get(restore_id)
+            if prepared is None:
+                known = read_json(self._restore_path(restore_id))
+                if known is None:
+                    raise refuse(404, "restore-not-found", "no restore was prepared under this id")
+                body = PrepareRestoreBody.model_validate(known)
+                index = {entry.path: entry for entry in body.archive_manifest.objects}
+                prepared = self._prepared[restore_id] = (body, index)
+            return prepared
 
     def forget(self, restore_id: str) -> None:
         """Delete the prepared-restore record: 404 when there is none, 409 while its staging
@@ -222,6 +239,7 @@ class Storage:
                     409, "restore-not-empty", "the staging archive of the restore still exists"
                 )
             self._restore_path(restore_id).unlink()
+            self._prepared.pop(restore_id, None)
 
     def mapping(self, restore_id: str, mapping_id: str) -> tuple[PrepareRestoreBody, MappingBody]:
         """The restore and one of its mappings, or a 404 refusal."""
@@ -398,17 +416,17 @@ class Storage:
         meta = read_json(self._meta_dir(archive) / "archive.json")
         return None if meta is None else str(meta["restoreId"])
 
-    def _archive_restore(self, archive: str) -> PrepareRestoreBody:
+    def _archive_restore(self, archive: str) -> tuple[PrepareRestoreBody, dict[str, ArchiveObject]]:
         owner = self._archive_owner(archive)
         if owner is None:
             raise refuse(404, "staging-archive-not-found", "no such staging archive")
-        return self.restore(owner)
+        return self._prepared_restore(owner)
 
     def _entry(self, archive: str, path: str) -> ArchiveObject:
-        for entry in self._archive_restore(archive).archive_manifest.objects:
-            if entry.path == path:
-                return entry
-        raise refuse(409, "object-not-in-manifest", "the manifest lists no such object")
+        entry = self._archive_restore(archive)[1].get(path)
+        if entry is None:
+            raise refuse(409, "object-not-in-manifest", "the manifest lists no such object")
+        return entry
 
     def _object_path(self, archive: str, path: str) -> Path:
         base = self.root / "staging" / segment(archive)

@@ -63,7 +63,11 @@ async def test_a_whole_lifecycle_advances_the_revision_by_one_per_mutation(
     ]
     for revision, (op, status) in enumerate(steps):
         stored = await store.mutate(
-            KEY, expected_revision=revision, op=op, state=_state(), plan=plan()
+            KEY,
+            expected_revision=revision,
+            op=op,
+            state=_state(),
+            plan=plan() if op is Op.PREPARE else None,
         )
         assert (stored.revision, stored.status) == (revision + 1, status)
         assert (stored.state.revision, stored.state.status) == (revision + 1, status)
@@ -146,17 +150,39 @@ async def test_a_new_request_replaces_the_digest(prepared_store: RevisionStore) 
     assert staged.mutation_digest == DIGEST_B
 
 
-async def test_the_plan_is_kept_unless_replaced(store: RevisionStore) -> None:
-    """`plan=None` keeps the engine's plan; a plan replaces it."""
-    first, second = plan(v=1), plan(v=2)
-    await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=_state(), plan=first)
-    kept = await store.mutate(KEY, expected_revision=1, op=Op.PREPARE_SUCCEEDED, state=_state())
-    assert kept.plan == first
-    replaced = await store.mutate(
-        KEY, expected_revision=2, op=Op.STAGE, state=_state(), plan=second
-    )
-    assert replaced.plan == second
-    assert (await store.get(KEY)) == replaced
+async def test_the_plan_is_written_with_the_new_state_and_read_back_whole(
+    store: RevisionStore,
+) -> None:
+    """The plan given with `prepare` is the plan the store answers, manifest extras included."""
+    written = plan(v=1)
+    await store.mutate(KEY, expected_revision=0, op=Op.PREPARE, state=_state(), plan=written)
+    assert await store.plan(KEY) == written
+
+
+async def test_a_plan_cannot_be_replaced_after_prepare(prepared_store: RevisionStore) -> None:
+    """The plan is fixed at prepare: a later mutation with a plan is a bug, and changes nothing."""
+    with pytest.raises(InvalidState, match="plan"):
+        await prepared_store.mutate(
+            KEY, expected_revision=2, op=Op.STAGE, state=_state(), plan=plan(v=2)
+        )
+    stored = await prepared_store.get(KEY)
+    assert stored is not None
+    assert stored.revision == 2
+
+
+async def test_a_mutation_without_a_state_keeps_the_stored_one(
+    prepared_store: RevisionStore,
+) -> None:
+    """`state=None` moves revision, status and time and leaves the state's own fields as they
+    were."""
+    before = await prepared_store.get(KEY)
+    staged = await prepared_store.mutate(KEY, expected_revision=2, op=Op.STAGE)
+    assert before is not None
+    assert (staged.revision, staged.status) == (3, "staging")
+    unchanged = {"revision", "status", "updatedAt"}
+    assert {k: v for k, v in staged.state.to_wire().items() if k not in unchanged} == {
+        k: v for k, v in before.state.to_wire().items() if k not in unchanged
+    }
 
 
 async def test_a_new_state_needs_its_plan(store: RevisionStore) -> None:

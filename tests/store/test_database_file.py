@@ -161,7 +161,7 @@ async def test_the_schema_admits_exactly_the_node_statuses(state_dir: Path) -> N
     """The status CHECK takes every TIsolatedRestoreNodeStatus and nothing else."""
     async with await RevisionStore.open(state_dir) as store:
         path = store.path
-    insert = "INSERT INTO restore_state VALUES ('c', 'n', ?, 1, ?, '{}', '{}', NULL, 0)"
+    insert = "INSERT INTO restore_state VALUES ('c', 'n', ?, 1, ?, '{}', NULL, 0)"
     raw = sqlite3.connect(path, isolation_level=None)
     try:
         for status in NODE_STATUSES:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from agent.domain.job_machine import JobOp
 from agent.domain.jobs import JobKey
 from agent.domain.restore_machine import Op
-from agent.store import RevisionStore, StatusSummary
+from agent.store import RevisionStore
 from tests.clock import ManualClock
 from tests.store.states import KEY, node_state, plan
 
@@ -14,7 +14,16 @@ NOW_MS = 1_700_000_000_000  # the fixtures' clock
 
 async def test_an_empty_store_summarises_to_nothing(store: RevisionStore) -> None:
     """No node state and no job: both maps are empty."""
-    assert await store.status_summary() == StatusSummary(restores={}, jobs={})
+    summary = await store.status_summary()
+    assert (summary.restores, summary.jobs) == ({}, {})
+
+
+async def test_the_summary_says_how_large_the_database_files_are(store: RevisionStore) -> None:
+    """The database file and its WAL, in bytes, as on disk now."""
+    summary = await store.status_summary()
+    wal = store.path.with_name(store.path.name + "-wal")
+    on_disk = store.path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+    assert summary.database_bytes == on_disk > 0
 
 
 async def test_the_summary_counts_each_status_with_its_oldest_change(

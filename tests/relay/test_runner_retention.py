@@ -1,0 +1,87 @@
+"""What a relay request meets once retention forgot its job (docs/relay.md, "Retention"): a
+forgotten key is a key with no job."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agent.clock import SYSTEM_CLOCK, epoch_ms
+from agent.domain.jobs import JobKey
+from agent.relay.runner import JobRunner, Outcome, Work
+from agent.store import RevisionStore
+from agent.store.retention import DAY_S
+
+RESTORE = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
+BACKUP = JobKey("cluster-1", "node-1", "backup", "bk-1", "svc-1")
+A = "a" * 64
+
+
+class Works:
+    """Work that ends at once and records each run's key."""
+
+    def __init__(self) -> None:
+        self.runs: list[JobKey] = []
+
+    async def start(self) -> Work:
+        async def work(job: JobKey) -> Outcome:
+            self.runs.append(job)
+            return {"snapshots": [{"type": "database", "snapshotId": "s-1"}]}, {}
+
+        return work
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[RevisionStore]:
+    opened = await RevisionStore.open(tmp_path / "state")
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+@pytest.fixture
+async def runner(store: RevisionStore) -> AsyncIterator[JobRunner]:
+    running = JobRunner(store)
+    task = asyncio.create_task(running.run())
+    await running.started()
+    try:
+        yield running
+    finally:
+        await running.close(5)
+        await task
+
+
+async def _forget_everything_finished(store: RevisionStore) -> None:
+    """Retention with a cutoff a day ahead: every finished job counts as old."""
+    cutoff = epoch_ms(SYSTEM_CLOCK) + round(DAY_S * 1000)
+    while not (await store.forget_expired(cutoff, rows=100)).done:
+        pass
+
+
+async def test_a_backup_repeated_after_its_record_was_forgotten_runs_again(
+    runner: JobRunner, store: RevisionStore
+) -> None:
+    """No record to answer from: the work runs again (Corestore's backup PUT answers the same
+    record for the same body), and the answer is the same."""
+    works = Works()
+    first = await runner.submit(BACKUP, A, works.start)
+    await _forget_everything_finished(store)
+    second = await runner.submit(BACKUP, A, works.start)
+    assert (first, len(works.runs)) == (second, 2)
+
+
+async def test_a_restore_after_its_service_runs_were_forgotten_is_numbered_after_the_last(
+    runner: JobRunner, store: RevisionStore
+) -> None:
+    """Run 1 is forgotten, run 2 (the service's latest) is kept: the next is run 3."""
+    works = Works()
+    await runner.submit(RESTORE, A, works.start)
+    await runner.submit(RESTORE, A, works.start)
+    await _forget_everything_finished(store)
+    await runner.submit(RESTORE, A, works.start)
+    assert [job.run for job in works.runs] == [1, 2, 3]
+    assert sorted(job.key.run for job in await store.list_jobs()) == [2, 3]
