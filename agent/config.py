@@ -48,6 +48,7 @@ from agent.protocol.chunks import ChunkForm
 from agent.protocol.settings import ConnectionSettings
 from agent.retry import Backoff
 from agent.secret import Secret
+from agent.transfers.limits import DEFAULT_MAX_PER_NODE
 
 __all__ = [
     "CREDENTIALS_VARIABLE",
@@ -276,6 +277,11 @@ class CorestoreConfig(_Section):
     transfer_timeout_s: Seconds = 300.0
     retries: Annotated[int, Field(ge=0, le=10)] = 3
     restore_poll_interval_s: PollSeconds = 1.0
+    # Transfers (stages, closure exports and imports) moving bytes to or from one node's
+    # Corestore at once; more wait their turn, first come first served, per node.
+    max_transfers_per_node: Annotated[int, Field(ge=1, le=64)] = DEFAULT_MAX_PER_NODE
+    # Bytes per second to or from one node's Corestore, its transfers together (None: no limit).
+    max_bytes_per_s_per_node: Annotated[int, Field(ge=MiB, le=1024 * 1024 * MiB)] | None = None
 
     @field_validator("credential_file")
     @classmethod

@@ -15,8 +15,9 @@ hands out values and bytes only, never its stream machines; a stream is named by
 - `next_deadline()` says when `advance()` is next needed. No timer is a task;
 - queries by stream id: `can_write(stream_id)`, `stream_outcome(stream_id)`.
 
-Streams, by who opens them: a handler reads a request's stream (`read_request_stream`) and
-opens streams for its response (`open_reply_stream`); a caller opens a stream to send in its
+Streams, by who opens them: a handler reads a request's stream (`read_request_stream`; until
+then it may hold it back, `hold_request_stream`: every answer says backpressure) and opens
+streams for its response (`open_reply_stream`); a caller opens a stream to send in its
 call (`open_send_stream`) and reads one whose marker came in a response
 (`read_response_stream`). Then `write` (split into chunks of at most `MAX_CHUNK`, as many as
 the window has room for), `end_stream`, `abort_stream`, `take`, `stop_reading`. A stream is
@@ -338,8 +339,25 @@ class Connection:
                 f"stream {stream_id} is not an unopened stream of this request"
             )
         request.opened.add(stream_id)
-        if stream_id not in self._streams.responders:  # pragma: no cover - kept with its request
+        stream = self._streams.responders.get(stream_id)
+        if stream is None:  # pragma: no cover - kept with its request
             raise StreamBroken(f"stream {stream_id} is gone")
+        stream.held = False
+
+    def hold_request_stream(self, request_id: int, stream_id: str) -> None:
+        """Stream `stream_id` of request `request_id` will be read later: until its handler
+        reads it (`read_request_stream`), every answer on it says `backpressure`, so its
+        initiator probes (typedrequest every 50 ms) rather than sends. A request waiting for a
+        transfer slot holds its stream this way; its deadlines are unchanged (the initiator's
+        probes and keep-alives keep it alive)."""
+        request = self._requests.get(request_id)
+        if request is None or stream_id not in request.streams or stream_id in request.opened:
+            raise LocalProtocolError(
+                f"stream {stream_id} is not an unopened stream of this request"
+            )
+        stream = self._streams.responders.get(stream_id)
+        if stream is not None:
+            stream.held = True
 
     def open_reply_stream(self, request_id: int, now: float) -> str:
         """A new stream for the response of request `request_id`, which we will answer `read`
