@@ -104,6 +104,7 @@ def session_settings(config: Config) -> SessionSettings:
                 chunk_form=streams.chunk_form,
             ),
             max_concurrent_requests=cloudly.max_concurrent_requests,
+            receive_budget=streams.receive_budget_bytes,
         ),
         stream_stall_timeout=streams.stall_timeout_s,
     )

@@ -84,6 +84,7 @@ _CLEARTEXT_SCHEMES: Final = frozenset({"http", "ws"})
 # The protocol's defaults are the configuration's: each is written once, in agent.protocol.
 _CONNECTION: Final = ConnectionSettings()
 _STREAMS: Final = _CONNECTION.streams
+_RECEIVE_BUDGET: Final = _CONNECTION.receive_budget or 8 * MiB
 
 # Keys that were renamed: an old file fails naming the new key (they mean the same).
 _RENAMED: Final = {"streams.keepalive_timeout_s": "streams.idle_timeout_s"}
@@ -313,6 +314,9 @@ class StreamsConfig(_Section):
     # while the peer keeps it alive without moving a byte: then the transfer fails, retryable.
     stall_timeout_s: Seconds = 300.0
     chunk_form: ChunkForm = _STREAMS.chunk_form
+    # Bytes of chunk frames the agent's answers invite at once, all the streams it receives
+    # together: more wait their turn, so a request (a status call) never queues behind more.
+    receive_budget_bytes: Annotated[int, Field(ge=MiB, le=1024 * MiB)] = _RECEIVE_BUDGET
 
 
 class ShutdownConfig(_Section):
