@@ -30,7 +30,7 @@ Bounds: the receive queue holds at most `window` chunks, and at most `window_byt
 (a queued chunk counts the frame it keeps alive until it is decoded, then its bytes), before we
 report backpressure; a stream whose reader is not ready yet (`held`: its request waits for a
 transfer slot) reports backpressure whatever it holds, so its initiator probes instead of
-sending and the stream costs nothing while it waits; a peer that keeps sending past twice
+sending and the stream holds no more than it took before; a peer that keeps sending past twice
 either bound breaks the stream. The send queue holds `window` chunks; the producer waits for
 `has_space()`. Memory per stream is at most 2 x `window_bytes` of queued frames, never stream
 length.
