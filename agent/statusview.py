@@ -105,12 +105,16 @@ def _get(listen: HealthListen, path: str, timeout: float) -> Any:
 
 def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
     """`{ready, reasons, session, restores, jobs, transfers}` from the endpoint at `listen`
-    (with `restoresError` / `jobsError` when the store could not be read)."""
+    (with `restoresError` / `jobsError` when the store could not be read; `transfers` None
+    from an agent that serves none: one still running from before an upgrade)."""
     ready = _get(listen, "/readyz", timeout)
     restores = _get(listen, "/v1/restores", timeout)
     jobs = _get(listen, "/v1/jobs", timeout)
-    transfers = _get(listen, "/v1/transfers", timeout)
-    if not all(isinstance(answer, dict) for answer in (ready, restores, jobs, transfers)):
+    try:
+        transfers = _get(listen, "/v1/transfers", timeout)
+    except StatusUnavailable:
+        transfers = None  # an agent started before an upgrade serves no /v1/transfers yet
+    if not all(isinstance(answer, dict) for answer in (ready, restores, jobs)):
         raise StatusUnavailable(f"{listen} answered something that is not the agent's status")
     return {
         "ready": ready.get("ready"),
