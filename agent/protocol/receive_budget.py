@@ -28,10 +28,15 @@ from typing import Final
 
 from agent.protocol.envelope import Envelope
 
-__all__ = ["DEFAULT_ESTIMATE", "ReceiveBudget"]
+__all__ = ["DEFAULT_ESTIMATE", "SIZE_MEMORY", "ReceiveBudget"]
 
 DEFAULT_ESTIMATE: Final = 1 << 20
 """What an invitation counts before its stream sent any chunk (one 1 MiB chunk's payload)."""
+
+SIZE_MEMORY: Final = 4096
+"""How many streams' last frame sizes are remembered (the least recently updated go first):
+a long-running connection sees many streams come and go, and not every one ends in a way the
+connection reports here."""
 
 
 @dataclass(slots=True)
@@ -64,7 +69,10 @@ class ReceiveBudget:
     def arrived(self, stream_id: str, *, size: int, chunk: bool) -> None:
         """A chunk (`chunk`) or a probe of `stream_id` arrived: its invitation is used up."""
         if chunk:
+            self._last_size.pop(stream_id, None)
             self._last_size[stream_id] = size
+            if len(self._last_size) > SIZE_MEMORY:
+                del self._last_size[next(iter(self._last_size))]
         invitation = self._invited.pop(stream_id, None)
         if invitation is not None:
             self._used -= invitation.size

@@ -10,7 +10,7 @@ import orjson
 
 from agent.protocol.connection import Connection, ConnectionSettings, StreamSettings
 from agent.protocol.envelope import Envelope
-from agent.protocol.receive_budget import ReceiveBudget
+from agent.protocol.receive_budget import SIZE_MEMORY, ReceiveBudget
 
 MiB = 1 << 20
 
@@ -72,6 +72,16 @@ class TestBudget:
             budget.admit(stream, answer(stream), 0.0)
         assert names(budget.forget("s1", 0.1)) == ["s2"]
         assert names(budget.forget("s3", 0.2)) == ["s3"]
+
+    def test_it_remembers_the_sizes_of_a_bounded_number_of_streams(self) -> None:
+        """Streams come and go for ever: only the last `SIZE_MEMORY` sizes are kept, and a
+        forgotten stream's next invitation counts the default estimate."""
+        budget = ReceiveBudget(limit=8 * MiB, expiry=1.0)
+        for number in range(SIZE_MEMORY + 10):
+            budget.arrived(f"s{number}", size=3 * MiB, chunk=True)
+        assert len(budget._last_size) == SIZE_MEMORY
+        budget.admit("s0", answer("s0"), 0.0)
+        assert budget.invited_bytes == MiB
 
     def test_without_a_limit_nothing_waits(self) -> None:
         """`limit=None`: every answer goes at once."""
