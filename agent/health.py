@@ -136,7 +136,7 @@ def _bind_error(listen: HealthListen, exc: OSError) -> ConfigError | StartupBloc
 
 
 class HealthServer:
-    """The aiohttp server behind the four endpoints."""
+    """The aiohttp server behind the endpoints above."""
 
     def __init__(
         self,
