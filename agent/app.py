@@ -7,8 +7,8 @@
        Cloudly URL, state, integrity; then the warnings) — nothing is created before a check
        that can still refuse start-up
     -> the credential source (sealed: Enrollment -> SealedCredentials; file:
-       FixedCredentials) -> CorestoreClients -> IsolatedRestoreEngine, RelayService -> their
-       routes
+       FixedCredentials) -> CorestoreClients -> the per-node TransferGate ->
+       IsolatedRestoreEngine, RelayService (sharing it) -> their routes
     -> CloudlySession (the agent's routes plus its own; sealed: the enrollment as a connect
        step, the credential source watching the cluster view)
     -> LoopWatch -> HealthServer (serving on the bound socket) -> READY=1
@@ -70,6 +70,7 @@ from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 from agent.store import RevisionStore
 from agent.store.retention import Retention, RetentionSettings
+from agent.transfers import NodeLimits, TransferGate
 
 __all__ = ["run", "session_settings", "status_line"]
 
@@ -105,6 +106,7 @@ def session_settings(config: Config) -> SessionSettings:
                 chunk_form=streams.chunk_form,
             ),
             max_concurrent_requests=cloudly.max_concurrent_requests,
+            receive_budget=streams.receive_budget_bytes,
         ),
         stream_stall_timeout=streams.stall_timeout_s,
     )
@@ -182,6 +184,12 @@ async def run(
             observer=metrics,
         )
         resources.push_async_callback(_step, "close the Corestore clients", clients.close, close_s)
+        # One gate for every byte path to a node's Corestore: stages and closures share a
+        # node's places and its byte rate.
+        transfers = TransferGate(
+            NodeLimits(corestore.max_transfers_per_node, corestore.max_bytes_per_s_per_node),
+            observer=metrics,
+        )
         engine = IsolatedRestoreEngine(
             store=store,
             clients=clients,
@@ -189,6 +197,7 @@ async def run(
             # cluster view only while handling a request, when the session exists.
             cluster_view=lambda: session.cluster_view,
             settings=EngineSettings.from_config(corestore),
+            transfers=transfers,
         )
         relay = RelayService(
             store=store,
@@ -196,6 +205,7 @@ async def run(
             cluster_view=lambda: session.cluster_view,
             cloudly=lambda: session,  # read by a job, when the session exists
             settings=RelaySettings.from_config(corestore),
+            transfers=transfers,
         )
         routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
         enrollment, provider = sealed if sealed is not None else (None, None)
@@ -227,6 +237,7 @@ async def run(
             metrics=metrics,
             loop_watch=loop_watch,
             stale_after=config.cloudly.ping_interval_s + config.cloudly.ping_timeout_s,
+            transfers=transfers,
         )
         retention = Retention(
             store, RetentionSettings.from_days(config.state.retention_days), observer=metrics

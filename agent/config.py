@@ -48,6 +48,7 @@ from agent.protocol.chunks import ChunkForm
 from agent.protocol.settings import ConnectionSettings
 from agent.retry import Backoff
 from agent.secret import Secret
+from agent.transfers.limits import DEFAULT_MAX_PER_NODE
 
 __all__ = [
     "CREDENTIALS_VARIABLE",
@@ -83,6 +84,7 @@ _CLEARTEXT_SCHEMES: Final = frozenset({"http", "ws"})
 # The protocol's defaults are the configuration's: each is written once, in agent.protocol.
 _CONNECTION: Final = ConnectionSettings()
 _STREAMS: Final = _CONNECTION.streams
+_RECEIVE_BUDGET: Final = _CONNECTION.receive_budget or 8 * MiB
 
 # Keys that were renamed: an old file fails naming the new key (they mean the same).
 _RENAMED: Final = {"streams.keepalive_timeout_s": "streams.idle_timeout_s"}
@@ -276,6 +278,11 @@ class CorestoreConfig(_Section):
     transfer_timeout_s: Seconds = 300.0
     retries: Annotated[int, Field(ge=0, le=10)] = 3
     restore_poll_interval_s: PollSeconds = 1.0
+    # Transfers (stages, closure exports and imports) moving bytes to or from one node's
+    # Corestore at once; more wait their turn, first come first served, per node.
+    max_transfers_per_node: Annotated[int, Field(ge=1, le=64)] = DEFAULT_MAX_PER_NODE
+    # Bytes per second to or from one node's Corestore, its transfers together (None: no limit).
+    max_bytes_per_s_per_node: Annotated[int, Field(ge=MiB, le=1024 * 1024 * MiB)] | None = None
 
     @field_validator("credential_file")
     @classmethod
@@ -313,6 +320,9 @@ class StreamsConfig(_Section):
     # while the peer keeps it alive without moving a byte: then the transfer fails, retryable.
     stall_timeout_s: Seconds = 300.0
     chunk_form: ChunkForm = _STREAMS.chunk_form
+    # Bytes of chunk frames the agent's answers invite at once, all the streams it receives
+    # together: more wait their turn, so a request (a status call) never queues behind more.
+    receive_budget_bytes: Annotated[int, Field(ge=MiB, le=1024 * MiB)] = _RECEIVE_BUDGET
 
 
 class ShutdownConfig(_Section):

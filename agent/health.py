@@ -11,6 +11,9 @@
     GET /v1/jobs      every relay job (service backups and restores) as the operator's rows
                       (`agent.overview.job_rows`): key, status, revision, attempts, age, the
                       types a restore restored and whether it was partial; never the service
+    GET /v1/transfers the per-node transfer limits, each node's moving and queued transfers
+                      and every one of them (`agent.overview.transfers_body`); the restore and
+                      job rows carry their own as `transfer`
 
 `bind_listener()` binds the socket first of all start-up steps (before the store or the key
 exist), `start()` serves on it (the app sends `READY=1` after that), `stop()` closes the
@@ -40,9 +43,18 @@ from agent.config import HealthListen
 from agent.errors import ConfigError, StartupBlocked, StoreError
 from agent.loopwatch import LoopWatch
 from agent.metrics import CONTENT_TYPE, Metrics
-from agent.overview import BYTES_STATUSES, RestoreFacts, job_rows, readiness, restore_rows
+from agent.overview import (
+    BYTES_STATUSES,
+    RestoreFacts,
+    job_rows,
+    readiness,
+    restore_rows,
+    transfers_body,
+    with_transfers,
+)
 from agent.status import AgentStatus, StatusSnapshot
 from agent.store import RevisionStore, StatusSummary
+from agent.transfers import NodeLimits, TransferGate
 
 __all__ = ["HealthServer", "bind_listener", "close_listener"]
 
@@ -125,7 +137,7 @@ def _bind_error(listen: HealthListen, exc: OSError) -> ConfigError | StartupBloc
 
 
 class HealthServer:
-    """The aiohttp server behind the four endpoints."""
+    """The aiohttp server behind the endpoints above."""
 
     def __init__(
         self,
@@ -137,9 +149,11 @@ class HealthServer:
         loop_watch: LoopWatch,
         stale_after: float,
         clock: Clock = SYSTEM_CLOCK,
+        transfers: TransferGate | None = None,
     ) -> None:
         """`stale_after`: seconds without a pong after which a connected session is not
-        ready (the ping interval plus its timeout)."""
+        ready (the ping interval plus its timeout). `transfers`: the gate whose transfers the
+        rows and `/v1/transfers` show (None: an idle one with the default limits)."""
         self._listen = listen
         self._status = status
         self._store = store
@@ -147,6 +161,7 @@ class HealthServer:
         self._loop_watch = loop_watch
         self._stale_after = stale_after
         self._clock = clock
+        self._transfers = transfers or TransferGate(NodeLimits())
         self._runner: web.AppRunner | None = None
         self.address: str | None = None
         """Where it listens once started (`127.0.0.1:PORT` or `unix:/path`)."""
@@ -164,6 +179,7 @@ class HealthServer:
                 web.get("/metrics", self._metrics_text),
                 web.get("/v1/restores", self._restores),
                 web.get("/v1/jobs", self._jobs),
+                web.get("/v1/transfers", self._transfers_view),
             ]
         )
         # A scrape in progress at shutdown gets a second, not aiohttp's default minute: the
@@ -238,9 +254,8 @@ class HealthServer:
         except StoreError as exc:
             return web.json_response({"error": str(exc)}, status=503)
         facts = {key: RestoreFacts(*value) for key, value in found.items()}
-        body: dict[str, Any] = {
-            "restores": restore_rows(states, facts, now_ms=epoch_ms(self._clock)),
-        }
+        rows = restore_rows(states, facts, now_ms=epoch_ms(self._clock))
+        body: dict[str, Any] = {"restores": with_transfers(rows, self._transfers.view())}
         return web.json_response(body)
 
     async def _jobs(self, request: web.Request) -> web.Response:
@@ -251,7 +266,12 @@ class HealthServer:
             jobs = await self._store.list_jobs()
         except StoreError as exc:
             return web.json_response({"error": str(exc)}, status=503)
-        return web.json_response({"jobs": job_rows(jobs, now_ms=epoch_ms(self._clock))})
+        rows = job_rows(jobs, now_ms=epoch_ms(self._clock))
+        return web.json_response({"jobs": with_transfers(rows, self._transfers.view())})
+
+    async def _transfers_view(self, request: web.Request) -> web.Response:
+        del request
+        return web.json_response(transfers_body(self._transfers.view()))
 
 
 def _address(sock: socket.socket, listen: HealthListen) -> str:

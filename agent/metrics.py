@@ -39,6 +39,12 @@ the library's process and platform collectors are registered on it too.
     restore_agent_store_mutation_duration_seconds{op,outcome}
                                                           each compare-and-swap (histogram)
     restore_agent_event_loop_lag_seconds                  timer lateness (histogram)
+    restore_agent_transfers_moving{node}                  transfers moving bytes to or from
+                                                          the node's Corestore now
+    restore_agent_transfers_queued{node}                  transfers waiting for one of the
+                                                          node's places (max_transfers_per_node)
+    restore_agent_transfer_wait_seconds{kind}             how long a transfer waited its turn
+                                                          (histogram; 0 when it did not wait)
     process_* (resident and virtual memory, CPU seconds, open and max fds, start time),
     python_info                                           the library's process and platform
                                                           collectors
@@ -51,7 +57,7 @@ process-wide switch of the library, which is the agent's alone in its process).
 Label values are bounded: methods are the routes the agent serves (the connection refuses
 any other before a handler runs), codes the wire error codes, causes the session's fault
 words, routes and ops the Corestore route and state-machine names, kinds and statuses those of
-the relay job table.
+the relay job table, nodes the cluster's node ids the agent moved bytes for.
 """
 
 from __future__ import annotations
@@ -91,6 +97,8 @@ _CORESTORE_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5
 _STORE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 _LAG_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 _REQUEST_BUCKETS: Final = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
+# A transfer waits for its node's earlier ones: nothing, or up to whole transfers (minutes).
+_WAIT_BUCKETS: Final = (0.001, 0.1, 1, 10, 30, 60, 300, 900, 3600)
 
 
 class Metrics:
@@ -220,6 +228,26 @@ class Metrics:
             buckets=_LAG_BUCKETS,
             registry=r,
         )
+        self._transfers_moving = Gauge(
+            f"{_NS}_transfers_moving",
+            "Transfers (stages, closure exports and imports) moving bytes to or from the node's "
+            "Corestore now.",
+            ["node"],
+            registry=r,
+        )
+        self._transfers_queued = Gauge(
+            f"{_NS}_transfers_queued",
+            "Transfers waiting their turn for one of the node's places (max_transfers_per_node).",
+            ["node"],
+            registry=r,
+        )
+        self._transfer_wait = Histogram(
+            f"{_NS}_transfer_wait_seconds",
+            "How long a transfer waited in its node's queue before it moved (0: not at all).",
+            ["kind"],
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
         for state in SessionState:
             self._state.labels(state=state.value).set(0)
         for status in NODE_STATUSES:
@@ -330,6 +358,15 @@ class Metrics:
     def loop_lag(self, *, seconds: float) -> None:
         """Record how late the loop was."""
         self._lag.observe(seconds)
+
+    def transfers_changed(self, *, node: str, moving: int, queued: int) -> None:
+        """Set the node's moving and queued transfers."""
+        self._transfers_moving.labels(node=node).set(moving)
+        self._transfers_queued.labels(node=node).set(queued)
+
+    def transfer_waited(self, *, kind: str, seconds: float) -> None:
+        """Record a transfer's wait for its turn."""
+        self._transfer_wait.labels(kind=kind).observe(seconds)
 
 
 def _age(now_ms: int, oldest_ms: int, count: int) -> float:

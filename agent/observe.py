@@ -18,6 +18,8 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
     agent/corestore/client.py                          one resend of a route; a control
                                                        credential refused for good
     agent/loopwatch.py             LoopObserver        one event-loop lag measurement
+    agent/transfers/gate.py        TransferObserver    a node's moving and queued transfers
+                                                       changed; how long one waited its turn
 
 Hooks are called on the event loop, synchronously, and must not raise or block.
 """
@@ -35,6 +37,7 @@ __all__ = [
     "PeerObserver",
     "SessionObserver",
     "StoreObserver",
+    "TransferObserver",
 ]
 
 Direction = Literal["in", "out"]
@@ -103,6 +106,16 @@ class LoopObserver(Protocol):
         """A timer meant to fire now fired `seconds` late."""
 
 
+class TransferObserver(Protocol):
+    """What the per-node transfer gate reports."""
+
+    def transfers_changed(self, *, node: str, moving: int, queued: int) -> None:
+        """`node` now has `moving` transfers under way and `queued` waiting their turn."""
+
+    def transfer_waited(self, *, kind: str, seconds: float) -> None:
+        """A transfer of `kind` starts moving after `seconds` in its node's queue (0: none)."""
+
+
 class NullObserver:
     """Every hook, doing nothing: the default of every part."""
 
@@ -143,6 +156,12 @@ class NullObserver:
         """Nothing."""
 
     def loop_lag(self, *, seconds: float) -> None:
+        """Nothing."""
+
+    def transfers_changed(self, *, node: str, moving: int, queued: int) -> None:
+        """Nothing."""
+
+    def transfer_waited(self, *, kind: str, seconds: float) -> None:
         """Nothing."""
 
 

@@ -27,6 +27,15 @@ A row never carries a grant (none is stored) nor the plan's mappings: only count
 A job row (`job_rows()`) says where one relay job (a service backup or restore) is: its key,
 status, revision, attempts and age; a finished restore names the resource types it restored and
 whether it was partial, a failed job its error code and message. Never the service document.
+
+Transfers (`agent.transfers`): `with_transfers()` gives each restore or job row its `transfer`,
+null unless bytes of it move or wait for one of the node's places right now:
+
+    {"kind": "stage", "state": "queued", "position": 3, "seconds": 41}
+    {"kind": "closure-import", "state": "moving", "position": null, "seconds": 7}
+
+(`position`: its place in the node's queue, 1 next; `seconds`: since it asked, or since it
+moves). `transfers_body()` is `/v1/transfers`: the limits, each node's counts, every transfer.
 """
 
 from __future__ import annotations
@@ -38,8 +47,18 @@ from typing import Any, Final
 from agent.domain.jobs import StoredJob
 from agent.domain.restores import StoredState
 from agent.status import SessionState, StatusSnapshot
+from agent.transfers.limits import TransferEntry, TransferView
 
-__all__ = ["BYTES_STATUSES", "RestoreFacts", "job_rows", "readiness", "restore_row", "restore_rows"]
+__all__ = [
+    "BYTES_STATUSES",
+    "RestoreFacts",
+    "job_rows",
+    "readiness",
+    "restore_row",
+    "restore_rows",
+    "transfers_body",
+    "with_transfers",
+]
 
 BYTES_STATUSES: Final = frozenset({"prepared", "staging"})
 """The statuses whose progress is staged bytes (the store counts staging rows only for them)."""
@@ -191,3 +210,52 @@ def _job_row(job: StoredJob, *, now_ms: int) -> dict[str, Any]:
 
 def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
+
+
+def _transfer(entry: TransferEntry, now: float) -> dict[str, Any]:
+    return {
+        "kind": entry.ticket.kind,
+        "state": entry.state,
+        "position": entry.position,
+        "seconds": int(max(0.0, now - entry.since)),
+    }
+
+
+def _row_subject(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The transfer subject (`agent.transfers.limits.Ticket.subject`) a row stands for."""
+    if "restoreId" in row:
+        return ("restore", row["clusterId"], row["nodeId"], row["restoreId"])
+    return (
+        "job", row["clusterId"], row["nodeId"], row["kind"], row["backupId"], row["serviceId"],
+        str(row["run"]),
+    )  # fmt: skip
+
+
+def with_transfers(rows: list[dict[str, Any]], view: TransferView) -> list[dict[str, Any]]:
+    """`rows` (restore or job rows), each with its `transfer` (None: nothing moves or waits)."""
+    by_subject = {entry.ticket.subject: entry for entry in view.entries}
+    for row in rows:
+        entry = by_subject.get(_row_subject(row))
+        row["transfer"] = None if entry is None else _transfer(entry, view.now)
+    return rows
+
+
+def transfers_body(view: TransferView) -> dict[str, Any]:
+    """`/v1/transfers`: the limits, each node's moving and queued counts, every transfer (per
+    node: the moving ones, then the queue in its order) with what it moves for."""
+    return {
+        "maxTransfersPerNode": view.max_per_node,
+        "maxBytesPerSecondPerNode": view.bytes_per_s,
+        "nodes": {
+            node: {"moving": counts.moving, "queued": counts.queued}
+            for node, counts in view.counts.items()
+        },
+        "transfers": [
+            {
+                "nodeId": entry.ticket.node,
+                "for": " ".join(str(part) for part in entry.ticket.subject[1:]),
+                **_transfer(entry, view.now),
+            }
+            for entry in view.entries
+        ],
+    }

@@ -1,19 +1,24 @@
 """`restore-agent status`: read the running agent's health endpoint and print it for a person.
 
 `fetch()` asks the endpoint `[health] listen` names (loopback TCP or the unix socket; stdlib
-`http.client`, so the command needs nothing the daemon runs on) for `/readyz`, `/v1/restores`
-and `/v1/jobs` and returns them as one JSON-ready mapping (`--json` prints it); `render()` turns
-that into the text below. The answers are read as the agent serves them (`agent/health.py`,
-`agent/overview.py`: every time in epoch milliseconds); a field the text needs but does not
-find is shown as `-`.
+`http.client`, so the command needs nothing the daemon runs on) for `/readyz`, `/v1/restores`,
+`/v1/jobs` and `/v1/transfers` and returns them as one JSON-ready mapping (`--json` prints
+it); `render()` turns that into the text below. The answers are read as the agent serves
+them (`agent/health.py`, `agent/overview.py`: every time in epoch milliseconds); a field the
+text needs but does not find is shown as `-`.
 
     agent:    ready                      (or: not ready, then one line per reason)
     session:  connected for 2 h, cluster cluster-1, last pong 3 s ago
-    restores: 2
+    transfers: node-1 2 moving, 1 queued (at most 2 per node)
+    restores: 3
 
-    CLUSTER/NODE/RESTORE        STATUS    REVISION  PROGRESS               AGE
-    cluster-1/node-1/r-7        staging          4  41% 4.1 MB of 10.0 MB  12 s
-    cluster-1/node-1/r-6        cleaned          9  -                      3 d
+    CLUSTER/NODE/RESTORE        STATUS              REVISION  PROGRESS               AGE
+    cluster-1/node-1/r-8        prepared (queued 1)        2  0% 0.0 MB of 10.0 MB   1 s
+    cluster-1/node-1/r-7        staging                    4  41% 4.1 MB of 10.0 MB  12 s
+    cluster-1/node-1/r-6        cleaned                    9  -                      3 d
+
+A row whose bytes wait for one of the node's places (`[corestore] max_transfers_per_node`)
+says `(queued N)` after its status, N its place in the node's queue (1: next).
 
     jobs:     1
 
@@ -99,11 +104,16 @@ def _get(listen: HealthListen, path: str, timeout: float) -> Any:
 
 
 def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
-    """`{ready, reasons, session, restores, jobs}` from the endpoint at `listen` (with
-    `restoresError` / `jobsError` when the store could not be read)."""
+    """`{ready, reasons, session, restores, jobs, transfers}` from the endpoint at `listen`
+    (with `restoresError` / `jobsError` when the store could not be read; `transfers` None
+    from an agent that serves none: one still running from before an upgrade)."""
     ready = _get(listen, "/readyz", timeout)
     restores = _get(listen, "/v1/restores", timeout)
     jobs = _get(listen, "/v1/jobs", timeout)
+    try:
+        transfers = _get(listen, "/v1/transfers", timeout)
+    except StatusUnavailable:
+        transfers = None  # an agent started before an upgrade serves no /v1/transfers yet
     if not all(isinstance(answer, dict) for answer in (ready, restores, jobs)):
         raise StatusUnavailable(f"{listen} answered something that is not the agent's status")
     return {
@@ -114,6 +124,7 @@ def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
         **({"restoresError": restores["error"]} if "error" in restores else {}),
         "jobs": jobs.get("jobs", []),
         **({"jobsError": jobs["error"]} if "error" in jobs else {}),
+        "transfers": transfers,
     }
 
 
@@ -175,11 +186,36 @@ def _age(row: Mapping[str, Any]) -> str:
     return _duration(age if isinstance(age, int | float) else None)
 
 
+def _status(row: Mapping[str, Any]) -> str:
+    """The row's status, and its place in its node's transfer queue while it waits there."""
+    status = str(row.get("status", "-"))
+    transfer = row.get("transfer")
+    if isinstance(transfer, Mapping) and transfer.get("state") == "queued":
+        status += f" (queued {transfer.get('position', '-')})"
+    return status
+
+
+def _transfers_line(transfers: Any) -> str | None:
+    """`node-1 2 moving, 1 queued; node-2 1 moving (at most 2 per node)`; None when unknown."""
+    if not isinstance(transfers, Mapping):
+        return None
+    nodes = transfers.get("nodes")
+    parts = []
+    for node, counts in (nodes if isinstance(nodes, Mapping) else {}).items():
+        if not isinstance(counts, Mapping):
+            continue
+        moving, queued = counts.get("moving", 0), counts.get("queued", 0)
+        parts.append(f"{node} {moving} moving" + (f", {queued} queued" if queued else ""))
+    limit = transfers.get("maxTransfersPerNode")
+    bound = f" (at most {limit} per node)" if limit is not None else ""
+    return ("; ".join(parts) or "none") + bound
+
+
 def _restore_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
     key = "/".join(str(row.get(k, "-")) for k in ("clusterId", "nodeId", "restoreId"))
     return (
         key,
-        str(row.get("status", "-")),
+        _status(row),
         str(row.get("revision", "-")),
         _progress(row.get("progress")),
         _age(row),
@@ -202,7 +238,7 @@ def _job_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
         key,
         str(row.get("kind", "-")),
         str(row.get("serviceId", "-")),
-        str(row.get("status", "-")),
+        _status(row),
         str(row.get("revision", "-")),
         str(row.get("attempts", "-")),
         _age(row),
@@ -247,6 +283,8 @@ def render(data: Mapping[str, Any], *, now_ms: int) -> str:
     lines = ["agent:    " + ("ready" if data.get("ready") else "not ready")]
     lines += [f"          {key}: {reason}" for key, reason in sorted(reasons.items())]
     lines.append(f"session:  {_session_line(data.get('session') or {}, now_ms)}")
+    if (transfers := _transfers_line(data.get("transfers"))) is not None:
+        lines.append(f"transfers: {transfers}")
     lines += _section(data, "restores", _COLUMNS, _restore_cells)
     lines.append("")
     lines += _section(data, "jobs", _JOB_COLUMNS, _job_cells)

@@ -49,6 +49,15 @@ class ReplayResult:
     seconds: float  # first chunk sent -> the stage's reply
     state: dict[str, Any]  # the node state the stage answered
     probes: int  # backpressure re-probes
+    waited: float = 0.0  # the stage call sent -> its first chunk sent
+    # The longest backpressure pause after the first chunk: a stage waiting for its node's
+    # transfer slot holds its stream (after the window it took before it was held).
+    longest_pause: float = 0.0
+
+    @property
+    def moving_mb_per_s(self) -> float:
+        """MB/s without the longest pause (the wait for a transfer slot, when there was one)."""
+        return self.bytes / 1e6 / max(self.seconds - self.longest_pause, 1e-9)
 
     @property
     def mb_per_s(self) -> float:
@@ -101,7 +110,7 @@ async def replay_stage(
             return await answers.get()
 
     connection.taps.append(tap)
-    probes = 0
+    probes, longest_pause = 0, 0.0
     body = {
         **driver._base(),  # the driver's fresh grant and routing fields
         "expectedRevision": driver.revision,
@@ -109,6 +118,7 @@ async def replay_stage(
         "archive": {"_isVirtualStream": True, "streamId": stream_id},
     }
     call = asyncio.create_task(cloudly.call_agent(METHOD_STAGE, body, timeout))
+    called = time.perf_counter()
 
     async def until_clear(prefix: str) -> None:
         """Probe with `feedback` until the agent knows the stream and has room."""
@@ -145,8 +155,10 @@ async def replay_stage(
                 raise RuntimeError(f"the agent did not take chunk {index}")
             if answer.get("backpressure"):
                 probes += 1
+                paused = time.perf_counter()
                 await asyncio.sleep(probe_interval)
                 await until_clear(f"p{index:09d}-")
+                longest_pause = max(longest_pause, time.perf_counter() - paused)
         closing = _package(
             stream_id,
             f"{tag}-closing",
@@ -164,4 +176,6 @@ async def replay_stage(
         if not call.done():
             call.cancel()
     driver._seen(METHOD_STAGE, answer["state"])  # keep the driver's revision
-    return ReplayResult(spec.size, seconds, answer["state"], probes)
+    return ReplayResult(
+        spec.size, seconds, answer["state"], probes, started - called, longest_pause
+    )

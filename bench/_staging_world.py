@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import json
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -134,10 +134,12 @@ def write_config(
     *,
     max_in_flight: int | None = None,
     window_bytes: int | None = None,
+    corestore: Mapping[str, int] | None = None,
+    streams: Mapping[str, int] | None = None,
 ) -> Path:
     """An agent config file for the stand-ins (production defaults unless a flag says;
     `chunk_form` is how the agent encodes the chunks it sends; `window_bytes` is left out for
-    an agent that predates it)."""
+    an agent that predates it; `corestore` and `streams` add keys to those sections)."""
     directory.mkdir(parents=True, exist_ok=True)
     token = secret_file(directory / "token", TOKEN)
     bearer = secret_file(directory / "bearer", BEARER)
@@ -153,12 +155,14 @@ def write_config(
                 f'credential_file = "{bearer}"',
                 f"chunk_size = {chunk_mib * MiB}",
                 *([] if max_in_flight is None else [f"max_in_flight = {max_in_flight}"]),
+                *(f"{key} = {value}" for key, value in (corestore or {}).items()),
                 "[state]",
                 f'directory = "{directory / "state"}"',
                 "[streams]",
                 f"window = {window}",
                 *([] if window_bytes is None else [f"window_bytes = {window_bytes}"]),
                 *([] if chunk_form is None else [f'chunk_form = "{chunk_form}"']),
+                *(f"{key} = {value}" for key, value in (streams or {}).items()),
                 "[shutdown]",
                 "drain_timeout_s = 5.0",
                 "close_timeout_s = 2.0",
@@ -201,6 +205,8 @@ async def agent_process(
     max_in_flight: int | None = None,
     window_bytes: int | None = None,
     checkout: Path = ROOT,
+    corestore: Mapping[str, int] | None = None,
+    streams: Mapping[str, int] | None = None,
 ) -> AsyncIterator[AgentProcess]:
     """Start `python -m <module...> --config F` against `cloudly`; wait until it is connected.
     `checkout`: run another checkout's code with its own `.venv` (an old agent, side by side)."""
@@ -212,6 +218,8 @@ async def agent_process(
         chunk_form,
         max_in_flight=max_in_flight,
         window_bytes=window_bytes,
+        corestore=corestore,
+        streams=streams,
     )
     python = sys.executable if checkout == ROOT else str(checkout / ".venv" / "bin" / "python")
     log_path = directory / "stderr.jsonl"

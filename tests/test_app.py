@@ -231,7 +231,11 @@ def test_session_settings_follow_the_configuration(tmp_path: Path) -> None:
                 "tag_payload": {"cluster": "c1"},
             },
             "corestore": {"credential_source": "file", "credential_file": str(tmp_path / "c")},
-            "streams": {"window": 8, "window_bytes": 4 * 2**20},
+            "streams": {
+                "window": 8,
+                "window_bytes": 4 * 2**20,
+                "receive_budget_bytes": 32 * 2**20,
+            },
             "shutdown": {"close_timeout_s": 3.0},
         }
     )
@@ -241,6 +245,7 @@ def test_session_settings_follow_the_configuration(tmp_path: Path) -> None:
     assert settings.tag_payload == {"cluster": "c1"}
     assert (settings.close_timeout, settings.connection.streams.window) == (3.0, 8)
     assert settings.connection.streams.window_bytes == 4 * 2**20
+    assert settings.connection.receive_budget == 32 * 2**20
 
 
 async def test_the_secrets_it_reads_are_masked_in_every_log_line(

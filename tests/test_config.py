@@ -25,8 +25,10 @@ from agent.config import (
     websocket_url,
 )
 from agent.errors import ConfigError
+from agent.protocol.settings import ConnectionSettings
 from agent.secret import Secret
 
+MiB = 1024 * 1024
 EXAMPLE = Path(__file__).resolve().parents[1] / "config.example.toml"
 
 MINIMAL = """\
@@ -206,6 +208,32 @@ def test_corestore_transfer_timeout_and_poll_interval_are_read(tmp_path: Path) -
     assert (corestore.transfer_timeout_s, corestore.restore_poll_interval_s) == (900.0, 0.05)
 
 
+def test_the_per_node_transfer_limits_default_to_two_places_and_no_rate(tmp_path: Path) -> None:
+    """Left out: two transfers per node at once, no byte rate."""
+    corestore = load_config(write_config(tmp_path, MINIMAL)).corestore
+    assert (corestore.max_transfers_per_node, corestore.max_bytes_per_s_per_node) == (2, None)
+
+
+def test_the_per_node_transfer_limits_are_read(tmp_path: Path) -> None:
+    """`max_transfers_per_node` and `max_bytes_per_s_per_node` are taken as written."""
+    text = MINIMAL + "max_transfers_per_node = 4\nmax_bytes_per_s_per_node = 52428800\n"
+    corestore = load_config(write_config(tmp_path, text)).corestore
+    assert (corestore.max_transfers_per_node, corestore.max_bytes_per_s_per_node) == (4, 52428800)
+
+
+def test_the_receive_budget_defaults_to_the_protocols_and_is_bounded(tmp_path: Path) -> None:
+    """`[streams] receive_budget_bytes`: 8 MiB when left out, the protocol's default; below
+    1 MiB is refused naming the key."""
+    config = load_config(write_config(tmp_path, MINIMAL))
+    assert config.streams.receive_budget_bytes == ConnectionSettings().receive_budget == 8 * MiB
+    text = MINIMAL + "[streams]\nreceive_budget_bytes = 1000\n"
+    with pytest.raises(ConfigError) as caught:
+        load_config(write_config(tmp_path, text))
+    assert str(caught.value) == (
+        "config streams.receive_budget_bytes: must be >= 1048576, got 1000"
+    )
+
+
 def test_config_is_frozen(tmp_path: Path) -> None:
     """A loaded configuration cannot be changed."""
     config = load_config(write_config(tmp_path, MINIMAL))
@@ -338,6 +366,27 @@ REFUSALS = [
     (
         ('credential_file = "corestore-credential"', 'credential_file = "c"\nmax_in_flight = 33'),
         "config corestore.max_in_flight: must be <= 32, got 33",
+    ),
+    (
+        (
+            'credential_file = "corestore-credential"',
+            'credential_file = "c"\nmax_transfers_per_node = 0',
+        ),
+        "config corestore.max_transfers_per_node: must be >= 1, got 0",
+    ),
+    (
+        (
+            'credential_file = "corestore-credential"',
+            'credential_file = "c"\nmax_transfers_per_node = 65',
+        ),
+        "config corestore.max_transfers_per_node: must be <= 64, got 65",
+    ),
+    (
+        (
+            'credential_file = "corestore-credential"',
+            'credential_file = "c"\nmax_bytes_per_s_per_node = 1000',
+        ),
+        "config corestore.max_bytes_per_s_per_node: must be >= 1048576, got 1000",
     ),
     (
         ('credential_file = "corestore-credential"', 'credential_file = "c"\nretries = 11'),

@@ -2,7 +2,8 @@
 
 - The pure core (contracts, the protocol, the domain, the restore state's transforms and request
   checks, the relay's restore plan, the Corestore route descriptions, HPKE and the credential
-  bindings, errors, secrets, config) imports no I/O library and no asyncio.
+  bindings, the per-node transfer limits, errors, secrets, config) imports no I/O library and
+  no asyncio.
 - Each I/O library has one adapter home: aiohttp in `agent/corestore/transport.py` (the
   Corestore client) and `agent/health.py` (the health endpoint), websockets in
   `agent/session/transport.py`, aiosqlite in `agent/store/`, prometheus_client in
@@ -54,6 +55,7 @@ PURE = [
     AGENT / "observe.py",
     AGENT / "overview.py",
     AGENT / "progress.py",
+    AGENT / "transfers" / "limits.py",
     AGENT / "session" / "faults.py",
     AGENT / "session" / "handshake.py",
     AGENT / "session" / "outage.py",

@@ -15,9 +15,17 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.domain.jobs import JobKey, StoredJob
 from agent.domain.restores import StoredState
-from agent.overview import RestoreFacts, job_rows, readiness, restore_row
+from agent.overview import (
+    RestoreFacts,
+    job_rows,
+    readiness,
+    restore_row,
+    transfers_body,
+    with_transfers,
+)
 from agent.status import ClusterSummary, NodeSummary, SessionState, StatusSnapshot
 from agent.statusview import render
+from agent.transfers.limits import NodeLimits, TransferView
 from tests.store.states import KEY, node_state
 
 NOW = 1_000_000.0
@@ -321,3 +329,78 @@ def test_a_failed_job_row_names_its_error() -> None:
         "short",
     )
     assert (row["resourceTypes"], row["partial"]) == (None, False)
+
+
+def _view(*asks: tuple[str, tuple[str, ...]], limit: int = 1) -> TransferView:
+    """A transfer view after `asks` (node, subject) at times 0, 1, 2, ..., taken at 10."""
+    limits = NodeLimits(limit)
+    for second, (node, subject) in enumerate(asks):
+        limits.ask(node, "stage", subject, float(second))
+    return limits.view(10.0)
+
+
+def test_a_row_carries_its_transfer_while_it_moves_or_waits_and_null_otherwise() -> None:
+    """A restore row whose stage moves or waits says so (kind, state, place, seconds); a row
+    with nothing under way says null."""
+    view = _view(("n", ("restore", "c", "n", "r-1")), ("n", ("restore", "c", "n", "r-2")))
+    rows = [{"clusterId": "c", "nodeId": "n", "restoreId": r} for r in ("r-1", "r-2", "r-3")]
+    assert [row["transfer"] for row in with_transfers(rows, view)] == [
+        {"kind": "stage", "state": "moving", "position": None, "seconds": 10},
+        {"kind": "stage", "state": "queued", "position": 1, "seconds": 9},
+        None,
+    ]
+
+
+def test_a_job_row_matches_its_transfer_by_the_whole_job_key() -> None:
+    """A relay job's closure transfer is found by cluster, node, kind, backup, service, run."""
+    view = _view(("n", ("job", "c", "n", "restore", "b", "s", "2")))
+    rows = [
+        {"clusterId": "c", "nodeId": "n", "kind": "restore", "backupId": "b", "serviceId": "s",
+         "run": run}
+        for run in (1, 2)
+    ]  # fmt: skip
+    assert [row["transfer"] is None for row in with_transfers(rows, view)] == [True, False]
+
+
+def test_the_transfers_body_gives_the_limits_each_nodes_counts_and_every_transfer() -> None:
+    """`/v1/transfers`: per node the moving ones first, then its queue in order."""
+    view = _view(
+        ("n1", ("restore", "c", "n1", "r-1")),
+        ("n1", ("restore", "c", "n1", "r-2")),
+        ("n2", ("job", "c", "n2", "backup", "b", "s", "0")),
+    )
+    body = transfers_body(view)
+    assert body["maxTransfersPerNode"] == 1
+    assert body["maxBytesPerSecondPerNode"] is None
+    assert body["nodes"] == {"n1": {"moving": 1, "queued": 1}, "n2": {"moving": 1, "queued": 0}}
+    assert [(t["nodeId"], t["for"], t["state"]) for t in body["transfers"]] == [
+        ("n1", "c n1 r-1", "moving"),
+        ("n1", "c n1 r-2", "queued"),
+        ("n2", "c n2 backup b s 0", "moving"),
+    ]
+
+
+def test_the_status_text_says_which_rows_wait_for_their_node() -> None:
+    """A queued row shows its place after its status; a transfers line sums up each node."""
+    data = {
+        "ready": True,
+        "reasons": {},
+        "session": {"state": "connected"},
+        "transfers": {"maxTransfersPerNode": 2, "nodes": {"n": {"moving": 2, "queued": 1}}},
+        "restores": [
+            {
+                "clusterId": "c",
+                "nodeId": "n",
+                "restoreId": "r-1",
+                "status": "prepared",
+                "revision": 2,
+                "ageSeconds": 1,
+                "progress": None,
+                "transfer": {"kind": "stage", "state": "queued", "position": 1, "seconds": 1},
+            }
+        ],
+        "jobs": [],
+    }
+    text = render(data, now_ms=int(NOW * 1000))
+    assert "transfers: n 2 moving, 1 queued (at most 2 per node)\n" in text
+    assert "c/n/r-1               prepared (queued 1)         2  -         1 s\n" in text

@@ -15,8 +15,9 @@ hands out values and bytes only, never its stream machines; a stream is named by
 - `next_deadline()` says when `advance()` is next needed. No timer is a task;
 - queries by stream id: `can_write(stream_id)`, `stream_outcome(stream_id)`.
 
-Streams, by who opens them: a handler reads a request's stream (`read_request_stream`) and
-opens streams for its response (`open_reply_stream`); a caller opens a stream to send in its
+Streams, by who opens them: a handler reads a request's stream (`read_request_stream`; until
+then it may hold it back, `hold_request_stream`: every answer says backpressure) and opens
+streams for its response (`open_reply_stream`); a caller opens a stream to send in its
 call (`open_send_stream`) and reads one whose marker came in a response
 (`read_response_stream`). Then `write` (split into chunks of at most `MAX_CHUNK`, as many as
 the window has room for), `end_stream`, `abort_stream`, `take`, `stop_reading`. A stream is
@@ -103,6 +104,7 @@ from agent.protocol.events import (
 )
 from agent.protocol.ids import new_uni_id
 from agent.protocol.markers import find_stream_ids
+from agent.protocol.receive_budget import ReceiveBudget
 from agent.protocol.settings import ConnectionSettings, StreamSettings
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 from agent.protocol.stream_registry import StreamRegistry
@@ -168,6 +170,9 @@ class Connection:
         self._new_id = new_id
         self._calls = CallTable(new_id=new_id, max_attempts=self.settings.max_retry_attempts)
         self._streams = StreamRegistry(self.settings.streams, new_id)
+        self._budget = ReceiveBudget(
+            self.settings.receive_budget, expiry=self.settings.streams.park_timeout
+        )
         self._requests: dict[int, _Request] = {}
         self._request_ids = 0
         self._outbox: list[bytes] = []
@@ -190,7 +195,11 @@ class Connection:
 
     def next_deadline(self) -> float | None:
         """When `advance()` next has something to do (None: only frames and actions matter)."""
-        times = [self._calls.next_deadline(), self._streams.next_wakeup()]
+        times = [
+            self._calls.next_deadline(),
+            self._streams.next_wakeup(),
+            self._budget.next_deadline(),
+        ]
         times += [stream.next_wakeup() for stream in self._streams.initiators.values()]
         return min((t for t in times if t is not None), default=None)
 
@@ -242,7 +251,7 @@ class Connection:
             return
         kind = classify(env)
         if kind is FrameKind.STREAM:
-            self._on_stream_frame(env, now)
+            self._on_stream_frame(env, now, len(frame))
         elif kind is FrameKind.REQUEST:
             self._on_request(env, now)
         elif kind is FrameKind.RESPONSE:
@@ -267,7 +276,8 @@ class Connection:
             if responder.broken and responder.done:
                 log.warning("stream_broken", stream_id=stream_id, reason=responder.broken_reason)
             self._touch(responder)
-            self._release(responder)
+            self._release(responder, now)
+        self._send_answers(self._budget.release(now))
         for stream in list(self._streams.initiators.values()):
             self._pump(stream, now)
 
@@ -277,6 +287,7 @@ class Connection:
             return
         self._closed = reason
         self._outbox.clear()
+        self._budget.clear()
         for call_id in self._calls.clear():
             self._events.append(Failed(call_id, SessionClosed(reason.close_code, reason.reason)))
         for stream in list(self._streams.all_streams()):
@@ -338,8 +349,25 @@ class Connection:
                 f"stream {stream_id} is not an unopened stream of this request"
             )
         request.opened.add(stream_id)
-        if stream_id not in self._streams.responders:  # pragma: no cover - kept with its request
+        stream = self._streams.responders.get(stream_id)
+        if stream is None:  # pragma: no cover - kept with its request
             raise StreamBroken(f"stream {stream_id} is gone")
+        stream.held = False
+
+    def hold_request_stream(self, request_id: int, stream_id: str) -> None:
+        """Stream `stream_id` of request `request_id` will be read later: until its handler
+        reads it (`read_request_stream`), every answer on it says `backpressure`, so its
+        initiator probes (typedrequest every 50 ms) rather than sends. A request waiting for a
+        transfer slot holds its stream this way; its deadlines are unchanged (the initiator's
+        probes and keep-alives keep it alive)."""
+        request = self._requests.get(request_id)
+        if request is None or stream_id not in request.streams or stream_id in request.opened:
+            raise LocalProtocolError(
+                f"stream {stream_id} is not an unopened stream of this request"
+            )
+        stream = self._streams.responders.get(stream_id)
+        if stream is not None:
+            stream.held = True
 
     def open_reply_stream(self, request_id: int, now: float) -> str:
         """A new stream for the response of request `request_id`, which we will answer `read`
@@ -481,7 +509,7 @@ class Connection:
         if was_open and stream.broken:
             log.warning("stream_broken", stream_id=stream_id, reason=stream.broken_reason)
         self._touch(stream)
-        self._release(stream)
+        self._release(stream, now)
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -528,15 +556,36 @@ class Connection:
         self._send_answer(stream.abort(reason, now))
         self._touch(stream)
 
-    def _release(self, stream: ResponderStream) -> None:
+    def _release(self, stream: ResponderStream, now: float) -> None:
         """Answer the frames that waited for `stream`'s chunks; announce new chunks to decode."""
         if self._closed is not None:
             return
         for answer in stream.release():
-            self._outbox.append(encode_envelope(answer))
+            self._answer_stream(stream, answer, now)
+        if stream.done:
+            self._send_answers(self._budget.forget(stream.stream_id, now))
         if stream.received:
             self._events.extend(ChunkToDecode(stream.stream_id, c) for c in stream.received)
             stream.received.clear()
+
+    def _answer_stream(self, stream: ResponderStream, answer: Envelope, now: float) -> None:
+        """Send an answer on a stream we answer for; one that invites the initiator's next
+        chunk waits for room in the connection's receive budget (`receive_budget`)."""
+        package = answer.response
+        inviting = (
+            stream.role is Role.RECEIVE
+            and not stream.done
+            and isinstance(package, dict)
+            and package.get("mainPurpose") == "feedback"
+            and package.get("backpressure") is False
+        )
+        if inviting:
+            self._send_answers(self._budget.admit(stream.stream_id, answer, now))
+        else:
+            self._outbox.append(encode_envelope(answer))
+
+    def _send_answers(self, answers: list[Envelope]) -> None:
+        self._outbox.extend(encode_envelope(answer) for answer in answers)
 
     def _pump(self, stream: InitiatorStream, now: float) -> None:
         """Queue what `stream` wants to send now; forget it once it has nothing more to say."""
@@ -613,18 +662,27 @@ class Connection:
         else:
             log.info("call_retry_advised", method=env.method)
 
-    def _on_stream_frame(self, env: Envelope, now: float) -> None:
+    def _on_stream_frame(self, env: Envelope, now: float, size: int) -> None:
         result = self._streams.on_frame(env, now)
         if result.dropped:
             log.debug("stream_frame_unrouted", stream_id=result.stream_id, reason=result.dropped)
+        responder = (
+            None if result.stream_id is None else self._streams.responders.get(result.stream_id)
+        )
+        if responder is not None and isinstance(env.request, dict):
+            purpose = env.request.get("mainPurpose")
+            if purpose in ("chunk", "feedback"):
+                self._budget.arrived(responder.stream_id, size=size, chunk=purpose == "chunk")
         if result.reply is not None:
-            self._outbox.append(encode_envelope(result.reply))
+            if responder is not None:
+                self._answer_stream(responder, result.reply, now)
+            else:
+                self._outbox.append(encode_envelope(result.reply))
         if result.stream_id is None:
             return
-        responder = self._streams.responders.get(result.stream_id)
         if responder is not None:
             self._touch(responder)
-            self._release(responder)
+            self._release(responder, now)
             return
         initiator = self._streams.initiators.get(result.stream_id)
         if initiator is not None:

@@ -75,6 +75,12 @@ class RequestContext(Protocol):
         """Read the stream `marker` (a field of this request); once per stream."""
         ...
 
+    def hold_stream(self, marker: StreamMarker) -> None:
+        """Hold the stream `marker` (a field of this request, not read yet) back until it is
+        read: the peer is told `backpressure` meanwhile and sends nothing more (a handler that
+        waits its turn before it reads)."""
+        ...
+
     def open_send_stream(self, producer: Producer | None = None) -> tuple[StreamMarker, ByteSink]:
         """A new stream for the response: put the marker into it.
 

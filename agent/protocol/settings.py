@@ -60,14 +60,18 @@ class StreamSettings:
 class ConnectionSettings:
     """Tunables of one connection: its streams' (`streams`), how often a call is sent again on
     `retry` advice (`max_retry_attempts`), how many requests are handled at once
-    (`max_concurrent_requests`) and how long a caller turned away for that waits
-    (`busy_retry_ms`)."""
+    (`max_concurrent_requests`), how long a caller turned away for that waits
+    (`busy_retry_ms`), and how many bytes of chunk frames our answers invite at once across
+    the streams we receive (`receive_budget`, None: no bound; `receive_budget.ReceiveBudget`)."""
 
     streams: StreamSettings = field(default_factory=StreamSettings)
     max_retry_attempts: int = 5
     max_concurrent_requests: int = 64
     busy_retry_ms: int = 1000
+    receive_budget: int | None = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.max_concurrent_requests < 1:
             raise InvalidState("max_concurrent_requests must be at least 1")
+        if self.receive_budget is not None and self.receive_budget < 1:
+            raise InvalidState("receive_budget must be positive (None: no bound)")

@@ -28,9 +28,12 @@ more break the stream. Smaller chunks are decoded at once, as before.
 
 Bounds: the receive queue holds at most `window` chunks, and at most `window_bytes` bytes
 (a queued chunk counts the frame it keeps alive until it is decoded, then its bytes), before we
-report backpressure; a peer that keeps sending past twice either bound breaks the stream. The
-send queue holds `window` chunks; the producer waits for `has_space()`. Memory per stream is
-at most 2 x `window_bytes` of queued frames, never stream length.
+report backpressure; a stream whose reader is not ready yet (`held`: its request waits for a
+transfer slot) reports backpressure whatever it holds, so its initiator probes instead of
+sending and the stream holds no more than it took before; a peer that keeps sending past twice
+either bound breaks the stream. The send queue holds `window` chunks; the producer waits for
+`has_space()`. Memory per stream is at most 2 x `window_bytes` of queued frames, never stream
+length.
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ class ResponderStream:
         self._deferred: deque[tuple[Envelope, StreamPackage, float]] = deque()
         self._queued_close = False  # SEND: the producer called close()
         self._abandoned = False  # RECEIVE: nobody will read; accept and discard
+        self.held = False  # RECEIVE: the reader is not ready yet; answer backpressure
         self._parked: _Parked | None = None
         self.end_reported = False  # the connection told its driver the stream is over
 
@@ -227,7 +231,9 @@ class ResponderStream:
 
     def _backpressured(self) -> bool:
         return self.role is Role.RECEIVE and (
-            len(self._queue) >= self._window or self._queued_bytes >= self._window_bytes
+            self.held
+            or len(self._queue) >= self._window
+            or self._queued_bytes >= self._window_bytes
         )
 
     def _accept_chunk(self, package: StreamPackage, now: float) -> None:

@@ -31,12 +31,13 @@ shutdown). docs/relay.md has the details and the decisions.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
+from agent.contracts.base import StreamMarker
 from agent.contracts.cluster import ClusterView
 from agent.contracts.relay import (
     METHOD_BACKUP_CLUSTER_SERVICE,
@@ -53,11 +54,13 @@ from agent.domain.job_machine import JobKind
 from agent.domain.jobs import JobKey
 from agent.domain.replay import request_digest
 from agent.progress import ProgressPace
+from agent.protocol.handlers import ByteSink, ByteSource
 from agent.relay.closures import CloudlyCalls, Progress, receive_closure, send_closure
 from agent.relay.plan import RestorePlan, locate_node, plan_restore
 from agent.relay.runner import JobRunner, Outcome, Work
 from agent.relay.settings import RelaySettings
 from agent.store import RevisionStore
+from agent.transfers import NodeLimits, Transfer, TransferGate
 
 __all__ = ["RelayService", "import_id_for"]
 
@@ -83,10 +86,13 @@ class RelayService:
         cloudly: Callable[[], CloudlyCalls],
         settings: RelaySettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        transfers: TransferGate | None = None,
     ) -> None:
         """`cloudly()` is the live session (read when a job needs it); `settings`: `chunk_size`
         bounds every closure chunk, `transfer_timeout` each closure call, `progress_interval`
-        the pace of the progress log."""
+        the pace of the progress log. `transfers`: the per-node transfer slots and byte rate a
+        closure waits for before it asks Cloudly (shared with the engine; by default the
+        relay's own, with the default limits)."""
         self.runner: Final = JobRunner(store, clock=clock)
         """The relay's jobs: run them (`runner.run()`) in the caller's TaskGroup, stop them with
         `runner.close()`; requests are refused `shutting-down` outside that."""
@@ -95,6 +101,7 @@ class RelayService:
         self._cloudly = cloudly
         self._settings = settings or RelaySettings()
         self._clock = clock
+        self._transfers = transfers or TransferGate(NodeLimits(), clock=clock)
 
     # --- the three requests -------------------------------------------------------------------
 
@@ -158,16 +165,19 @@ class RelayService:
             "uncaptured": [resource.to_wire() for resource in record.uncaptured],
         }
         if any(snapshot.type == "database" for snapshot in record.snapshots):
-            descriptor = await send_closure(
-                client=client,
-                cloudly=self._cloudly(),
-                service_id=key.service_id,
-                backup_id=key.backup_id,
-                node_id=key.node_id,
-                chunk_size=self._settings.chunk_size,
-                timeout=self._settings.transfer_timeout,
-                progress=self._progress(key, "closure_sent"),
-            )
+            async with self._transfers.slot(
+                key.node_id, "closure-export", _subject(key)
+            ) as transfer:
+                descriptor = await send_closure(
+                    client=client,
+                    cloudly=_PacedCalls(self._cloudly(), transfer),
+                    service_id=key.service_id,
+                    backup_id=key.backup_id,
+                    node_id=key.node_id,
+                    chunk_size=self._settings.chunk_size,
+                    timeout=self._settings.transfer_timeout,
+                    progress=self._progress(key, "closure_sent"),
+                )
             report["closure"] = {"size": descriptor.size, "sha256": descriptor.sha256}
         response = BackupClusterServiceResponse.from_wire(
             {
@@ -190,17 +200,20 @@ class RelayService:
         archive_ids: list[str] = []
         for snapshot in plan.snapshots:
             if snapshot.type == "database":
-                descriptor = await receive_closure(
-                    client=client,
-                    cloudly=self._cloudly(),
-                    service_id=key.service_id,
-                    backup_id=key.backup_id,
-                    node_id=key.node_id,
-                    import_id=import_id_for(key),
-                    chunk_size=self._settings.chunk_size,
-                    timeout=self._settings.transfer_timeout,
-                    progress=self._progress(key, "closure_received"),
-                )
+                async with self._transfers.slot(
+                    key.node_id, "closure-import", _subject(key)
+                ) as transfer:
+                    descriptor = await receive_closure(
+                        client=client,
+                        cloudly=_PacedCalls(self._cloudly(), transfer),
+                        service_id=key.service_id,
+                        backup_id=key.backup_id,
+                        node_id=key.node_id,
+                        import_id=import_id_for(key),
+                        chunk_size=self._settings.chunk_size,
+                        timeout=self._settings.transfer_timeout,
+                        progress=self._progress(key, "closure_received"),
+                    )
                 report["closure"] = {"size": descriptor.size, "sha256": descriptor.sha256}
             else:
                 archive_ids.append(snapshot.snapshot_id)
@@ -231,6 +244,43 @@ class RelayService:
                 _log.info(event, **_key_fields(key), bytes=done, total=total)
 
         return report
+
+
+def _subject(key: JobKey) -> tuple[str, ...]:
+    """What a closure transfer names in the transfer view: its job (`agent.overview`)."""
+    return (
+        "job",
+        key.cluster_id,
+        key.node_id,
+        key.kind,
+        key.backup_id,
+        key.service_id,
+        str(key.run),
+    )
+
+
+class _PacedCalls:
+    """The session as the closures see it, with the transfer's byte rate on its streams (the
+    call itself goes out only once the transfer holds its slot: nothing waits on the wire)."""
+
+    def __init__(self, cloudly: CloudlyCalls, transfer: Transfer) -> None:
+        self._cloudly = cloudly
+        self._transfer = transfer
+
+    async def call(
+        self,
+        method: str,
+        request: Mapping[str, Any],
+        timeout: float,  # noqa: ASYNC109  # a per-call deadline, passed on
+    ) -> dict[str, Any]:
+        return await self._cloudly.call(method, request, timeout)
+
+    def open_send_stream(self) -> tuple[StreamMarker, ByteSink]:
+        marker, sink = self._cloudly.open_send_stream()
+        return marker, self._transfer.sink(sink)
+
+    def receive_stream(self, marker: StreamMarker) -> ByteSource:
+        return self._transfer.source(self._cloudly.receive_stream(marker))
 
 
 def _key_fields(key: JobKey) -> dict[str, str | int]:

@@ -85,6 +85,7 @@ from agent.restore.staging import StagingWork, stage_object
 from agent.restore.work import RestoreWork, run_cleanup, run_execute, run_prepare
 from agent.secret import Secret
 from agent.store import RevisionStore
+from agent.transfers import NodeLimits, TransferGate
 
 __all__ = ["IsolatedRestoreEngine", "Observer"]
 
@@ -105,11 +106,14 @@ class IsolatedRestoreEngine:
         cluster_view: Callable[[], ClusterView | None],
         settings: EngineSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        transfers: TransferGate | None = None,
     ) -> None:
         """`clock` is the engine's one source of time: state timestamps, the pace of the staging
         progress log, the bound of closing (the waits between Corestore's status reads are its
         clients', on the clock they were given). `clients` give each node's Corestore client
-        with that node's control credential (fetched, cached and refreshed by their source)."""
+        with that node's control credential (fetched, cached and refreshed by their source).
+        `transfers`: the per-node transfer slots and byte rate a stage waits for (shared with
+        the relay; by default the engine's own, with the default limits)."""
         self.owner: Final = WorkOwner(store, clock=clock)
         """The engine's background work: run it (`owner.run()`) in the caller's TaskGroup,
         stop it with `owner.close()`; requests are refused `shutting-down` outside that."""
@@ -119,6 +123,7 @@ class IsolatedRestoreEngine:
         self._cluster_view = cluster_view
         self._settings = settings or EngineSettings()
         self._clock = clock
+        self._transfers = transfers or TransferGate(NodeLimits(), clock=clock)
 
     @property
     def settings(self) -> EngineSettings:
@@ -165,11 +170,15 @@ class IsolatedRestoreEngine:
         self,
         request: StageIsolatedRestoreArchiveRequest,
         open_source: Callable[[], ByteSource],
+        *,
+        hold_source: Callable[[], None] | None = None,
     ) -> IsolatedRestoreNodeState:
         """`stageIsolatedRestoreArchive`: one manifest object's bytes from `open_source()`.
 
         The stream is opened only when bytes must move; a replay or an object Corestore already
-        holds leaves it unopened (the session discards it)."""
+        holds leaves it unopened (the session discards it). Moving them waits for one of the
+        node's transfer slots (`agent.transfers`); while it waits, `hold_source()` tells the
+        peer to hold the stream back."""
         key, client = self._route(request)
         grant = check_grant(request.restore_grant)
         digest = request_digest(METHOD_STAGE, request.to_wire())
@@ -188,19 +197,23 @@ class IsolatedRestoreEngine:
                     f"archive manifest of restore {key.restore_id}"
                 )
             if not entry.written:
-                outcome = await stage_object(
-                    StagingWork(
-                        client,
-                        self._store,
-                        key,
-                        stored.state.staging_archive_id,
-                        request.object,
-                        grant,
-                        self._settings,
-                        self._clock,
-                    ),
-                    open_source,
-                )
+                subject = ("restore", key.cluster_id, key.node_name, key.restore_id)
+                async with self._transfers.slot(
+                    key.node_name, "stage", subject, on_queued=hold_source
+                ) as transfer:
+                    outcome = await stage_object(
+                        StagingWork(
+                            client,
+                            self._store,
+                            key,
+                            stored.state.staging_archive_id,
+                            request.object,
+                            grant,
+                            self._settings,
+                            self._clock,
+                        ),
+                        lambda: transfer.source(open_source()),
+                    )
                 _log.info(
                     "object_staged",
                     restore_id=key.restore_id,

@@ -42,7 +42,11 @@ def isolated_restore_routes(engine: IsolatedRestoreEngine) -> Routes:
         def open_source() -> ByteSource:
             return ctx.receive_stream(request.archive)
 
-        return IsolatedRestoreStateResponse(state=await engine.stage(request, open_source))
+        def hold_source() -> None:
+            ctx.hold_stream(request.archive)
+
+        state = await engine.stage(request, open_source, hold_source=hold_source)
+        return IsolatedRestoreStateResponse(state=state)
 
     async def status(
         request: GetIsolatedRestoreStatusRequest, ctx: RequestContext

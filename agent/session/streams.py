@@ -229,6 +229,9 @@ class HandlerContext:
         self._owner.connection.read_request_stream(self._request_id, marker.stream_id)
         return Source(self._owner, marker.stream_id)
 
+    def hold_stream(self, marker: StreamMarker) -> None:
+        self._owner.connection.hold_request_stream(self._request_id, marker.stream_id)
+
     def open_send_stream(self, producer: Producer | None = None) -> tuple[StreamMarker, ByteSink]:
         stream_id = self._owner.connection.open_reply_stream(self._request_id, self._owner.now())
         self.producers[stream_id] = producer

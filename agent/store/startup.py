@@ -109,6 +109,23 @@ async def open_database(
     return db
 
 
+async def open_reader(path: Path, *, busy_timeout: float) -> aiosqlite.Connection:
+    """A second, read-only connection to the checked and migrated database at `path`: in WAL
+    mode its reads wait for no write, so the store answers them without queueing behind the
+    writer's (staging records one row per chunk, each fsync'd)."""
+    try:
+        db = await aiosqlite.connect(path, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open the state database {path}: {exc}") from exc
+    try:
+        await db.execute_fetchall(f"PRAGMA busy_timeout = {round(busy_timeout * 1000)}")
+        await db.execute_fetchall("PRAGMA query_only = ON")
+    except sqlite3.Error as exc:
+        await db.close()
+        raise StoreError(f"cannot open the state database {path}: {exc}") from exc
+    return db
+
+
 async def _integrity_problem(db: aiosqlite.Connection) -> str | None:
     """None when `PRAGMA integrity_check` says ok, else what it (or SQLite) reported."""
     try:

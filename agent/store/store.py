@@ -30,8 +30,10 @@ prepare's work (`plan`). A mutation that does not change the state (a stage) pas
 the row keeps its JSON and only the revision, status, digest and time move.
 The store refuses a state or plan that is or holds a `Secret`, or carries a `restoreGrant` field
 or key at any depth. Every sqlite3 failure becomes `StoreError`
-(chained). One connection per store; an asyncio lock gives each call the connection alone, so
-a multi-statement transaction never interleaves with another call's statements.
+(chained). One connection writes; an asyncio lock gives each call the connection alone, so
+a multi-statement transaction never interleaves with another call's statements. A second,
+read-only connection answers `get()` (a status request's read): in WAL mode it sees every
+committed write and waits for none, so a status never queues behind staging's chunk records.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ from agent.store.codec import (
 )
 from agent.store.files import database_bytes
 from agent.store.records import ChunkRecord, ManifestEntry, ObjectRecord, StatusSummary
-from agent.store.startup import open_database
+from agent.store.startup import open_database, open_reader
 from agent.store.transitions import status_moves
 
 __all__ = ["DB_NAME", "RevisionStore"]
@@ -149,9 +151,11 @@ class RevisionStore:
         *,
         integrity: str = "ok",
         observer: StoreObserver = NULL_OBSERVER,
+        reader: aiosqlite.Connection | None = None,
     ) -> None:
-        """Use `await RevisionStore.open(directory)`."""
+        """Use `await RevisionStore.open(directory)`. `reader` answers `get()` (None: `db`)."""
         self._db: aiosqlite.Connection | None = db
+        self._reader = reader
         self._path = path
         self._clock = clock
         self._lock = asyncio.Lock()
@@ -181,7 +185,13 @@ class RevisionStore:
         path = directory / name
         existed = _has_content(path)
         db = await open_database(path, busy_timeout=busy_timeout, clock=clock)
-        return cls(db, path, clock, integrity="ok" if existed else "new", observer=observer)
+        try:
+            reader = await open_reader(path, busy_timeout=busy_timeout)
+        except BaseException:
+            await db.close()
+            raise
+        integrity = "ok" if existed else "new"
+        return cls(db, path, clock, integrity=integrity, observer=observer, reader=reader)
 
     @property
     def path(self) -> Path:
@@ -197,11 +207,14 @@ class RevisionStore:
         """Close the connection (idempotent); later calls raise `StoreError`."""
         async with self._lock:
             db, self._db = self._db, None
-            if db is not None:
-                try:
+            reader, self._reader = self._reader, None
+            try:
+                if reader is not None:
+                    await reader.close()
+                if db is not None:
                     await db.close()
-                except sqlite3.Error as exc:
-                    raise StoreError(f"closing the state database failed: {exc}") from exc
+            except sqlite3.Error as exc:
+                raise StoreError(f"closing the state database failed: {exc}") from exc
 
     async def __aenter__(self) -> RevisionStore:
         return self
@@ -217,8 +230,9 @@ class RevisionStore:
     # --- node states ------------------------------------------------------------------------
 
     async def get(self, key: RestoreKey) -> StoredState | None:
-        """The state stored under `key`, or None (revision 0)."""
-        async with self._connection() as db:
+        """The state stored under `key`, or None (revision 0); read on the reader connection,
+        waiting for no write."""
+        async with self._reading() as db:
             rows = await db.execute_fetchall(
                 f"SELECT {_COLUMNS} FROM restore_state WHERE {_KEY_WHERE}",  # noqa: S608
                 key.as_params(),
@@ -617,6 +631,25 @@ class RevisionStore:
                 yield db
             except sqlite3.Error as exc:
                 raise StoreError(f"state database operation failed: {exc}") from exc
+
+    @asynccontextmanager
+    async def _reading(self) -> AsyncIterator[aiosqlite.Connection]:
+        """The reader connection (the writer's without one), without the writer's lock: one
+        autocommit read sees every committed write; sqlite3 failures become `StoreError`."""
+        if self._reader is None:
+            async with self._connection() as db:
+                yield db
+            return
+        if self._db is None:
+            raise StoreError("the revision store is closed")
+        try:
+            yield self._reader
+        except sqlite3.Error as exc:
+            raise StoreError(f"state database operation failed: {exc}") from exc
+        except ValueError as exc:  # aiosqlite's word for a connection closed meanwhile
+            if self._reader is None:
+                raise StoreError("the revision store is closed") from exc
+            raise
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:

@@ -392,6 +392,69 @@ class TestRequestStreams:
         assert isinstance(conn.stream_outcome(stream), StreamBroke)
 
 
+def feedback_frame(stream_id: str, cycle_id: str) -> bytes:
+    """The `feedback` probe a typedrequest initiator sends before a chunk and while paused."""
+    package = {"streamId": stream_id, "cycleId": cycle_id, "cycle": "request"}
+    package |= {"mainPurpose": "feedback", "next": True, "backpressure": False}
+    return orjson.dumps({"method": "##VirtualStream##", "request": package, "response": None})
+
+
+class TestHeldStreams:
+    def test_a_held_stream_answers_backpressure_to_every_frame(self) -> None:
+        """While its handler holds it (waiting for a transfer slot), the stream's answers to a
+        probe, a keep-alive and a chunk all say backpressure, and the keep-alive says alive."""
+        conn = connection()
+        conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
+        [event] = requests(conn)
+        conn.hold_request_stream(event.request_id, "s1")
+        conn.receive_frame(feedback_frame("s1", "f1"), 0.0)
+        conn.receive_frame(stray("s1", "k1"), 0.0)
+        conn.receive_frame(chunk_frame("s1", "c1", b"[7]"), 0.0)
+        answers = [frame["response"] for frame in sent(conn)]
+        assert [a["backpressure"] for a in answers] == [True, True, True]
+        assert answers[1]["keepAlive"] is True
+
+    def test_reading_a_held_stream_ends_the_hold(self) -> None:
+        """Once the handler reads it, the next probe is told to send, and what came while it
+        was held is there to take."""
+        conn = connection()
+        conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
+        [event] = requests(conn)
+        conn.hold_request_stream(event.request_id, "s1")
+        conn.receive_frame(chunk_frame("s1", "c1", b"[7]"), 0.0)
+        sent(conn)
+        conn.read_request_stream(event.request_id, "s1")
+        conn.receive_frame(feedback_frame("s1", "f2"), 1.0)
+        [answer] = sent(conn)
+        assert answer["response"]["backpressure"] is False
+        assert conn.take("s1", 1.0) == b"\x07"
+
+    def test_a_held_stream_kept_alive_by_its_initiator_outlives_the_idle_timeout(self) -> None:
+        """Holding sets no deadline: a stream held for ten idle timeouts, probed meanwhile, is
+        still open and readable."""
+        conn = connection()
+        conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
+        [event] = requests(conn)
+        conn.hold_request_stream(event.request_id, "s1")
+        for second in range(1, 101):
+            conn.receive_frame(feedback_frame("s1", f"f{second}"), float(second))
+            conn.advance(float(second))
+        assert conn.stream_outcome("s1") is None
+        conn.read_request_stream(event.request_id, "s1")
+        assert conn.take("s1", 100.0) is None
+
+    def test_only_an_unread_stream_of_the_request_can_be_held(self) -> None:
+        """Holding a stream the handler reads already, or one of another request, is a bug."""
+        conn = connection()
+        conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
+        [event] = requests(conn)
+        conn.read_request_stream(event.request_id, "s1")
+        with pytest.raises(LocalProtocolError, match="not an unopened stream"):
+            conn.hold_request_stream(event.request_id, "s1")
+        with pytest.raises(LocalProtocolError, match="not an unopened stream"):
+            conn.hold_request_stream(event.request_id, "other")
+
+
 class TestEchoSuppression:
     def test_a_frame_for_an_unknown_stream_is_echoed_once_as_typedrequest_does(self) -> None:
         """The first stray frame comes back unchanged with localData null."""

@@ -1,0 +1,135 @@
+"""`ReceiveBudget`: how many bytes of chunk frames the connection's answers invite at once,
+across all the streams it receives (sans I/O: time is `now`).
+
+A typedrequest initiator sends a stream's next chunk when the answer to its last one (or to
+its `feedback` probe) says `backpressure: false`; so each such answer is an *invitation* for
+one more frame. Every stream of a connection shares one TCP stream, and whatever is invited
+queues at the peer and in the kernel ahead of everything the peer sends next: a request such as
+a status call waits behind all of it. Sixteen streams inviting a ~4 MB Buffer-form frame each
+put ~60 MB ahead of it.
+
+The budget bounds that: an invitation counts its stream's last frame size until the stream's
+next chunk or probe arrives (or `expiry` seconds pass, so an initiator that has nothing to send
+holds no budget for long); an answer that would invite past `limit` bytes is *held*, not sent,
+and held answers go out in the order they were held as invitations are used up, so the
+streams take turns. One invitation is always allowed: a lone stream is never held, and a
+frame larger than the limit still moves. Answers that invite nothing (backpressure, keep-alive
+answers, a stream that is over) are never held.
+
+Held answers are bounded by the number of streams (one in flight each); nothing here holds a
+payload, only the small answer envelopes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from agent.protocol.envelope import Envelope
+
+__all__ = ["DEFAULT_ESTIMATE", "SIZE_MEMORY", "ReceiveBudget"]
+
+DEFAULT_ESTIMATE: Final = 1 << 20
+"""What an invitation counts before its stream sent any chunk (one 1 MiB chunk's payload)."""
+
+SIZE_MEMORY: Final = 4096
+"""How many streams' last frame sizes are remembered (the least recently updated go first):
+a long-running connection sees many streams come and go, and not every one ends in a way the
+connection reports here."""
+
+
+@dataclass(slots=True)
+class _Invitation:
+    size: int
+    expires: float
+
+
+@dataclass(slots=True)
+class ReceiveBudget:
+    """Invitations outstanding per stream, and the answers held until one is used up."""
+
+    limit: int | None  # bytes; None: no bound
+    expiry: float  # seconds an unused invitation counts
+    _invited: dict[str, _Invitation] = field(default_factory=dict)
+    _held: deque[tuple[str, Envelope]] = field(default_factory=deque)
+    _last_size: dict[str, int] = field(default_factory=dict)
+    _used: int = 0
+
+    @property
+    def invited_bytes(self) -> int:
+        """What the outstanding invitations count."""
+        return self._used
+
+    @property
+    def held(self) -> int:
+        """Answers waiting for room in the budget."""
+        return len(self._held)
+
+    def arrived(self, stream_id: str, *, size: int, chunk: bool) -> None:
+        """A chunk (`chunk`) or a probe of `stream_id` arrived: its invitation is used up."""
+        if chunk:
+            self._last_size.pop(stream_id, None)
+            self._last_size[stream_id] = size
+            if len(self._last_size) > SIZE_MEMORY:
+                del self._last_size[next(iter(self._last_size))]
+        invitation = self._invited.pop(stream_id, None)
+        if invitation is not None:
+            self._used -= invitation.size
+
+    def admit(self, stream_id: str, answer: Envelope, now: float) -> list[Envelope]:
+        """An answer that invites one more frame of `stream_id`: the answers to send now (it,
+        and any held before it that fit), or none when it must wait its turn."""
+        if self.limit is None:
+            return [answer]
+        self._held.append((stream_id, answer))
+        return self.release(now)
+
+    def release(self, now: float) -> list[Envelope]:
+        """Held answers that fit now, oldest first (none overtakes an earlier one)."""
+        self._expire(now)
+        sent: list[Envelope] = []
+        while self._held:
+            stream_id, answer = self._held[0]
+            size = self._last_size.get(stream_id, DEFAULT_ESTIMATE)
+            if self._invited and self.limit is not None and self._used + size > self.limit:
+                break
+            self._held.popleft()
+            self._invite(stream_id, size, now)
+            sent.append(answer)
+        return sent
+
+    def forget(self, stream_id: str, now: float) -> list[Envelope]:
+        """`stream_id` is over: its invitation no longer counts and its held answers go now
+        (they invite nothing any more); then whatever else fits."""
+        self.arrived(stream_id, size=0, chunk=False)
+        self._last_size.pop(stream_id, None)
+        mine = [answer for held_id, answer in self._held if held_id == stream_id]
+        if mine:
+            self._held = deque(item for item in self._held if item[0] != stream_id)
+        return mine + self.release(now)
+
+    def next_deadline(self) -> float | None:
+        """When an invitation expires (and a held answer may go), if any is outstanding while
+        answers wait."""
+        if not self._held or not self._invited:
+            return None
+        return min(invitation.expires for invitation in self._invited.values())
+
+    def clear(self) -> None:
+        """The connection is gone: nothing is outstanding, nothing will be sent."""
+        self._invited.clear()
+        self._held.clear()
+        self._last_size.clear()
+        self._used = 0
+
+    def _invite(self, stream_id: str, size: int, now: float) -> None:
+        previous = self._invited.pop(stream_id, None)
+        if previous is not None:
+            self._used -= previous.size
+        self._invited[stream_id] = _Invitation(size, now + self.expiry)
+        self._used += size
+
+    def _expire(self, now: float) -> None:
+        for stream_id in [s for s, i in self._invited.items() if i.expires <= now]:
+            self._used -= self._invited.pop(stream_id).size

@@ -1,0 +1,167 @@
+"""The connection-wide receive budget: answers that invite a stream's next chunk wait while the
+invited bytes of all streams would pass the budget; they go out in turn as invitations are used
+up (or expire); a lone stream and answers that invite nothing are never held."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from agent.protocol.connection import Connection, ConnectionSettings, StreamSettings
+from agent.protocol.envelope import Envelope
+from agent.protocol.receive_budget import SIZE_MEMORY, ReceiveBudget
+
+MiB = 1 << 20
+
+
+def answer(name: str) -> Envelope:
+    return Envelope("##VirtualStream##", None, {"cycleId": name}, is_reply=True)
+
+
+def names(envelopes: list[Envelope]) -> list[str]:
+    return [e.response["cycleId"] for e in envelopes]
+
+
+class TestBudget:
+    def test_a_lone_stream_is_never_held_even_past_the_limit(self) -> None:
+        """One invitation is always allowed: a frame larger than the budget still moves."""
+        budget = ReceiveBudget(limit=MiB, expiry=1.0)
+        budget.arrived("s1", size=4 * MiB, chunk=True)
+        assert names(budget.admit("s1", answer("a1"), 0.0)) == ["a1"]
+
+    def test_answers_past_the_limit_wait_and_go_in_the_order_they_came(self) -> None:
+        """With two 4 MiB frames invited under an 8 MiB budget, the next two answers wait; each
+        used-up invitation lets the oldest waiting one go."""
+        budget = ReceiveBudget(limit=8 * MiB, expiry=1.0)
+        for stream in ("s1", "s2", "s3", "s4"):
+            budget.arrived(stream, size=4 * MiB, chunk=True)
+        sent = [names(budget.admit(s, answer(s), 0.0)) for s in ("s1", "s2", "s3", "s4")]
+        assert sent == [["s1"], ["s2"], [], []]
+        budget.arrived("s2", size=4 * MiB, chunk=True)  # s2's next chunk came
+        assert names(budget.release(0.1)) == ["s3"]
+        budget.arrived("s1", size=4 * MiB, chunk=True)
+        assert names(budget.release(0.2)) == ["s4"]
+
+    def test_a_new_answer_waits_behind_the_held_ones(self) -> None:
+        """No overtaking: an answer that would fit still queues after earlier held answers."""
+        budget = ReceiveBudget(limit=8 * MiB, expiry=1.0)
+        for stream in ("s1", "s2", "s3"):
+            budget.arrived(stream, size=4 * MiB, chunk=True)
+            budget.admit(stream, answer(stream), 0.0)
+        budget.arrived("s1", size=4 * MiB, chunk=True)
+        assert names(budget.admit("s1", answer("s1-again"), 0.0)) == ["s3"]
+        assert budget.held == 1
+
+    def test_an_unused_invitation_expires(self) -> None:
+        """An initiator that sends nothing after its invitation holds budget for `expiry`."""
+        budget = ReceiveBudget(limit=4 * MiB, expiry=1.0)
+        for stream in ("s1", "s2"):
+            budget.arrived(stream, size=4 * MiB, chunk=True)
+        budget.admit("s1", answer("s1"), 0.0)
+        assert budget.admit("s2", answer("s2"), 0.0) == []
+        assert budget.next_deadline() == 1.0
+        assert names(budget.release(1.0)) == ["s2"]
+
+    def test_a_stream_that_is_over_lets_its_held_answers_go(self) -> None:
+        """A stream that ended or broke invites nothing: its answers go at once and its
+        invitation no longer counts."""
+        budget = ReceiveBudget(limit=4 * MiB, expiry=1.0)
+        for stream in ("s1", "s2", "s3"):
+            budget.arrived(stream, size=4 * MiB, chunk=True)
+            budget.admit(stream, answer(stream), 0.0)
+        assert names(budget.forget("s1", 0.1)) == ["s2"]
+        assert names(budget.forget("s3", 0.2)) == ["s3"]
+
+    def test_it_remembers_the_sizes_of_a_bounded_number_of_streams(self) -> None:
+        """Streams come and go for ever: only the last `SIZE_MEMORY` sizes are kept, and a
+        forgotten stream's next invitation counts the default estimate."""
+        budget = ReceiveBudget(limit=8 * MiB, expiry=1.0)
+        for number in range(SIZE_MEMORY + 10):
+            budget.arrived(f"s{number}", size=3 * MiB, chunk=True)
+        assert len(budget._last_size) == SIZE_MEMORY
+        budget.admit("s0", answer("s0"), 0.0)
+        assert budget.invited_bytes == MiB
+
+    def test_without_a_limit_nothing_waits(self) -> None:
+        """`limit=None`: every answer goes at once."""
+        budget = ReceiveBudget(limit=None, expiry=1.0)
+        for stream in ("s1", "s2", "s3"):
+            budget.arrived(stream, size=100 * MiB, chunk=True)
+            assert names(budget.admit(stream, answer(stream), 0.0)) == [stream]
+
+
+def request(body: Any) -> bytes:
+    frame = {"method": "echo", "request": body, "response": None}
+    return orjson.dumps(frame | {"correlation": {"id": "c1", "phase": "request"}})
+
+
+def chunk(stream_id: str, cycle_id: str, size: int) -> bytes:
+    """A Buffer-form chunk frame of `size` zero bytes (decoded on arrival: small frames)."""
+    data = b",".join(b"0" for _ in range(size))
+    return (
+        b'{"method":"##VirtualStream##","request":{"streamId":"' + stream_id.encode()
+        + b'","cycleId":"' + cycle_id.encode()
+        + b'","cycle":"request","mainPurpose":"chunk","chunkData":{"type":"Buffer","data":['
+        + data + b"]}},\"response\":null}"
+    )  # fmt: skip
+
+
+def keep_alive(stream_id: str, cycle_id: str) -> bytes:
+    package = {"streamId": stream_id, "cycleId": cycle_id, "cycle": "request"}
+    package |= {"mainPurpose": "keepAlive", "keepAlive": True}
+    return orjson.dumps({"method": "##VirtualStream##", "request": package, "response": None})
+
+
+def answered(conn: Connection) -> list[str]:
+    return [orjson.loads(frame)["response"]["cycleId"] for frame in conn.data_to_send()]
+
+
+def receiving(budget: int, streams: int) -> Connection:
+    """A connection handling one request that carries `streams` streams, all being read."""
+    settings = ConnectionSettings(
+        streams=StreamSettings(inline_decode_max=10**9), receive_budget=budget
+    )
+    conn = Connection({"echo"}, settings)
+    markers = {f"m{i}": {"_isVirtualStream": True, "streamId": f"s{i}"} for i in range(streams)}
+    conn.receive_frame(request(markers), 0.0)
+    [event] = conn.events_received()
+    for i in range(streams):
+        conn.read_request_stream(event.request_id, f"s{i}")  # type: ignore[attr-defined]
+    return conn
+
+
+class TestConnection:
+    def test_streams_take_turns_within_the_budget(self) -> None:
+        """Budget for about two frames: the third stream's answer waits until the first
+        stream's next chunk arrives, then goes; the data is all there to take."""
+        frame = len(chunk("s0", "c-0-0", 1000))
+        conn = receiving(budget=2 * frame, streams=3)
+        for i in range(3):
+            conn.receive_frame(chunk(f"s{i}", f"c-{i}-0", 1000), 0.0)
+        assert answered(conn) == ["c-0-0", "c-1-0"]
+        conn.receive_frame(chunk("s0", "c-0-1", 1000), 0.01)
+        assert answered(conn) == ["c-2-0"]
+        assert [len(conn.take(f"s{i}", 0.02) or b"") for i in range(3)] == [1000, 1000, 1000]
+
+    def test_keep_alives_are_answered_while_a_chunk_answer_waits(self) -> None:
+        """Only answers that invite a chunk wait: a held stream's keep-alive is answered."""
+        frame = len(chunk("s0", "c-0-0", 1000))
+        conn = receiving(budget=frame, streams=2)
+        conn.receive_frame(chunk("s0", "c-0-0", 1000), 0.0)
+        conn.receive_frame(chunk("s1", "c-1-0", 1000), 0.0)
+        assert answered(conn) == ["c-0-0"]
+        conn.receive_frame(keep_alive("s1", "k-1"), 0.1)
+        assert answered(conn) == ["k-1"]
+
+    def test_a_held_answer_goes_when_the_invitation_expires(self) -> None:
+        """The budget's deadline is the connection's: `advance` past it sends the answer."""
+        frame = len(chunk("s0", "c-0-0", 1000))
+        conn = receiving(budget=frame, streams=2)
+        conn.receive_frame(chunk("s0", "c-0-0", 1000), 0.0)
+        conn.receive_frame(chunk("s1", "c-1-0", 1000), 0.0)
+        answered(conn)
+        deadline = conn.next_deadline()
+        assert deadline is not None
+        conn.advance(deadline)
+        assert answered(conn) == ["c-1-0"]
