@@ -19,8 +19,7 @@ recorded here and the next attempt begins afresh. A refused or unusable step rai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, TypeVar
 
 import structlog
 from pydantic import ValidationError
@@ -41,8 +40,9 @@ from agent.credentials.hpke import KEM_X25519_HKDF_SHA256
 from agent.credentials.keys import EnrollmentRecord, KeyStore
 from agent.errors import CallFailed, EnrollmentFailed, SealedMaterialRefused
 from agent.log import scrub_text
+from agent.protocol.handlers import Caller
 
-__all__ = ["Caller", "Enrollment", "read_answer"]
+__all__ = ["Enrollment", "read_answer"]
 
 _log = structlog.get_logger("agent.credentials.enrollment")
 
@@ -50,20 +50,6 @@ _log = structlog.get_logger("agent.credentials.enrollment")
 RENEW_MARGIN_MS: Final = 60_000
 
 _Answer = TypeVar("_Answer", bound=WireModel)
-
-
-class Caller(Protocol):
-    """Something that calls Cloudly: the session, or the connection being set up."""
-
-    async def call(
-        self,
-        method: str,
-        request: Mapping[str, Any],
-        *,
-        timeout: float,  # noqa: ASYNC109  # a protocol deadline, passed on
-    ) -> dict[str, Any]:
-        """Call `method`; raises `CallFailed`, `CallTimeout` or `SessionClosed`."""
-        ...
 
 
 def read_answer(method: str, data: Any, model: type[_Answer]) -> _Answer:

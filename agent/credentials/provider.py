@@ -33,7 +33,7 @@ from agent.contracts.credentials import (
 )
 from agent.corestore.sanitize import sanitize_code
 from agent.credentials.binding import credential_info, open_credential
-from agent.credentials.enrollment import Caller, Enrollment, read_answer
+from agent.credentials.enrollment import Enrollment, read_answer
 from agent.credentials.keys import EnrollmentRecord, RecipientKey
 from agent.errors import (
     CallFailed,
@@ -42,6 +42,7 @@ from agent.errors import (
     SessionError,
 )
 from agent.log import register_secret, scrub_text
+from agent.protocol.handlers import Caller
 from agent.secret import Secret
 
 __all__ = ["SealedCredentials"]

@@ -8,7 +8,8 @@ a failure is `invalid-request` naming the first field path) and serialises the a
 is routed once.
 
 Also here, because handlers and the session both name them: the handler's view of its request
-(`RequestContext`) and the byte-stream faces (`ByteSource`, `ByteSink`, `Producer`).
+(`RequestContext`), the byte-stream faces (`ByteSource`, `ByteSink`, `Producer`) and the face
+that calls the peer (`Caller`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from agent.errors import InvalidRequest, InvalidState
 __all__ = [
     "ByteSink",
     "ByteSource",
+    "Caller",
     "Handler",
     "Producer",
     "RequestContext",
@@ -61,6 +63,21 @@ class ByteSink(Protocol):
 
 
 Producer = Callable[[ByteSink], Awaitable[None]]
+
+
+class Caller(Protocol):
+    """What calls the peer: the session's connection (`agent.session.peer.Peer`), or the
+    session itself once connected."""
+
+    async def call(
+        self,
+        method: str,
+        request: Mapping[str, Any],
+        *,
+        timeout: float,  # noqa: ASYNC109  # a protocol deadline, passed on
+    ) -> dict[str, Any]:
+        """Call `method`; raises `CallFailed`, `CallTimeout` or `SessionClosed`."""
+        ...
 
 
 class RequestContext(Protocol):

@@ -67,7 +67,7 @@ from agent.errors import (
     StreamNotServed,
 )
 from agent.protocol.connection import MAX_CHUNK
-from agent.protocol.handlers import ByteSink, ByteSource
+from agent.protocol.handlers import ByteSink, ByteSource, Caller
 
 __all__ = ["CloudlyCalls", "Progress", "receive_closure", "send_closure"]
 
@@ -77,15 +77,9 @@ Progress = Callable[[int, int], None]
 """Called with (bytes done, bytes in all) after every chunk."""
 
 
-class CloudlyCalls(Protocol):
-    """What the closures need of the session with Cloudly (`CloudlySession` has it)."""
-
-    async def call(
-        self,
-        method: str,
-        request: Mapping[str, Any],
-        timeout: float,  # noqa: ASYNC109  # a per-call deadline
-    ) -> dict[str, Any]: ...
+class CloudlyCalls(Caller, Protocol):
+    """What the closures need of the session with Cloudly (`CloudlySession` has it): its calls
+    and its streams."""
 
     def open_send_stream(self) -> tuple[StreamMarker, ByteSink]: ...
 
@@ -115,7 +109,7 @@ async def send_closure(
         closure=marker,
     )
     call = asyncio.ensure_future(
-        cloudly.call(METHOD_BACKUP_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout)
+        cloudly.call(METHOD_BACKUP_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout=timeout)
     )
     closed = False
     try:
@@ -208,7 +202,9 @@ async def receive_closure(
     )
     answer = _parse(
         RestoreServiceDatabaseClosureResponse,
-        await cloudly.call(METHOD_RESTORE_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout),
+        await cloudly.call(
+            METHOD_RESTORE_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout=timeout
+        ),
     )
     descriptor = answer.descriptor
     # A previous attempt (the agent died mid-import) may have left its import open: start over.

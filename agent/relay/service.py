@@ -271,9 +271,10 @@ class _PacedCalls:
         self,
         method: str,
         request: Mapping[str, Any],
+        *,
         timeout: float,  # noqa: ASYNC109  # a per-call deadline, passed on
     ) -> dict[str, Any]:
-        return await self._cloudly.call(method, request, timeout)
+        return await self._cloudly.call(method, request, timeout=timeout)
 
     def open_send_stream(self) -> tuple[StreamMarker, ByteSink]:
         marker, sink = self._cloudly.open_send_stream()

@@ -11,8 +11,7 @@ live connection `identity_renew_margin_s` before it expires (`cloudly_identity_r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import structlog
 
@@ -24,6 +23,7 @@ from agent.contracts.cluster import (
     UsedIdentity,
 )
 from agent.errors import CallFailed
+from agent.protocol.handlers import Caller
 from agent.secret import Secret
 from agent.session.cluster import ClusterKnowledge
 from agent.session.handshake import (
@@ -37,23 +37,9 @@ from agent.session.handshake import (
 from agent.session.settings import SessionSettings
 from agent.status import AgentStatus
 
-__all__ = ["Authentication", "Caller"]
+__all__ = ["Authentication"]
 
 log = structlog.get_logger("agent.session")
-
-
-class Caller(Protocol):
-    """What makes Cloudly calls: the connection's peer."""
-
-    async def call(
-        self,
-        method: str,
-        request: Mapping[str, Any],
-        *,
-        timeout: float,  # noqa: ASYNC109  # a protocol deadline, passed on
-    ) -> dict[str, Any]:
-        """Call `method`; raises `CallFailed`, `CallTimeout` or `SessionClosed`."""
-        ...
 
 
 class Authentication:

@@ -38,9 +38,9 @@ from agent.contracts.cluster import METHOD_SET_TAG, ClusterView
 from agent.errors import AgentError, InvalidState, SessionClosed
 from agent.log import scrub_text
 from agent.observe import NULL_OBSERVER, PeerObserver, SessionObserver
-from agent.protocol.handlers import ByteSink, ByteSource, Routes
+from agent.protocol.handlers import ByteSink, ByteSource, Caller, Routes
 from agent.secret import Secret
-from agent.session.authentication import Authentication, Caller
+from agent.session.authentication import Authentication
 from agent.session.cluster import ClusterKnowledge
 from agent.session.faults import Loss, Reconnects, session_loss
 from agent.session.keepalive import keep_alive
@@ -113,6 +113,7 @@ class CloudlySession:
         self,
         method: str,
         request: Mapping[str, Any],
+        *,
         timeout: float,  # noqa: ASYNC109  # a per-call deadline, passed on to the peer
     ) -> dict[str, Any]:
         """Call `method` on Cloudly; raises `CallFailed`, `CallTimeout`, `SessionClosed`."""

@@ -21,10 +21,11 @@ shrink; the next start tries again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Final, NoReturn
 
@@ -87,12 +88,8 @@ async def open_database(
     except OSError as exc:
         raise StoreError(f"cannot prepare the state database {path}: {exc.strerror}") from exc
     quiet_sqlite_logger()
-    try:
-        db = await aiosqlite.connect(path, isolation_level=None)
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot open the state database {path}: {exc}") from exc
-    try:
-        await db.execute_fetchall(f"PRAGMA busy_timeout = {round(busy_timeout * 1000)}")
+    db = await _connect(path, busy_timeout)
+    async with _closed_on_failure(db, path):
         problem = await _integrity_problem(db)
         if problem is not None:
             await db.close()
@@ -100,12 +97,6 @@ async def open_database(
         await _configure(db, path)
         await _migrate(db, migrations, epoch_ms(clock))
         await _switch_to_incremental_vacuum(db, path, free_bytes, clock)
-    except sqlite3.Error as exc:
-        await db.close()
-        raise StoreError(f"cannot open the state database {path}: {exc}") from exc
-    except BaseException:
-        await db.close()
-        raise
     return db
 
 
@@ -113,17 +104,34 @@ async def open_reader(path: Path, *, busy_timeout: float) -> aiosqlite.Connectio
     """A second, read-only connection to the checked and migrated database at `path`: in WAL
     mode its reads wait for no write, so the store answers them without queueing behind the
     writer's (staging records one row per chunk, each fsync'd)."""
+    db = await _connect(path, busy_timeout)
+    async with _closed_on_failure(db, path):
+        await db.execute_fetchall("PRAGMA query_only = ON")
+    return db
+
+
+async def _connect(path: Path, busy_timeout: float) -> aiosqlite.Connection:
+    """An autocommit connection to `path` that waits up to `busy_timeout` s for a lock."""
     try:
         db = await aiosqlite.connect(path, isolation_level=None)
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open the state database {path}: {exc}") from exc
-    try:
+    async with _closed_on_failure(db, path):
         await db.execute_fetchall(f"PRAGMA busy_timeout = {round(busy_timeout * 1000)}")
-        await db.execute_fetchall("PRAGMA query_only = ON")
+    return db
+
+
+@contextlib.asynccontextmanager
+async def _closed_on_failure(db: aiosqlite.Connection, path: Path) -> AsyncIterator[None]:
+    """Close `db` if the block fails (cancellation too); SQLite's errors become `StoreError`."""
+    try:
+        yield
     except sqlite3.Error as exc:
         await db.close()
         raise StoreError(f"cannot open the state database {path}: {exc}") from exc
-    return db
+    except BaseException:
+        await db.close()
+        raise
 
 
 async def _integrity_problem(db: aiosqlite.Connection) -> str | None:

@@ -14,9 +14,8 @@ from agent.contracts.cluster import ClusterView
 from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
 from agent.errors import CallFailed, EnrollmentFailed
-from agent.protocol.handlers import RequestContext, Routes
+from agent.protocol.handlers import Caller, RequestContext, Routes
 from agent.secret import Secret
-from agent.session.authentication import Caller
 from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
