@@ -81,13 +81,19 @@ def _guided(seconds: float) -> bool:
         env = {key: value for key, value in os.environ.items() if key not in _SANITIZER_ENV}
         began = time.monotonic()
         command = ["-m", "tests.fuzz.guided", str(max(1, round(seconds))), name, str(MAX_LEN)]
-        done = subprocess.run(
-            [sys.executable, *command],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                [sys.executable, *command],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=seconds + 120,  # libFuzzer stops itself; this bounds one that does not
+            )
+        except subprocess.TimeoutExpired:
+            late = f"{GUIDED}: FAILED: still running {seconds + 120:.0f} s after its start"
+            print(late, file=sys.stderr)
+            return False
         spent = time.monotonic() - began
         if done.returncode != 0:
             report = done.stdout + done.stderr

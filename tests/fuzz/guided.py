@@ -9,7 +9,8 @@ for failing inputs. `python -m tests.fuzz` prepares it, runs this in a process o
 One input is up to `MAX_FRAMES` frames separated by newlines, fed to the `Driver` of
 tests/protocol/_hostile.py, which answers every request, settles every chunk, lets time pass and
 checks what comes out. A failure is an exception out of the connection or a broken invariant:
-a frame sent that is not UTF-8 JSON, or a correlation answered more often than it was asked.
+a frame sent that is not UTF-8 JSON, or a correlation answered more often than it was asked;
+so is an input that takes 10 s or 2 GB.
 Unlike the hypothesis targets, which draw frames from a grammar, libFuzzer mutates bytes and
 keeps what reaches new lines of the protocol package.
 """
@@ -46,6 +47,9 @@ def main(argv: list[str]) -> None:
             f"-max_len={max_len}",
             f"-dict={directory}/frames.dict",
             f"-artifact_prefix={directory}/",
+            # One input that takes 10 s, or 2 GB, is a failure: a frame that pins the connection.
+            "-timeout=10",
+            "-rss_limit_mb=2048",
             "-print_final_stats=1",
             f"{directory}/corpus",
         ],
