@@ -76,7 +76,8 @@ def package_from_json(value: Any) -> StreamPackage:
         raise RemoteProtocolError("stream package cycleId is not a non-empty string")
     if cycle not in ("request", "response"):
         raise RemoteProtocolError("stream package cycle is neither request nor response")
-    if purpose not in PURPOSES:
+    # A string first: a set lookup of a peer's object or array would raise TypeError.
+    if not isinstance(purpose, str) or purpose not in PURPOSES:
         raise RemoteProtocolError("stream package mainPurpose is unknown")
     return StreamPackage(
         stream_id=stream_id,

@@ -121,6 +121,8 @@ def packages(draw: st.DrawFn, cycle: str | None = None) -> dict[str, Any]:
         "cycle": cycle if draw(st.integers(0, 9)) else draw(st.sampled_from(["request", "x"])),
         "mainPurpose": draw(st.sampled_from(PURPOSES)),
     }
+    if draw(st.integers(0, 9)) == 0:  # a field of another JSON type: an object, an array, ...
+        package[draw(st.sampled_from(sorted(package)))] = draw(json_values)
     for key in ("keepAlive", "next", "backpressure"):
         if draw(st.booleans()):
             package[key] = draw(st.booleans()) if draw(st.integers(0, 9)) else draw(scalars)

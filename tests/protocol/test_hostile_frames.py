@@ -149,6 +149,36 @@ class TestAnswersCarryNoPayload:
         assert answer["request"]["cycleId"] == answer["response"]["cycleId"] == "k1"
 
 
+class TestPackageFieldsOfAnyType:
+    """A stream package field of any JSON type is refused like any malformed package: the
+    frame is dropped or answered, never raised out of the connection. (Found by the guided fuzz
+    target: `"mainPurpose": {}` raised `TypeError: unhashable type` from the set lookup.)"""
+
+    FIELDS = ("streamId", "cycleId", "cycle", "mainPurpose", "keepAlive", "next", "backpressure")
+    VALUES = ({}, [], {"a": [1]}, [["x"]], 1, 1.5, None, True, "", "x")
+
+    @pytest.mark.parametrize("field", FIELDS)
+    @pytest.mark.parametrize("value", VALUES, ids=repr)
+    @pytest.mark.parametrize("stream_id", ["s1", "nobody"], ids=["live stream", "unknown stream"])
+    def test_the_frame_is_answered_or_dropped_never_raised(
+        self, field: str, value: Any, stream_id: str
+    ) -> None:
+        conn = connection()
+        conn.receive_frame(request_frame("echo", MARKER), 0.0)
+        conn.events_received()
+        package: dict[str, Any] = {
+            "streamId": stream_id,
+            "cycleId": "k1",
+            "cycle": "request",
+            "mainPurpose": "feedback",
+            field: value,
+        }
+        frame = {"method": STREAM_METHOD, "request": package, "response": None}
+        conn.receive_frame(orjson.dumps(frame), 0.0)
+        for sent in conn.data_to_send():
+            assert isinstance(orjson.loads(sent), dict)
+
+
 @settings(
     max_examples=150,
     deadline=None,
