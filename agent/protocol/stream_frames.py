@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from agent.errors import RemoteProtocolError
 from agent.protocol.envelope import STREAM_METHOD, Envelope
@@ -83,7 +83,7 @@ def package_from_json(value: Any) -> StreamPackage:
         stream_id=stream_id,
         cycle_id=cycle_id,
         cycle=cycle,
-        main_purpose=purpose,
+        main_purpose=cast(Purpose, purpose),  # one of PURPOSES, checked above
         backpressure=_flag(value, "backpressure"),
         next=_flag(value, "next"),
         keep_alive=_flag(value, "keepAlive"),
