@@ -19,7 +19,10 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
+import shutil
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,9 @@ __all__ = [
     "corestore_process",
     "forward_body",
     "plan_for",
+    "quiet_stand_in_logs",
+    "say",
+    "work_directory",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +56,32 @@ CLUSTER, NODE = "cluster-1", "node-1"
 OBJECT_PATH = "snap-db/dump.bson"
 DISTINCT = 4  # distinct 1 MiB blocks an object cycles through
 MiB = 2**20
+
+
+def say(text: str) -> None:
+    """Progress on stderr (the figures go to stdout)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def quiet_stand_in_logs() -> None:
+    """The stand-in's websockets loggers default to INFO (connection open/closed): not figures."""
+    logging.getLogger("websockets").setLevel(logging.WARNING)
+    logging.getLogger("websockets.server").setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def work_directory(name: str, parent: Path | None, *, keep: bool) -> Iterator[Path]:
+    """A scratch directory for bench `name` under `parent` (default: the system's temporary
+    directory, never inside the repository: a commit made meanwhile would pick the work files
+    up); removed afterwards unless `keep`."""
+    work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-", dir=parent))
+    try:
+        yield work
+    finally:
+        if keep:
+            say(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def secret_file(path: Path, value: str) -> Path:

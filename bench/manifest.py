@@ -33,10 +33,8 @@ import argparse
 import asyncio
 import hashlib
 import json
-import logging
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +51,9 @@ from bench._staging_world import (
     CycledObject,
     agent_process,
     corestore_process,
+    quiet_stand_in_logs,
+    say,
+    work_directory,
 )
 from bench.staging import cloudly_for
 from devstack.cloudly import StandInCloudly
@@ -87,11 +88,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if sorted(args.sizes) != args.sizes or len(args.sizes) < 2:
         parser.error("--sizes: at least two, smallest first")
     return args
-
-
-def say(text: str) -> None:
-    """Progress on stderr (the figures go to stdout)."""
-    print(text, file=sys.stderr, flush=True)
 
 
 def archive(restore_id: str, objects: int, total_bytes: int) -> RestorePlan:
@@ -305,18 +301,11 @@ def main(argv: list[str] | None = None) -> None:
     """Parse the flags, measure every size, print the figures."""
     args = parse(argv)
     configure_logging("console", "warning", sys.stderr)
-    logging.getLogger("websockets").setLevel(logging.WARNING)
-    logging.getLogger("websockets.server").setLevel(logging.WARNING)
+    quiet_stand_in_logs()
     command = " ".join([".venv/bin/python -m bench.manifest", *(argv or sys.argv[1:])])
-    work = Path(tempfile.mkdtemp(prefix="bench-manifest-", dir=args.dir))
     started = time.perf_counter()
-    try:
+    with work_directory("manifest", args.dir, keep=args.keep) as work:
         results = asyncio.run(run_all(args, work))
-    finally:
-        if args.keep:
-            say(f"work directory kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
     results["machine"] = machine_facts()
     results["command"] = command
     print("\n".join(report(results, command, time.perf_counter() - started)))

@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import logging
 import shutil
 import sys
 import tempfile
@@ -70,6 +69,9 @@ from bench._staging_world import (
     agent_process,
     corestore_process,
     plan_for,
+    quiet_stand_in_logs,
+    say,
+    work_directory,
 )
 from bench.cas import measure as measure_cas
 from devstack.cloudly import StandInCloudly, cluster_document
@@ -135,11 +137,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, name, value)
     args.forms = [form for form in args.forms.split(",") if form]
     return args
-
-
-def say(text: str) -> None:
-    """Progress on stderr (the figures go to stdout)."""
-    print(text, file=sys.stderr, flush=True)
 
 
 @contextlib.asynccontextmanager
@@ -335,20 +332,11 @@ def main(argv: list[str] | None = None) -> None:
     """Parse the flags, measure everything, print the figures."""
     args = parse(argv)
     configure_logging("console", "warning", sys.stderr)
-    # The stand-in's websockets loggers default to INFO (connection open/closed): not figures.
-    logging.getLogger("websockets").setLevel(logging.WARNING)
-    logging.getLogger("websockets.server").setLevel(logging.WARNING)
+    quiet_stand_in_logs()
     command = " ".join([".venv/bin/python -m bench.staging", *(argv or sys.argv[1:])])
-    # Never inside the repository: a commit made meanwhile would pick the work files up.
-    work = Path(tempfile.mkdtemp(prefix="bench-staging-", dir=args.dir))
     started = time.perf_counter()
-    try:
+    with work_directory("staging", args.dir, keep=args.keep) as work:
         results = asyncio.run(run_all(args, work))
-    finally:
-        if args.keep:
-            say(f"work directory kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
     results["machine"] = machine_facts()
     results["command"] = command
     elapsed = time.perf_counter() - started
