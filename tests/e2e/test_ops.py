@@ -94,6 +94,19 @@ def _write_status_config(path: Path, address: str) -> None:
     )
 
 
+async def _status(
+    stack: Any, config: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, int, Any]:
+    """`restore-agent status` against the running agent, as a table and with `--json`: (exit,
+    table, exit, the parsed JSON)."""
+    _write_status_config(config, stack.health)
+    capsys.readouterr()
+    table_exit = await asyncio.to_thread(main, ["status", "--config", str(config)])
+    table = capsys.readouterr().out
+    json_exit = await asyncio.to_thread(main, ["status", "--config", str(config), "--json"])
+    return table_exit, table, json_exit, json.loads(capsys.readouterr().out)
+
+
 async def test_restores_and_the_status_command_show_each_restore_without_a_secret(
     stack: Any,
     plan: RestorePlan,
@@ -109,14 +122,7 @@ async def test_restores_and_the_status_command_show_each_restore_without_a_secre
         await driver.prepare()
         await driver.stage_all()
         code, body = await _get(stack, "/v1/restores")
-        _write_status_config(status_config, stack.health)
-        capsys.readouterr()
-        table_exit = await asyncio.to_thread(main, ["status", "--config", str(status_config)])
-        table = capsys.readouterr().out
-        json_exit = await asyncio.to_thread(
-            main, ["status", "--config", str(status_config), "--json"]
-        )
-        as_json = json.loads(capsys.readouterr().out)
+        table_exit, table, json_exit, as_json = await _status(stack, status_config, capsys)
     [row] = json.loads(body)["restores"]
     total = sum(spec.size for spec in plan.objects)
     assert code == 200
@@ -157,14 +163,7 @@ async def test_the_status_command_shows_relay_jobs_as_the_endpoint_does(
             timeout=60,
         )
         code, body = await _get(stack, "/v1/jobs")
-        _write_status_config(status_config, stack.health)
-        capsys.readouterr()
-        table_exit = await asyncio.to_thread(main, ["status", "--config", str(status_config)])
-        table = capsys.readouterr().out
-        json_exit = await asyncio.to_thread(
-            main, ["status", "--config", str(status_config), "--json"]
-        )
-        as_json = json.loads(capsys.readouterr().out)
+        table_exit, table, json_exit, as_json = await _status(stack, status_config, capsys)
     [row] = json.loads(body)["jobs"]
     assert (code, table_exit, json_exit) == (200, 0, 0)
     assert (row["kind"], row["status"], row["backupId"]) == ("backup", "succeeded", "bk-ops")

@@ -10,8 +10,6 @@ answered from its record. No test sleeps: work waits on events the test sets.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +19,7 @@ from agent.domain.jobs import JobKey
 from agent.errors import RestoreInProgress, ShuttingDown
 from agent.relay.runner import INTERRUPTED, JobRunner, Outcome, Work
 from agent.store import RevisionStore
+from tests.relay._runners import running
 
 RESTORE = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
 OTHER_BACKUP = JobKey("cluster-1", "node-1", "restore", "bk-2", "svc-1")
@@ -51,32 +50,6 @@ class Works:
         """The next runs wait until `release` is set."""
         self.release.clear()
         self.started.clear()
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[RevisionStore]:
-    opened = await RevisionStore.open(tmp_path / "state")
-    try:
-        yield opened
-    finally:
-        await opened.aclose()
-
-
-async def _running(store: RevisionStore) -> AsyncIterator[JobRunner]:
-    runner = JobRunner(store)
-    task = asyncio.create_task(runner.run())
-    await runner.started()
-    try:
-        yield runner
-    finally:
-        await runner.close(5)
-        await task
-
-
-@pytest.fixture
-async def runner(store: RevisionStore) -> AsyncIterator[JobRunner]:
-    async for running in _running(store):
-        yield running
 
 
 def _rows(jobs: list[Any]) -> list[tuple[str, int, str]]:
@@ -146,10 +119,10 @@ async def test_a_restore_left_running_is_recorded_interrupted_at_start_up(
     """A run a stopped agent left `running` is `failed` with the interrupted error by the
     runner's start-up, before any request came; the next request is run 2, not a resume."""
     stale = await store.move_job(RESTORE, op=JobOp.START, expected_revision=0, digest=A)
-    async for _ in _running(store):
+    async for _ in running(store):
         pass  # started and stopped: `run()` ends only after its start-up report
     interrupted = await store.get_job(stale.key)
-    async for runner in _running(store):
+    async for runner in running(store):
         answer = await runner.submit(RESTORE, A, Works().start)
     assert interrupted is not None
     assert (interrupted.status, interrupted.result) == ("failed", INTERRUPTED)
@@ -177,7 +150,7 @@ async def test_a_restore_stopped_with_the_agent_tells_its_callers_to_repeat(
     row stays `running` until the next start-up records it interrupted."""
     works = Works()
     works.hold()
-    async for runner in _running(store):
+    async for runner in running(store):
         caller = asyncio.create_task(runner.submit(RESTORE, A, works.start))
         await works.started.wait()
     with pytest.raises(ShuttingDown, match="restore anew"):

@@ -3,12 +3,6 @@ forgotten key is a key with no job."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
-
 from agent.clock import SYSTEM_CLOCK, epoch_ms
 from agent.domain.jobs import JobKey
 from agent.relay.runner import JobRunner, Outcome, Work
@@ -32,27 +26,6 @@ class Works:
             return {"snapshots": [{"type": "database", "snapshotId": "s-1"}]}, {}
 
         return work
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[RevisionStore]:
-    opened = await RevisionStore.open(tmp_path / "state")
-    try:
-        yield opened
-    finally:
-        await opened.aclose()
-
-
-@pytest.fixture
-async def runner(store: RevisionStore) -> AsyncIterator[JobRunner]:
-    running = JobRunner(store)
-    task = asyncio.create_task(running.run())
-    await running.started()
-    try:
-        yield running
-    finally:
-        await running.close(5)
-        await task
 
 
 async def _forget_everything_finished(store: RevisionStore) -> None:
