@@ -70,7 +70,9 @@ from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 from agent.store import RevisionStore
 from agent.store.retention import Retention, RetentionSettings
+from agent.memory import Trimmer, trim_function
 from agent.transfers import NodeLimits, TransferGate
+from agent.transfers.budget import ByteBudget
 
 __all__ = ["run", "session_settings", "status_line"]
 
@@ -184,11 +186,22 @@ async def run(
             observer=metrics,
         )
         resources.push_async_callback(_step, "close the Corestore clients", clients.close, close_s)
+        # One byte budget for every byte a transfer holds (docs/operations.md, "Memory"), and
+        # memory given back once it has been idle a moment.
+        budget = ByteBudget(config.memory.budget_bytes, observer=metrics)
+        trimmer = Trimmer(
+            clock=SYSTEM_CLOCK,
+            trim=trim_function(),
+            observer=metrics,
+            busy=lambda: budget.held > 0 or budget.ledger.waiting > 0,
+        )
+        budget.on_idle(trimmer.idle)
         # One gate for every byte path to a node's Corestore: stages and closures share a
-        # node's places and its byte rate.
+        # node's places, its byte rate and the byte budget.
         transfers = TransferGate(
             NodeLimits(corestore.max_transfers_per_node, corestore.max_bytes_per_s_per_node),
             observer=metrics,
+            budget=budget,
         )
         engine = IsolatedRestoreEngine(
             store=store,
@@ -222,6 +235,7 @@ async def run(
             view_watcher=None if provider is None else provider.retain,
             ssl_context=checked.tls,
             observer=metrics,
+            pool=budget,
         )
         loop_watch = LoopWatch(
             interval=watch_interval(watchdog_s),
@@ -256,6 +270,7 @@ async def run(
                     group.create_task(loop_watch.run(), name="loop-watch"),
                     group.create_task(retention.run(), name="state-retention"),
                     group.create_task(_tell_systemd(status, notifier), name="systemd-status"),
+                    group.create_task(trimmer.run(), name="memory-trimmer"),
                 ]
                 stop_task = group.create_task(stop.wait(), name="stop-signal")
                 await asyncio.wait({session_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)

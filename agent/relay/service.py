@@ -177,6 +177,7 @@ class RelayService:
                     chunk_size=self._settings.chunk_size,
                     timeout=self._settings.transfer_timeout,
                     progress=self._progress(key, "closure_sent"),
+                    draws=transfer.holding,
                 )
             report["closure"] = {"size": descriptor.size, "sha256": descriptor.sha256}
         response = BackupClusterServiceResponse.from_wire(
@@ -213,6 +214,7 @@ class RelayService:
                         chunk_size=self._settings.chunk_size,
                         timeout=self._settings.transfer_timeout,
                         progress=self._progress(key, "closure_received"),
+                        draws=transfer.holding,
                     )
                 report["closure"] = {"size": descriptor.size, "sha256": descriptor.sha256}
             else:

@@ -39,6 +39,7 @@ from agent.errors import AgentError, InvalidState, SessionClosed
 from agent.log import scrub_text
 from agent.observe import NULL_OBSERVER, PeerObserver, SessionObserver
 from agent.protocol.handlers import ByteSink, ByteSource, Caller, Routes
+from agent.protocol.pool import WatchedPool
 from agent.secret import Secret
 from agent.session.authentication import Authentication
 from agent.session.cluster import ClusterKnowledge
@@ -79,8 +80,10 @@ class CloudlySession:
         rng: Callable[[], float] = random.random,
         ssl_context: ssl.SSLContext | None = None,
         observer: SessionObservers = NULL_OBSERVER,
+        pool: WatchedPool | None = None,
     ) -> None:
         self._settings = settings
+        self._pool = pool
         self._observer = observer
         self._outage = Outage()
         self._ever_connected = False
@@ -276,6 +279,8 @@ class CloudlySession:
                 observer=self._observer,
                 stall_timeout=settings.stream_stall_timeout,
                 serving=False,  # until the connect step is done: `_go_live`
+                pool=self._pool,
+                first_frame_bytes=settings.max_frame_bytes,
             )
             async with asyncio.TaskGroup() as group:
                 group.create_task(peer.run(), name="cloudly-peer")

@@ -58,6 +58,7 @@ from agent.protocol.connection import (
 )
 from agent.protocol.handlers import ByteSink, ByteSource, Producer, Route, Routes
 from agent.protocol.ids import new_uni_id
+from agent.protocol.pool import WatchedPool
 from agent.session.streams import HandlerContext, Signal, Sink, Source, marker_of
 
 __all__ = ["FrameTransport", "Peer"]
@@ -91,8 +92,13 @@ class Peer:
         observer: PeerObserver = NULL_OBSERVER,
         stall_timeout: float | None = None,
         serving: bool = True,
+        pool: WatchedPool | None = None,
+        first_frame_bytes: int = 16 * 1024 * 1024,
     ) -> None:
-        self.connection = Connection(routes.methods, settings, new_id=new_id)
+        self.connection = Connection(
+            routes.methods, settings, new_id=new_id, pool=pool, first_frame_bytes=first_frame_bytes
+        )
+        self._pool = pool
         self._stall_timeout = stall_timeout
         self._serving = serving
         self._observer = observer
@@ -115,6 +121,8 @@ class Peer:
         if self._group is not None:
             raise RuntimeError("Peer.run() is already running")
         closed = SessionClosed(None, "peer stopped")
+        # Bytes given back to the budget may let a held invitation go: ask the connection.
+        unlisten = None if self._pool is None else self._pool.on_room(self._timer.fire)
         async with asyncio.TaskGroup() as group:
             self._group = group
             self._spawn(self._run_timers())
@@ -126,6 +134,8 @@ class Peer:
             except SessionClosed as exc:
                 closed = exc
             finally:
+                if unlisten is not None:
+                    unlisten()
                 self.connection.connection_lost(closed, self.now())
                 self._dispatch(self.connection.events_received())
                 for task in self._children:
