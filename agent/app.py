@@ -53,6 +53,7 @@ from agent.errors import ConfigError
 from agent.health import HealthServer, bind_listener, close_listener
 from agent.log import register_secret
 from agent.loopwatch import LoopWatch, watch_interval
+from agent.memory import Trimmer, trim_function
 from agent.metrics import Metrics
 from agent.notify import Notifier, watchdog_seconds
 from agent.preflight import check
@@ -70,7 +71,6 @@ from agent.session.client import CloudlySession, SessionSettings
 from agent.status import AgentStatus, SessionState, StatusSnapshot
 from agent.store import RevisionStore
 from agent.store.retention import Retention, RetentionSettings
-from agent.memory import Trimmer, trim_function
 from agent.transfers import NodeLimits, TransferGate
 from agent.transfers.budget import ByteBudget
 

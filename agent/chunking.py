@@ -80,6 +80,11 @@ class ChunkBuffers:
             await self._back.wait()
         return self._free.pop()
 
+    async def prime(self) -> None:
+        """Draw the first buffer now, waiting in the budget's queue: before the stream is read,
+        so a transfer that reads always holds a buffer to empty its stream into."""
+        self._free.append(await self.get())
+
     def put_back(self, chunk: Chunk) -> None:
         """A chunk `rechunk` handed out is done with: its buffer is free again."""
         if isinstance(chunk, memoryview) and isinstance(chunk.obj, bytearray):
@@ -111,9 +116,7 @@ async def rechunk(
     if chunk_size < 1 or any(length < 1 for length in boundaries):
         raise ValueError("chunk lengths must be positive")
     if buffers is not None:
-        async for chunk in _rechunk_into(
-            source, chunk_size, boundaries, limit, too_long, buffers
-        ):
+        async for chunk in _rechunk_into(source, chunk_size, boundaries, limit, too_long, buffers):
             yield chunk
         return
     plan = deque(boundaries)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from agent.errors import InvalidState
 from agent.transfers.budget import BudgetLedger, ByteBudget
@@ -71,7 +70,8 @@ def test_asks_are_granted_first_come_first_served_and_none_passes_the_first() ->
     ledger = BudgetLedger(100)
     assert ledger.try_take(90)
     big, small = ledger.ask(50, keep=0), ledger.ask(5, keep=0)
-    assert not big.granted and not small.granted  # the small one fits, but waits its turn
+    assert not big.granted
+    assert not small.granted  # it fits, but waits its turn
     assert ledger.give(40) == [big]  # 100 drawn: the small one still does not fit
     assert ledger.give(5) == [small]
     assert ledger.held == 100
@@ -118,9 +118,9 @@ def test_the_bytes_drawn_never_exceed_the_limit(steps: list[tuple[str, int]]) ->
     mine = 0  # what the drawers hold, by their own count
     asks = []
     for op, size in steps:
-        if op == "try" and ledger.try_take(size, keep=0):
-            mine += size
-        elif op == "try-keep" and size <= 48 and ledger.try_take(size, keep=16):
+        if (op == "try" and ledger.try_take(size, keep=0)) or (
+            op == "try-keep" and size <= 48 and ledger.try_take(size, keep=16)
+        ):
             mine += size
         elif op == "ask" and size <= 48:
             asks.append(ledger.ask(size, keep=16))
@@ -172,7 +172,8 @@ async def test_a_waiter_that_goes_away_leaves_the_queue_and_the_next_one_moves()
 
 async def test_a_holding_gives_back_everything_when_its_transfer_fails() -> None:
     budget = ByteBudget(100, clock=ManualClock())
-    with pytest.raises(RuntimeError):
+
+    async def transfer() -> None:
         async with budget.holding() as holding:
             await holding.take(20)
             assert holding.try_take(10)
@@ -180,6 +181,9 @@ async def test_a_holding_gives_back_everything_when_its_transfer_fails() -> None
             holding.adopt(5)  # ... handed over with the chunk it takes
             assert budget.held == 35
             raise RuntimeError("the transfer failed")
+
+    with pytest.raises(RuntimeError):
+        await transfer()
     assert budget.held == 0
 
 

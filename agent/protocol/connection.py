@@ -50,11 +50,13 @@ wait.
 
 The byte budget (`pool`, `agent.protocol.pool`; none by default): a chunk frame of a stream we
 answer for is drawn for before it is invited. The answer that invites it reserves what the frame
-may need (the largest chunk frame the connection has seen, 7/4 of it to leave room for its
-decoded bytes; `first_frame_bytes` before any was seen) and is held, first in line, until the
+may need (a quarter more than the largest chunk frame the connection has seen, 7/4 of that to
+leave room for its decoded bytes; `first_frame_bytes` before any was seen) and is held, first in line, until the
 budget has it. A frame that arrives takes its reservation; one that arrives without (it was
 not invited) or needs more is drawn for at once, and when the budget cannot take it the frame
 is dropped and its stream breaks ("the peer sent more than the agent's byte budget let it").
+A request's stream is held (answered `backpressure`) until its handler reads it, so nothing is
+invited for a stream nobody empties.
 What a stream holds shrinks as its chunks are decoded; a chunk's bytes stay drawn until its
 reader asks for the next one (`take`), or stops. Streams nobody reads yet draw only beyond the
 budget's reserve.
@@ -702,12 +704,15 @@ class Connection:
         stream_ids = tuple(find_stream_ids(env.request))
         for index, stream_id in enumerate(stream_ids):
             try:
-                self._streams.open_responder(stream_id, Role.RECEIVE, now)
+                registered = self._streams.open_responder(stream_id, Role.RECEIVE, now)
             except RemoteProtocolError as exc:
                 for opened in stream_ids[:index]:
                     self._streams.forget_responder(opened)
                 self._refuse_now(env, InvalidRequest(f"request: {exc}"))
                 return
+            # With a byte budget, a stream is invited only once its reader reads: the reader
+            # holds a buffer by then, so what the stream draws always comes back.
+            registered.held = self._pool is not None
         self._request_ids += 1
         self._requests[self._request_ids] = _Request(env, stream_ids)
         self._events.append(RequestReceived(self._request_ids, env.method, env.request, stream_ids))
@@ -728,7 +733,10 @@ class Connection:
         assert self._pool is not None
         if stream_id in self._reserved:
             return True  # one invitation at a time: the one out is reserved already
-        need = _need(self._largest_frame or self._first_frame)
+        # Chunk frames of one sender vary with their bytes (a Buffer-form frame is 2 to 4 times
+        # its chunk): a quarter above the largest seen.
+        seen = self._largest_frame * 5 // 4
+        need = _need(min(seen, self._first_frame) if seen else self._first_frame)
         keep = 0 if stream_id in self._reading else self._pool.reserve
         if not self._pool.try_take(need, keep=keep):
             return False
@@ -764,7 +772,8 @@ class Connection:
             )
             self._release(stream, now)
             return False, None, 0
-        self._charged[stream.stream_id] = self._charged.get(stream.stream_id, 0) + more
+        # A reservation larger than the frame's need is given back by `_settle_charge`.
+        self._charged[stream.stream_id] = self._charged.get(stream.stream_id, 0) + max(more, 0)
         return True, stream, need
 
     def _settle_charge(self, stream: ResponderStream) -> None:

@@ -244,9 +244,13 @@ async def receive_closure(
     await client.open_closure_import(
         import_id, service_id=service_id, backup_id=backup_id, descriptor=descriptor
     )
+    # One chunk filled while the one before it is PUT, both in buffers drawn from the budget;
+    # the first before the stream is read (as staging does).
+    buffers = ChunkBuffers(chunk_size, most=2, draws=draws)
+    await buffers.prime()
     source = cloudly.receive_stream(answer.closure)
     try:
-        await _pump_import(client, source, import_id, descriptor, chunk_size, progress, draws)
+        await _pump_import(client, source, import_id, descriptor, chunk_size, progress, buffers)
         await client.commit_closure_import(import_id, descriptor.size, descriptor.sha256)
     except BaseException as exc:
         closer = getattr(source, "aclose", None)
@@ -272,11 +276,9 @@ async def _pump_import(
     descriptor: DatabaseClosureDescriptor,
     chunk_size: int,
     progress: Progress,
-    draws: Draws | None,
+    buffers: ChunkBuffers,
 ) -> None:
     size, digests, offset = descriptor.size, Digests(), 0
-    # One chunk filled while the one before it is PUT: both in buffers drawn from the budget.
-    buffers = ChunkBuffers(chunk_size, most=2, draws=draws)
     # The agent's one re-chunker: one copy per chunk, only the chunk being filled held here,
     # so memory stays a few chunks whatever the size; no chunk past `size` bytes comes out.
     chunks = rechunk(

@@ -309,4 +309,3 @@ class Holding:
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidState("the transfer's holding is closed")
-
