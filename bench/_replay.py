@@ -9,14 +9,15 @@ a re-probe every `probe_interval`. Each frame is `head + cycleId + mid + chunk J
 the chunk JSON encoded once per distinct chunk before timing, so the initiator costs next to
 nothing and the agent receives byte-identical frames to those the JS responder gets.
 
-The agent's answers are read through the stand-in connection's `taps` (the stand-in's peer
-drops them: they answer no cycle it sent), each matched to its frame by `cycleId`, as an
-initiator matches them: the stand-in's peer echoes the first answer of a stream it does not
-know back to the agent once, and the agent's answer to that echo answers no frame sent here. Concurrent replays on one connection send one frame
-at a time (a lock per websocket): on Python 3.11 an asyncio transport keeps unsent data in one
-bytearray and deletes what each partial send took from its front, so sixteen 3.7 MB frames
-written at once cost this process a memmove of the whole backlog per send -- a cost of the
-bench's own Cloudly, which the agent's node would never pay.
+The agent's answers are read through the stand-in connection's `taps` (the stand-in's peer drops
+them: they answer no cycle it sent), each matched to its frame by `cycleId`, as an initiator
+matches them: the stand-in's peer echoes the first answer of a stream it does not know back to
+the agent once, and the agent's answer to that echo answers no frame sent here. Concurrent
+replays on one connection send one frame at a time (a lock per websocket): on Python 3.11 an
+asyncio transport keeps unsent data in one bytearray and deletes what each partial send took
+from its front, so sixteen 3.7 MB frames written at once cost this process a memmove of the
+whole backlog per send -- a cost of the bench's own Cloudly, which the agent's node would never
+pay.
 """
 
 from __future__ import annotations
