@@ -51,15 +51,14 @@ wait.
 The byte budget (`pool`, `agent.protocol.pool`; none by default): a chunk frame of a stream we
 answer for is drawn for before it is invited. The answer that invites it reserves what the frame
 may need (a quarter more than the largest chunk frame the connection has seen, 7/4 of that to
-leave room for its decoded bytes; `first_frame_bytes` before any was seen) and is held, first
-in line, until the budget has it. A frame that arrives takes its reservation; one that arrives without (it was
-not invited) or needs more is drawn for at once, and when the budget cannot take it the frame
-is dropped and its stream breaks ("the peer sent more than the agent's byte budget let it").
-A request's stream is held (answered `backpressure`) until its handler reads it, so nothing is
-invited for a stream nobody empties.
-What a stream holds shrinks as its chunks are decoded; a chunk's bytes stay drawn until its
-reader asks for the next one (`take`), or stops. Streams nobody reads yet draw only beyond the
-budget's reserve.
+leave room for its decoded bytes; `first_frame_bytes` before any was seen) and is held, first in
+line, until the budget has it. A frame that arrives takes its reservation; one that arrives
+without (it was not invited) or needs more is drawn for at once, and when the budget cannot take
+it the frame is dropped and its stream breaks ("the peer sent more than the agent's byte budget
+let it"). A request's stream is held (answered `backpressure`) until its handler reads it, so
+nothing is invited for a stream nobody empties. What a stream holds shrinks as its chunks are
+decoded; a chunk's bytes stay drawn until its reader asks for the next one (`take`), or stops.
+Streams nobody reads yet draw only beyond the budget's reserve.
 
 A malformed envelope that still names a method and a request correlation id gets an
 `invalid-request` answer that echoes nothing of it; anything else malformed is dropped with a
