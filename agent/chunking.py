@@ -91,6 +91,11 @@ class ChunkBuffers:
             self._free.append(chunk.obj)
             self._back.set()
 
+    def close(self) -> None:
+        """Let go of the free buffers now (an error's traceback may keep their owner alive
+        until the cycle collector runs; the buffers need not wait for it)."""
+        self._free.clear()
+
     def _make(self) -> bytearray:
         self._made += 1
         return bytearray(self.size)

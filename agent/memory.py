@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import ctypes.util
 import os
 from collections.abc import Callable
@@ -27,11 +28,40 @@ import structlog
 from agent.clock import Clock
 from agent.observe import NULL_OBSERVER, BudgetObserver
 
-__all__ = ["TRIM_DELAY_S", "Trimmer", "resident_bytes", "trim_function"]
+__all__ = [
+    "FRAME_COPIES",
+    "IDLE_ALLOWANCE",
+    "SLACK",
+    "TRIM_DELAY_S",
+    "Trimmer",
+    "memory_high",
+    "resident_bytes",
+    "trim_function",
+]
 
 TRIM_DELAY_S: Final = 1.0
 """Seconds the budget stays idle before the memory is given back (a short pause between two
 transfers gives nothing back; the next would take it again)."""
+
+MiB: Final = 1024 * 1024
+
+IDLE_ALLOWANCE: Final = 96 * MiB
+"""What an idle agent may hold: measured 70-85 MiB (fresh, and after work once trimmed, with
+a cluster's restores prepared; docs/benchmarks.md, "One byte budget")."""
+
+FRAME_COPIES: Final = 3
+"""How many times the websocket's read path may hold the frame being read besides the budget
+(its read buffer, the frame cut out of it, the message joined from it): per `max_frame_bytes`."""
+
+SLACK: Final = 16 * MiB
+"""The rest of the measured constant: interpreter, allocator and the small answers."""
+
+
+def memory_high(budget_bytes: int, max_frame_bytes: int) -> int:
+    """The unit's `MemoryHigh=` for a budget and a frame limit: idle + budget + the constant
+    (`FRAME_COPIES` x the frame limit + `SLACK`)."""
+    return IDLE_ALLOWANCE + budget_bytes + FRAME_COPIES * max_frame_bytes + SLACK
+
 
 _log = structlog.get_logger("agent.memory")
 
@@ -103,6 +133,9 @@ class Trimmer:
         if self._trim is None:
             return
         before = self._rss()
+        # Refused and broken transfers leave cycles (an exception, its traceback, the frame
+        # that held a chunk) that only the cycle collector frees: free them first.
+        gc.collect()
         await asyncio.to_thread(self._trim)
         released = before - self._rss()
         self.trims += 1

@@ -228,6 +228,10 @@ async def stage_object(work: StagingWork, open_source: Callable[[], ByteSource])
             await transfer.read(open_source())
     except* AgentError as caught:
         error = first_leaf(caught)
+    finally:
+        transfer.buffers.close()
+        while not transfer.queue.empty():
+            transfer.queue.get_nowait()
     error = error or transfer.refused
     if isinstance(error, IntegrityError):
         await _discard(work)
