@@ -131,9 +131,7 @@ async def run_tree(args: argparse.Namespace, work: Path, tree: str, root: Path) 
     result: dict[str, Any] = {"tree": tree}
     async with contextlib.AsyncExitStack() as stack:
         log = stack.enter_context((work / f"{tree}-children.log").open("wb"))
-        corestore = await stack.enter_async_context(
-            corestore_process(work, log, name=f"cs-{tree}")
-        )
+        corestore = await stack.enter_async_context(corestore_process(work, log, name=f"cs-{tree}"))
         document = cluster_document(CLUSTER, {NODE: corestore.url})
         cloudly = await stack.enter_async_context(
             StandInCloudly(token=TOKEN, cluster=document, peer_settings=ConnectionSettings())
