@@ -166,13 +166,20 @@ class Stack:
 
     @asynccontextmanager
     async def agent(
-        self, *, streams: dict[str, Any] | None = None, **corestore: Any
+        self,
+        *,
+        streams: dict[str, Any] | None = None,
+        memory: dict[str, Any] | None = None,
+        **corestore: Any,
     ) -> AsyncIterator[AgentStatus]:
         """The real agent in-process (`agent.app.run`), connected; stopped in order on exit.
-        `streams` is its `[streams]` section (the default when None)."""
+        `streams` and `memory` are its `[streams]` and `[memory]` sections (the defaults when
+        None)."""
         data = self.config_data(**corestore)
         if streams is not None:
             data["streams"] = streams
+        if memory is not None:
+            data["memory"] = memory
         config = Config.model_validate(data)
         status, stop = AgentStatus(), asyncio.Event()
         async with asyncio.TaskGroup() as group:
