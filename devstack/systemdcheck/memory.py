@@ -154,9 +154,21 @@ async def memory(node: Node) -> str:
         raise CheckFailed(f"the kernel's OOM killer struck in {group}")
     if peak >= most:
         raise CheckFailed(f"the unit's memory peaked at {peak / MiB:.0f} MiB, its MemoryMax=")
+    enforced = _enforced(group)
     return (
         f"{STAGES} stages of {OBJECT // MiB} MiB over {len(NODES)} nodes at once, staged in "
         f"{staged_s:.1f} s and cleaned; the same PID, no restart, no oom_kill; memory peak "
         f"{peak / MiB:.0f} MiB ({source}) against MemoryHigh={high // MiB}M, "
-        f"MemoryMax={most // MiB}M"
+        f"MemoryMax={most // MiB}M ({enforced})"
+    )
+
+
+def _enforced(control_group: str) -> str:
+    """Whether the machine's cgroup applies the ceiling (a memory controller for the unit)."""
+    limit = _cgroup_file(control_group, "memory.max")
+    if limit.exists():
+        return f"enforced: {limit} holds {limit.read_text().strip()}"
+    return (
+        "declared, not enforced in this machine: its cgroup has no memory controller (the "
+        "host's is bound to the v1 hierarchy)"
     )
