@@ -315,6 +315,11 @@ class Connection:
             self._pump(stream, now)
 
     @property
+    def invitations_held(self) -> bool:
+        """Whether answers wait for room (in the receive budget or the byte budget)."""
+        return self._budget.held > 0
+
+    @property
     def charged_bytes(self) -> int:
         """What the streams we answer for hold of the byte budget now."""
         return sum(self._charged.values())

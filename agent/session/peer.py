@@ -122,7 +122,7 @@ class Peer:
             raise RuntimeError("Peer.run() is already running")
         closed = SessionClosed(None, "peer stopped")
         # Bytes given back to the budget may let a held invitation go: ask the connection.
-        unlisten = None if self._pool is None else self._pool.on_room(self._timer.fire)
+        unlisten = None if self._pool is None else self._pool.on_room(self._room)
         async with asyncio.TaskGroup() as group:
             self._group = group
             self._spawn(self._run_timers())
@@ -141,6 +141,11 @@ class Peer:
                 for task in self._children:
                     task.cancel()
         raise closed
+
+    def _room(self) -> None:
+        """Bytes came back to the budget: ask the connection again if answers wait for it."""
+        if self.connection.invitations_held:
+            self._timer.fire()
 
     def start_serving(self) -> None:
         """Run the routes' handlers from now on (a peer made with `serving=False`)."""
