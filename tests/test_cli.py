@@ -638,3 +638,25 @@ def test_output_into_a_closed_pipe_exits_141_quietly(config_path: Path) -> None:
         os.close(write_end)
     assert result.returncode == 141
     assert result.stderr == b""
+
+
+def test_status_json_is_written_at_once_with_its_newline(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status --json` writes the body and its newline in one write: a reader that stops after
+    the body (`| head`) sees a complete answer, not a broken pipe on a newline written later."""
+    writes: list[str] = []
+
+    class Recorder:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr("agent.cli.fetch", lambda listen: {"ready": True, "session": {}})
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    assert main(["status", "--config", str(config_path), "--json"]) == 0
+    assert len(writes) == 1
+    assert writes[0].endswith("}\n")
