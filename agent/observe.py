@@ -13,7 +13,10 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
                                                        recorded (bytes staged); an object
                                                        written (bytes verified)
     agent/store/retention.py       StoreObserver       records retention forgot (restores,
-                                                       jobs); bytes it gave back to the disk
+                                                       jobs); bytes it gave back to the disk;
+                                                       a pass that failed
+    agent/store/startup.py         StoreObserver       the one VACUUM of an older file
+                                                       skipped or failed
     agent/corestore/transport.py   CorestoreObserver   one HTTP attempt (route, answer kind, s);
     agent/corestore/client.py                          one resend of a route; a control
                                                        credential refused for good
@@ -83,6 +86,13 @@ class StoreObserver(Protocol):
     def retention_freed(self, *, count: int) -> None:
         """Retention gave `count` bytes of the database file back to the file system."""
 
+    def retention_failed(self) -> None:
+        """A retention pass failed (the store failed or closed); the next one tries again."""
+
+    def vacuum_failed(self, *, reason: str) -> None:
+        """The one `VACUUM` that switches an older database to giving pages back did not run:
+        `reason` is `skipped` (no room for a copy) or `failed`."""
+
 
 class CorestoreObserver(Protocol):
     """What the Corestore HTTP edge reports."""
@@ -144,6 +154,12 @@ class NullObserver:
         """Nothing."""
 
     def retention_freed(self, *, count: int) -> None:
+        """Nothing."""
+
+    def retention_failed(self) -> None:
+        """Nothing."""
+
+    def vacuum_failed(self, *, reason: str) -> None:
         """Nothing."""
 
     def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:

@@ -7,7 +7,9 @@ them into the JSON it serves; `restore-agent status` prints the same JSON as a t
 Readiness (`readiness()`): ready only when every check passes; each failing check adds one
 reason under a stable key:
 
-    session     the Cloudly session is not `connected` (its state and last error)
+    session     the Cloudly session is not `connected`: its state and, in an outage, since
+                when Cloudly is unreachable, when it last connected, the failed attempts and
+                the last error (`AgentStatus`'s `unreachable_sentence`)
     keepalive   connected, but Cloudly answered no keepalive ping (nor the authentication)
                 within `stale_after` seconds
     store       the revision store is not open
@@ -28,6 +30,8 @@ A job row (`job_rows()`) says where one relay job (a service backup or restore) 
 status, revision, attempts and age; a finished restore names the resource types it restored and
 whether it was partial, a failed job its error code and message. Never the service document.
 
+`agent_facts()` is `/readyz`'s `agent`: the version, when it started and its uptime.
+
 Transfers (`agent.transfers`): `with_transfers()` gives each restore or job row its `transfer`,
 null unless bytes of it move or wait for one of the node's places right now:
 
@@ -44,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from agent import __version__
 from agent.domain.jobs import StoredJob
 from agent.domain.restores import StoredState
 from agent.status import SessionState, StatusSnapshot
@@ -52,6 +57,7 @@ from agent.transfers.limits import TransferEntry, TransferView
 __all__ = [
     "BYTES_STATUSES",
     "RestoreFacts",
+    "agent_facts",
     "job_rows",
     "readiness",
     "restore_row",
@@ -75,7 +81,10 @@ def readiness(
     reasons: dict[str, str] = {}
     if snapshot.state is not SessionState.CONNECTED:
         reason = f"the Cloudly session is {snapshot.state.value}"
-        if snapshot.last_error is not None:
+        outage = snapshot.unreachable(now)
+        if outage is not None and snapshot.state is not SessionState.STOPPED:
+            reason += f": {outage}"
+        elif snapshot.last_error is not None:
             reason += f" (last error: {snapshot.last_error})"
         reasons["session"] = reason
     else:
@@ -103,6 +112,17 @@ def readiness(
             + (f" ({problems})" if problems else " (the document lists no node)")
         )
     return reasons
+
+
+def agent_facts(snapshot: StatusSnapshot, *, now: float) -> dict[str, Any]:
+    """`/readyz`'s `agent`: which version runs and for how long (`restore-agent status`'s
+    first line)."""
+    started = snapshot.started_at
+    return {
+        "version": __version__,
+        "startedAt": None if started is None else round(started * 1000),
+        "uptimeSeconds": None if started is None else int(max(0.0, now - started)),
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,3 +103,9 @@ def test_the_unit_parses_as_an_ini_file() -> None:
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     parser.read_string(UNIT.read_text())
     assert parser.sections() == ["Unit", "Service", "Install"]
+
+
+def test_the_agents_stop_timeout_is_the_units() -> None:
+    """`[shutdown] stop_timeout_s`, against which `run` and `check-config` check the shutdown
+    budget, defaults to the unit's TimeoutStopSec=: the check is against the real unit."""
+    assert ShutdownConfig().stop_timeout_s == float(_unit()["Service"]["TimeoutStopSec"][0])

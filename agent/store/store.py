@@ -184,7 +184,7 @@ class RevisionStore:
         """
         path = directory / name
         existed = _has_content(path)
-        db = await open_database(path, busy_timeout=busy_timeout, clock=clock)
+        db = await open_database(path, busy_timeout=busy_timeout, clock=clock, observer=observer)
         try:
             reader = await open_reader(path, busy_timeout=busy_timeout)
         except BaseException:

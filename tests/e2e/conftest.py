@@ -166,13 +166,19 @@ class Stack:
 
     @asynccontextmanager
     async def agent(
-        self, *, streams: dict[str, Any] | None = None, **corestore: Any
+        self,
+        *,
+        streams: dict[str, Any] | None = None,
+        cloudly: dict[str, Any] | None = None,
+        **corestore: Any,
     ) -> AsyncIterator[AgentStatus]:
         """The real agent in-process (`agent.app.run`), connected; stopped in order on exit.
-        `streams` is its `[streams]` section (the default when None)."""
+        `streams` is its `[streams]` section (the default when None); `cloudly` keys are
+        added to its `[cloudly]` section."""
         data = self.config_data(**corestore)
         if streams is not None:
             data["streams"] = streams
+        data["cloudly"].update(cloudly or {})
         config = Config.model_validate(data)
         status, stop = AgentStatus(), asyncio.Event()
         async with asyncio.TaskGroup() as group:
