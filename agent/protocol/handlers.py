@@ -45,6 +45,11 @@ class ByteSource(Protocol):
         """Chunks until the closing bit; raises `StreamBroken` if the stream dies first."""
         ...
 
+    async def aclose(self) -> None:
+        """Stop reading (what still arrives is discarded); nothing once the stream is over.
+        Whoever reads a source closes it when it stops, on failure too."""
+        ...
+
 
 class ByteSink(Protocol):
     """Bytes we send to the peer."""

@@ -217,10 +217,8 @@ async def receive_closure(
         await _pump_import(client, source, import_id, descriptor, chunk_size, progress)
         await client.commit_closure_import(import_id, descriptor.size, descriptor.sha256)
     except BaseException as exc:
-        closer = getattr(source, "aclose", None)
         with contextlib.suppress(Exception):
-            if closer is not None:
-                await asyncio.shield(closer())
+            await asyncio.shield(source.aclose())
         with contextlib.suppress(Exception):
             await asyncio.shield(client.abort_closure_import(import_id))
         if isinstance(exc, StreamNotServed):

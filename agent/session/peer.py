@@ -302,6 +302,10 @@ class Peer:
         finally:
             seconds = self._clock.monotonic() - began
             self._observer.request_handled(method=method, code=code, seconds=seconds)
+            # The request's streams ended with it: a source its handler left open (it failed
+            # mid-stream) must not keep its wake-up for the life of the connection.
+            for stream_id in event.stream_ids:
+                self.unwatch(stream_id)
         await self._flush_quietly()
 
     async def _decode(self, event: ChunkToDecode) -> None:
