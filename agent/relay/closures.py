@@ -129,8 +129,11 @@ async def send_closure(
             # (a short, long or altered export; Corestore's errors) stay what we raise.
             raise refusal from exc
         call.cancel()
-        with contextlib.suppress(BaseException):
-            await call
+        # Wait for the call to end without taking on its outcome: `asyncio.wait` raises only
+        # this task's own cancellation (the job stopped meanwhile), which must win.
+        await asyncio.wait({call})
+        if not call.cancelled():
+            call.exception()  # retrieved: its outcome no longer matters
         raise
     if not answer.accepted:
         raise ClosureNotAccepted(
