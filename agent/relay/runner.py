@@ -198,7 +198,7 @@ class JobRunner:
         # Retrieve the outcome here too: a job whose callers all left must not warn.
         outcome.add_done_callback(lambda done: done.cancelled() or done.exception())
         key, scope = stored.key, stored.key.scope
-        task = self._owner.spawn(self._execute(stored, work, outcome), name=f"relay-{key.kind}")
+        task = self._owner.spawn(self._guarded(stored, work, outcome), name=f"relay-{key.kind}")
         running = _Running(key, stored.request_digest, outcome)
         self._running[scope] = running
 
@@ -208,6 +208,20 @@ class JobRunner:
 
         task.add_done_callback(forget)
         return outcome
+
+    async def _guarded(
+        self, stored: StoredJob, work: Work, outcome: asyncio.Future[dict[str, Any]]
+    ) -> None:
+        """`_execute`, and a bug of the runner's own (recording an outcome) fails this job,
+        `internal`: its callers are answered, and the owner's TaskGroup (the daemon) goes on."""
+        try:
+            await self._execute(stored, work, outcome)
+        except Exception:  # noqa: BLE001  # logged with its traceback; the job fails alone
+            _log.exception("relay_job_crashed", **_fields(stored.key))
+            if not outcome.done():
+                outcome.set_exception(
+                    AgentError(f"the relay {stored.key.kind} failed unexpectedly; send it again")
+                )
 
     async def _execute(
         self, stored: StoredJob, work: Work, outcome: asyncio.Future[dict[str, Any]]
