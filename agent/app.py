@@ -202,7 +202,8 @@ async def run(
             store=store,
             clients=clients,
             cluster_view=lambda: session.cluster_view,
-            cloudly=lambda: session,  # read by a job, when the session exists
+            # Read by a closure when it starts: its call and its stream on one connection.
+            cloudly=lambda: session.connection(),
             settings=RelaySettings.from_config(corestore),
             transfers=transfers,
         )

@@ -35,13 +35,20 @@ Neither direction can pin its job: every wait on the stream is bounded by the se
 deadline (`agent.session.streams`), so a Cloudly that keeps the stream alive but stops reading
 or sending makes the sink or the source raise `StreamBroken`, which aborts the stream (and the
 import) here like any broken stream. The calls are bounded by `timeout`.
+
+A closure's call and its stream travel on one connection: `cloudly` is the connection the
+closure was given when it started (`CloudlySession.connection()`), never the session's
+connection of the moment. A reconnect in between (the closure call answered, the session
+dropped while Corestore opened the import) therefore breaks the transfer, `StreamBroken`
+(retryable), rather than asking the new connection for a stream it never saw. The end of the
+session anywhere in a transfer is `StreamBroken` likewise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -63,6 +70,7 @@ from agent.errors import (
     ClosureNotAccepted,
     IntegrityError,
     RemoteProtocolError,
+    SessionClosed,
     StreamBroken,
     StreamNotServed,
 )
@@ -99,6 +107,22 @@ async def send_closure(
 ) -> DatabaseClosureDescriptor:
     """Export the backup's closure from Corestore and stream it to Cloudly; the descriptor
     once Cloudly holds exactly those bytes (module docstring, step 4)."""
+    with _interrupted_by_the_session(f"the database closure of service {service_id}"):
+        return await _send_closure(
+            client, cloudly, service_id, backup_id, node_id, chunk_size, timeout, progress
+        )
+
+
+async def _send_closure(
+    client: CorestoreClient,
+    cloudly: CloudlyCalls,
+    service_id: str,
+    backup_id: str,
+    node_id: str,
+    chunk_size: int,
+    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    progress: Progress,
+) -> DatabaseClosureDescriptor:
     descriptor = await client.closure_descriptor(service_id, backup_id)
     marker, sink = cloudly.open_send_stream()
     request = BackupServiceDatabaseClosureRequest(
@@ -200,6 +224,31 @@ async def receive_closure(
 ) -> DatabaseClosureDescriptor:
     """Fetch the backup's closure from Cloudly into a Corestore import and commit it; the
     descriptor once Corestore replaced the service's database with exactly those bytes."""
+    with _interrupted_by_the_session(f"the database closure of service {service_id}"):
+        return await _receive_closure(
+            client,
+            cloudly,
+            service_id,
+            backup_id,
+            node_id,
+            import_id,
+            chunk_size,
+            timeout,
+            progress,
+        )
+
+
+async def _receive_closure(
+    client: CorestoreClient,
+    cloudly: CloudlyCalls,
+    service_id: str,
+    backup_id: str,
+    node_id: str,
+    import_id: str,
+    chunk_size: int,
+    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    progress: Progress,
+) -> DatabaseClosureDescriptor:
     request = RestoreServiceDatabaseClosureRequest(
         backup_id=backup_id, service_id=service_id, node_id=node_id
     )
@@ -267,6 +316,18 @@ async def _pump_import(
         )
     if digests.hexdigest() != descriptor.sha256:
         raise IntegrityError("Cloudly's closure stream does not match its descriptor's sha256")
+
+
+@contextlib.contextmanager
+def _interrupted_by_the_session(what: str) -> Iterator[None]:
+    """The session's end during a transfer is the transfer's interruption (retryable): its
+    call and its stream were on that connection, and neither moves to the next one."""
+    try:
+        yield
+    except SessionClosed as exc:
+        raise StreamBroken(
+            f"the session with Cloudly closed during the transfer of {what}: {exc}"
+        ) from exc
 
 
 _Answer = TypeVar(

@@ -53,6 +53,7 @@ from agent.corestore.client import CorestoreClient, CorestoreClients
 from agent.domain.job_machine import JobKind
 from agent.domain.jobs import JobKey
 from agent.domain.replay import request_digest
+from agent.errors import SessionClosed, StreamBroken
 from agent.progress import ProgressPace
 from agent.protocol.handlers import ByteSink, ByteSource
 from agent.relay.closures import CloudlyCalls, Progress, receive_closure, send_closure
@@ -88,7 +89,8 @@ class RelayService:
         clock: Clock = SYSTEM_CLOCK,
         transfers: TransferGate | None = None,
     ) -> None:
-        """`cloudly()` is the live session (read when a job needs it); `settings`: `chunk_size`
+        """`cloudly()` is the connection of the moment (read when a closure starts; its call and
+        its stream go on it; `SessionClosed` when there is none); `settings`: `chunk_size`
         bounds every closure chunk, `transfer_timeout` each closure call, `progress_interval`
         the pace of the progress log. `transfers`: the per-node transfer slots and byte rate a
         closure waits for before it asks Cloudly (shared with the engine; by default the
@@ -170,7 +172,7 @@ class RelayService:
             ) as transfer:
                 descriptor = await send_closure(
                     client=client,
-                    cloudly=_PacedCalls(self._cloudly(), transfer),
+                    cloudly=_PacedCalls(self._connection(), transfer),
                     service_id=key.service_id,
                     backup_id=key.backup_id,
                     node_id=key.node_id,
@@ -205,7 +207,7 @@ class RelayService:
                 ) as transfer:
                     descriptor = await receive_closure(
                         client=client,
-                        cloudly=_PacedCalls(self._cloudly(), transfer),
+                        cloudly=_PacedCalls(self._connection(), transfer),
                         service_id=key.service_id,
                         backup_id=key.backup_id,
                         node_id=key.node_id,
@@ -233,6 +235,14 @@ class RelayService:
         cluster_id, endpoint = locate_node(self._cluster_view(), node_id)
         client = self._clients.client_for(node_id, endpoint)
         return JobKey(cluster_id, node_id, kind, backup_id, service_id), client
+
+    def _connection(self) -> CloudlyCalls:
+        """The connection a closure calls and streams on (both on one: `agent.relay.closures`);
+        no connection is a transfer that cannot go on now (retryable)."""
+        try:
+            return self._cloudly()
+        except SessionClosed as exc:
+            raise StreamBroken(f"no database closure moves while {exc}") from exc
 
     def _progress(self, key: JobKey, event: str) -> Progress:
         """A progress callback that logs at most once per `progress_interval` (and at the end)."""

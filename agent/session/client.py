@@ -109,6 +109,14 @@ class CloudlySession:
         """The cluster view read last (kept across reconnects), None before the first read."""
         return self._cluster.view
 
+    def connection(self) -> Peer:
+        """The current connection, to call and stream on together: a call and the stream its
+        request or answer names must travel on one connection (a stream id means nothing on
+        another), so whoever needs both takes the connection once. Once it is gone its calls
+        and streams raise `SessionClosed` (never move to the next connection); raises
+        `SessionClosed` at once when not connected."""
+        return self._live_peer()
+
     async def call(
         self,
         method: str,

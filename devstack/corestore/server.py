@@ -174,6 +174,9 @@ def create_app(
             if problem is not None:
                 return _error(403, *problem)
         request[TRUNCATE] = rule.drop_bytes if rule is not None and kind == "truncate" else 0
+        if rule is not None and rule.hold is not None:
+            rule.hold.arrived.set()
+            await _until_either(rule.hold.gate, stopping)
         if route is RouteName.PREPARE_RESTORE and not faults.prepare_gate.is_set():
             faults.prepare_held.set()
             await _until_either(faults.prepare_gate, stopping)
