@@ -24,8 +24,10 @@ Corestore import from the descriptor first (Corestore checks the receipt), then 
 stream into it in `chunk_size` chunks (each PUT carries its sha256), refusing the stream (at the
 latest a chunk's worth of bytes later) once it brings more than `size` bytes: no byte past
 `size` is sent; at the end it checks the length and the whole sha256 and only then
-asks Corestore to commit (Corestore re-hashes and replaces the database in one step). Any
-failure aborts the import: the database stays as it was. A responder that cannot serve a stream
+asks Corestore to commit (Corestore re-hashes and replaces the database in one step). The
+import id is the run's idempotency key: Corestore commits it once, and a commit whose outcome
+is unknown is confirmed by the import's state, never sent twice. Any other failure aborts the
+import: the database stays as it was. A responder that cannot serve a stream
 in its response (typedrequest 3.3.0 echoes our `read`) fails fast as `StreamNotServed`.
 
 Both directions hash with `agent.chunking.Digests` (large pieces in a worker thread, off the
@@ -68,6 +70,7 @@ from agent.contracts.relay import (
 from agent.corestore.client import CorestoreClient
 from agent.errors import (
     ClosureNotAccepted,
+    CorestoreUnavailable,
     IntegrityError,
     RemoteProtocolError,
     SessionClosed,
@@ -259,7 +262,7 @@ async def _receive_closure(
         ),
     )
     descriptor = answer.descriptor
-    # A previous attempt (the agent died mid-import) may have left its import open: start over.
+    # An earlier attempt of this run may have left its import open: the stream restarts whole.
     await client.abort_closure_import(import_id)
     await client.open_closure_import(
         import_id, service_id=service_id, backup_id=backup_id, descriptor=descriptor
@@ -267,7 +270,7 @@ async def _receive_closure(
     source = cloudly.receive_stream(answer.closure)
     try:
         await _pump_import(client, source, import_id, descriptor, chunk_size, progress)
-        await client.commit_closure_import(import_id, descriptor.size, descriptor.sha256)
+        await _commit(client, import_id, descriptor)
     except BaseException as exc:
         with contextlib.suppress(Exception):
             await asyncio.shield(source.aclose())
@@ -281,6 +284,20 @@ async def _receive_closure(
             ) from exc
         raise
     return descriptor
+
+
+async def _commit(
+    client: CorestoreClient, import_id: str, descriptor: DatabaseClosureDescriptor
+) -> None:
+    """Commit the import (under its key: Corestore commits it once). The commit is not resent:
+    when its outcome is unknown (Corestore unavailable), the import's state says it."""
+    try:
+        await client.commit_closure_import(import_id, descriptor.size, descriptor.sha256)
+    except CorestoreUnavailable:
+        status = await client.closure_import_status(import_id)
+        if status is None or status.state != "committed" or status.sha256 != descriptor.sha256:
+            raise
+        _log.info("closure_commit_confirmed", import_id=import_id, size=descriptor.size)
 
 
 async def _pump_import(

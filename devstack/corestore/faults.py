@@ -8,6 +8,7 @@ tell how often the client tried. `hold_restores()` keeps resource restores `runn
 `release_prepares()`, so a test observes the agent's `preparing` phase; `prepare_held` is set
 once a prepare request waits there (a test awaits it instead of guessing when it arrived).
 `hold_next(route)` does the same for the next request of any route, with its own `Hold`.
+`handled` counts requests handled, before their answer is sent.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class Faults:
 
     rules: dict[RouteName, list[FaultRule]] = field(default_factory=dict)
     hits: Counter[RouteName] = field(default_factory=Counter)
+    handled: Counter[RouteName] = field(default_factory=Counter)
+    """Requests of each route handled (their effect applied), counted before the answer is
+    sent: a test that hooks it acts after the effect and before its answer arrives."""
     restore_gate: asyncio.Event = field(default_factory=asyncio.Event)
     prepare_gate: asyncio.Event = field(default_factory=asyncio.Event)
     prepare_held: asyncio.Event = field(default_factory=asyncio.Event)

@@ -188,6 +188,7 @@ def create_app(
             first = exc.errors(include_url=False, include_input=False)[0]
             where = ".".join(str(part) for part in first["loc"]) or "body"
             response = _error(400, "invalid-request", f"{where}: {first['msg']}")
+        faults.handled[route] += 1
         if rule is not None and kind == "reset":
             return _abort(request)
         if kind == "wrong-digest" and isinstance(response, web.Response):

@@ -22,6 +22,7 @@ import pytest
 
 from agent.corestore.routes import RouteName
 from agent.corestore.service_models import ServiceBackupBody
+from agent.domain.outcomes import Failed
 from agent.errors import CallFailed, SessionClosed
 from agent.store import RevisionStore
 from devstack.cloudly import ABSENT, Tamper, cluster_document
@@ -439,9 +440,9 @@ async def test_a_reconnect_between_a_closures_call_and_its_stream_fails_the_run_
             data = await repeat
     job = await _job(stack, "restore")
     assert (data["code"], data["retryable"]) == ("transfer-interrupted", True)
-    assert (job.key.run, job.status, job.result["error"]["code"]) == (
+    assert (job.key.run, job.status, job.result) == (
         1,
         "failed",
-        "transfer-interrupted",
+        Failed("transfer-interrupted", job.result.message, retryable=True),
     )
     assert stack.cloudly.count("closure-served") == 1

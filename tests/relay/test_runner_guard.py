@@ -11,9 +11,11 @@ import pytest
 
 from agent.domain.job_machine import JobOp
 from agent.domain.jobs import JobKey
+from agent.domain.outcomes import RunPlan, Succeeded
 from agent.errors import AgentError
-from agent.relay.runner import JobRunner, Outcome, Work
+from agent.relay.runner import JobRunner, Started
 from agent.store import RevisionStore
+from tests.relay._runners import Session
 
 RESTORE = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
 BACKUP = JobKey("cluster-1", "node-1", "backup", "bk-1", "svc-1")
@@ -37,11 +39,11 @@ class _BuggyRecording:
         return await self._store.move_job(key, op=op, **kw)
 
 
-async def _start() -> Work:
-    async def work(job: JobKey) -> Outcome:
-        return {"restored": []}, {}
+async def _start(resumed: RunPlan | None) -> Started:
+    async def work(job: JobKey, plan: RunPlan | None) -> Succeeded:
+        return Succeeded({"restored": []})
 
-    return work
+    return Started(work)
 
 
 async def test_a_bug_while_recording_an_outcome_fails_that_job_and_nothing_else(
@@ -56,9 +58,9 @@ async def test_a_bug_while_recording_an_outcome_fails_that_job_and_nothing_else(
     try:
         with pytest.raises(AgentError) as failed:
             async with asyncio.timeout(5):  # a guard against the hang this test is about
-                await runner.submit(RESTORE, A, _start)
+                await runner.submit(RESTORE, A, _start, requester=Session().request())
         assert not run.done()
-        answer = await runner.submit(BACKUP, A, _start)
+        answer = await runner.submit(BACKUP, A, _start, requester=Session().request())
     finally:
         await runner.close(5)
     await run
