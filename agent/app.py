@@ -206,6 +206,7 @@ async def run(
             cloudly=lambda: session.connection(),
             settings=RelaySettings.from_config(corestore),
             transfers=transfers,
+            observer=metrics,
         )
         routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
         enrollment, provider = sealed if sealed is not None else (None, None)

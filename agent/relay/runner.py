@@ -61,6 +61,7 @@ from agent.domain.jobs import JobKey, StoredJob
 from agent.domain.outcomes import Failed, JobResult, JsonObject, RunPlan, Succeeded
 from agent.errors import AgentError, JobConflict, RestoreInProgress, ShuttingDown
 from agent.locks import KeyedLocks
+from agent.observe import NULL_OBSERVER, RelayObserver
 from agent.owner import TaskOwner
 from agent.protocol.delivery import EARLIER, Mark, delivered_before
 from agent.store import RevisionStore
@@ -154,9 +155,16 @@ class _Delivered:
 class JobRunner:
     """Runs relay jobs for the relay service; run it in the caller's TaskGroup."""
 
-    def __init__(self, store: RevisionStore, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        """`clock` bounds `close()`."""
+    def __init__(
+        self,
+        store: RevisionStore,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        observer: RelayObserver = NULL_OBSERVER,
+    ) -> None:
+        """`clock` bounds `close()`; `observer` hears how each request was answered."""
         self._store = store
+        self._observer = observer
         self._locks: KeyedLocks[Scope] = KeyedLocks()
         self._running: dict[Scope, _Running] = {}
         self._delivered: dict[Scope, _Delivered] = {}  # per service: its last delivered run
@@ -206,6 +214,7 @@ class JobRunner:
                     here=running is not None,
                 )
             verdict = answer(key.kind, meets)
+            self._observer.relay_answered(kind=key.kind, answer=verdict.value)
             if verdict is Answer.CONFLICT:
                 raise JobConflict(
                     kind=key.kind,

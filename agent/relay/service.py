@@ -60,6 +60,7 @@ from agent.domain.jobs import JobKey, StoredJob
 from agent.domain.outcomes import ClosureFacts, JobReport, RestoreEffects, RunPlan, Succeeded
 from agent.domain.replay import request_digest
 from agent.errors import CorestoreRefused, SessionClosed, StreamBroken
+from agent.observe import NULL_OBSERVER, RelayObserver
 from agent.progress import ProgressPace
 from agent.protocol.handlers import ByteSink, ByteSource
 from agent.relay.closures import CloudlyCalls, Progress, receive_closure, send_closure
@@ -88,6 +89,7 @@ class RelayService:
         clock: Clock = SYSTEM_CLOCK,
         transfers: TransferGate | None = None,
         new_key: Callable[[str], str] | None = None,
+        observer: RelayObserver = NULL_OBSERVER,
     ) -> None:
         """`cloudly()` is the connection of the moment (read when a closure starts; its call and
         its stream go on it; `SessionClosed` when there is none); `settings`: `chunk_size`
@@ -95,7 +97,7 @@ class RelayService:
         the pace of the progress log. `transfers`: the per-node transfer slots and byte rate a
         closure waits for before it asks Cloudly (shared with the engine; by default the
         relay's own, with the default limits)."""
-        self.runner: Final = JobRunner(store, clock=clock)
+        self.runner: Final = JobRunner(store, clock=clock, observer=observer)
         """The relay's jobs: run them (`runner.run()`) in the caller's TaskGroup, stop them with
         `runner.close()`; requests are refused `shutting-down` outside that."""
         self._clients = clients

@@ -398,3 +398,26 @@ async def test_a_failed_backup_is_retried_by_its_repeat(
     assert (job.status, job.attempts) == ("succeeded", 2)
     assert isinstance(job.result, Succeeded)
     assert not isinstance(job.result, Failed)
+
+
+async def test_each_request_is_reported_with_how_it_was_answered(store: RevisionStore) -> None:
+    """The observer hears every verdict (the metric `restore_agent_relay_answers_total`): a new
+    run, then the lost answer's repeat answered from the record."""
+    heard: list[tuple[str, str]] = []
+
+    class Observer:
+        def relay_answered(self, *, kind: str, answer: str) -> None:
+            heard.append((kind, answer))
+
+    runner = JobRunner(store, observer=Observer())
+    run = asyncio.create_task(runner.run())
+    await runner.started()
+    session, works = Session(auto=False), Works()
+    try:
+        await runner.submit(RESTORE, A, works.start, requester=session.request())
+        session.reconnect()
+        await runner.submit(RESTORE, A, works.start, requester=session.request())
+    finally:
+        await runner.close(5)
+    await run
+    assert heard == [("restore", "start"), ("restore", "recorded")]
