@@ -15,7 +15,7 @@ the keepalive's pong timeout, which ends the connection, and `lost()` decides th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 import structlog
@@ -32,11 +32,19 @@ OnDelivered = Callable[[Mark], None]
 """Called once an answer is known delivered, with where (never if it cannot be known)."""
 
 
+class PendingAnswer(Protocol):
+    """A ping written (`agent.session.transport.PendingPong`)."""
+
+    async def answer(self) -> Pong:
+        """Its pong."""
+        ...
+
+
 class PingWriter(Protocol):
     """A connection that writes a ping at once and lets its pong be awaited
     (`WebsocketTransport.start_ping`)."""
 
-    async def start_ping(self) -> Awaitable[Pong]: ...
+    async def start_ping(self) -> PendingAnswer: ...
 
 
 class DeliveryTracker:
@@ -58,18 +66,18 @@ class DeliveryTracker:
         `callbacks` hear of their delivery."""
         self._ledger.answered(callbacks)
 
-    async def confirm(self) -> Awaitable[None] | None:
-        """Write a ping now if an answer waits for one; what settles its pong, to await (in a
-        task of the caller's), or None when no ping was needed."""
+    async def confirm(self) -> tuple[int, PendingAnswer] | None:
+        """Write a ping now if an answer waits for one; (its number, its pending pong) for
+        `settle` (run it in a task of the caller's), or None when no ping was needed."""
         if self._pings is None or not self._ledger.wanted:
             return None
         number = self._ledger.ping()
-        pong = await self._pings.start_ping()
-        return self._settle(number, pong)
+        return number, await self._pings.start_ping()
 
-    async def _settle(self, number: int, pong: Awaitable[Pong]) -> None:
+    async def settle(self, number: int, pending: PendingAnswer) -> None:
+        """Wait for the pong of confirming ping `number` and deliver what it covered."""
         try:
-            answer = await pong
+            answer = await pending.answer()
         except SessionClosed:
             return  # the connection ended: `lost()` decides what the ping covered
         self.ponged(number, after=answer.after)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NoReturn, Protocol
 
 import structlog
@@ -255,9 +255,9 @@ class Peer:
                     await self._transport.send(frame)
                 if answered and self._deliveries is not None:
                     self._deliveries.answered(answered)
-                    settle = await self._deliveries.confirm()
-                    if settle is not None:
-                        self._spawn(_awaited(settle))
+                    confirming = await self._deliveries.confirm()
+                    if confirming is not None:
+                        self._spawn(self._deliveries.settle(*confirming))
         deadline = self.connection.next_deadline()
         if deadline is not None and (self._timer_target is None or deadline < self._timer_target):
             self._timer.fire()
@@ -386,7 +386,3 @@ class Peer:
         self._children.add(task)
         task.add_done_callback(self._children.discard)
         return task
-
-
-async def _awaited(settle: Awaitable[None]) -> None:
-    await settle

@@ -47,6 +47,7 @@ from agent.errors import ConfigError, InvalidState, SessionClosed, SessionError,
 
 __all__ = [
     "CloseCode",
+    "PendingPong",
     "Pong",
     "WebsocketTransport",
     "connect_transport",
@@ -87,6 +88,28 @@ class Pong:
 
     seconds: float
     after: int
+
+
+class PendingPong:
+    """A ping written, its pong still to come: `answer()` waits for it."""
+
+    def __init__(
+        self, counting: _CountingConnection, data: bytes, waiter: Awaitable[float]
+    ) -> None:
+        self._counting = counting
+        self._data = data
+        self._waiter = waiter
+
+    async def answer(self) -> Pong:
+        """The pong; `SessionClosed` if the connection closes first."""
+        try:
+            seconds = await self._waiter
+        except ConnectionClosed as exc:
+            raise SessionClosed(*_close_details(exc)) from exc
+        finally:
+            after = self._counting.pong_marks.pop(self._data, None)
+        assert after is not None  # noted when the pong was read, before the waiter woke
+        return Pong(seconds, after)
 
 
 class _CountingConnection(ClientConnection):
@@ -141,9 +164,9 @@ class WebsocketTransport:
     async def ping(self) -> Pong:
         """Send a ping; its `Pong` once answered. Raises `SessionClosed` if the connection
         closes first (bound the wait from outside)."""
-        return await (await self.start_ping())
+        return await (await self.start_ping()).answer()
 
-    async def start_ping(self) -> Awaitable[Pong]:
+    async def start_ping(self) -> PendingPong:
         """Write a ping now, behind every frame sent before (no frame can come between: the
         write happens before anything is awaited); its pong, to await. Only the agent's client
         connection (`connect_transport`) counts messages, so only it pings (`InvalidState`
@@ -156,19 +179,7 @@ class WebsocketTransport:
             waiter = await counting.ping(data)
         except ConnectionClosed as exc:
             raise SessionClosed(*_close_details(exc)) from exc
-        return self._pong(counting, data, waiter)
-
-    async def _pong(
-        self, counting: _CountingConnection, data: bytes, waiter: Awaitable[float]
-    ) -> Pong:
-        try:
-            seconds = await waiter
-        except ConnectionClosed as exc:
-            raise SessionClosed(*_close_details(exc)) from exc
-        finally:
-            after = counting.pong_marks.pop(data, None)
-        assert after is not None  # noted when the pong was read, before the waiter woke
-        return Pong(seconds, after)
+        return PendingPong(counting, data, waiter)
 
     async def close(self, code: int = CloseCode.GOING_AWAY, reason: str = "") -> None:
         """Close the connection with `code` (bounded by the connection's close timeout)."""

@@ -5,7 +5,6 @@ what no pong confirmed before the connection ended is never delivered."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from typing import Any
 
 from agent.protocol.delivery import Mark
@@ -17,6 +16,14 @@ from tests.memory import MemoryTransport, transport_pair
 from tests.session._helpers import FAST, body_route
 
 
+class _Pending:
+    def __init__(self, pong: asyncio.Future[Pong]) -> None:
+        self._pong = pong
+
+    async def answer(self) -> Pong:
+        return await self._pong
+
+
 class _Pings:
     """Writes a ping into the transport's record (after the frames before it) and answers it
     when the test says `pong(after)`."""
@@ -25,11 +32,11 @@ class _Pings:
         self._transport = transport
         self.waiting: list[asyncio.Future[Pong]] = []
 
-    async def start_ping(self) -> Awaitable[Pong]:
+    async def start_ping(self) -> _Pending:
         self._transport.sent.append(b"<ping>")
         pong: asyncio.Future[Pong] = asyncio.get_running_loop().create_future()
         self.waiting.append(pong)
-        return pong
+        return _Pending(pong)
 
     def pong(self, after: int) -> None:
         for waiter in self.waiting:
