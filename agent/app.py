@@ -202,9 +202,11 @@ async def run(
             store=store,
             clients=clients,
             cluster_view=lambda: session.cluster_view,
-            cloudly=lambda: session,  # read by a job, when the session exists
+            # Read by a closure when it starts: its call and its stream on one connection.
+            cloudly=lambda: session.connection(),
             settings=RelaySettings.from_config(corestore),
             transfers=transfers,
+            observer=metrics,
         )
         routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
         enrollment, provider = sealed if sealed is not None else (None, None)

@@ -55,6 +55,9 @@ the library's process and platform collectors are registered on it too.
                                                           node's places (max_transfers_per_node)
     restore_agent_transfer_wait_duration_seconds{kind}    how long a transfer waited its turn
                                                           (histogram; 0 when it did not wait)
+    restore_agent_relay_answers_total{kind,answer}        relay requests by how the request
+                                                          rule answered them (recorded: from
+                                                          the record, nothing ran)
     process_* (resident and virtual memory, CPU seconds, open and max fds, start time),
     python_info                                           the library's process and platform
                                                           collectors
@@ -95,7 +98,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from agent import __version__
 from agent.contracts.isolatedrestore import NODE_STATUSES
-from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES
+from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, REQUESTS
 from agent.observe import Direction
 from agent.status import SessionState, StatusSnapshot
 from agent.store.records import StatusSummary
@@ -219,6 +222,13 @@ class Metrics:
             ["kind", "status"],
             registry=r,
         )
+        self._relay_answers = Counter(
+            f"{_NS}_relay_answers",
+            "Relay backup and restore requests by how the request rule answered them: start, "
+            "resume, retry (the work ran), join, recorded (nothing ran), conflict, busy.",
+            ["kind", "answer"],
+            registry=r,
+        )
         self._retention_deleted = Counter(
             f"{_NS}_retention_deleted",
             "Old finished records retention forgot: restore (a node state with its plan and "
@@ -323,6 +333,8 @@ class Metrics:
             for job_status in JOB_STATUSES:
                 self._jobs.labels(kind=kind, status=job_status).set(0)
                 self._jobs_oldest.labels(kind=kind, status=job_status).set(0)
+        for (job_kind, _), verdict in REQUESTS.items():
+            self._relay_answers.labels(kind=job_kind, answer=verdict.value)
         for what in ("restore", "job"):
             self._retention_deleted.labels(what=what)
         for reason in ("unavailable", "integrity"):
@@ -402,6 +414,10 @@ class Metrics:
     def retention_deleted(self, *, what: str, count: int) -> None:
         """Count records retention forgot."""
         self._retention_deleted.labels(what=what).inc(count)
+
+    def relay_answered(self, *, kind: str, answer: str) -> None:
+        """Count how a relay request was answered."""
+        self._relay_answers.labels(kind=kind, answer=answer).inc()
 
     def retention_freed(self, *, count: int) -> None:
         """Count bytes retention gave back."""

@@ -23,6 +23,9 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
     agent/loopwatch.py             LoopObserver        one event-loop lag measurement
     agent/transfers/gate.py        TransferObserver    a node's moving and queued transfers
                                                        changed; how long one waited its turn
+    agent/relay/runner.py          RelayObserver       how a relay request was answered
+                                                       (kind, answer: a new run, joined,
+                                                       resumed, recorded, ...)
 
 Hooks are called on the event loop, synchronously, and must not raise or block.
 """
@@ -38,6 +41,7 @@ __all__ = [
     "LoopObserver",
     "NullObserver",
     "PeerObserver",
+    "RelayObserver",
     "SessionObserver",
     "StoreObserver",
     "TransferObserver",
@@ -126,6 +130,14 @@ class TransferObserver(Protocol):
         """A transfer of `kind` starts moving after `seconds` in its node's queue (0: none)."""
 
 
+class RelayObserver(Protocol):
+    """What the relay's job runner reports."""
+
+    def relay_answered(self, *, kind: str, answer: str) -> None:
+        """A backup or restore request was answered by the request rule's `answer` (start,
+        resume, retry, join, recorded, conflict, busy)."""
+
+
 class NullObserver:
     """Every hook, doing nothing: the default of every part."""
 
@@ -178,6 +190,9 @@ class NullObserver:
         """Nothing."""
 
     def transfer_waited(self, *, kind: str, seconds: float) -> None:
+        """Nothing."""
+
+    def relay_answered(self, *, kind: str, answer: str) -> None:
         """Nothing."""
 
 

@@ -50,6 +50,7 @@ from typing import Any, Final
 
 from agent import __version__
 from agent.domain.jobs import StoredJob
+from agent.domain.outcomes import Failed, Succeeded
 from agent.domain.restores import StoredState
 from agent.status import SessionState, StatusSnapshot
 from agent.transfers.limits import TransferEntry, TransferView
@@ -206,9 +207,8 @@ def job_rows(jobs: Sequence[StoredJob], *, now_ms: int) -> list[dict[str, Any]]:
 
 
 def _job_row(job: StoredJob, *, now_ms: int) -> dict[str, Any]:
-    result = job.result or {}
-    report = _mapping(result.get("report"))
-    error = _mapping(result.get("error"))
+    report = job.result.report if isinstance(job.result, Succeeded) else None
+    error = job.result if isinstance(job.result, Failed) else None
     return {
         "clusterId": job.key.cluster_id,
         "nodeId": job.key.node_id,
@@ -221,15 +221,14 @@ def _job_row(job: StoredJob, *, now_ms: int) -> dict[str, Any]:
         "attempts": job.attempts,
         "updatedAt": job.updated_at,
         "ageSeconds": max(0, now_ms - job.updated_at) // 1000,
-        "resourceTypes": report.get("resourceTypes"),
-        "partial": bool(report.get("partial", False)),
-        "errorCode": error.get("code"),
-        "errorMessage": error.get("message"),
+        "resourceTypes": None
+        if report is None or report.resource_types is None
+        else list(report.resource_types),
+        "partial": report is not None and report.partial,
+        "errorCode": None if error is None else error.code,
+        "errorMessage": None if error is None else error.message,
+        "delivered": job.delivered_at is not None,
     }
-
-
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _transfer(entry: TransferEntry, now: float) -> dict[str, Any]:
