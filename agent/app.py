@@ -141,7 +141,6 @@ async def run(
     # then the recipient key and the database.
     checked = check(config, secrets=secrets)
     secrets = checked.secrets
-    assert secrets is not None  # check() reads them when they were not given
     for secret in secrets.all():
         register_secret(secret)
     status = status if status is not None else AgentStatus()
@@ -173,7 +172,7 @@ async def run(
             systemd_notify=notifier.enabled,
             chunk_decoders=decoders,
         )
-        _warn_about(config, created=created, decoders=decoders)
+        _warn_about(config, created=created, decoders=decoders, tightened=checked.tightens)
         corestore = config.corestore
         sealed = _sealed_credentials(config, keys, lambda: session)
         credentials: CredentialSource = (
@@ -216,9 +215,11 @@ async def run(
             store=store,
             clients=clients,
             cluster_view=lambda: session.cluster_view,
-            cloudly=lambda: session,  # read by a job, when the session exists
+            # Read by a closure when it starts: its call and its stream on one connection.
+            cloudly=lambda: session.connection(),
             settings=RelaySettings.from_config(corestore),
             transfers=transfers,
+            observer=metrics,
         )
         routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
         enrollment, provider = sealed if sealed is not None else (None, None)
@@ -258,7 +259,7 @@ async def run(
         )
         address = await health.start(listener)
         resources.push_async_callback(_step, "stop the health server", health.stop, close_s)
-        notifier.ready(status_line(status.snapshot()))
+        notifier.ready(status_line(status.snapshot(), SYSTEM_CLOCK.time()))
         if on_ready is not None:
             on_ready(address)
         with _stop_on_signals(stop) if handle_signals else contextlib.nullcontext():
@@ -324,8 +325,21 @@ def _sealed_credentials(
     return enrollment, provider
 
 
-def _warn_about(config: Config, *, created: bool, decoders: Mapping[str, str]) -> None:
+def _warn_about(
+    config: Config,
+    *,
+    created: bool,
+    decoders: Mapping[str, str],
+    tightened: tuple[str, ...] = (),
+) -> None:
     """The start-up warnings: what runs, but not as production should."""
+    if tightened:
+        log.warning(
+            "state_permissions_tightened",
+            tightened=list(tightened),
+            hint="group or others had access to the state directory or database; the agent "
+            "made them private (check-config says so before a start)",
+        )
     if created:
         log.warning(
             "state_directory_created",
@@ -363,16 +377,19 @@ def _fixed_credentials(secrets: Secrets) -> FixedCredentials:
     return FixedCredentials(secrets.corestore_credential)
 
 
-def status_line(snapshot: StatusSnapshot) -> str:
-    """What `systemctl status` shows: the session's state and, while it fails, why."""
+def status_line(snapshot: StatusSnapshot, now: float | None = None) -> str:
+    """What `systemctl status` shows: the session's state and, while Cloudly is unreachable,
+    since when, the last connect, the failed attempts and the last error (`now`: wall
+    seconds, the status's clock; the snapshot's own time when None)."""
     state, error = snapshot.state, snapshot.last_error
     if state is SessionState.CONNECTED:
         cluster = snapshot.cluster_id
         return "connected to Cloudly" + (f", cluster {cluster}" if cluster else "")
-    if state is SessionState.BACKING_OFF:
-        return f"Cloudly unreachable, retrying: {error}"
     if state is SessionState.DRAINING:
         return _draining(snapshot.in_flight)
+    outage = snapshot.unreachable(snapshot.state_since if now is None else now)
+    if outage is not None and state is not SessionState.STOPPED:
+        return outage  # the same line while it connects again: one STATUS= per attempt
     if error is not None and state is not SessionState.STOPPED:
         return f"{state.value}; last error: {error}"
     return state.value
@@ -383,19 +400,34 @@ def _draining(in_flight: int) -> str:
     return f"stopping: draining {in_flight} requests in flight"
 
 
-def _line_differs_from(shown: str) -> Callable[[StatusSnapshot], bool]:
-    return lambda snapshot: status_line(snapshot) != shown
+def _line_differs_from(shown: str, clock: Clock) -> Callable[[StatusSnapshot], bool]:
+    return lambda snapshot: status_line(snapshot, clock.time()) != shown
 
 
-async def _tell_systemd(status: AgentStatus, notifier: Notifier) -> None:
-    """`STATUS=` on every change of the status line (the session's transitions and errors)."""
+# How often STATUS= is recomputed while nothing changes: the outage's duration grows.
+_STATUS_REFRESH_S = 30.0
+
+
+async def _tell_systemd(
+    status: AgentStatus,
+    notifier: Notifier,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    refresh_s: float = _STATUS_REFRESH_S,
+) -> None:
+    """`STATUS=` on every change of the status line: the session's transitions and errors,
+    and, every `refresh_s` while Cloudly is unreachable, the outage's growing duration."""
     if not notifier.enabled:
         return
-    line = status_line(status.snapshot())
+    line = status_line(status.snapshot(), clock.time())
     while True:
-        snapshot = await status.wait_until(_line_differs_from(line))
-        line = status_line(snapshot)
-        notifier.status(line)
+        with contextlib.suppress(TimeoutError):
+            async with clock.timeout(refresh_s):
+                await status.wait_until(_line_differs_from(line, clock))
+        now_line = status_line(status.snapshot(), clock.time())
+        if now_line != line:
+            line = now_line
+            notifier.status(line)
 
 
 async def _step(

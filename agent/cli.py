@@ -58,7 +58,7 @@ from typing import Any, Final, NoReturn
 import structlog
 
 from agent import __version__, preflight, statedir
-from agent.config import Config, is_credential, load_config
+from agent.config import Config, load_config
 from agent.credentials.keys import rotate_key
 from agent.errors import AgentError, ConfigError, StartupBlocked
 from agent.log import PRIORITIES, configure_logging, is_journal, register_secret
@@ -229,30 +229,17 @@ def _fatal_line(text: str) -> None:
 def _check_config(namespace: argparse.Namespace) -> int:
     path = _config_path(namespace)
     config = load_config(path)
-    # A probe needs the secrets, so --connect reads them even where that fails (outside the
-    # unit); without it, credentials this process was not given are left unread.
-    secrets_read = namespace.connect or _secrets_readable(config)
-    checked = preflight.check(config, read_secrets=secrets_read)
+    # The very checks `run` makes (agent/preflight.py), secrets included: outside the unit a
+    # credential cannot be read, and `run` would stop there too.
+    checked = preflight.check(config)
     print(f"config OK: {path}")
     for line in _summary(config):
         print(f"  {line}")
-    if not secrets_read:
-        print(
-            "  secrets:    not read: they are systemd credentials and $CREDENTIALS_DIRECTORY "
-            "is not set here (the unit sets it)"
-        )
+    for line in checked.tightens:
+        print(f"  tightens:   {line}")
     if namespace.connect:
         return _probe(config, checked)
     return EXIT_OK
-
-
-def _secrets_readable(config: Config) -> bool:
-    """False when a secret (or the CA file) is a systemd credential and this process was
-    given none."""
-    named = (config.cloudly.token_file, config.corestore.credential_file, config.cloudly.ca_file)
-    return not any(is_credential(path) for path in named if path is not None) or bool(
-        os.environ.get("CREDENTIALS_DIRECTORY")
-    )
 
 
 def _summary(config: Config) -> list[str]:
@@ -263,6 +250,8 @@ def _summary(config: Config) -> list[str]:
         f"credential: {_credential_summary(config)}",
         f"state:      {config.state.directory}",
         f"health:     {config.health.endpoint}",
+        f"shutdown:   at most {preflight.shutdown_budget(config):g} s, below "
+        f"stop_timeout_s {config.shutdown.stop_timeout_s:g} (the unit's TimeoutStopSec=)",
         f"log:        {config.log.format}, {config.log.level}",
     ]
 
@@ -300,7 +289,6 @@ def _probe(config: Config, checked: preflight.Checked) -> int:
     app_settings = importlib.import_module("agent.app").session_settings
     status = importlib.import_module("agent.status").AgentStatus()
     secrets = checked.secrets
-    assert secrets is not None  # read for --connect
     for secret in secrets.all():
         register_secret(secret)
     # The probe prints what it found; the session's own log lines would only repeat it.
@@ -337,7 +325,9 @@ def _status(namespace: argparse.Namespace) -> int:
         _fatal_line(f"{_PROG}: {exc}")
         return EXIT_CRASH
     if namespace.json:
-        print(json.dumps(data, indent=2, sort_keys=True))
+        # One write, the newline with it: a reader that stops after the body (`| head`)
+        # does not turn a complete answer into a broken pipe.
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(render(data, now_ms=time.time_ns() // 1_000_000))
     return EXIT_OK
@@ -348,8 +338,8 @@ def _run(namespace: argparse.Namespace) -> int:
     # Checked now, before logging is set up, so a refusal is the one line that says why (exit
     # 2); the secrets read here go on to the composition root (which runs the same checks
     # and registers them with the log redactor too).
-    secrets = preflight.check(config).secrets
-    assert secrets is not None
+    checked = preflight.check(config)
+    secrets = checked.secrets
     for secret in secrets.all():
         register_secret(secret)  # from here on no log line can carry them
     configure_logging(config.log.format, config.log.level)

@@ -336,10 +336,13 @@ class MemoryConfig(_Section):
 
 
 class ShutdownConfig(_Section):
-    """`[shutdown]`: how long a stop may take (keep the sum below systemd's TimeoutStopSec)."""
+    """`[shutdown]`: how long a stop may take. The drain and the six close steps (each
+    `close_timeout_s` + 1 s of grace) must end below `stop_timeout_s`, the unit's
+    `TimeoutStopSec=` (agent/preflight.py refuses it otherwise)."""
 
     drain_timeout_s: Seconds = 20.0
     close_timeout_s: Seconds = 5.0
+    stop_timeout_s: Seconds = 90.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,8 +428,9 @@ class Config(_Section):
 def load_config(path: Path) -> Config:
     """Read and validate the TOML file at `path`; raise `ConfigError` naming what is wrong."""
     try:
-        with path.open("rb") as file:
-            data = tomllib.load(file)
+        # A UTF-8 byte order mark (some Windows editors write one) is not TOML, but it is
+        # no mistake of the content either: it is dropped, not refused.
+        data = tomllib.loads(path.read_bytes().decode("utf-8").removeprefix("\ufeff"))
     except FileNotFoundError as exc:
         raise ConfigError("", f"{path}: no such file") from exc
     except IsADirectoryError as exc:

@@ -4,7 +4,8 @@
                       recently and on time), else 503; the lag in the body
     GET /readyz       200 when the Cloudly session is connected with a recent pong, the store
                       is open and the cluster document is usable; else 503 with each reason
-                      under a stable key (`agent.overview.readiness`) and the session status
+                      under a stable key (`agent.overview.readiness`), the session status
+                      and the agent's version and uptime (`agent`)
     GET /metrics      the Prometheus text of `agent.metrics.Metrics`, gauges refreshed first
     GET /v1/restores  every node state as the operator's rows (`agent.overview.restore_rows`):
                       key, status, revision, age, progress; never a grant (none is stored)
@@ -46,6 +47,7 @@ from agent.metrics import CONTENT_TYPE, Metrics
 from agent.overview import (
     BYTES_STATUSES,
     RestoreFacts,
+    agent_facts,
     job_rows,
     readiness,
     restore_rows,
@@ -228,7 +230,12 @@ class HealthServer:
         del request
         snapshot = self._status.snapshot()
         reasons = self._readiness(snapshot)
-        body = {"ready": not reasons, "reasons": reasons, "session": snapshot.to_dict()}
+        body = {
+            "ready": not reasons,
+            "reasons": reasons,
+            "session": snapshot.to_dict(),
+            "agent": agent_facts(snapshot, now=self._clock.time()),
+        }
         return web.json_response(body, status=503 if reasons else 200)
 
     async def _metrics_text(self, request: web.Request) -> web.Response:

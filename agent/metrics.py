@@ -14,6 +14,12 @@ the library's process and platform collectors are registered on it too.
     restore_agent_cloudly_connects_total{kind}            first | reconnect (authenticated)
     restore_agent_cloudly_losses_total{cause,permanent}   failed attempts and lost sessions
     restore_agent_cloudly_pong_latency_seconds            the last keepalive round trip
+                                                          (absent before a pong)
+    restore_agent_cloudly_last_connect_timestamp_seconds  when the session last connected
+                                                          (absent: never)
+    restore_agent_cloudly_unreachable_since_timestamp_seconds
+                                                          since when Cloudly is unreachable
+                                                          (absent: no outage)
     restore_agent_requests_total{method,code}             Cloudly's requests by outcome code
     restore_agent_request_duration_seconds{method}        their handling time (histogram)
     restore_agent_requests_in_flight                      being handled now
@@ -26,6 +32,10 @@ the library's process and platform collectors are registered on it too.
                                                           forgot: restore | job
     restore_agent_retention_freed_bytes_total             database bytes retention gave back
                                                           to the file system
+    restore_agent_retention_failures_total                retention passes that failed
+    restore_agent_state_database_vacuum_failures_total{reason}
+                                                          the one VACUUM of an older file:
+                                                          skipped | failed
     restore_agent_state_database_bytes                    the database file and its WAL
     restore_agent_staged_bytes_total                      chunk bytes Corestore accepted
     restore_agent_verified_bytes_total                    bytes of objects proven complete
@@ -43,22 +53,30 @@ the library's process and platform collectors are registered on it too.
                                                           the node's Corestore now
     restore_agent_transfers_queued{node}                  transfers waiting for one of the
                                                           node's places (max_transfers_per_node)
-    restore_agent_transfer_wait_seconds{kind}             how long a transfer waited its turn
+    restore_agent_transfer_wait_duration_seconds{kind}    how long a transfer waited its turn
                                                           (histogram; 0 when it did not wait)
     restore_agent_byte_budget_bytes                       [memory] budget_bytes
     restore_agent_byte_budget_held_bytes                  bytes drawn from it now
     restore_agent_byte_budget_waiting                     draws waiting for room in it
-    restore_agent_byte_budget_wait_seconds                how long a draw waited (histogram)
+    restore_agent_byte_budget_wait_duration_seconds       how long a draw waited (histogram)
     restore_agent_memory_trims_total                      the allocator asked to give memory back
     restore_agent_memory_trimmed_bytes_total              RSS those requests gave back
+    restore_agent_relay_answers_total{kind,answer}        relay requests by how the request
+                                                          rule answered them (recorded: from
+                                                          the record, nothing ran)
     process_* (resident and virtual memory, CPU seconds, open and max fds, start time),
     python_info                                           the library's process and platform
                                                           collectors
 
-Latency histograms end in `_duration_seconds` (Prometheus' naming convention); the loop lag is
-a lateness, not the duration of some work, and keeps its name. No `_created` series: they double
-the series count and no dashboard or alert here reads them (`disable_created_metrics()`, a
-process-wide switch of the library, which is the agent's alone in its process).
+Histograms of how long something took or waited end in `_duration_seconds` (Prometheus'
+naming convention); the loop lag is a lateness, not the duration of some work, and keeps its
+name. A gauge whose fact may not exist yet (the pong latency before the first pong, the last
+connect before the first, the outage's start while connected) is absent then, not 0: a
+collector (`_SessionGauges`) yields it only when the status holds it.
+
+No `_created` series: they double the series count and no dashboard or alert here reads them
+(`disable_created_metrics()`, a process-wide switch of the library, which is the agent's alone
+in its process).
 
 Label values are bounded: methods are the routes the agent serves (the connection refuses
 any other before a handler runs), codes the wire error codes, causes the session's fault
@@ -68,6 +86,7 @@ the relay job table, nodes the cluster's node ids the agent moved bytes for.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Final
 
 from prometheus_client import (
@@ -81,10 +100,11 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from agent import __version__
 from agent.contracts.isolatedrestore import NODE_STATUSES
-from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES
+from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, REQUESTS
 from agent.observe import Direction
 from agent.status import SessionState, StatusSnapshot
 from agent.store.records import StatusSummary
@@ -105,6 +125,45 @@ _LAG_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 _REQUEST_BUCKETS: Final = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 # A transfer waits for its node's earlier ones: nothing, or up to whole transfers (minutes).
 _WAIT_BUCKETS: Final = (0.001, 0.1, 1, 10, 30, 60, 300, 900, 3600)
+
+
+class _SessionGauges:
+    """The session's gauges that exist only while their fact does, read from the snapshot the
+    last scrape's `refresh()` saw (a collector: a plain Gauge always has a value)."""
+
+    def __init__(self) -> None:
+        self.snapshot: StatusSnapshot | None = None
+
+    def describe(self) -> list[Metric]:
+        """Nothing to check at registration: the names are the module's own."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Each gauge whose fact the snapshot holds."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return
+        facts = (
+            (
+                "cloudly_pong_latency_seconds",
+                "Round trip of the last keepalive ping answered by Cloudly (absent before one).",
+                snapshot.pong_latency,
+            ),
+            (
+                "cloudly_last_connect_timestamp_seconds",
+                "When the Cloudly session last connected, epoch seconds (absent: never).",
+                snapshot.last_connected_at,
+            ),
+            (
+                "cloudly_unreachable_since_timestamp_seconds",
+                "Since when Cloudly has been unreachable: the end of the last session, or the "
+                "agent's start (epoch seconds; absent while there is no outage).",
+                snapshot.unreachable_since,
+            ),
+        )
+        for name, documentation, value in facts:
+            if value is not None:
+                yield GaugeMetricFamily(f"{_NS}_{name}", documentation, value=value)
 
 
 class Metrics:
@@ -135,11 +194,8 @@ class Metrics:
             ["cause", "permanent"],
             registry=r,
         )
-        self._pong = Gauge(
-            f"{_NS}_cloudly_pong_latency_seconds",
-            "Round trip of the last keepalive ping answered by Cloudly.",
-            registry=r,
-        )
+        self._session_gauges = _SessionGauges()
+        r.register(self._session_gauges)
         self._requests = Counter(
             f"{_NS}_requests", "Requests from Cloudly, by method and outcome code.",
             ["method", "code"], registry=r,
@@ -172,6 +228,13 @@ class Metrics:
             ["kind", "status"],
             registry=r,
         )
+        self._relay_answers = Counter(
+            f"{_NS}_relay_answers",
+            "Relay backup and restore requests by how the request rule answered them: start, "
+            "resume, retry (the work ran), join, recorded (nothing ran), conflict, busy.",
+            ["kind", "answer"],
+            registry=r,
+        )
         self._retention_deleted = Counter(
             f"{_NS}_retention_deleted",
             "Old finished records retention forgot: restore (a node state with its plan and "
@@ -182,6 +245,19 @@ class Metrics:
         self._retention_freed = Counter(
             f"{_NS}_retention_freed_bytes",
             "Bytes of the state database retention gave back to the file system.",
+            registry=r,
+        )
+        self._retention_failures = Counter(
+            f"{_NS}_retention_failures",
+            "Retention passes that failed (the store failed or closed); the next pass, an hour "
+            "later, tries again.",
+            registry=r,
+        )
+        self._vacuum_failures = Counter(
+            f"{_NS}_state_database_vacuum_failures",
+            "The one VACUUM that switches a database an older agent made to giving pages back "
+            "did not run at start: skipped (no room for a copy) or failed.",
+            ["reason"],
             registry=r,
         )
         self._database_bytes = Gauge(
@@ -248,7 +324,7 @@ class Metrics:
             registry=r,
         )
         self._transfer_wait = Histogram(
-            f"{_NS}_transfer_wait_seconds",
+            f"{_NS}_transfer_wait_duration_seconds",
             "How long a transfer waited in its node's queue before it moved (0: not at all).",
             ["kind"],
             buckets=_WAIT_BUCKETS,
@@ -270,7 +346,7 @@ class Metrics:
             registry=r,
         )
         self._budget_wait = Histogram(
-            f"{_NS}_byte_budget_wait_seconds",
+            f"{_NS}_byte_budget_wait_duration_seconds",
             "How long a draw from the byte budget waited for room (0: not at all).",
             buckets=_WAIT_BUCKETS,
             registry=r,
@@ -294,10 +370,14 @@ class Metrics:
             for job_status in JOB_STATUSES:
                 self._jobs.labels(kind=kind, status=job_status).set(0)
                 self._jobs_oldest.labels(kind=kind, status=job_status).set(0)
+        for (job_kind, _), verdict in REQUESTS.items():
+            self._relay_answers.labels(kind=job_kind, answer=verdict.value)
         for what in ("restore", "job"):
             self._retention_deleted.labels(what=what)
         for reason in ("unavailable", "integrity"):
             self._chunk_retries.labels(reason=reason)
+        for reason in ("skipped", "failed"):
+            self._vacuum_failures.labels(reason=reason)
         for direction in ("in", "out"):
             self._stream_bytes.labels(direction=direction)
 
@@ -317,8 +397,7 @@ class Metrics:
         for state in SessionState:
             self._state.labels(state=state.value).set(1 if state is snapshot.state else 0)
         self._in_flight.set(snapshot.in_flight)
-        if snapshot.pong_latency is not None:
-            self._pong.set(snapshot.pong_latency)
+        self._session_gauges.snapshot = snapshot
         if summary is None:
             return
         self._database_bytes.set(summary.database_bytes)
@@ -373,9 +452,21 @@ class Metrics:
         """Count records retention forgot."""
         self._retention_deleted.labels(what=what).inc(count)
 
+    def relay_answered(self, *, kind: str, answer: str) -> None:
+        """Count how a relay request was answered."""
+        self._relay_answers.labels(kind=kind, answer=answer).inc()
+
     def retention_freed(self, *, count: int) -> None:
         """Count bytes retention gave back."""
         self._retention_freed.inc(count)
+
+    def retention_failed(self) -> None:
+        """Count a failed retention pass."""
+        self._retention_failures.inc()
+
+    def vacuum_failed(self, *, reason: str) -> None:
+        """Count the start-up VACUUM that was skipped or failed."""
+        self._vacuum_failures.labels(reason=reason).inc()
 
     def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
         """Time a Corestore attempt; an integrity refusal of a chunk is a chunk retry."""

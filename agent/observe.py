@@ -13,7 +13,10 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
                                                        recorded (bytes staged); an object
                                                        written (bytes verified)
     agent/store/retention.py       StoreObserver       records retention forgot (restores,
-                                                       jobs); bytes it gave back to the disk
+                                                       jobs); bytes it gave back to the disk;
+                                                       a pass that failed
+    agent/store/startup.py         StoreObserver       the one VACUUM of an older file
+                                                       skipped or failed
     agent/corestore/transport.py   CorestoreObserver   one HTTP attempt (route, answer kind, s);
     agent/corestore/client.py                          one resend of a route; a control
                                                        credential refused for good
@@ -23,6 +26,9 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
     agent/transfers/budget.py      BudgetObserver      the byte budget's drawn bytes and
                                                        waiters; how long a draw waited
     agent/memory.py                BudgetObserver      the allocator gave memory back
+    agent/relay/runner.py          RelayObserver       how a relay request was answered
+                                                       (kind, answer: a new run, joined,
+                                                       resumed, recorded, ...)
 
 Hooks are called on the event loop, synchronously, and must not raise or block.
 """
@@ -39,6 +45,7 @@ __all__ = [
     "LoopObserver",
     "NullObserver",
     "PeerObserver",
+    "RelayObserver",
     "SessionObserver",
     "StoreObserver",
     "TransferObserver",
@@ -87,6 +94,13 @@ class StoreObserver(Protocol):
     def retention_freed(self, *, count: int) -> None:
         """Retention gave `count` bytes of the database file back to the file system."""
 
+    def retention_failed(self) -> None:
+        """A retention pass failed (the store failed or closed); the next one tries again."""
+
+    def vacuum_failed(self, *, reason: str) -> None:
+        """The one `VACUUM` that switches an older database to giving pages back did not run:
+        `reason` is `skipped` (no room for a copy) or `failed`."""
+
 
 class CorestoreObserver(Protocol):
     """What the Corestore HTTP edge reports."""
@@ -133,6 +147,14 @@ class BudgetObserver(Protocol):
         """The allocator was asked to give free memory back; RSS fell by `released` bytes."""
 
 
+class RelayObserver(Protocol):
+    """What the relay's job runner reports."""
+
+    def relay_answered(self, *, kind: str, answer: str) -> None:
+        """A backup or restore request was answered by the request rule's `answer` (start,
+        resume, retry, join, recorded, conflict, busy)."""
+
+
 class NullObserver:
     """Every hook, doing nothing: the default of every part."""
 
@@ -163,6 +185,12 @@ class NullObserver:
     def retention_freed(self, *, count: int) -> None:
         """Nothing."""
 
+    def retention_failed(self) -> None:
+        """Nothing."""
+
+    def vacuum_failed(self, *, reason: str) -> None:
+        """Nothing."""
+
     def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
         """Nothing."""
 
@@ -188,6 +216,9 @@ class NullObserver:
         """Nothing."""
 
     def memory_trimmed(self, *, released: int) -> None:
+        """Nothing."""
+
+    def relay_answered(self, *, kind: str, answer: str) -> None:
         """Nothing."""
 
 

@@ -8,11 +8,21 @@ the identity only as its expiry.
 
 The session state is a state machine with one transition table (`TRANSITIONS`); an illegal move
 raises `InvalidState` and changes nothing.
+
+Beside the state (whose `state_since` moves at every retry) the status keeps the outage: since
+when Cloudly has been unreachable (the end of the last session, or the agent's start when it
+never connected), when the session last connected, and how many attempts failed since.
+`unreachable_sentence()` says it in one line, the same in `restore-agent status`, `/readyz`'s
+`session` reason and `STATUS=`:
+
+    Cloudly unreachable since 2025-06-01 12:03:04 UTC (2 min), last connected
+    2025-06-01 11:00:00 UTC, 17 attempts, last error: connection refused
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -30,6 +40,9 @@ __all__ = [
     "NodeViewLike",
     "SessionState",
     "StatusSnapshot",
+    "human_duration",
+    "unreachable_sentence",
+    "utc_text",
 ]
 
 
@@ -144,6 +157,15 @@ class StatusSnapshot:
     """When Cloudly last answered a keepalive ping on this connection (None: not yet)."""
     pong_latency: float | None = None
     """That ping's round trip in seconds."""
+    started_at: float | None = None
+    """When the agent started (the status was made)."""
+    unreachable_since: float | None = None
+    """Since when Cloudly has been unreachable: the end of the last session, or the agent's
+    start if it never connected. None while connected, and before the first attempt failed."""
+    last_connected_at: float | None = None
+    """When the session last became connected (None: never)."""
+    failed_attempts: int = 0
+    """Attempts that failed since the outage began (0 while connected)."""
 
     @property
     def cluster_id(self) -> str | None:
@@ -179,7 +201,59 @@ class StatusSnapshot:
             "identityExpiresAt": self.identity_expires_at_ms,
             "lastPongAt": _ms(self.last_pong_at),
             "pongLatencySeconds": self.pong_latency,
+            "unreachableSince": _ms(self.unreachable_since),
+            "lastConnectedAt": _ms(self.last_connected_at),
+            "failedAttempts": self.failed_attempts,
         }
+
+    def unreachable(self, now: float) -> str | None:
+        """The outage in one line (`unreachable_sentence`), None when there is none."""
+        if self.unreachable_since is None:
+            return None
+        return unreachable_sentence(
+            since=self.unreachable_since,
+            now=now,
+            last_connected_at=self.last_connected_at,
+            attempts=self.failed_attempts,
+            last_error=self.last_error,
+        )
+
+
+def utc_text(seconds: float) -> str:
+    """An epoch time as `2025-06-01 12:03:04 UTC` (the same on every node and in every log)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+
+
+def human_duration(seconds: float) -> str:
+    """`45 s`, `3 min`, `5 h`, `2 d`: a duration as an operator reads it."""
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def unreachable_sentence(
+    *,
+    since: float,
+    now: float,
+    last_connected_at: float | None,
+    attempts: int,
+    last_error: str | None,
+) -> str:
+    """`Cloudly unreachable since <time> (<duration>), last connected <time>, <n> attempts,
+    last error: <text>` (epoch seconds in; `never connected` when it never did)."""
+    connected = "never connected" if last_connected_at is None else (
+        f"last connected {utc_text(last_connected_at)}"
+    )  # fmt: skip
+    line = (
+        f"Cloudly unreachable since {utc_text(since)} ({human_duration(now - since)}), "
+        f"{connected}, {attempts} attempt{'' if attempts == 1 else 's'}"
+    )
+    return line + (f", last error: {last_error}" if last_error else "")
 
 
 def _ms(seconds: float | None) -> int | None:
@@ -197,8 +271,12 @@ class AgentStatus:
     def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._clock = clock.time
         self._state = SessionState.STARTING
-        self._state_since = clock.time()
+        self._state_since = self._started_at = clock.time()
         self._connected_since: float | None = None
+        self._last_connected_at: float | None = None
+        self._lost_at: float | None = None  # when the last session ended
+        self._unreachable_since: float | None = None
+        self._failed_attempts = 0
         self._reconnect_count = 0
         self._last_error: str | None = None
         self._last_error_at: float | None = None
@@ -239,9 +317,19 @@ class AgentStatus:
         if state is SessionState.CONNECTING and self._state is SessionState.BACKING_OFF:
             self._reconnect_count += 1
         if state is SessionState.CONNECTED:
-            self._connected_since = now
+            self._connected_since = self._last_connected_at = now
+            self._unreachable_since, self._failed_attempts = None, 0
         elif self._state is SessionState.CONNECTED:
             self._connected_since = None
+            self._lost_at = now
+        if state is SessionState.BACKING_OFF:
+            # The outage began when the last session ended (or at start): a retry does not
+            # move it, as it moves `state_since`.
+            if self._unreachable_since is None:
+                lost = self._lost_at
+                self._unreachable_since = self._started_at if lost is None else lost
+            if self._state is not SessionState.CONNECTED:
+                self._failed_attempts += 1
         if state in (SessionState.BACKING_OFF, SessionState.STOPPED):
             # An identity (and a pong) belongs to one connection; once that is gone its
             # expiry is no longer a fact about the agent.
@@ -293,4 +381,8 @@ class AgentStatus:
             identity_expires_at_ms=self._identity_expires_at_ms,
             last_pong_at=self._last_pong_at,
             pong_latency=self._pong_latency,
+            started_at=self._started_at,
+            unreachable_since=self._unreachable_since,
+            last_connected_at=self._last_connected_at,
+            failed_attempts=self._failed_attempts,
         )

@@ -23,9 +23,15 @@ def test_the_readme_install_block_is_five_numbered_steps() -> None:
     """readme.md's install block cuts into steps 1 to 5: the wheel first, the unit last."""
     steps = install_steps((REPO / "readme.md").read_text())
     assert [step.number for step in steps] == [1, 2, 3, 4, 5]
-    assert "pip wheel" in steps[0].script
-    assert "--constraint constraints.txt" in steps[1].script
+    assert "--require-hashes --no-deps -r locks/build.txt" in steps[0].script
+    assert "pip wheel --no-deps --no-build-isolation" in steps[0].script
+    assert "--require-hashes --no-deps -r locks/runtime.txt" in steps[1].script
+    assert "pip install --no-deps dist/" in steps[1].script
+    assert "pip check" in steps[1].script
     assert "check-config --connect" in steps[3].script
+    # Checked as the unit runs: its dynamic user, its credential, its state directory.
+    for property_ in ("DynamicUser=yes", "LoadCredential=machine-token:", "StateDirectory="):
+        assert f"-p {property_}" in steps[3].script
     assert "systemctl enable --now restore-agent" in steps[4].script
 
 

@@ -106,6 +106,12 @@ def test_the_unit_parses_as_an_ini_file() -> None:
     assert parser.sections() == ["Unit", "Service", "Install"]
 
 
+def test_the_agents_stop_timeout_is_the_units() -> None:
+    """`[shutdown] stop_timeout_s`, against which `run` and `check-config` check the shutdown
+    budget, defaults to the unit's TimeoutStopSec=: the check is against the real unit."""
+    assert ShutdownConfig().stop_timeout_s == float(_unit()["Service"]["TimeoutStopSec"][0])
+
+
 def _size(value: str) -> int:
     units = {"K": 1024, "M": 1024**2, "G": 1024**3}
     return int(value[:-1]) * units[value[-1]] if value[-1] in units else int(value)

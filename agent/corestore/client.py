@@ -300,11 +300,27 @@ class CorestoreClient:
         )
 
     async def service_restore(
-        self, service_id: str, backup_id: str, snapshot_ids: list[str], *, clear: bool
+        self,
+        service_id: str,
+        restore_key: str,
+        backup_id: str,
+        snapshot_ids: list[str],
+        *,
+        clear: bool,
     ) -> ServiceRestored:
-        """Restore exactly these snapshots of the backup from the node's archive."""
-        request = routes.build_service_restore(service_id, backup_id, snapshot_ids, clear=clear)
+        """Restore exactly these snapshots of the backup from the node's archive, once for
+        `restore_key`: the same key again answers the restore it made, restoring nothing."""
+        request = routes.build_service_restore(
+            service_id, restore_key, backup_id, snapshot_ids, clear=clear
+        )
         return await self._ok(request, ServiceRestored)
+
+    async def service_restore_status(
+        self, service_id: str, restore_key: str
+    ) -> ServiceRestored | None:
+        """The restore applied under `restore_key`, or None when none was."""
+        request = routes.build_service_restore_status(service_id, restore_key)
+        return await self._ok_or_none(request, ServiceRestored)
 
     async def archive_list(self) -> ArchiveListing | None:
         """What the node's archive holds; None when the node has no archive."""
@@ -373,6 +389,12 @@ class CorestoreClient:
         if (answer.size, answer.sha256) != (size, sha256):
             raise IntegrityError("Corestore committed other bytes than the closure's")
         return answer
+
+    async def closure_import_status(self, import_id: str) -> ClosureImportStatus | None:
+        """The import as it stands (`open`, or `committed`: applied once, never again), or None
+        when Corestore holds none under `import_id`."""
+        request = routes.build_closure_import_status(import_id)
+        return await self._ok_or_none(request, ClosureImportStatus)
 
     async def abort_closure_import(self, import_id: str) -> DeleteOutcome:
         """Drop an import (its bytes never touched the database)."""

@@ -84,6 +84,7 @@ __all__ = [
     "build_closure_import_abort",
     "build_closure_import_chunk",
     "build_closure_import_commit",
+    "build_closure_import_status",
     "build_closure_read",
     "build_commit_object",
     "build_delete_object",
@@ -98,6 +99,7 @@ __all__ = [
     "build_restore_resource",
     "build_service_backup",
     "build_service_restore",
+    "build_service_restore_status",
     "build_verify_resource",
     "classify_answer",
     "is_credential_refusal",
@@ -120,6 +122,7 @@ _SERVICE_BACKUP: Final = "/v1/services/{serviceId}/backups/{backupId}"
 _CLOSURE: Final = _SERVICE_BACKUP + "/closure"
 _NODE_ARCHIVE: Final = "/v1/archive"
 _IMPORT: Final = "/v1/database-closure-imports/{importId}"
+_SERVICE_RESTORE: Final = "/v1/services/{serviceId}/restores/{restoreKey}"
 
 
 class RouteName(enum.StrEnum):
@@ -140,6 +143,7 @@ class RouteName(enum.StrEnum):
     SERVICE_BACKUP = "service-backup"
     BACKUP_RECORD = "backup-record"
     SERVICE_RESTORE = "service-restore"
+    SERVICE_RESTORE_STATUS = "service-restore-status"
     ARCHIVE_LIST = "archive-list"
     ARCHIVE_PRUNE = "archive-prune"
     CLOSURE_DESCRIPTOR = "closure-descriptor"
@@ -148,6 +152,7 @@ class RouteName(enum.StrEnum):
     CLOSURE_IMPORT_CHUNK = "closure-import-chunk"
     CLOSURE_IMPORT_COMMIT = "closure-import-commit"
     CLOSURE_IMPORT_ABORT = "closure-import-abort"
+    CLOSURE_IMPORT_STATUS = "closure-import-status"
 
 
 class AnswerKind(enum.Enum):
@@ -241,9 +246,16 @@ ROUTES: Final[Mapping[RouteName, RouteSpec]] = dict(
             RouteName.BACKUP_RECORD, "GET", _SERVICE_BACKUP, ServiceBackupRecord,
             idempotent=True, grant=False,
         ),
+        # Keyed: Corestore applies one restore key once and answers its record again (200);
+        # the same key with another body is 409 restore-key-conflict.
         _spec(
-            RouteName.SERVICE_RESTORE, "POST", _SERVICE_BACKUP + "/restore", ServiceRestored,
-            idempotent=True, grant=False, transfer=True,
+            RouteName.SERVICE_RESTORE, "PUT", _SERVICE_RESTORE, ServiceRestored,
+            success=(200, 201), idempotent=True, grant=False, transfer=True,
+        ),
+        _spec(
+            RouteName.SERVICE_RESTORE_STATUS, "GET", _SERVICE_RESTORE, ServiceRestored,
+            idempotent=True, grant=False,
+            gone_codes=frozenset({"service-restore-not-found"}),
         ),
         _spec(
             RouteName.ARCHIVE_LIST, "GET", _NODE_ARCHIVE, ArchiveListing,
@@ -273,13 +285,19 @@ ROUTES: Final[Mapping[RouteName, RouteSpec]] = dict(
         ),
         # Not retried, like commit-object: a mismatch removes the import, and the re-hash of a
         # large closure may outlast the timeout; after an unknown outcome the caller asks the
-        # import's state (`closure-import`: `committed` = done).
+        # import's state (`closure-import-status`: `committed` = done). The import id is the
+        # key: Corestore commits one key once, and answers a second commit with the first's.
         _spec(
             RouteName.CLOSURE_IMPORT_COMMIT, "POST", _IMPORT + "/commit", ClosureImportCommitted,
             idempotent=False, grant=False, transfer=True,
         ),
+        # A committed import is no longer aborted (409 import-committed): its key stays.
         _spec(
             RouteName.CLOSURE_IMPORT_ABORT, "DELETE", _IMPORT, Deleted,
+            idempotent=True, grant=False, gone_codes=frozenset({"import-not-found"}),
+        ),
+        _spec(
+            RouteName.CLOSURE_IMPORT_STATUS, "GET", _IMPORT, ClosureImportStatus,
             idempotent=True, grant=False, gone_codes=frozenset({"import-not-found"}),
         ),
     ]
@@ -538,13 +556,24 @@ def build_backup_record(service_id: str, backup_id: str) -> RouteRequest:
 
 
 def build_service_restore(
-    service_id: str, backup_id: str, snapshot_ids: list[str], *, clear: bool
+    service_id: str, restore_key: str, backup_id: str, snapshot_ids: list[str], *, clear: bool
 ) -> RouteRequest:
-    """`POST .../backups/{backupId}/restore`: restore exactly these snapshots from the archive."""
+    """`PUT /v1/services/{serviceId}/restores/{restoreKey}`: restore exactly these snapshots of
+    the backup from the archive, once for the key."""
     name = RouteName.SERVICE_RESTORE
-    body = _body_of(name, lambda: ServiceRestoreBody(snapshot_ids=snapshot_ids, clear=clear))
-    path = _service_path(ROUTES[name].template, service_id, backup_id)
+    body = _body_of(
+        name,
+        lambda: ServiceRestoreBody(backup_id=backup_id, snapshot_ids=snapshot_ids, clear=clear),
+    )
+    path = _path(_SERVICE_RESTORE, serviceId=service_id, restoreKey=restore_key)
     return _request(name, None, path, body=body, content_type="application/json")
+
+
+def build_service_restore_status(service_id: str, restore_key: str) -> RouteRequest:
+    """`GET /v1/services/{serviceId}/restores/{restoreKey}`: the restore applied under the key
+    (404 service-restore-not-found: none was)."""
+    path = _path(_SERVICE_RESTORE, serviceId=service_id, restoreKey=restore_key)
+    return _request(RouteName.SERVICE_RESTORE_STATUS, None, path)
 
 
 def build_archive_list() -> RouteRequest:
@@ -627,6 +656,12 @@ def build_closure_import_commit(import_id: str, size: int, sha256: str) -> Route
     body = _body_of(name, lambda: CommitObjectBody(size=size, sha256=sha256))
     path = _path(ROUTES[name].template, importId=import_id)
     return _request(name, None, path, body=body, content_type="application/json")
+
+
+def build_closure_import_status(import_id: str) -> RouteRequest:
+    """`GET /v1/database-closure-imports/{importId}`: the import as it stands, open or committed
+    (404 import-not-found: none)."""
+    return _request(RouteName.CLOSURE_IMPORT_STATUS, None, _path(_IMPORT, importId=import_id))
 
 
 def build_closure_import_abort(import_id: str) -> RouteRequest:

@@ -24,8 +24,10 @@ Corestore import from the descriptor first (Corestore checks the receipt), then 
 stream into it in `chunk_size` chunks (each PUT carries its sha256), refusing the stream (at the
 latest a chunk's worth of bytes later) once it brings more than `size` bytes: no byte past
 `size` is sent; at the end it checks the length and the whole sha256 and only then
-asks Corestore to commit (Corestore re-hashes and replaces the database in one step). Any
-failure aborts the import: the database stays as it was. A responder that cannot serve a stream
+asks Corestore to commit (Corestore re-hashes and replaces the database in one step). The
+import id is the run's idempotency key: Corestore commits it once, and a commit whose outcome
+is unknown is confirmed by the import's state, never sent twice. Any other failure aborts the
+import: the database stays as it was. A responder that cannot serve a stream
 in its response (typedrequest 3.3.0 echoes our `read`) fails fast as `StreamNotServed`.
 
 Both directions hash with `agent.chunking.Digests` (large pieces in a worker thread, off the
@@ -41,13 +43,20 @@ Neither direction can pin its job: every wait on the stream is bounded by the se
 deadline (`agent.session.streams`), so a Cloudly that keeps the stream alive but stops reading
 or sending makes the sink or the source raise `StreamBroken`, which aborts the stream (and the
 import) here like any broken stream. The calls are bounded by `timeout`.
+
+A closure's call and its stream travel on one connection: `cloudly` is the connection the
+closure was given when it started (`CloudlySession.connection()`), never the session's
+connection of the moment. A reconnect in between (the closure call answered, the session
+dropped while Corestore opened the import) therefore breaks the transfer, `StreamBroken`
+(retryable), rather than asking the new connection for a stream it never saw. The end of the
+session anywhere in a transfer is `StreamBroken` likewise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -67,8 +76,10 @@ from agent.contracts.relay import (
 from agent.corestore.client import CorestoreClient
 from agent.errors import (
     ClosureNotAccepted,
+    CorestoreUnavailable,
     IntegrityError,
     RemoteProtocolError,
+    SessionClosed,
     StreamBroken,
     StreamNotServed,
 )
@@ -106,6 +117,23 @@ async def send_closure(
 ) -> DatabaseClosureDescriptor:
     """Export the backup's closure from Corestore and stream it to Cloudly; the descriptor
     once Cloudly holds exactly those bytes (module docstring, step 4)."""
+    with _interrupted_by_the_session(f"the database closure of service {service_id}"):
+        return await _send_closure(
+            client, cloudly, service_id, backup_id, node_id, chunk_size, timeout, progress, draws
+        )
+
+
+async def _send_closure(
+    client: CorestoreClient,
+    cloudly: CloudlyCalls,
+    service_id: str,
+    backup_id: str,
+    node_id: str,
+    chunk_size: int,
+    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    progress: Progress,
+    draws: Draws | None,
+) -> DatabaseClosureDescriptor:
     descriptor = await client.closure_descriptor(service_id, backup_id)
     marker, sink = cloudly.open_send_stream()
     request = BackupServiceDatabaseClosureRequest(
@@ -136,8 +164,11 @@ async def send_closure(
             # (a short, long or altered export; Corestore's errors) stay what we raise.
             raise refusal from exc
         call.cancel()
-        with contextlib.suppress(BaseException):
-            await call
+        # Wait for the call to end without taking on its outcome: `asyncio.wait` raises only
+        # this task's own cancellation (the job stopped meanwhile), which must win.
+        await asyncio.wait({call})
+        if not call.cancelled():
+            call.exception()  # retrieved: its outcome no longer matters
         raise
     if not answer.accepted:
         raise ClosureNotAccepted(
@@ -229,6 +260,33 @@ async def receive_closure(
 ) -> DatabaseClosureDescriptor:
     """Fetch the backup's closure from Cloudly into a Corestore import and commit it; the
     descriptor once Corestore replaced the service's database with exactly those bytes."""
+    with _interrupted_by_the_session(f"the database closure of service {service_id}"):
+        return await _receive_closure(
+            client,
+            cloudly,
+            service_id,
+            backup_id,
+            node_id,
+            import_id,
+            chunk_size,
+            timeout,
+            progress,
+            draws,
+        )
+
+
+async def _receive_closure(
+    client: CorestoreClient,
+    cloudly: CloudlyCalls,
+    service_id: str,
+    backup_id: str,
+    node_id: str,
+    import_id: str,
+    chunk_size: int,
+    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    progress: Progress,
+    draws: Draws | None,
+) -> DatabaseClosureDescriptor:
     request = RestoreServiceDatabaseClosureRequest(
         backup_id=backup_id, service_id=service_id, node_id=node_id
     )
@@ -239,7 +297,7 @@ async def receive_closure(
         ),
     )
     descriptor = answer.descriptor
-    # A previous attempt (the agent died mid-import) may have left its import open: start over.
+    # An earlier attempt of this run may have left its import open: the stream restarts whole.
     await client.abort_closure_import(import_id)
     await client.open_closure_import(
         import_id, service_id=service_id, backup_id=backup_id, descriptor=descriptor
@@ -251,12 +309,10 @@ async def receive_closure(
     source = cloudly.receive_stream(answer.closure)
     try:
         await _pump_import(client, source, import_id, descriptor, chunk_size, progress, buffers)
-        await client.commit_closure_import(import_id, descriptor.size, descriptor.sha256)
+        await _commit(client, import_id, descriptor)
     except BaseException as exc:
-        closer = getattr(source, "aclose", None)
         with contextlib.suppress(Exception):
-            if closer is not None:
-                await asyncio.shield(closer())
+            await asyncio.shield(source.aclose())
         with contextlib.suppress(Exception):
             await asyncio.shield(client.abort_closure_import(import_id))
         if isinstance(exc, StreamNotServed):
@@ -267,6 +323,20 @@ async def receive_closure(
             ) from exc
         raise
     return descriptor
+
+
+async def _commit(
+    client: CorestoreClient, import_id: str, descriptor: DatabaseClosureDescriptor
+) -> None:
+    """Commit the import (under its key: Corestore commits it once). The commit is not resent:
+    when its outcome is unknown (Corestore unavailable), the import's state says it."""
+    try:
+        await client.commit_closure_import(import_id, descriptor.size, descriptor.sha256)
+    except CorestoreUnavailable:
+        status = await client.closure_import_status(import_id)
+        if status is None or status.state != "committed" or status.sha256 != descriptor.sha256:
+            raise
+        _log.info("closure_commit_confirmed", import_id=import_id, size=descriptor.size)
 
 
 async def _pump_import(
@@ -305,6 +375,18 @@ async def _pump_import(
         )
     if digests.hexdigest() != descriptor.sha256:
         raise IntegrityError("Cloudly's closure stream does not match its descriptor's sha256")
+
+
+@contextlib.contextmanager
+def _interrupted_by_the_session(what: str) -> Iterator[None]:
+    """The session's end during a transfer is the transfer's interruption (retryable): its
+    call and its stream were on that connection, and neither moves to the next one."""
+    try:
+        yield
+    except SessionClosed as exc:
+        raise StreamBroken(
+            f"the session with Cloudly closed during the transfer of {what}: {exc}"
+        ) from exc
 
 
 _Answer = TypeVar(

@@ -149,6 +149,7 @@ class _Transfer:
             self.refused = exc
         finally:
             await chunks.aclose()
+            await source.aclose()  # closing the chunker does not close what it read
         await self.queue.put(None)
 
     def _check_verified(self, offset: int, length: int, digest: str) -> None:

@@ -34,6 +34,7 @@ import structlog
 
 from agent.clock import Clock, epoch_ms
 from agent.errors import StoreCorrupt, StoreError
+from agent.observe import NULL_OBSERVER, StoreObserver
 from agent.store.files import (
     database_bytes,
     ensure_private_directory,
@@ -71,6 +72,7 @@ async def open_database(
     clock: Clock,
     migrations: Sequence[str] = MIGRATIONS,
     free_bytes: Callable[[Path], int] = _free_bytes,
+    observer: StoreObserver = NULL_OBSERVER,
 ) -> aiosqlite.Connection:
     """A checked, configured, migrated autocommit connection to `path` (created if missing),
     in `auto_vacuum = INCREMENTAL` unless the one `VACUUM` that switches an older file could
@@ -78,6 +80,7 @@ async def open_database(
 
     `migrations` is injectable so tests can prove the upgrade path; production uses
     `schema.MIGRATIONS`. `free_bytes(directory)` is the room left beside the file.
+    `observer` hears a `VACUUM` that was skipped or failed.
     """
     directory = path.parent
     if sqlite3.sqlite_version_info < _MIN_SQLITE:
@@ -96,7 +99,9 @@ async def open_database(
             _move_aside_and_raise(path, problem, clock.time())
         await _configure(db, path)
         await _migrate(db, migrations, epoch_ms(clock))
-        await _switch_to_incremental_vacuum(db, path, free_bytes, clock)
+        vacuum = await _switch_to_incremental_vacuum(db, path, free_bytes, clock)
+        if vacuum is not None:
+            observer.vacuum_failed(reason=vacuum)
     return db
 
 
@@ -180,11 +185,12 @@ async def _configure(db: aiosqlite.Connection, path: Path) -> None:
 
 async def _switch_to_incremental_vacuum(
     db: aiosqlite.Connection, path: Path, free_bytes: Callable[[Path], int], clock: Clock
-) -> None:
-    """Rewrite an older file once into `auto_vacuum = INCREMENTAL` (module docstring)."""
+) -> str | None:
+    """Rewrite an older file once into `auto_vacuum = INCREMENTAL` (module docstring); None
+    when it is so, else `skipped` or `failed`."""
     rows = list(await db.execute_fetchall("PRAGMA auto_vacuum"))
     if int(rows[0][0]) == _INCREMENTAL:
-        return
+        return None
     before = database_bytes(path)
     free = free_bytes(path.parent)
     if free < 2 * before:
@@ -195,7 +201,7 @@ async def _switch_to_incremental_vacuum(
             free_bytes=free,
             hint="the file keeps its size (freed pages are reused); the next start tries again",
         )
-        return
+        return "skipped"
     started = clock.monotonic()
     try:
         await db.execute_fetchall("PRAGMA auto_vacuum = INCREMENTAL")
@@ -207,7 +213,7 @@ async def _switch_to_incremental_vacuum(
             error=str(exc),
             hint="the file keeps its size (freed pages are reused); the next start tries again",
         )
-        return
+        return "failed"
     _log.info(
         "state_database_vacuumed",
         path=str(path),
@@ -215,6 +221,7 @@ async def _switch_to_incremental_vacuum(
         bytes_after=database_bytes(path),
         seconds=round(clock.monotonic() - started, 3),
     )
+    return None
 
 
 def _check_schema_version(current: int, known: int) -> None:

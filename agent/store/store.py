@@ -52,6 +52,7 @@ from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState, ResourceMapping
 from agent.domain.job_machine import JobOp, JobStatus
 from agent.domain.jobs import JobKey, StoredJob
+from agent.domain.outcomes import JobResult, RunPlan
 from agent.domain.restore_machine import IN_FLIGHT, RESTORE_TABLE, Op
 from agent.domain.restores import PreparedPlan, RestoreKey, StoredState
 from agent.errors import (
@@ -184,7 +185,7 @@ class RevisionStore:
         """
         path = directory / name
         existed = _has_content(path)
-        db = await open_database(path, busy_timeout=busy_timeout, clock=clock)
+        db = await open_database(path, busy_timeout=busy_timeout, clock=clock, observer=observer)
         try:
             reader = await open_reader(path, busy_timeout=busy_timeout)
         except BaseException:
@@ -562,6 +563,19 @@ class RevisionStore:
         async with self._connection() as db:
             return await job_table.running_restore(db, cluster_id, node_id, service_id)
 
+    async def last_restore(
+        self, cluster_id: str, node_id: str, service_id: str
+    ) -> StoredJob | None:
+        """The last restore run of `service_id` on `node_id` (the highest run), or None."""
+        async with self._connection() as db:
+            return await job_table.last_restore(db, cluster_id, node_id, service_id)
+
+    async def mark_delivered(self, key: JobKey, *, revision: int) -> bool:
+        """Record that the answer of the job at `revision` reached Cloudly (False: the job
+        moved on since, or it was recorded already)."""
+        async with self._connection() as db:
+            return await job_table.mark_delivered(db, key, revision=revision, now=self._now_ms())
+
     async def move_job(
         self,
         key: JobKey,
@@ -569,10 +583,12 @@ class RevisionStore:
         op: JobOp,
         expected_revision: int,
         digest: str,
-        result: dict[str, Any] | None = None,
+        result: JobResult | None = None,
+        plan: RunPlan | None = None,
     ) -> StoredJob:
         """Apply `op` to the relay job at `expected_revision` (one transaction), or raise
-        `RevisionConflict`/`IllegalTransition` and change nothing."""
+        `RevisionConflict`/`IllegalTransition` and change nothing. `plan`: a restore run's, when
+        it starts (kept by every later move)."""
         if not is_sha256(digest):
             raise InvalidState("a job digest must be 64 lower-case hex characters")
         async with self._connection() as db:
@@ -584,6 +600,7 @@ class RevisionStore:
                 digest=digest,
                 now=self._now_ms(),
                 result=result,
+                plan=plan,
             )
 
     # --- retention (agent/store/retention.py runs it; the SQL is forgetting.py's) ------------

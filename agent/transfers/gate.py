@@ -182,10 +182,8 @@ class _PacedSource:
         return chunk
 
     async def aclose(self) -> None:
-        """Stop the stream underneath (when it can be stopped)."""
-        closer = getattr(self._source, "aclose", None) or getattr(self._chunks, "aclose", None)
-        if closer is not None:
-            await closer()
+        """Stop the stream underneath."""
+        await self._source.aclose()
 
 
 class _PacedSink:

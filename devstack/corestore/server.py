@@ -174,6 +174,9 @@ def create_app(
             if problem is not None:
                 return _error(403, *problem)
         request[TRUNCATE] = rule.drop_bytes if rule is not None and kind == "truncate" else 0
+        if rule is not None and rule.hold is not None:
+            rule.hold.arrived.set()
+            await _until_either(rule.hold.gate, stopping)
         if route is RouteName.PREPARE_RESTORE and not faults.prepare_gate.is_set():
             faults.prepare_held.set()
             await _until_either(faults.prepare_gate, stopping)
@@ -185,6 +188,7 @@ def create_app(
             first = exc.errors(include_url=False, include_input=False)[0]
             where = ".".join(str(part) for part in first["loc"]) or "body"
             response = _error(400, "invalid-request", f"{where}: {first['msg']}")
+        faults.handled[route] += 1
         if rule is not None and kind == "reset":
             return _abort(request)
         if kind == "wrong-digest" and isinstance(response, web.Response):

@@ -81,10 +81,14 @@ def service_handlers(services: Services) -> dict[RouteName, _Handler]:
         return web.json_response(await asyncio.to_thread(services.record, service_id, backup_id))
 
     async def restore(request: web.Request) -> web.Response:
-        service_id, backup_id = path_id(request, "serviceId"), path_id(request, "backupId")
+        service_id, key = path_id(request, "serviceId"), path_id(request, "restoreKey")
         body = ServiceRestoreBody.model_validate_json(await request.read())
-        answer = await asyncio.to_thread(services.restore, service_id, backup_id, body)
-        return web.json_response(answer)
+        answer, applied = await asyncio.to_thread(services.restore, service_id, key, body)
+        return web.json_response(answer, status=201 if applied else 200)
+
+    async def restore_status(request: web.Request) -> web.Response:
+        service_id, key = path_id(request, "serviceId"), path_id(request, "restoreKey")
+        return web.json_response(await asyncio.to_thread(services.restore_record, service_id, key))
 
     async def archive_list(request: web.Request) -> web.Response:
         return web.json_response(await asyncio.to_thread(services.listing))
@@ -131,6 +135,10 @@ def service_handlers(services: Services) -> dict[RouteName, _Handler]:
         )
         return web.json_response(answer)
 
+    async def import_status(request: web.Request) -> web.Response:
+        import_id = path_id(request, "importId")
+        return web.json_response(await asyncio.to_thread(services.import_status, import_id))
+
     async def abort(request: web.Request) -> web.Response:
         await asyncio.to_thread(services.abort_import, path_id(request, "importId"))
         return web.json_response({"deleted": True})
@@ -139,6 +147,7 @@ def service_handlers(services: Services) -> dict[RouteName, _Handler]:
         RouteName.SERVICE_BACKUP: backup,
         RouteName.BACKUP_RECORD: record,
         RouteName.SERVICE_RESTORE: restore,
+        RouteName.SERVICE_RESTORE_STATUS: restore_status,
         RouteName.ARCHIVE_LIST: archive_list,
         RouteName.ARCHIVE_PRUNE: archive_prune,
         RouteName.CLOSURE_DESCRIPTOR: descriptor,
@@ -147,4 +156,5 @@ def service_handlers(services: Services) -> dict[RouteName, _Handler]:
         RouteName.CLOSURE_IMPORT_CHUNK: put_chunk,
         RouteName.CLOSURE_IMPORT_COMMIT: commit,
         RouteName.CLOSURE_IMPORT_ABORT: abort,
+        RouteName.CLOSURE_IMPORT_STATUS: import_status,
     }

@@ -44,7 +44,7 @@ AGENT: Final = Path("/opt/restore-agent/venv/bin/restore-agent")
 HEALTH_SOCKET: Final = "/run/restore-agent/health.sock"
 DROP_IN: Final = Path(f"/etc/systemd/system/{UNIT}.d/50-syscall-kill.conf")
 CONNECTED: Final = "connected to Cloudly"
-UNREACHABLE: Final = "Cloudly unreachable, retrying: "
+UNREACHABLE: Final = "Cloudly unreachable since "
 SMALL: Final = 32 * MiB  # the volume image of a scenario restore
 _CLOSURE: Final = 8 * MiB  # the service database of a scenario backup
 

@@ -69,6 +69,6 @@ async def test_stages_beyond_the_byte_budget_wait_for_it_and_never_pass_it(
         assert stack.staged_digest(driver.plan, volume.path) == volume.sha256
     assert _sample(text, "restore_agent_byte_budget_bytes") == BUDGET
     assert max(held) <= BUDGET
-    waits = _sample(text, "restore_agent_byte_budget_wait_seconds_count")
-    at_once = _sample(text, 'restore_agent_byte_budget_wait_seconds_bucket{le="0.001"}')
+    waits = _sample(text, "restore_agent_byte_budget_wait_duration_seconds_count")
+    at_once = _sample(text, 'restore_agent_byte_budget_wait_duration_seconds_bucket{le="0.001"}')
     assert waits > at_once  # some draws waited for room
