@@ -213,6 +213,7 @@ def _verify_on_disk(data_dir: Path, plan: RestorePlan) -> None:
 
 
 def _leftovers(data_dir: Path) -> list[str]:
-    """Files of isolated restores on Corestore's disk (the relay's service data aside)."""
-    relay = ("services", "imports", "archive")
+    """Files of isolated restores on Corestore's disk (the relay's service data aside: its
+    services, imports, archive, keyed archive restores and the ledger of applied effects)."""
+    relay = ("services", "imports", "archive", "restores", "applied.jsonl")
     return [path for path in Storage(data_dir).files() if path.split("/")[0] not in relay]
