@@ -8,29 +8,42 @@ the identity only as its expiry.
 
 The session state is a state machine with one transition table (`TRANSITIONS`); an illegal move
 raises `InvalidState` and changes nothing.
+
+Conditions are named facts about the node an operator should see, each under a stable key with
+a sentence and the time it began (`set_condition`, `clear_condition`): `state-unwritable` (the
+node's state disk refuses writes: the agent is not ready while it holds), `corestore-full`
+(a node's Corestore answered that its disk is full), `state-recovered` (the state was salvaged
+or reset; reconciliation with the nodes' Corestore is due). `StatusHooks` sets them from the
+parts' observer hooks (`agent.observe`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Final, Protocol
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.errors import InvalidState
 
 __all__ = [
+    "NOT_READY_CONDITIONS",
     "TRANSITIONS",
     "AgentStatus",
     "ClusterSummary",
     "ClusterViewLike",
+    "Condition",
     "NodeSummary",
     "NodeViewLike",
     "SessionState",
+    "StatusHooks",
     "StatusSnapshot",
 ]
+
+NOT_READY_CONDITIONS: Final = frozenset({"state-unwritable"})
+"""The conditions under which the agent is not ready (each is also a readiness reason)."""
 
 
 class SessionState(StrEnum):
@@ -144,6 +157,8 @@ class StatusSnapshot:
     """When Cloudly last answered a keepalive ping on this connection (None: not yet)."""
     pong_latency: float | None = None
     """That ping's round trip in seconds."""
+    conditions: Mapping[str, Condition] = field(default_factory=dict)
+    """The node's named conditions by stable key (module docstring)."""
 
     @property
     def cluster_id(self) -> str | None:
@@ -182,6 +197,18 @@ class StatusSnapshot:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One named condition: what it is (a sentence) and since when (epoch seconds)."""
+
+    text: str
+    since: float
+
+    def to_dict(self) -> dict[str, object]:
+        """`{text, since}` with `since` in epoch milliseconds."""
+        return {"text": self.text, "since": _ms(self.since)}
+
+
 def _ms(seconds: float | None) -> int | None:
     """Epoch seconds (the status's clock) as epoch milliseconds."""
     return None if seconds is None else round(seconds * 1000)
@@ -207,6 +234,7 @@ class AgentStatus:
         self._identity_expires_at_ms: int | None = None
         self._last_pong_at: float | None = None
         self._pong_latency: float | None = None
+        self._conditions: dict[str, Condition] = {}
         self._changed = asyncio.Event()
 
     def _notify(self) -> None:
@@ -275,6 +303,20 @@ class AgentStatus:
         self._pong_latency = latency
         self._notify()
 
+    def set_condition(self, key: str, text: str) -> None:
+        """Name a condition (a new text keeps the time it began)."""
+        current = self._conditions.get(key)
+        if current is not None and current.text == text:
+            return
+        since = current.since if current is not None else self._clock()
+        self._conditions[key] = Condition(text, since)
+        self._notify()
+
+    def clear_condition(self, key: str) -> None:
+        """The condition under `key` is over (nothing if there was none)."""
+        if self._conditions.pop(key, None) is not None:
+            self._notify()
+
     def bind_in_flight(self, source: Callable[[], int] | None) -> None:
         """Read the in-flight handler count from `source` (the live peer), or report 0."""
         self._in_flight = source or _no_work
@@ -293,4 +335,56 @@ class AgentStatus:
             identity_expires_at_ms=self._identity_expires_at_ms,
             last_pong_at=self._last_pong_at,
             pong_latency=self._pong_latency,
+            conditions=dict(self._conditions),
         )
+
+
+class StatusHooks:
+    """The observer hooks (`agent.observe`) that name conditions on an `AgentStatus`: the state
+    disk refusing writes, a node's Corestore full, a salvaged or reset state still being
+    reconciled. The composition root hands them out beside the metrics (`observe.Tee`)."""
+
+    def __init__(self, status: AgentStatus) -> None:
+        self._status = status
+        self._full: set[str] = set()
+        self._recovered: tuple[str, float] | None = None
+
+    def state_write_failed(self, *, cause: str) -> None:
+        """`state-unwritable`: the agent is not ready while it holds."""
+        self._status.set_condition(
+            "state-unwritable", f"the node's state cannot be written ({cause})"
+        )
+
+    def state_writable(self) -> None:
+        """The state disk takes writes again."""
+        self._status.clear_condition("state-unwritable")
+
+    def corestore_full(self, *, node: str, full: bool) -> None:
+        """`corestore-full` names every node whose Corestore said its disk is full."""
+        if full:
+            self._full.add(node)
+        else:
+            self._full.discard(node)
+        if self._full:
+            nodes = ", ".join(sorted(self._full))
+            self._status.set_condition(
+                "corestore-full", f"the Corestore of {nodes} answered that its disk is full"
+            )
+        else:
+            self._status.clear_condition("corestore-full")
+
+    def state_recovered(self, *, how: str, at: float) -> None:
+        """Remember how the state was recovered (named while reconciliation is pending)."""
+        self._recovered = (how, at)
+
+    def reconcile_pending(self, *, pending: bool) -> None:
+        """`state-recovered` while reconciliation with the nodes' Corestore is due."""
+        if pending and self._recovered is not None:
+            how, _ = self._recovered
+            self._status.set_condition(
+                "state-recovered",
+                f"the state was {how}; reconciling with each node's Corestore (what it holds "
+                "that the state does not know is taken into cleanup)",
+            )
+        else:
+            self._status.clear_condition("state-recovered")

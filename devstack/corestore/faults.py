@@ -20,7 +20,7 @@ from agent.corestore.routes import RouteName
 
 __all__ = ["FaultKind", "FaultRule", "Faults"]
 
-FaultKind = Literal["status", "reset", "delay", "truncate", "wrong-digest"]
+FaultKind = Literal["status", "reset", "delay", "truncate", "wrong-digest", "disk-full"]
 
 
 @dataclass(slots=True)
@@ -71,6 +71,11 @@ class Faults:
     def wrong_digest_next(self, route: RouteName | str, times: int = 1) -> None:
         """Handle the request, then acknowledge another sha256 than the one it verified."""
         self._add(route, FaultRule("wrong-digest", times))
+
+    def disk_full_next(self, route: RouteName | str, times: int = 1) -> None:
+        """Fail the handling as a full disk does (ENOSPC): the server's own answer to that,
+        `507 storage-full`, goes back."""
+        self._add(route, FaultRule("disk-full", times))
 
     def hold_restores(self) -> None:
         """Keep every resource restore started from now on `running`."""
