@@ -348,15 +348,19 @@ class StatusHooks:
         self._status = status
         self._full: set[str] = set()
         self._recovered: tuple[str, float] | None = None
+        self.unwritable_cause: str | None = None
+        """The cause of the state disk's last refusal while it holds (None: writable)."""
 
     def state_write_failed(self, *, cause: str) -> None:
         """`state-unwritable`: the agent is not ready while it holds."""
+        self.unwritable_cause = cause
         self._status.set_condition(
             "state-unwritable", f"the node's state cannot be written ({cause})"
         )
 
     def state_writable(self) -> None:
         """The state disk takes writes again."""
+        self.unwritable_cause = None
         self._status.clear_condition("state-unwritable")
 
     def corestore_full(self, *, node: str, full: bool) -> None:
