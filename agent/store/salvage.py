@@ -59,6 +59,7 @@ from agent.store.schema import MIGRATIONS, VERSION_TABLE, split_statements
 
 __all__ = ["SalvageReport", "TableCount", "recovering_shell", "reset", "salvage"]
 
+_Rows = dict[tuple[object, ...], tuple[object, ...]]  # rows by their key
 _SCRATCH: Final = ".salvage"
 _TIMEOUT_S: Final = 3600.0
 # The tables each schema version added (a damaged file that lost `schema_version` is read by
@@ -288,7 +289,7 @@ def _scan(
     db: sqlite3.Connection,
     sql: str,
     params: tuple[object, ...],
-    found: dict[tuple[object, ...], tuple[object, ...]],
+    found: _Rows,
     width: int,
 ) -> None:
     """Add the rows `sql` yields (the key first `width` columns) until SQLite meets damage."""
