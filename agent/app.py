@@ -193,7 +193,10 @@ async def run(
             transfers=transfers,
         )
         address = await health.start(listener)
-        resources.push_async_callback(_step, "stop the health server", health.stop, close_s)
+        # Stopped in the shutdown's order (after the relay's jobs, before the clients and the
+        # store close), or here last if the state never opened.
+        stop_health = _Once(lambda: _step("stop the health server", health.stop, close_s))
+        resources.push_async_callback(stop_health)
         ready = _Ready(notifier, status, address, on_ready)
         with _stop_on_signals(stop) if handle_signals else contextlib.nullcontext():
             async with asyncio.TaskGroup() as group:
@@ -239,6 +242,7 @@ async def run(
                         resources=resources,
                         group=group,
                         clock=clock,
+                        stop_health=stop_health,
                     )
                 for task in side_tasks:
                     task.cancel()
@@ -266,6 +270,7 @@ async def _serve(
     resources: AsyncExitStack,
     group: asyncio.TaskGroup,
     clock: Clock,
+    stop_health: _Once,
 ) -> None:
     """Build the agent's parts on the open state, run them in `group` until `stop` (or the
     session ends), then shut them down in order."""
@@ -365,6 +370,19 @@ async def _serve(
         relay_task.cancel()
     for task in side_tasks:
         task.cancel()
+    await stop_health()
+
+
+class _Once:
+    """An async step that runs at most once (later calls do nothing)."""
+
+    def __init__(self, step: Callable[[], Awaitable[object]]) -> None:
+        self._step: Callable[[], Awaitable[object]] | None = step
+
+    async def __call__(self) -> None:
+        step, self._step = self._step, None
+        if step is not None:
+            await step()
 
 
 class _Ready:
