@@ -181,8 +181,15 @@ async def run(
             ),
             observer=metrics,
         )
-        # Serving before the state is open: a disk that refuses the state's writes keeps the
-        # agent waiting (agent/opening.py), and meanwhile the endpoint says why.
+        # The state opens first (a damaged or newer database refuses start-up with one line);
+        # a disk that refuses its writes keeps the agent waiting (agent/opening.py), serving
+        # the endpoint meanwhile so that it says why.
+        opened: tuple[KeyStore | None, RevisionStore] | None = None
+        refusal: StateUnwritable | None = None
+        try:
+            opened = await _open_state(config, observer)
+        except StateUnwritable as exc:
+            refusal = exc
         health = HealthServer(
             config.health.endpoint,
             status=status,
@@ -204,14 +211,19 @@ async def run(
                     group.create_task(loop_watch.run(), name="loop-watch"),
                     group.create_task(_tell_systemd(status, notifier), name="systemd-status"),
                 ]
-                opened = await open_waiting(
-                    lambda: _open_state(config, observer),
-                    clock=clock,
-                    stop=stop,
-                    refused=lambda error, failures: _state_refused(
-                        config, error, failures, observer, hooks, ready
-                    ),
-                )
+                if refusal is not None:
+
+                    def refused(error: StateUnwritable, failures: int) -> None:
+                        _state_refused(config, error, failures, observer, hooks, ready)
+
+                    refused(refusal, 1)
+                    opened = await open_waiting(
+                        lambda: _open_state(config, observer),
+                        clock=clock,
+                        stop=stop,
+                        refused=refused,
+                        failed=1,
+                    )
                 if opened is not None:
                     keys, store = opened
                     if keys is not None:

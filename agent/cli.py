@@ -293,9 +293,13 @@ def _refusal_in(exc: BaseException) -> _Refusal | None:
     return None
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())  # one line, whatever the message holds
+
+
 def _fatal_line(text: str) -> None:
     """`text` as one line on stderr, with the error priority when stderr is the journal."""
-    line = " ".join(text.split())  # one line, whatever the message holds
+    line = _one_line(text)
     prefix = f"<{PRIORITIES['error']}>" if is_journal(sys.stderr) else ""
     print(prefix + line, file=sys.stderr)
 
@@ -446,7 +450,7 @@ def _run(namespace: argparse.Namespace) -> int:
             statedir.record_down(
                 config.state.directory,
                 reason="state-damaged" if isinstance(refusal, StoreCorrupt) else "state-newer",
-                message=f"{_PROG}: {refusal}",
+                message=_one_line(f"{_PROG}: {refusal}"),
                 exit_code=_exit_code(refusal),
                 at_ms=time.time_ns() // 1_000_000,
                 version=__version__,

@@ -45,26 +45,29 @@ async def open_waiting(
     refused: Callable[[StateUnwritable, int], None],
     backoff: Backoff = OPEN_BACKOFF,
     rng: Callable[[], float] = random.random,
+    failed: int = 0,
 ) -> _T | None:
     """`attempt()`'s answer, tried again after each `StateUnwritable` (told to `refused` with
     the count of failures so far) once a backoff delay passed on `clock`; None when `stop` was
-    set while waiting."""
-    failures = 0
+    set while waiting. `failed`: tries that failed already (the first one waits first)."""
+    failures = failed
     while True:
+        if failures and await _stopped_within(stop, backoff.delay(failures, rng()), clock):
+            return None
         try:
             return await attempt()
         except StateUnwritable as exc:
             failures += 1
             refused(exc, failures)
-        if await _stopped_within(stop, backoff.delay(failures, rng()), clock):
-            return None
 
 
 async def _stopped_within(stop: asyncio.Event, seconds: float, clock: Clock) -> bool:
-    """Whether `stop` is set within `seconds` of `clock`'s time."""
+    """Whether `stop` is set within `seconds` of `clock`'s time (a sleep on it, cut short)."""
+    waits = {asyncio.ensure_future(clock.sleep(seconds)), asyncio.ensure_future(stop.wait())}
     try:
-        async with clock.timeout(seconds):
-            await stop.wait()
-    except TimeoutError:
-        return stop.is_set()
-    return True
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+    return stop.is_set()
