@@ -30,7 +30,6 @@ from devstack.systemdcheck.systemd import CheckFailed, journal_cursor, run, unti
 __all__ = ["state_damaged", "state_full"]
 
 _STATE: Final = Path("/var/lib/private/restore-agent")  # StateDirectory= under DynamicUser=
-_COPY: Final = Path("/var/tmp/restore-agent-state-copy")
 _DISK: Final = "8m"
 _HELD_S: Final = 35.0  # longer than five restarts RestartSec=5 apart
 _NOT_READY: Final = "not ready: the node's state cannot be written (disk-full); retrying"
@@ -59,16 +58,17 @@ def _fill(directory: Path) -> None:
 
 async def state_full(node: Node) -> str:
     """The state directory on a full tmpfs: up, not ready, no restart; then connected."""
+    copy = node.workdir / "state-copy"
     (await node.unit.systemctl("stop")).expect()
     # The agent's own state (its key, its enrollment, its restores), copied onto the small
     # disk: the one underneath comes back unchanged once it is unmounted.
-    (await run("rm", "-rf", str(_COPY))).expect()
-    (await run("cp", "-a", str(_STATE), str(_COPY))).expect()
+    (await run("rm", "-rf", str(copy))).expect()
+    (await run("cp", "-a", str(_STATE), str(copy))).expect()
     options = f"size={_DISK},mode=0700"
     (await run("mount", "-t", "tmpfs", "-o", options, "tmpfs", str(_STATE))).expect()
     mounted = True
     try:
-        (await run("cp", "-a", f"{_COPY}/.", str(_STATE))).expect()
+        (await run("cp", "-a", f"{copy}/.", str(_STATE))).expect()
         _fill(_STATE)
         await node.unit.systemctl("reset-failed")
         (await node.unit.systemctl("restart")).expect()
@@ -96,7 +96,7 @@ async def state_full(node: Node) -> str:
         if mounted:
             await node.unit.systemctl("stop")
             await run("umount", "-l", str(_STATE))
-        await run("rm", "-rf", str(_COPY))
+        await run("rm", "-rf", str(copy))
     back = await node.start()
     return (
         f"state on a full {_DISK} tmpfs: `{shown}`, /readyz 503 state-unwritable, PID {pid}"
