@@ -3,19 +3,24 @@
     the start-up checks check-config shares (agent/preflight.py: secrets read once and
     registered with the log redactor, the CA file, the state directory, the key file)
     -> the health socket bound -> the state directory (created, never its parents) and its
-       lock -> the recipient key (sealed) -> RevisionStore (start-up line: version, config,
-       Cloudly URL, state, integrity; then the warnings) — nothing is created before a check
-       that can still refuse start-up
+       lock -> the recipient key (sealed) -> RevisionStore — nothing is created before a check
+       that can still refuse start-up; a damaged or newer database refuses it (exit 65 / 2,
+       agent/cli.py); a disk that refuses the key's or the database's writes is waited out
+       (agent/opening.py): the health server starts, READY=1 with a STATUS= that says why,
+       and the open is tried again on a backoff until it works
+    -> the health server serving (the store attached once open) -> the start-up line
+       (version, config, Cloudly URL, state, integrity; then the warnings)
     -> the credential source (sealed: Enrollment -> SealedCredentials; file:
        FixedCredentials) -> CorestoreClients -> the per-node TransferGate ->
        IsolatedRestoreEngine, RelayService (sharing it) -> their routes
     -> CloudlySession (the agent's routes plus its own; sealed: the enrollment as a connect
        step, the credential source watching the cluster view)
-    -> LoopWatch -> HealthServer (serving on the bound socket) -> READY=1
+    -> READY=1
     one TaskGroup: the engine's and the relay's background work, the session, the loop watch
         (WATCHDOG=1 only from a healthy loop), STATUS= on every change of the session, the
-        store's retention (old finished records forgotten, `[state] retention_days`);
-        SIGTERM/SIGINT set `stop`
+        store's retention (old finished records forgotten, `[state] retention_days`), the
+        probe of a state disk that refused a write, the reconciliation of a salvaged or reset
+        state with each node's Corestore (agent/reconcile.py); SIGTERM/SIGINT set `stop`
     shutdown, each step bounded: STOPPING=1 -> stop intake -> drain in-flight requests
         (drain_timeout_s) -> close the socket with 1001 -> stop the engine's background work
         -> stop the relay's jobs -> stop the health server -> close the Corestore clients
