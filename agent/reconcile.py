@@ -132,8 +132,8 @@ class Reconciler:
             if node.corestore_endpoint is None:
                 waiting.append(node_id)
                 continue
-            client = self._clients.client_for(node_id, node.corestore_endpoint)
             try:
+                client = self._clients.client_for(node_id, node.corestore_endpoint)
                 await self._reconcile_node(view.cluster_id, node_id, client, record.how)
             except AgentError as exc:
                 _log.warning(
