@@ -396,5 +396,6 @@ def test_a_fatal_line_carries_the_error_priority_in_the_journal(tmp_path: Path, 
                 check=False,
             )
     assert done.returncode == code
+    assert len(journal.read_text().splitlines()) == 1, journal.read_text()
     [line] = journal.read_text().splitlines()
     assert line.startswith("<3>restore-agent: ")
