@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from agent.store import DB_NAME, RevisionStore
 from agent.store.schema import SCHEMA_VERSION
 from tests.clock import ManualClock
 from tests.disk import small_disk
+from tests.processes import agent_environ
 
 REPO = Path(__file__).resolve().parents[1]
 NOWHERE = "wss://cloudly.invalid"
@@ -74,7 +74,7 @@ def _agent(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "agent", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=agent_environ(),
         cwd=REPO,
         timeout=timeout,
         check=False,
@@ -234,7 +234,7 @@ def _fill_and_damage(state: Path) -> Path:
         [sys.executable, "-c", script, str(state)],
         check=True,
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=agent_environ(),
     )
     path = state / DB_NAME
     size = path.stat().st_size

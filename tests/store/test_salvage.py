@@ -6,7 +6,6 @@ purpose; neither runs beside an agent."""
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from agent.store import DB_NAME, RevisionStore
 from agent.store.recovery import read_recovery
 from agent.store.salvage import recovering_shell, reset, salvage
 from agent.store.schema import MIGRATIONS
+from tests.processes import agent_environ
 from tests.store.states import node_state, plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,7 +174,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=agent_environ(),
         timeout=120,
         check=False,
     )
@@ -243,7 +243,7 @@ def test_neither_runs_beside_an_agent(tmp_path: Path) -> None:
             str(state),
         ],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=agent_environ(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
