@@ -37,6 +37,17 @@ the library's process and platform collectors are registered on it too.
                                                           the one VACUUM of an older file:
                                                           skipped | failed
     restore_agent_state_database_bytes                    the database file and its WAL
+    restore_agent_state_writable                          1 while the state disk takes writes,
+                                                          0 after it refused one
+    restore_agent_state_write_failures_total{cause}       writes the disk refused: disk-full |
+                                                          read-only | io-error
+    restore_agent_state_recovered_timestamp_seconds{how}  when the state was salvaged | reset
+                                                          (0: not since this install)
+    restore_agent_state_reconcile_pending                 1 while reconciliation with the
+                                                          nodes' Corestore is due
+    restore_agent_reconcile_orphans_total{what}           what Corestore held that the state
+                                                          did not know, taken into cleanup:
+                                                          restore | import
     restore_agent_staged_bytes_total                      chunk bytes Corestore accepted
     restore_agent_verified_bytes_total                    bytes of objects proven complete
     restore_agent_chunk_retries_total{reason}             unavailable | integrity
@@ -46,6 +57,8 @@ the library's process and platform collectors are registered on it too.
                                                           each HTTP attempt (histogram)
     restore_agent_corestore_credential_rejections_total   Corestore refused a node's control
                                                           credential, also after a refetch
+    restore_agent_corestore_storage_full{node}            1 while the node's Corestore says
+                                                          its disk is full
     restore_agent_store_mutation_duration_seconds{op,outcome}
                                                           each compare-and-swap (histogram)
     restore_agent_event_loop_lag_seconds                  timer lateness (histogram)
@@ -107,6 +120,7 @@ from agent.contracts.isolatedrestore import NODE_STATUSES
 from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, REQUESTS
 from agent.observe import Direction
 from agent.status import SessionState, StatusSnapshot
+from agent.store.faults import CAUSES
 from agent.store.records import StatusSummary
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
@@ -361,6 +375,51 @@ class Metrics:
             "Resident memory those requests gave back to the system.",
             registry=r,
         )
+        self._writable = Gauge(
+            f"{_NS}_state_writable",
+            "1 while the node's state disk takes the agent's writes, 0 after it refused one "
+            "(full, read-only, failing) until one gets through again.",
+            registry=r,
+        )
+        self._write_failures = Counter(
+            f"{_NS}_state_write_failures",
+            "Writes of the state the disk refused, by cause.",
+            ["cause"],
+            registry=r,
+        )
+        self._recovered = Gauge(
+            f"{_NS}_state_recovered_timestamp_seconds",
+            "When the state this agent runs on was salvaged or reset (epoch seconds; 0: not "
+            "since it was made).",
+            ["how"],
+            registry=r,
+        )
+        self._reconcile_pending = Gauge(
+            f"{_NS}_state_reconcile_pending",
+            "1 while reconciliation of a salvaged or reset state with the nodes' Corestore is "
+            "due, else 0.",
+            registry=r,
+        )
+        self._orphans = Counter(
+            f"{_NS}_reconcile_orphans",
+            "What a node's Corestore held that the salvaged or reset state did not know, taken "
+            "into cleanup work: restore (scratch and staging) or import (a closure import).",
+            ["what"],
+            registry=r,
+        )
+        self._corestore_full = Gauge(
+            f"{_NS}_corestore_storage_full",
+            "1 while the node's Corestore answers that its disk is full.",
+            ["node"],
+            registry=r,
+        )
+        self._writable.set(1)
+        for cause in CAUSES:
+            self._write_failures.labels(cause=cause)
+        for how in ("salvaged", "reset"):
+            self._recovered.labels(how=how).set(0)
+        for what in ("restore", "import"):
+            self._orphans.labels(what=what)
         for state in SessionState:
             self._state.labels(state=state.value).set(0)
         for status in NODE_STATUSES:
@@ -482,6 +541,31 @@ class Metrics:
         """A resend of the chunk route is a chunk retry."""
         if route == _CHUNK_ROUTE:
             self._chunk_retries.labels(reason="unavailable").inc()
+
+    def state_write_failed(self, *, cause: str) -> None:
+        """Count a refused write; the state is not writable."""
+        self._write_failures.labels(cause=cause).inc()
+        self._writable.set(0)
+
+    def state_writable(self) -> None:
+        """A write got through again."""
+        self._writable.set(1)
+
+    def corestore_full(self, *, node: str, full: bool) -> None:
+        """Whether the node's Corestore says its disk is full."""
+        self._corestore_full.labels(node=node).set(1 if full else 0)
+
+    def state_recovered(self, *, how: str, at: float) -> None:
+        """When the state was salvaged or reset."""
+        self._recovered.labels(how=how).set(at)
+
+    def reconcile_pending(self, *, pending: bool) -> None:
+        """Whether reconciliation with the nodes' Corestore is due."""
+        self._reconcile_pending.set(1 if pending else 0)
+
+    def orphans_adopted(self, *, what: str, count: int) -> None:
+        """Count what reconciliation took into cleanup."""
+        self._orphans.labels(what=what).inc(count)
 
     def loop_lag(self, *, seconds: float) -> None:
         """Record how late the loop was."""

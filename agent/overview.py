@@ -13,6 +13,9 @@ reason under a stable key:
     keepalive   connected, but Cloudly answered no keepalive ping (nor the authentication)
                 within `stale_after` seconds
     store       the revision store is not open
+    state-unwritable
+                the node's state disk refuses writes (full, read-only, failing): requests
+                that write are answered `state-unwritable` meanwhile, reads are served
     cluster     no cluster document read yet, or no node of it has a valid Corestore
                 endpoint (the agent could route no work)
 
@@ -52,7 +55,7 @@ from agent import __version__
 from agent.domain.jobs import StoredJob
 from agent.domain.outcomes import Failed, Succeeded
 from agent.domain.restores import StoredState
-from agent.status import SessionState, StatusSnapshot
+from agent.status import NOT_READY_CONDITIONS, SessionState, StatusSnapshot
 from agent.transfers.limits import TransferEntry, TransferView
 
 __all__ = [
@@ -100,6 +103,8 @@ def readiness(
             )
     if not store_open:
         reasons["store"] = "the revision store is not open"
+    for key in sorted(NOT_READY_CONDITIONS & snapshot.conditions.keys()):
+        reasons[key] = snapshot.conditions[key].text
     cluster = snapshot.cluster
     if cluster is None:
         reasons["cluster"] = "no cluster document has been read"

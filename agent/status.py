@@ -17,6 +17,13 @@ never connected), when the session last connected, and how many attempts failed 
 
     Cloudly unreachable since 2025-06-01 12:03:04 UTC (2 min), last connected
     2025-06-01 11:00:00 UTC, 17 attempts, last error: connection refused
+
+Conditions are named facts about the node an operator should see, each under a stable key with
+a sentence and the time it began (`set_condition`, `clear_condition`): `state-unwritable` (the
+node's state disk refuses writes: the agent is not ready while it holds), `corestore-full`
+(a node's Corestore answered that its disk is full), `state-recovered` (the state was salvaged
+or reset; reconciliation with the nodes' Corestore is due). `StatusHooks` sets them from the
+parts' observer hooks (`agent.observe`).
 """
 
 from __future__ import annotations
@@ -24,26 +31,32 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Final, Protocol
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.errors import InvalidState
 
 __all__ = [
+    "NOT_READY_CONDITIONS",
     "TRANSITIONS",
     "AgentStatus",
     "ClusterSummary",
     "ClusterViewLike",
+    "Condition",
     "NodeSummary",
     "NodeViewLike",
     "SessionState",
+    "StatusHooks",
     "StatusSnapshot",
     "human_duration",
     "unreachable_sentence",
     "utc_text",
 ]
+
+NOT_READY_CONDITIONS: Final = frozenset({"state-unwritable"})
+"""The conditions under which the agent is not ready (each is also a readiness reason)."""
 
 
 class SessionState(StrEnum):
@@ -166,6 +179,8 @@ class StatusSnapshot:
     """When the session last became connected (None: never)."""
     failed_attempts: int = 0
     """Attempts that failed since the outage began (0 while connected)."""
+    conditions: Mapping[str, Condition] = field(default_factory=dict)
+    """The node's named conditions by stable key (module docstring)."""
 
     @property
     def cluster_id(self) -> str | None:
@@ -256,6 +271,18 @@ def unreachable_sentence(
     return line + (f", last error: {last_error}" if last_error else "")
 
 
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One named condition: what it is (a sentence) and since when (epoch seconds)."""
+
+    text: str
+    since: float
+
+    def to_dict(self) -> dict[str, object]:
+        """`{text, since}` with `since` in epoch milliseconds."""
+        return {"text": self.text, "since": _ms(self.since)}
+
+
 def _ms(seconds: float | None) -> int | None:
     """Epoch seconds (the status's clock) as epoch milliseconds."""
     return None if seconds is None else round(seconds * 1000)
@@ -285,6 +312,7 @@ class AgentStatus:
         self._identity_expires_at_ms: int | None = None
         self._last_pong_at: float | None = None
         self._pong_latency: float | None = None
+        self._conditions: dict[str, Condition] = {}
         self._changed = asyncio.Event()
 
     def _notify(self) -> None:
@@ -363,6 +391,20 @@ class AgentStatus:
         self._pong_latency = latency
         self._notify()
 
+    def set_condition(self, key: str, text: str) -> None:
+        """Name a condition (a new text keeps the time it began)."""
+        current = self._conditions.get(key)
+        if current is not None and current.text == text:
+            return
+        since = current.since if current is not None else self._clock()
+        self._conditions[key] = Condition(text, since)
+        self._notify()
+
+    def clear_condition(self, key: str) -> None:
+        """The condition under `key` is over (nothing if there was none)."""
+        if self._conditions.pop(key, None) is not None:
+            self._notify()
+
     def bind_in_flight(self, source: Callable[[], int] | None) -> None:
         """Read the in-flight handler count from `source` (the live peer), or report 0."""
         self._in_flight = source or _no_work
@@ -385,4 +427,60 @@ class AgentStatus:
             unreachable_since=self._unreachable_since,
             last_connected_at=self._last_connected_at,
             failed_attempts=self._failed_attempts,
+            conditions=dict(self._conditions),
         )
+
+
+class StatusHooks:
+    """The observer hooks (`agent.observe`) that name conditions on an `AgentStatus`: the state
+    disk refusing writes, a node's Corestore full, a salvaged or reset state still being
+    reconciled. The composition root hands them out beside the metrics (`observe.Tee`)."""
+
+    def __init__(self, status: AgentStatus) -> None:
+        self._status = status
+        self._full: set[str] = set()
+        self._recovered: tuple[str, float] | None = None
+        self.unwritable_cause: str | None = None
+        """The cause of the state disk's last refusal while it holds (None: writable)."""
+
+    def state_write_failed(self, *, cause: str) -> None:
+        """`state-unwritable`: the agent is not ready while it holds."""
+        self.unwritable_cause = cause
+        self._status.set_condition(
+            "state-unwritable", f"the node's state cannot be written ({cause})"
+        )
+
+    def state_writable(self) -> None:
+        """The state disk takes writes again."""
+        self.unwritable_cause = None
+        self._status.clear_condition("state-unwritable")
+
+    def corestore_full(self, *, node: str, full: bool) -> None:
+        """`corestore-full` names every node whose Corestore said its disk is full."""
+        if full:
+            self._full.add(node)
+        else:
+            self._full.discard(node)
+        if self._full:
+            nodes = ", ".join(sorted(self._full))
+            self._status.set_condition(
+                "corestore-full", f"the Corestore of {nodes} answered that its disk is full"
+            )
+        else:
+            self._status.clear_condition("corestore-full")
+
+    def state_recovered(self, *, how: str, at: float) -> None:
+        """Remember how the state was recovered (named while reconciliation is pending)."""
+        self._recovered = (how, at)
+
+    def reconcile_pending(self, *, pending: bool) -> None:
+        """`state-recovered` while reconciliation with the nodes' Corestore is due."""
+        if pending and self._recovered is not None:
+            how, _ = self._recovered
+            self._status.set_condition(
+                "state-recovered",
+                f"the state was {how}; reconciling with each node's Corestore (what it holds "
+                "that the state does not know is taken into cleanup)",
+            )
+        else:
+            self._status.clear_condition("state-recovered")

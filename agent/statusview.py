@@ -22,6 +22,15 @@ or, while Cloudly cannot be reached (the `session` reason is then this line):
     cluster-1/node-1/r-7        staging                    4  41% 4.1 MB of 10.0 MB  12 s
     cluster-1/node-1/r-6        cleaned                    9  -                      3 d
 
+A named condition of the node (`conditions` in `/readyz`: the state disk refusing writes, a
+node's Corestore full, a salvaged or reset state being reconciled) is one `condition:` line
+each, with how long it has held.
+
+When no agent answers but the state directory holds the record of a refused start
+(`agent-down.json`: a damaged or newer state database), `render_down()` says why it is down:
+
+    agent:    down since 3 min (exit 65): restore-agent: the state database ... is damaged ...
+
 A row whose bytes wait for one of the node's places (`[corestore] max_transfers_per_node`)
 says `(queued N)` after its status, N its place in the node's queue (1: next).
 
@@ -43,7 +52,7 @@ from agent.config import HealthListen
 from agent.errors import AgentError
 from agent.status import human_duration, unreachable_sentence
 
-__all__ = ["StatusUnavailable", "fetch", "render"]
+__all__ = ["StatusUnavailable", "fetch", "render", "render_down"]
 
 _COLUMNS: Final = ("CLUSTER/NODE/RESTORE", "STATUS", "REVISION", "PROGRESS", "AGE")
 _JOB_COLUMNS: Final = (
@@ -132,6 +141,7 @@ def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
         "jobs": jobs.get("jobs", []),
         **({"jobsError": jobs["error"]} if "error" in jobs else {}),
         "transfers": transfers,
+        "conditions": ready.get("conditions", {}),
     }
 
 
@@ -322,6 +332,13 @@ def render(data: Mapping[str, Any], *, now_ms: int) -> str:
     state = "ready" if data.get("ready") else "not ready"
     lines = [f"agent:    {state}{_agent_facts(data.get('agent'))}"]
     lines += [f"          {key}: {reason}" for key, reason in sorted(reasons.items())]
+    conditions = data.get("conditions") or {}
+    for key, condition in sorted(conditions.items() if isinstance(conditions, Mapping) else []):
+        if not isinstance(condition, Mapping):
+            continue
+        held = _since(now_ms, condition.get("since"))
+        suffix = f" (for {_duration(held)})" if held is not None else ""
+        lines.append(f"condition: {key}: {condition.get('text', '-')}{suffix}")
     lines.append(f"session:  {_session_line(session, now_ms)}")
     if (transfers := _transfers_line(data.get("transfers"))) is not None:
         lines.append(f"transfers: {transfers}")
@@ -329,3 +346,12 @@ def render(data: Mapping[str, Any], *, now_ms: int) -> str:
     lines.append("")
     lines += _section(data, "jobs", _JOB_COLUMNS, _job_cells)
     return "\n".join(lines) + "\n"
+
+
+def render_down(down: Mapping[str, Any], *, now_ms: int) -> str:
+    """Why the agent is down, from the record of its refused start (`agent-down.json`)."""
+    held = _since(now_ms, down.get("at"))
+    when = f" since {_duration(held)}" if held is not None else ""
+    code = down.get("exitCode")
+    status = f" (exit {code})" if isinstance(code, int) else ""
+    return f"agent:    down{when}{status}: {down.get('message', '-')}\n"

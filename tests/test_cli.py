@@ -25,6 +25,7 @@ from agent.contracts.credentials import b64url
 from agent.credentials.keys import ENROLLMENT_FILE, KEY_FILE, KeyStore
 from agent.errors import ConfigError
 from devstack.cloudly import ABSENT, StandInCloudly, cluster_document
+from tests.processes import agent_environ
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "machine-token-7f3a9c2e51d04b88"
@@ -192,7 +193,7 @@ def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "agent", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=agent_environ(),
         cwd=cwd,
         timeout=60,
         check=False,

@@ -219,9 +219,25 @@ def test_a_restart_loop_silences_the_down_alert(alertmanager: Alertmanager) -> N
     assert states == {"active": {_key(restarting)}, "suppressed": {_key(down)}}
 
 
+def test_a_state_disk_that_refuses_writes_silences_its_nodes_not_ready(
+    alertmanager: Alertmanager,
+) -> None:
+    """The named cause pages; NotReady on its node (the agent is not ready because of it) does
+    not; NotReady on another node still does."""
+    alerts = _fired_together(
+        "the state disk refuses writes and the agent is not ready because of it (inhibited)"
+    )
+    [not_ready] = [a for a in alerts if a["alertname"] == "RestoreAgentNotReady"]
+    elsewhere = {**not_ready, "instance": "node-2"}
+    alertmanager.post([*alerts, elsewhere])
+    states = alertmanager.silenced(len(alerts) + 1)
+    [disk] = [a for a in alerts if a["alertname"] == "RestoreAgentStateUnwritable"]
+    assert states == {"active": {_key(disk), _key(elsewhere)}, "suppressed": {_key(not_ready)}}
+
+
 def test_every_inhibition_rule_has_a_case_here() -> None:
-    """Five rules, each silencing in one of the cases above (fleet: session and, by the same
-    labels, `depends_on: cloudly`; session; token and enrollment; restarting)."""
+    """Six rules, each silencing in one of the cases above (fleet: session and, by the same
+    labels, `depends_on: cloudly`; session; token and enrollment; restarting; state disk)."""
     rules = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())["inhibit_rules"]
     sources = sorted(rule["source_matchers"][0] for rule in rules)
     assert sources == sorted(
@@ -231,5 +247,6 @@ def test_every_inhibition_rule_has_a_case_here() -> None:
             'alertname="RestoreAgentCloudlySessionDown"',
             'alertname=~"RestoreAgentMachineTokenRefused|RestoreAgentEnrollmentFailing"',
             'alertname="RestoreAgentRestarting"',
+            'alertname="RestoreAgentStateUnwritable"',
         ]
     )

@@ -62,7 +62,8 @@ def test_the_unit_is_a_notify_service_with_a_watchdog_and_start_limits() -> None
     assert service["Type"] == ["notify"]
     assert int(service["WatchdogSec"][0]) >= 10
     assert service["Restart"] == ["on-failure"]
-    assert service["RestartPreventExitStatus"] == ["2"]  # a config error is not retried
+    # A config error (or a newer state schema) and a damaged state database are not retried.
+    assert service["RestartPreventExitStatus"] == ["2 65"]
     assert {"StartLimitIntervalSec", "StartLimitBurst", "Documentation"} <= set(unit["Unit"])
 
 

@@ -4,6 +4,8 @@ One `aiohttp.ClientSession` per client (one client per node endpoint; `Corestore
 them). Every call: built by `routes.py`, bounded by a connect timeout and a per-attempt total
 timeout, retried with backoff only when its route is idempotent, and mapped at this edge:
 
+    507, or a 5xx with `storage-full`           -> CorestoreFull (its disk is full; not resent;
+                                                   the observer hears `corestore_full`)
     connection error, timeout, 5xx, 408, 429   -> CorestoreUnavailable (retryable)
     422 chunk/object-digest-mismatch, or an
         acknowledgement of other bytes          -> IntegrityError (resend)
@@ -44,6 +46,7 @@ from agent.corestore.models import (
     ObjectProgress,
     PreparedRestore,
     ResourceStatus,
+    RestoreListing,
     VerificationAnswer,
 )
 from agent.corestore.routes import AnswerKind, RouteRequest, SupportsToWire
@@ -53,6 +56,7 @@ from agent.corestore.service_models import (
     ArchivePruned,
     ClosureChunkAccepted,
     ClosureImportCommitted,
+    ClosureImportListing,
     ClosureImportStatus,
     ServiceBackupRecord,
     ServiceRestored,
@@ -60,6 +64,7 @@ from agent.corestore.service_models import (
 from agent.corestore.transport import CorestoreTimeouts, HttpTransport, Reply, check_credential
 from agent.errors import (
     CorestoreCredentialRejected,
+    CorestoreFull,
     CorestoreRefused,
     CorestoreUnavailable,
     IntegrityError,
@@ -98,6 +103,7 @@ class CorestoreClient:
         if isinstance(credential, Secret):
             credential = NodeCredential.fixed(check_credential(credential))
         self._credential = credential
+        self._full = False  # the last write answer said the disk is full
         self._transport = HttpTransport(
             endpoint,
             timeouts=timeouts or CorestoreTimeouts(),
@@ -400,11 +406,37 @@ class CorestoreClient:
         """Drop an import (its bytes never touched the database)."""
         return await self._delete(routes.build_closure_import_abort(import_id))
 
+    # --- reconciliation (bearer only): what the node holds, one page at a time ------------------
+
+    async def list_restores(self, after: str | None = None) -> RestoreListing:
+        """One page of the prepared restores the node holds, by restoreId after `after`."""
+        return await self._ok(routes.build_restore_list(after), RestoreListing)
+
+    async def list_closure_imports(self, after: str | None = None) -> ClosureImportListing:
+        """One page of the closure imports the node holds, by importId after `after`."""
+        return await self._ok(routes.build_closure_import_list(after), ClosureImportListing)
+
     # --- the edge -------------------------------------------------------------------------------
     # Frames that raise hold no revealed secret and no raw answer text as a local variable:
     # traceback renderers that show locals (structlog's default) would print them.
 
     async def _send(self, request: RouteRequest) -> tuple[Reply, Secret | None]:
+        """`_exchange`, telling the observer when Corestore says its disk is full and when a
+        write it took says it is no longer."""
+        try:
+            reply, credential = await self._exchange(request)
+        except CorestoreFull:
+            self._storage_full(full=True)
+            raise
+        if self._full and request.spec.method != "GET" and 200 <= reply.status < 300:
+            self._storage_full(full=False)
+        return reply, credential
+
+    def _storage_full(self, *, full: bool) -> None:
+        self._full = full
+        self._observer.corestore_full(node=self._credential.node_id or self._endpoint, full=full)
+
+    async def _exchange(self, request: RouteRequest) -> tuple[Reply, Secret | None]:
         """Send `request`; when Corestore refuses the credential, refresh it once and send once
         more. Returns the answer and the credential it was sent with."""
         if not request.spec.authenticated:

@@ -40,6 +40,7 @@ from agent.corestore.models import (
     PreparedRestore,
     PrepareRestoreBody,
     ResourceStatus,
+    RestoreListing,
     VerificationAnswer,
 )
 from agent.corestore.service_models import (
@@ -49,6 +50,7 @@ from agent.corestore.service_models import (
     ClosureChunkAccepted,
     ClosureImportBody,
     ClosureImportCommitted,
+    ClosureImportListing,
     ClosureImportStatus,
     ServiceBackupBody,
     ServiceBackupRecord,
@@ -69,8 +71,10 @@ __all__ = [
     "HEADER_AUTHORIZATION",
     "HEADER_CHUNK_SHA256",
     "HEADER_RESTORE_GRANT",
+    "LIST_PAGE_LIMIT",
     "MAX_ANSWER_BYTES",
     "ROUTES",
+    "STORAGE_FULL_CODE",
     "AnswerKind",
     "RouteName",
     "RouteRequest",
@@ -84,6 +88,7 @@ __all__ = [
     "build_closure_import_abort",
     "build_closure_import_chunk",
     "build_closure_import_commit",
+    "build_closure_import_list",
     "build_closure_import_status",
     "build_closure_read",
     "build_commit_object",
@@ -96,6 +101,7 @@ __all__ = [
     "build_prepare_restore",
     "build_put_chunk",
     "build_resource_status",
+    "build_restore_list",
     "build_restore_resource",
     "build_service_backup",
     "build_service_restore",
@@ -121,8 +127,12 @@ _OBJECTS: Final = _ARCHIVE + "/objects"
 _SERVICE_BACKUP: Final = "/v1/services/{serviceId}/backups/{backupId}"
 _CLOSURE: Final = _SERVICE_BACKUP + "/closure"
 _NODE_ARCHIVE: Final = "/v1/archive"
-_IMPORT: Final = "/v1/database-closure-imports/{importId}"
+_IMPORTS: Final = "/v1/database-closure-imports"
+_IMPORT: Final = _IMPORTS + "/{importId}"
 _SERVICE_RESTORE: Final = "/v1/services/{serviceId}/restores/{restoreKey}"
+_RESTORES: Final = "/v1/isolated-restores"
+# The most entries one listing page may hold (Corestore may answer fewer).
+LIST_PAGE_LIMIT: Final = 100
 
 
 class RouteName(enum.StrEnum):
@@ -153,6 +163,8 @@ class RouteName(enum.StrEnum):
     CLOSURE_IMPORT_COMMIT = "closure-import-commit"
     CLOSURE_IMPORT_ABORT = "closure-import-abort"
     CLOSURE_IMPORT_STATUS = "closure-import-status"
+    RESTORE_LIST = "restore-list"
+    CLOSURE_IMPORT_LIST = "closure-import-list"
 
 
 class AnswerKind(enum.Enum):
@@ -163,6 +175,7 @@ class AnswerKind(enum.Enum):
     INTEGRITY = "integrity"  # Corestore refused bytes that do not match their digest
     REFUSED = "refused"  # any other 4xx: retrying the same request cannot help
     UNAVAILABLE = "unavailable"  # 5xx, 408, 429: Corestore may answer later
+    STORAGE_FULL = "storage-full"  # 507, or a 5xx `storage-full`: Corestore's disk is full
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,8 +313,21 @@ ROUTES: Final[Mapping[RouteName, RouteSpec]] = dict(
             RouteName.CLOSURE_IMPORT_STATUS, "GET", _IMPORT, ClosureImportStatus,
             idempotent=True, grant=False, gone_codes=frozenset({"import-not-found"}),
         ),
+        # --- reconciliation: what the node holds, page by page (the bearer only) ---
+        _spec(
+            RouteName.RESTORE_LIST, "GET", _RESTORES, RestoreListing,
+            idempotent=True, grant=False,
+        ),
+        _spec(
+            RouteName.CLOSURE_IMPORT_LIST, "GET", _IMPORTS, ClosureImportListing,
+            idempotent=True, grant=False,
+        ),
     ]
 )  # fmt: skip
+
+# What Corestore answers when its disk is full (docs/corestore-api.md, "Errors").
+_INSUFFICIENT_STORAGE: Final = 507
+STORAGE_FULL_CODE: Final = "storage-full"
 
 # 422 codes for bytes that do not match their digest: the sender may resend them.
 _INTEGRITY_CODES: Final = frozenset(
@@ -669,6 +695,37 @@ def build_closure_import_abort(import_id: str) -> RouteRequest:
     return _request(RouteName.CLOSURE_IMPORT_ABORT, None, _path(_IMPORT, importId=import_id))
 
 
+# --- reconciliation listings --------------------------------------------------------------------
+
+
+def _page_query(after: str | None, limit: int) -> dict[str, str]:
+    if not 1 <= limit <= LIST_PAGE_LIMIT:
+        raise LocalProtocolError(
+            f"a listing page holds 1 to {LIST_PAGE_LIMIT} entries, not {limit}"
+        )
+    query = {"limit": str(limit)}
+    if after is not None:
+        check_id(after, "after")
+        query["after"] = after
+    return query
+
+
+def build_restore_list(after: str | None = None, limit: int = LIST_PAGE_LIMIT) -> RouteRequest:
+    """`GET /v1/isolated-restores?after=ID&limit=N`: the prepared restores the node holds, by
+    restoreId after `after`, each with its scratch resources and staging archive."""
+    name = RouteName.RESTORE_LIST
+    return _request(name, None, _RESTORES, query=_page_query(after, limit))
+
+
+def build_closure_import_list(
+    after: str | None = None, limit: int = LIST_PAGE_LIMIT
+) -> RouteRequest:
+    """`GET /v1/database-closure-imports?after=ID&limit=N`: the closure imports the node holds,
+    by importId after `after`."""
+    name = RouteName.CLOSURE_IMPORT_LIST
+    return _request(name, None, _IMPORTS, query=_page_query(after, limit))
+
+
 # --- answers ------------------------------------------------------------------------------------
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -692,6 +749,8 @@ def classify_answer(spec: RouteSpec, status: int, error_code: str | None) -> Ans
     """What `status` (with Corestore's error code, if any) means for a call of `spec`."""
     if status in spec.success:
         return AnswerKind.OK
+    if status == _INSUFFICIENT_STORAGE or (status >= 500 and error_code == STORAGE_FULL_CODE):
+        return AnswerKind.STORAGE_FULL
     if status >= 500 or status in (408, 429):
         return AnswerKind.UNAVAILABLE
     # Only Corestore's own "not found" codes count as cleaned: a bare 404 may be a wrong base

@@ -36,7 +36,9 @@ __all__ = [
     "ClosureChunkAccepted",
     "ClosureImportBody",
     "ClosureImportCommitted",
+    "ClosureImportListing",
     "ClosureImportStatus",
+    "ListedClosureImport",
     "ServiceBackupBody",
     "ServiceBackupRecord",
     "ServiceRestoreBody",
@@ -176,3 +178,22 @@ class ClosureImportCommitted(_Answer):
     import_id: str
     size: NonNegativeSafeInt
     sha256: Sha256Hex
+
+
+class ListedClosureImport(_Answer):
+    """One closure import the node holds (bytes of a database that never replaced it yet)."""
+
+    import_id: PathSegmentId
+    service_id: str
+    backup_id: str
+    state: Literal["open", "committed"]
+    size: NonNegativeSafeInt
+    verified_bytes: NonNegativeSafeInt
+
+
+class ClosureImportListing(_Answer):
+    """One page of `GET /v1/database-closure-imports`, by importId; `next`: the following
+    page's cursor (None: the last)."""
+
+    imports: tuple[ListedClosureImport, ...]
+    next: str | None = None

@@ -37,6 +37,7 @@ from agent.corestore import routes
 from agent.corestore.routes import AnswerKind, RouteRequest
 from agent.corestore.sanitize import sanitize_code, sanitize_text
 from agent.errors import (
+    CorestoreFull,
     CorestoreRefused,
     CorestoreUnavailable,
     InvalidState,
@@ -203,6 +204,13 @@ class HttpTransport:
             reply = await self._attempt(request, credential)
             kind = routes.classify_answer(spec, reply.status, reply.error_code())
             outcome = kind.value
+            if kind is AnswerKind.STORAGE_FULL:
+                # Not a CorestoreUnavailable: a full disk does not empty between two resends.
+                raise CorestoreFull(
+                    f"Corestore at {self._endpoint} answered {spec.name} with {reply.status} "
+                    f"{sanitize_code(reply.error_code())}: its disk is full",
+                    httpStatus=reply.status,
+                )
             if kind is AnswerKind.UNAVAILABLE:
                 raise CorestoreUnavailable(
                     f"Corestore at {self._endpoint} answered {spec.name} with {reply.status} "

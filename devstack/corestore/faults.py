@@ -22,7 +22,7 @@ from agent.corestore.routes import RouteName
 
 __all__ = ["FaultKind", "FaultRule", "Faults", "Hold"]
 
-FaultKind = Literal["status", "reset", "delay", "truncate", "wrong-digest", "hold"]
+FaultKind = Literal["status", "reset", "delay", "truncate", "wrong-digest", "hold", "disk-full"]
 
 
 @dataclass(slots=True)
@@ -96,6 +96,11 @@ class Faults:
         hold = Hold()
         self._add(route, FaultRule("hold", 1, hold=hold))
         return hold
+
+    def disk_full_next(self, route: RouteName | str, times: int = 1) -> None:
+        """Fail the handling as a full disk does (ENOSPC): the server's own answer to that,
+        `507 storage-full`, goes back."""
+        self._add(route, FaultRule("disk-full", times))
 
     def hold_restores(self) -> None:
         """Keep every resource restore started from now on `running`."""

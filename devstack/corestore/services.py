@@ -154,6 +154,27 @@ class Services:
         found = [(p.name, read_json(p / "meta.json")) for p in sorted(base.iterdir())]
         return [(name, meta) for name, meta in found if meta is not None]
 
+    def import_listing(self, after: str | None, limit: int) -> dict[str, Any]:
+        """One page of `GET /v1/database-closure-imports`, by importId; `next` the cursor."""
+        base = self.root / "imports"
+        metas = [read_json(d / "meta.json") for d in base.iterdir()] if base.exists() else []
+        found = sorted(
+            (str(meta["importId"]), meta)
+            for meta in metas
+            if meta is not None and "importId" in meta
+        )
+        found = [(i, meta) for i, meta in found if after is None or i > after]
+        page = [
+            {
+                **self._status(import_id, meta),
+                "serviceId": meta["body"]["serviceId"],
+                "backupId": meta["body"]["backupId"],
+            }
+            for import_id, meta in found[:limit]
+        ]
+        more = len(found) > limit
+        return {"imports": page, "next": found[limit - 1][0] if more else None}
+
     # --- backup, record, restore ----------------------------------------------------------------
 
     def backup(
@@ -365,7 +386,7 @@ class Services:
                 raise refuse(409, "import-conflict", "the import was opened with another body")
             created = meta is None
             if meta is None:
-                meta = {"body": wire, "chunks": [], "committed": False}
+                meta = {"body": wire, "chunks": [], "committed": False, "importId": import_id}
                 write_json(self._import_dir(import_id) / "meta.json", meta)
         return self._status(import_id, meta), created
 
