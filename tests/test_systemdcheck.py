@@ -12,6 +12,7 @@ import pytest
 from agent.config import load_config
 from devstack.systemdcheck.checks import CHECKS
 from devstack.systemdcheck.lifecycle import _same_line
+from devstack.systemdcheck.node import _leftovers
 from devstack.systemdcheck.readme import install_steps, set_keys
 from devstack.systemdcheck.service import TEST_NODE_KEYS
 from devstack.systemdcheck.systemd import JournalEntry, parse_timespan
@@ -137,3 +138,20 @@ def test_every_check_has_one_name_and_the_reboot_comes_last() -> None:
     assert len(names) == len(set(names)) == 20
     assert names[0] == "install"
     assert names[-1] == "reboot"
+
+
+def test_what_the_relay_keeps_on_corestore_is_no_leftover_of_a_restore(tmp_path: Path) -> None:
+    """After an isolated restore's cleanup, only its own files count as left behind: the
+    service data, the archive and the relay's key records (imports, archive restores, the
+    journal of applied effects) stay by design."""
+    kept = [
+        "services/svc/database",
+        "archive/svc/b1/record.json",
+        "imports/closure-1/meta.json",
+        "restores/svc/restore-1.json",
+        "applied.jsonl",
+    ]
+    for name in [*kept, "staging-archives/sa-1/objects/a.bin"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    assert _leftovers(tmp_path) == ["staging-archives/sa-1/objects/a.bin"]

@@ -57,9 +57,12 @@ from agent.corestore.service_models import (
 from devstack.corestore.ledger import Chunk, ChunkVerdict, judge_chunk, verified_bytes
 from devstack.corestore.storage import read_json, refuse, segment, sha256_file, write_json
 
-__all__ = ["RESOURCE_DIRECTORIES", "Services", "receipt_for"]
+__all__ = ["RELAY_ENTRIES", "RESOURCE_DIRECTORIES", "Services", "receipt_for"]
 
 RESOURCE_DIRECTORIES = ("objectstorage", "volume")
+RELAY_ENTRIES = frozenset({"services", "archive", "imports", "restores", "applied.jsonl"})
+"""The top-level names of the data directory this module keeps (the layout above): what an
+isolated restore's cleanup leaves alone."""
 _RECEIPT_KEY = b"reference-corestore-receipt-key"
 
 

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 import aiohttp
 
+from devstack.corestore.services import RELAY_ENTRIES
 from devstack.corestore.storage import Storage, sha256_file
 from devstack.demo_relay import SERVICE_ID, backup_and_restore
 from devstack.driver import MiB, RestoreDriver, RestorePlan, demo_plan
@@ -213,7 +214,6 @@ def _verify_on_disk(data_dir: Path, plan: RestorePlan) -> None:
 
 
 def _leftovers(data_dir: Path) -> list[str]:
-    """Files of isolated restores on Corestore's disk (the relay's service data aside: its
-    services, imports, archive, keyed archive restores and the ledger of applied effects)."""
-    relay = ("services", "imports", "archive", "restores", "applied.jsonl")
-    return [path for path in Storage(data_dir).files() if path.split("/")[0] not in relay]
+    """Files of isolated restores on Corestore's disk (the relay's service data aside)."""
+    files = Storage(data_dir).files()
+    return [path for path in files if path.split("/")[0] not in RELAY_ENTRIES]

@@ -6,7 +6,9 @@
                    limit's five restarts would take, no restart; once there is room it opens
                    a state and connects by itself (docs/operations.md, "A full or read-only
                    state disk")
-    state-damaged  2 KiB overwritten in `state.sqlite3`: exit 65, failed with no restart,
+    state-damaged  2 KiB overwritten in `state.sqlite3` (in the page that roots the restores'
+                   table: a page in use, so the damage is never a free page SQLite does not
+                   read): exit 65, failed with no restart,
                    the refusal's line at priority err, `restore-agent status` says why it is
                    down; `restore-agent state salvage` and a start bring it back connected
 
@@ -17,8 +19,10 @@ running on its own state directory as it found it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any, Final
 
@@ -112,13 +116,24 @@ async def _readyz_answer() -> tuple[int, dict[str, Any]] | None:
         return None
 
 
+def _page_in_use(database: Path) -> int:
+    """The offset of the root page of the restores' table (the agent is stopped: its WAL is
+    checkpointed into the file)."""
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+        [(page_size,)] = db.execute("PRAGMA page_size").fetchall()
+        [(root,)] = db.execute(
+            "SELECT rootpage FROM sqlite_schema WHERE name = 'restore_state'"
+        ).fetchall()
+    return int(page_size) * (int(root) - 1)
+
+
 async def state_damaged(node: Node) -> str:
     """A damaged database: exit 65, not restarted, why in `status`; salvage, connected."""
     (await node.unit.systemctl("stop")).expect()
     database = _STATE / "state.sqlite3"
-    size = database.stat().st_size
+    offset = _page_in_use(database)
     with database.open("r+b") as raw:
-        raw.seek(size // 2)
+        raw.seek(offset)
         raw.write(b"\xa5" * 2048)
     cursor = await journal_cursor()
     await node.unit.systemctl("reset-failed")
