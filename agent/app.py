@@ -59,6 +59,7 @@ from agent.errors import ConfigError, StateUnwritable
 from agent.health import HealthServer, bind_listener, close_listener
 from agent.log import register_secret
 from agent.loopwatch import LoopWatch, watch_interval
+from agent.memory import Trimmer, trim_function
 from agent.metrics import Metrics
 from agent.notify import Notifier, watchdog_seconds
 from agent.observe import Tee
@@ -81,6 +82,7 @@ from agent.store import RevisionStore
 from agent.store.faults import store_error
 from agent.store.retention import Retention, RetentionSettings
 from agent.transfers import NodeLimits, TransferGate
+from agent.transfers.budget import ByteBudget
 
 __all__ = ["run", "session_settings", "status_line"]
 
@@ -178,12 +180,25 @@ async def run(
             watchdog=watchdog_s is not None,
             observer=metrics,
         )
+        # One byte budget for every byte a transfer holds (docs/operations.md, "Memory"), and
+        # memory given back once it has been idle a moment.
+        budget = ByteBudget(config.memory.budget_bytes, observer=metrics)
+        trimmer = Trimmer(
+            clock=clock,
+            trim=trim_function(),
+            observer=metrics,
+            busy=lambda: budget.held > 0 or budget.ledger.waiting > 0,
+        )
+        budget.on_idle(trimmer.idle)
+        # One gate for every byte path to a node's Corestore: stages and closures share a
+        # node's places, its byte rate and the byte budget.
         transfers = TransferGate(
             NodeLimits(
                 config.corestore.max_transfers_per_node,
                 config.corestore.max_bytes_per_s_per_node,
             ),
             observer=metrics,
+            budget=budget,
         )
         # The state opens first (a damaged or newer database refuses start-up with one line);
         # a disk that refuses its writes keeps the agent waiting (agent/opening.py), serving
@@ -214,6 +229,7 @@ async def run(
                 side_tasks = [
                     group.create_task(loop_watch.run(), name="loop-watch"),
                     group.create_task(_tell_systemd(status, notifier), name="systemd-status"),
+                    group.create_task(trimmer.run(), name="memory-trimmer"),
                 ]
                 if refusal is not None:
 
@@ -350,6 +366,7 @@ async def _serve(
         view_watcher=None if provider is None else provider.retain,
         ssl_context=checked.tls,
         observer=metrics,
+        pool=transfers.budget,
     )
     retention = Retention(
         store, RetentionSettings.from_days(config.state.retention_days), observer=metrics

@@ -48,6 +48,7 @@ from agent.protocol.chunks import ChunkForm
 from agent.protocol.settings import ConnectionSettings
 from agent.retry import Backoff
 from agent.secret import Secret
+from agent.transfers.budget import DEFAULT_BUDGET_BYTES
 from agent.transfers.limits import DEFAULT_MAX_PER_NODE
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "HealthConfig",
     "HealthListen",
     "LogConfig",
+    "MemoryConfig",
     "Secrets",
     "ShutdownConfig",
     "StateConfig",
@@ -325,6 +327,14 @@ class StreamsConfig(_Section):
     receive_budget_bytes: Annotated[int, Field(ge=MiB, le=1024 * MiB)] = _RECEIVE_BUDGET
 
 
+class MemoryConfig(_Section):
+    """`[memory]`: the one byte budget every transfer draws from (`agent.transfers.budget`)."""
+
+    # Bytes of frames, chunks and bodies all transfers together hold at once: 16 MiB .. 64 GiB.
+    # At least twice [cloudly] max_frame_bytes and four [corestore] chunk_size (checked).
+    budget_bytes: Annotated[int, Field(ge=16 * MiB, le=64 * 1024 * MiB)] = DEFAULT_BUDGET_BYTES
+
+
 class ShutdownConfig(_Section):
     """`[shutdown]`: how long a stop may take. The drain and the six close steps (each
     `close_timeout_s` + 1 s of grace) must end below `stop_timeout_s`, the unit's
@@ -404,6 +414,7 @@ class Config(_Section):
     corestore: CorestoreConfig = CorestoreConfig()
     state: StateConfig = StateConfig()
     streams: StreamsConfig = StreamsConfig()
+    memory: MemoryConfig = MemoryConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     log: LogConfig = LogConfig()
     health: HealthConfig = HealthConfig()
@@ -431,7 +442,7 @@ def load_config(path: Path) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("", f"{path}: is not valid TOML ({exc})") from exc
     try:
-        return Config.model_validate(data, context={"base_dir": path.parent.absolute()})
+        config = Config.model_validate(data, context={"base_dir": path.parent.absolute()})
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         # A misspelt key is also a missing one; the unknown key is the cause worth naming.
@@ -440,6 +451,21 @@ def load_config(path: Path) -> Config:
         if error["type"] == "extra_forbidden" and key in _RENAMED:
             raise ConfigError(key, f"renamed to {_RENAMED[key]} (same meaning)") from None
         raise ConfigError(key, _reason(error)) from None
+    _check_budget(config)
+    return config
+
+
+def _check_budget(config: Config) -> None:
+    """The byte budget must hold what one transfer needs to move: a chunk frame as large as the
+    session accepts (with its decoded bytes) and a few Corestore chunks."""
+    budget = config.memory.budget_bytes
+    frame, chunk = config.cloudly.max_frame_bytes, config.corestore.chunk_size
+    if budget < 2 * frame or budget < 4 * chunk:
+        raise ConfigError(
+            "memory.budget_bytes",
+            f"must be at least twice cloudly.max_frame_bytes ({2 * frame}) and four times "
+            f"corestore.chunk_size ({4 * chunk})",
+        )
 
 
 def _dotted_key(loc: tuple[int | str, ...]) -> str:

@@ -68,6 +68,12 @@ the library's process and platform collectors are registered on it too.
                                                           node's places (max_transfers_per_node)
     restore_agent_transfer_wait_duration_seconds{kind}    how long a transfer waited its turn
                                                           (histogram; 0 when it did not wait)
+    restore_agent_byte_budget_bytes                       [memory] budget_bytes
+    restore_agent_byte_budget_held_bytes                  bytes drawn from it now
+    restore_agent_byte_budget_waiting                     draws waiting for room in it
+    restore_agent_byte_budget_wait_duration_seconds       how long a draw waited (histogram)
+    restore_agent_memory_trims_total                      the allocator asked to give memory back
+    restore_agent_memory_trimmed_bytes_total              RSS those requests gave back
     restore_agent_relay_answers_total{kind,answer}        relay requests by how the request
                                                           rule answered them (recorded: from
                                                           the record, nothing ran)
@@ -338,6 +344,37 @@ class Metrics:
             buckets=_WAIT_BUCKETS,
             registry=r,
         )
+        self._budget = Gauge(
+            f"{_NS}_byte_budget_bytes",
+            "The byte budget every transfer draws from ([memory] budget_bytes).",
+            registry=r,
+        )
+        self._budget_held = Gauge(
+            f"{_NS}_byte_budget_held_bytes",
+            "Bytes drawn from the byte budget now (frames, chunks and bodies transfers hold).",
+            registry=r,
+        )
+        self._budget_waiting = Gauge(
+            f"{_NS}_byte_budget_waiting",
+            "Draws waiting for room in the byte budget (transfers held back).",
+            registry=r,
+        )
+        self._budget_wait = Histogram(
+            f"{_NS}_byte_budget_wait_duration_seconds",
+            "How long a draw from the byte budget waited for room (0: not at all).",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self._trims = Counter(
+            f"{_NS}_memory_trims",
+            "Times the allocator was asked to give free memory back after the transfers ended.",
+            registry=r,
+        )
+        self._trimmed = Counter(
+            f"{_NS}_memory_trimmed_bytes",
+            "Resident memory those requests gave back to the system.",
+            registry=r,
+        )
         self._writable = Gauge(
             f"{_NS}_state_writable",
             "1 while the node's state disk takes the agent's writes, 0 after it refused one "
@@ -542,6 +579,21 @@ class Metrics:
     def transfer_waited(self, *, kind: str, seconds: float) -> None:
         """Record a transfer's wait for its turn."""
         self._transfer_wait.labels(kind=kind).observe(seconds)
+
+    def budget_changed(self, *, limit: int, held: int, waiting: int) -> None:
+        """Set the byte budget's size, drawn bytes and waiters."""
+        self._budget.set(limit)
+        self._budget_held.set(held)
+        self._budget_waiting.set(waiting)
+
+    def budget_waited(self, *, seconds: float) -> None:
+        """Record a draw's wait for room."""
+        self._budget_wait.observe(seconds)
+
+    def memory_trimmed(self, *, released: int) -> None:
+        """Count a trim and what it gave back."""
+        self._trims.inc()
+        self._trimmed.inc(max(0, released))
 
 
 def _age(now_ms: int, oldest_ms: int, count: int) -> float:

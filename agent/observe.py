@@ -28,6 +28,9 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
     agent/loopwatch.py             LoopObserver        one event-loop lag measurement
     agent/transfers/gate.py        TransferObserver    a node's moving and queued transfers
                                                        changed; how long one waited its turn
+    agent/transfers/budget.py      BudgetObserver      the byte budget's drawn bytes and
+                                                       waiters; how long a draw waited
+    agent/memory.py                BudgetObserver      the allocator gave memory back
     agent/relay/runner.py          RelayObserver       how a relay request was answered
                                                        (kind, answer: a new run, joined,
                                                        resumed, recorded, ...)
@@ -42,6 +45,7 @@ from typing import Final, Literal, Protocol
 
 __all__ = [
     "NULL_OBSERVER",
+    "BudgetObserver",
     "CorestoreObserver",
     "Direction",
     "LoopObserver",
@@ -165,6 +169,19 @@ class TransferObserver(Protocol):
         """A transfer of `kind` starts moving after `seconds` in its node's queue (0: none)."""
 
 
+class BudgetObserver(Protocol):
+    """What the byte budget (and the memory trimmer beside it) reports."""
+
+    def budget_changed(self, *, limit: int, held: int, waiting: int) -> None:
+        """`held` of `limit` bytes are drawn; `waiting` draws wait for room."""
+
+    def budget_waited(self, *, seconds: float) -> None:
+        """A draw got its bytes after `seconds` (0: at once)."""
+
+    def memory_trimmed(self, *, released: int) -> None:
+        """The allocator was asked to give free memory back; RSS fell by `released` bytes."""
+
+
 class RelayObserver(Protocol):
     """What the relay's job runner reports."""
 
@@ -243,6 +260,15 @@ class NullObserver:
         """Nothing."""
 
     def transfer_waited(self, *, kind: str, seconds: float) -> None:
+        """Nothing."""
+
+    def budget_changed(self, *, limit: int, held: int, waiting: int) -> None:
+        """Nothing."""
+
+    def budget_waited(self, *, seconds: float) -> None:
+        """Nothing."""
+
+    def memory_trimmed(self, *, released: int) -> None:
         """Nothing."""
 
     def relay_answered(self, *, kind: str, answer: str) -> None:

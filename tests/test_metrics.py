@@ -7,6 +7,7 @@ import pytest
 from agent.metrics import Metrics
 from agent.status import AgentStatus, SessionState
 from agent.store import StatusSummary
+from agent.transfers.budget import ByteBudget
 from tests.clock import ManualClock
 
 NOW_MS = 1_700_000_000_000
@@ -132,6 +133,22 @@ def test_the_database_size_is_a_gauge_read_at_scrape_time() -> None:
     """`state_database_bytes` is the store summary's size of the database files."""
     metrics = _refreshed(StatusSummary(restores={}, jobs={}, database_bytes=123_456))
     assert _value(metrics, "restore_agent_state_database_bytes") == 123_456
+
+
+def test_the_byte_budget_and_what_it_holds_are_reported() -> None:
+    """A budget reports its size, what is drawn and who waits; waits and trims add up."""
+    metrics = Metrics()
+    budget = ByteBudget(1000, reserve=0, observer=metrics)
+    assert budget.try_take(400)
+    assert _value(metrics, "restore_agent_byte_budget_bytes") == 1000
+    assert _value(metrics, "restore_agent_byte_budget_held_bytes") == 400
+    assert _value(metrics, "restore_agent_byte_budget_waiting") == 0
+    metrics.budget_waited(seconds=2.0)
+    assert _value(metrics, "restore_agent_byte_budget_wait_duration_seconds_count") == 1
+    metrics.memory_trimmed(released=5000)
+    metrics.memory_trimmed(released=-10)  # resident grew meanwhile: nothing came back
+    assert _value(metrics, "restore_agent_memory_trims_total") == 2
+    assert _value(metrics, "restore_agent_memory_trimmed_bytes_total") == 5000
 
 
 def _names(metrics: Metrics) -> set[str]:

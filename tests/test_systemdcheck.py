@@ -135,7 +135,7 @@ def test_the_fatal_line_matches_as_text_or_as_a_record_but_for_its_time() -> Non
 def test_every_check_has_one_name_and_the_reboot_comes_last() -> None:
     """The host script counts the checks by name; the reboot ends the run."""
     names = [name for name, _, _ in CHECKS]
-    assert len(names) == len(set(names)) == 19
+    assert len(names) == len(set(names)) == 20
     assert names[0] == "install"
     assert names[-1] == "reboot"
 

@@ -169,7 +169,7 @@ class CorestoreClient:
         staging_archive_id: str,
         path: str,
         offset: int,
-        data: bytes,
+        data: bytes | bytearray | memoryview,
         sha256: str,
         grant: Secret,
     ) -> ChunkAccepted:
@@ -373,7 +373,7 @@ class CorestoreClient:
         return await self._ok(request, ClosureImportStatus)
 
     async def put_closure_chunk(
-        self, import_id: str, offset: int, data: bytes, sha256: str
+        self, import_id: str, offset: int, data: bytes | bytearray | memoryview, sha256: str
     ) -> ClosureChunkAccepted:
         """Write one verified chunk of an import; `IntegrityError` if Corestore acknowledges
         other bytes than these."""

@@ -348,7 +348,8 @@ class RouteRequest:
     spec: RouteSpec
     path: str  # percent-encoded
     query: Mapping[str, str] = field(default_factory=dict)
-    body: bytes | None = field(default=None, repr=False)  # chunk bytes or JSON text
+    # chunk bytes (the caller's buffer, sent without a copy) or JSON text
+    body: bytes | bytearray | memoryview | None = field(default=None, repr=False)
     content_type: str | None = None
     chunk_sha256: str | None = None
     grant: Secret | None = None
@@ -443,7 +444,12 @@ def _object_request(
 
 
 def build_put_chunk(
-    staging_archive_id: str, path: str, offset: int, data: bytes, sha256: str, grant: Secret
+    staging_archive_id: str,
+    path: str,
+    offset: int,
+    data: bytes | bytearray | memoryview,
+    sha256: str,
+    grant: Secret,
 ) -> RouteRequest:
     """`PUT .../objects?path=P&offset=N`: one chunk, its sha256 in `X-Serve-Zone-Chunk-Sha256`."""
     if not 0 < len(data) <= MAX_CHUNK_SIZE:
@@ -457,7 +463,7 @@ def build_put_chunk(
         path,
         grant,
         query={"offset": str(offset)},
-        body=bytes(data),
+        body=data,
         content_type="application/octet-stream",
         chunk_sha256=sha256,
     )
@@ -650,7 +656,7 @@ def build_closure_import(
 
 
 def build_closure_import_chunk(
-    import_id: str, offset: int, data: bytes, sha256: str
+    import_id: str, offset: int, data: bytes | bytearray | memoryview, sha256: str
 ) -> RouteRequest:
     """`PUT .../{importId}/chunks?offset=N`: one chunk, its sha256 in the chunk header."""
     if not 0 < len(data) <= MAX_CHUNK_SIZE:
@@ -664,7 +670,7 @@ def build_closure_import_chunk(
         None,
         _path(ROUTES[name].template, importId=import_id),
         query={"offset": str(offset)},
-        body=bytes(data),
+        body=data,
         content_type="application/octet-stream",
         chunk_sha256=sha256,
     )

@@ -18,11 +18,15 @@ answers, a stream that is over) are never held.
 
 Held answers are bounded by the number of streams (one in flight each); nothing here holds a
 payload, only the small answer envelopes.
+
+`gate` (the connection's draw from the agent's byte budget, `agent.protocol.pool`): asked last,
+before an answer goes; an answer it refuses is held like one past `limit`, first in line.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -51,6 +55,7 @@ class ReceiveBudget:
 
     limit: int | None  # bytes; None: no bound
     expiry: float  # seconds an unused invitation counts
+    gate: Callable[[str], bool] | None = None  # may `stream_id` be invited now (byte budget)
     _invited: dict[str, _Invitation] = field(default_factory=dict)
     _held: deque[tuple[str, Envelope]] = field(default_factory=deque)
     _last_size: dict[str, int] = field(default_factory=dict)
@@ -80,7 +85,7 @@ class ReceiveBudget:
     def admit(self, stream_id: str, answer: Envelope, now: float) -> list[Envelope]:
         """An answer that invites one more frame of `stream_id`: the answers to send now (it,
         and any held before it that fit), or none when it must wait its turn."""
-        if self.limit is None:
+        if self.limit is None and self.gate is None:
             return [answer]
         self._held.append((stream_id, answer))
         return self.release(now)
@@ -93,6 +98,8 @@ class ReceiveBudget:
             stream_id, answer = self._held[0]
             size = self._last_size.get(stream_id, DEFAULT_ESTIMATE)
             if self._invited and self.limit is not None and self._used + size > self.limit:
+                break
+            if self.gate is not None and not self.gate(stream_id):
                 break
             self._held.popleft()
             self._invite(stream_id, size, now)

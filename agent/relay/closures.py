@@ -33,6 +33,12 @@ in its response (typedrequest 3.3.0 echoes our `read`) fails fast as `StreamNotS
 Both directions hash with `agent.chunking.Digests` (large pieces in a worker thread, off the
 event loop) and the import cuts its chunks with `agent.chunking.rechunk`, as staging does.
 
+Both draw from the agent's byte budget through the transfer's share of it (`draws`): the import
+assembles its chunks in buffers drawn from it (`ChunkBuffers`, as staging does); the export
+draws each read's length before it reads from Corestore and gives it back once the piece is
+queued on the stream (the stream's window, `[streams] window`, bounds what waits there). A draw
+that waits is backpressure: nothing is read meanwhile.
+
 Neither direction can pin its job: every wait on the stream is bounded by the session's stall
 deadline (`agent.session.streams`), so a Cloudly that keeps the stream alive but stops reading
 or sending makes the sink or the source raise `StreamBroken`, which aborts the stream (and the
@@ -56,7 +62,7 @@ from typing import Any, Protocol, TypeVar
 import structlog
 from pydantic import ValidationError
 
-from agent.chunking import Digests, rechunk
+from agent.chunking import ChunkBuffers, Digests, Draws, rechunk
 from agent.contracts.base import StreamMarker, first_problem
 from agent.contracts.relay import (
     METHOD_BACKUP_SERVICE_DATABASE_CLOSURE,
@@ -107,12 +113,13 @@ async def send_closure(
     chunk_size: int,
     timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
     progress: Progress,
+    draws: Draws | None = None,
 ) -> DatabaseClosureDescriptor:
     """Export the backup's closure from Corestore and stream it to Cloudly; the descriptor
     once Cloudly holds exactly those bytes (module docstring, step 4)."""
     with _interrupted_by_the_session(f"the database closure of service {service_id}"):
         return await _send_closure(
-            client, cloudly, service_id, backup_id, node_id, chunk_size, timeout, progress
+            client, cloudly, service_id, backup_id, node_id, chunk_size, timeout, progress, draws
         )
 
 
@@ -125,6 +132,7 @@ async def _send_closure(
     chunk_size: int,
     timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
     progress: Progress,
+    draws: Draws | None,
 ) -> DatabaseClosureDescriptor:
     descriptor = await client.closure_descriptor(service_id, backup_id)
     marker, sink = cloudly.open_send_stream()
@@ -141,7 +149,7 @@ async def _send_closure(
     closed = False
     try:
         await _pump_export(
-            client, sink, call, service_id, backup_id, descriptor, chunk_size, progress
+            client, sink, call, service_id, backup_id, descriptor, chunk_size, progress, draws
         )
         await sink.close()  # returns once Cloudly acknowledged the closing bit
         closed = True
@@ -179,6 +187,7 @@ async def _pump_export(
     descriptor: DatabaseClosureDescriptor,
     chunk_size: int,
     progress: Progress,
+    draws: Draws | None,
 ) -> None:
     size, digests, offset = descriptor.size, Digests(), 0
     what = f"the database closure of service {service_id} for backup {backup_id}"
@@ -187,22 +196,15 @@ async def _pump_export(
     read_size = min(chunk_size, MAX_CHUNK)
     while offset < size:
         want = min(read_size, size - offset)
-        data = await client.read_closure(service_id, backup_id, offset, want)
-        if len(data) != want:
-            shorter = len(data) < want
-            raise IntegrityError(
-                f"Corestore's export of {what} answered {len(data)} bytes at offset {offset} "
-                f"where {want} were asked ({'shorter' if shorter else 'longer'} than its "
-                f"descriptor's {size} bytes)"
+        if draws is not None:
+            await draws.take(want)
+        try:
+            await _export_piece(
+                client, sink, call, what, (service_id, backup_id), offset, want, size, digests
             )
-        await digests.add(data)
-        if call.done():
-            # Cloudly answered before the end: an error or `accepted: false` stops the transfer
-            # now; `accepted: true` early is permission, so go on.
-            answer = _parse(BackupServiceDatabaseClosureResponse, call.result())
-            if not answer.accepted:
-                raise ClosureNotAccepted(f"Cloudly did not accept {what}")
-        await sink.write(data)
+        finally:
+            if draws is not None:
+                draws.give(want)
         offset += want
         progress(offset, size)
     if await client.read_closure(service_id, backup_id, size, 1):
@@ -211,6 +213,36 @@ async def _pump_export(
         )
     if digests.hexdigest() != descriptor.sha256:
         raise IntegrityError(f"Corestore's export of {what} does not match its descriptor's sha256")
+
+
+async def _export_piece(
+    client: CorestoreClient,
+    sink: ByteSink,
+    call: asyncio.Future[dict[str, Any]],
+    what: str,
+    ids: tuple[str, str],
+    offset: int,
+    want: int,
+    size: int,
+    digests: Digests,
+) -> None:
+    """Read `want` bytes of the export at `offset`, hash them and queue them on the stream."""
+    data = await client.read_closure(*ids, offset, want)
+    if len(data) != want:
+        shorter = len(data) < want
+        raise IntegrityError(
+            f"Corestore's export of {what} answered {len(data)} bytes at offset {offset} "
+            f"where {want} were asked ({'shorter' if shorter else 'longer'} than its "
+            f"descriptor's {size} bytes)"
+        )
+    await digests.add(data)
+    if call.done():
+        # Cloudly answered before the end: an error or `accepted: false` stops the transfer
+        # now; `accepted: true` early is permission, so go on.
+        answer = _parse(BackupServiceDatabaseClosureResponse, call.result())
+        if not answer.accepted:
+            raise ClosureNotAccepted(f"Cloudly did not accept {what}")
+    await sink.write(data)
 
 
 async def receive_closure(
@@ -224,6 +256,7 @@ async def receive_closure(
     chunk_size: int,
     timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
     progress: Progress,
+    draws: Draws | None = None,
 ) -> DatabaseClosureDescriptor:
     """Fetch the backup's closure from Cloudly into a Corestore import and commit it; the
     descriptor once Corestore replaced the service's database with exactly those bytes."""
@@ -238,6 +271,7 @@ async def receive_closure(
             chunk_size,
             timeout,
             progress,
+            draws,
         )
 
 
@@ -251,6 +285,7 @@ async def _receive_closure(
     chunk_size: int,
     timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
     progress: Progress,
+    draws: Draws | None,
 ) -> DatabaseClosureDescriptor:
     request = RestoreServiceDatabaseClosureRequest(
         backup_id=backup_id, service_id=service_id, node_id=node_id
@@ -267,9 +302,13 @@ async def _receive_closure(
     await client.open_closure_import(
         import_id, service_id=service_id, backup_id=backup_id, descriptor=descriptor
     )
+    # One chunk filled while the one before it is PUT, both in buffers drawn from the budget;
+    # the first before the stream is read (as staging does).
+    buffers = ChunkBuffers(chunk_size, most=2, draws=draws)
+    await buffers.prime()
     source = cloudly.receive_stream(answer.closure)
     try:
-        await _pump_import(client, source, import_id, descriptor, chunk_size, progress)
+        await _pump_import(client, source, import_id, descriptor, chunk_size, progress, buffers)
         await _commit(client, import_id, descriptor)
     except BaseException as exc:
         with contextlib.suppress(Exception):
@@ -307,6 +346,7 @@ async def _pump_import(
     descriptor: DatabaseClosureDescriptor,
     chunk_size: int,
     progress: Progress,
+    buffers: ChunkBuffers,
 ) -> None:
     size, digests, offset = descriptor.size, Digests(), 0
     # The agent's one re-chunker: one copy per chunk, only the chunk being filled held here,
@@ -318,12 +358,14 @@ async def _pump_import(
         too_long=lambda: IntegrityError(
             f"Cloudly's closure stream is longer than its descriptor's {size} bytes"
         ),
+        buffers=buffers,
     )
     try:
         async for data in chunks:
             sha256 = await digests.chunk(data)
             await client.put_closure_chunk(import_id, offset, data, sha256)
             offset += len(data)
+            buffers.put_back(data)
             progress(offset, size)
     finally:
         await chunks.aclose()

@@ -200,6 +200,7 @@ class RelayService:
                     chunk_size=self._settings.chunk_size,
                     timeout=self._settings.transfer_timeout,
                     progress=self._progress(key, "closure_sent"),
+                    draws=transfer.holding,
                 )
             report = report.with_closure(ClosureFacts(descriptor.size, descriptor.sha256))
         response = BackupClusterServiceResponse.from_wire(
@@ -255,6 +256,7 @@ class RelayService:
                         chunk_size=self._settings.chunk_size,
                         timeout=self._settings.transfer_timeout,
                         progress=self._progress(key, "closure_received"),
+                        draws=transfer.holding,
                     )
                 applied = ClosureFacts(descriptor.size, descriptor.sha256)
             else:

@@ -211,6 +211,7 @@ class IsolatedRestoreEngine:
                             grant,
                             self._settings,
                             self._clock,
+                            transfer.holding,
                         ),
                         lambda: transfer.source(open_source()),
                     )

@@ -41,6 +41,7 @@ from agent.errors import AgentError, InvalidState, SessionClosed
 from agent.log import scrub_text
 from agent.observe import NULL_OBSERVER, PeerObserver, SessionObserver
 from agent.protocol.handlers import ByteSink, ByteSource, Caller, Routes
+from agent.protocol.pool import WatchedPool
 from agent.secret import Secret
 from agent.session.authentication import Authentication
 from agent.session.cluster import ClusterKnowledge
@@ -82,8 +83,10 @@ class CloudlySession:
         rng: Callable[[], float] = random.random,
         ssl_context: ssl.SSLContext | None = None,
         observer: SessionObservers = NULL_OBSERVER,
+        pool: WatchedPool | None = None,
     ) -> None:
         self._settings = settings
+        self._pool = pool
         self._observer = observer
         self._outage = Outage()
         self._ever_connected = False
@@ -289,6 +292,8 @@ class CloudlySession:
                 observer=self._observer,
                 stall_timeout=settings.stream_stall_timeout,
                 serving=False,  # until the connect step is done: `_go_live`
+                pool=self._pool,
+                first_frame_bytes=settings.max_frame_bytes,
                 deliveries=deliveries,
             )
             async with asyncio.TaskGroup() as group:

@@ -64,6 +64,7 @@ from agent.protocol.connection import (
 from agent.protocol.delivery import Mark
 from agent.protocol.handlers import ByteSink, ByteSource, Producer, Route, Routes
 from agent.protocol.ids import new_uni_id
+from agent.protocol.pool import WatchedPool
 from agent.session.delivery import DeliveryTracker, OnDelivered
 from agent.session.streams import HandlerContext, Signal, Sink, Source, marker_of
 
@@ -98,9 +99,14 @@ class Peer:
         observer: PeerObserver = NULL_OBSERVER,
         stall_timeout: float | None = None,
         serving: bool = True,
+        pool: WatchedPool | None = None,
+        first_frame_bytes: int = 16 * 1024 * 1024,
         deliveries: DeliveryTracker | None = None,
     ) -> None:
-        self.connection = Connection(routes.methods, settings, new_id=new_id)
+        self.connection = Connection(
+            routes.methods, settings, new_id=new_id, pool=pool, first_frame_bytes=first_frame_bytes
+        )
+        self._pool = pool
         self._deliveries = deliveries
         self._number = 0 if deliveries is None else deliveries.connection
         self._messages = 0  # the peer's messages read so far (a request's arrival)
@@ -128,6 +134,8 @@ class Peer:
         if self._group is not None:
             raise RuntimeError("Peer.run() is already running")
         closed = SessionClosed(None, "peer stopped")
+        # Bytes given back to the budget may let a held invitation go: ask the connection.
+        unlisten = None if self._pool is None else self._pool.on_room(self._room)
         async with asyncio.TaskGroup() as group:
             self._group = group
             self._spawn(self._run_timers())
@@ -141,11 +149,18 @@ class Peer:
             except SessionClosed as exc:
                 closed = exc
             finally:
+                if unlisten is not None:
+                    unlisten()
                 self.connection.connection_lost(closed, self.now())
                 self._dispatch(self.connection.events_received())
                 for task in self._children:
                     task.cancel()
         raise closed
+
+    def _room(self) -> None:
+        """Bytes came back to the budget: ask the connection again if answers wait for it."""
+        if self.connection.invitations_held:
+            self._timer.fire()
 
     def start_serving(self) -> None:
         """Run the routes' handlers from now on (a peer made with `serving=False`)."""
@@ -351,7 +366,10 @@ class Peer:
         try:
             outcome = await asyncio.to_thread(event.token.decode)
         except RemoteProtocolError as exc:
-            outcome = exc
+            # Without its traceback: kept in this frame, it would make a cycle through the
+            # decoder's frames that holds the refused frame's bytes until the cycle collector
+            # runs (a 15 MiB frame refused stayed resident that long).
+            outcome = exc.with_traceback(None)
         self.connection.settle_chunk(event.stream_id, event.token, outcome, self.now())
         await self._flush_quietly()
 

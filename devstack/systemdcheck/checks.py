@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from devstack.systemdcheck import lifecycle, service, state
+from devstack.systemdcheck.memory import memory
 from devstack.systemdcheck.node import CONFIG, DROP_IN, Node
 from devstack.systemdcheck.stack import Stack
 from devstack.systemdcheck.systemd import CheckFailed, run
@@ -31,6 +32,7 @@ CHECKS: Final[tuple[tuple[str, str, Check], ...]] = (
     ("status-token", "STATUS= after a refused machine token", service.status_token),
     ("restore", "an isolated restore through the unit, to cleaned", service.restore),
     ("relay", "a service backup and restore through the unit", service.relay),
+    ("memory", "16 stages over 4 nodes under MemoryHigh=/MemoryMax=: no OOM kill", memory),
     (
         "credentials",
         "the token: 0400, the dynamic user's, not in environ/argv",

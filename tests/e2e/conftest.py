@@ -172,15 +172,18 @@ class Stack:
         self,
         *,
         streams: dict[str, Any] | None = None,
+        memory: dict[str, Any] | None = None,
         cloudly: dict[str, Any] | None = None,
         **corestore: Any,
     ) -> AsyncIterator[AgentStatus]:
         """The real agent in-process (`agent.app.run`), connected; stopped in order on exit.
-        `streams` is its `[streams]` section (the default when None); `cloudly` keys are
-        added to its `[cloudly]` section."""
+        `streams` and `memory` are its `[streams]` and `[memory]` sections (the defaults when
+        None); `cloudly` keys are added to its `[cloudly]` section."""
         data = self.config_data(**corestore)
         if streams is not None:
             data["streams"] = streams
+        if memory is not None:
+            data["memory"] = memory
         data["cloudly"].update(cloudly or {})
         config = Config.model_validate(data)
         status, stop = AgentStatus(), asyncio.Event()
