@@ -15,6 +15,15 @@
  *   whose verdict stands, so the native path can only ever agree with it
  *   (tests/protocol/test_bytearrays.py checks that differentially; tests/fuzz fuzzes it).
  *
+ *   The canonical text (digits and commas only between the brackets, what JSON.stringify
+ *   writes) is read by a block kernel first: `wide` (AVX-512 with VBMI2, chosen at import where
+ *   the CPU has it) or `portable` (SSE2 or plain C); anything a kernel does not take goes to the
+ *   general parser, so a kernel can only ever answer what that parser would.
+ *
+ * decode_with(buffer, kernel) -> bytes | None, kernels() -> tuple[str, ...]
+ *   decode() on a named kernel; the kernels this CPU runs, the one decode() uses first (for the
+ *   tests, which hold every kernel to the same answers, and the start-up line).
+ *
  * encode(buffer) -> bytes
  *   The array text of the bytes in `buffer`, as JSON.stringify writes a Buffer's `data`: `[1,2]`
  *   with no whitespace.
@@ -195,25 +204,144 @@ static Py_ssize_t parse_canonical(const unsigned char *s, const unsigned char *l
     return (Py_ssize_t)(o - out);
 }
 
+#if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 8))
+#define HAVE_WIDE 1
+#include <immintrin.h>
+
+#define WIDE_TARGET __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vbmi2,popcnt")))
+
+/* The canonical text 64 characters at a time with AVX-512 (VBMI2: byte compress), chosen at run
+ * time where the CPU has it (`wide`). Every value ends at a comma; for the 64 positions of a
+ * block the kernel loads the text at the position and one, two and three characters before it,
+ * so at each comma it sees the value's last three characters and whether each is a digit. The
+ * checks are masks over the block, all folded into `bad`:
+ *   - a character that is neither a digit nor a comma;
+ *   - a comma with no digit before it (an empty value: `[,`, `,,`);
+ *   - a digit with three digits before it (a value of four digits or more);
+ *   - a digit after a `0` that follows a comma or the bracket (a leading zero);
+ *   - at a comma, a three-digit value above 255 (hundreds 2 and tens+units >= 56, or >= 3).
+ * The values (units + 10 * tens + 100 * hundreds, read by table from the digits) are packed
+ * to the output in comma order by one compress. What the blocks leave (fewer than 64
+ * characters, and the value after the last comma) is read as parse_canonical reads its tail.
+ * Reads stay inside [s - 1, last): s[-1] is the opening bracket, and the loads that would
+ * reach before it (the first block's) are masked. */
+WIDE_TARGET
+static Py_ssize_t parse_canonical_wide(const unsigned char *s, const unsigned char *last,
+                                       unsigned char *out, Py_ssize_t cap)
+{
+    unsigned char *o = out;
+    const unsigned char *start = s;
+    Py_ssize_t n = last - s, i = 0;
+    const __m512i zero = _mm512_set1_epi8('0'), nine = _mm512_set1_epi8(9);
+    const __m512i comma = _mm512_set1_epi8(',');
+    const __m512i never = _mm512_set1_epi8(100); /* tens+units never reach 100 */
+    /* indexed by a digit (vpermb reads the low 6 bits of each index) */
+    const __m512i tens = _mm512_set_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 90, 80, 70, 60, 50,
+        40, 30, 20, 10, 0);
+    const __m512i hundreds = _mm512_set_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, (char)200, 100, 0);
+    /* the least tens+units that makes a three-digit value too large, by its hundreds digit */
+    const __m512i limit = _mm512_set_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 56, 100, 100);
+    for (; i + 64 <= n; i += 64) {
+        const unsigned char *b = s + i;
+        __m512i c0 = _mm512_loadu_si512((const void *)b);
+        __m512i c1 = _mm512_loadu_si512((const void *)(b - 1)); /* b[-1] >= s[-1], the bracket */
+        __m512i c2, c3;
+        if (i > 0) {
+            c2 = _mm512_loadu_si512((const void *)(b - 2));
+            c3 = _mm512_loadu_si512((const void *)(b - 3));
+        } else { /* nothing before the bracket is read: those lanes are 0, not a digit */
+            c2 = _mm512_maskz_loadu_epi8(~(__mmask64)1, (const void *)(b - 2));
+            c3 = _mm512_maskz_loadu_epi8(~(__mmask64)3, (const void *)(b - 3));
+        }
+        __m512i x1 = _mm512_sub_epi8(c1, zero), x2 = _mm512_sub_epi8(c2, zero);
+        __m512i x3 = _mm512_sub_epi8(c3, zero);
+        uint64_t d0 = _mm512_cmple_epu8_mask(_mm512_sub_epi8(c0, zero), nine);
+        uint64_t d1 = _mm512_cmple_epu8_mask(x1, nine);
+        uint64_t d2 = _mm512_cmple_epu8_mask(x2, nine);
+        uint64_t d3 = _mm512_cmple_epu8_mask(x3, nine);
+        uint64_t cm = _mm512_cmpeq_epi8_mask(c0, comma);
+        uint64_t z1 = _mm512_cmpeq_epi8_mask(c1, zero);
+        uint64_t d12 = d1 & d2, d123 = d12 & d3;
+        uint64_t bad = ~(d0 | cm) | (cm & ~d1) | (d0 & d123) | (d0 & z1 & ~d2);
+        __m512i tu = _mm512_add_epi8(x1, _mm512_maskz_permutexvar_epi8(d12, x2, tens));
+        __m512i lim = _mm512_mask_permutexvar_epi8(never, d123, x3, limit);
+        bad |= _mm512_mask_cmpge_epu8_mask(cm, tu, lim);
+        if (bad) return -1;
+        /* every comma follows a digit now: at most 32 in a block, one value each */
+        int k = __builtin_popcountll(cm);
+        if ((o - out) + k > cap) return -1;
+        __m512i v = _mm512_add_epi8(tu, _mm512_maskz_permutexvar_epi8(d123, x3, hundreds));
+        _mm512_mask_storeu_epi8(o, (((__mmask64)1) << k) - 1, _mm512_maskz_compress_epi8(cm, v));
+        o += k;
+        if (cm) start = b + 64 - __builtin_clzll(cm);
+    }
+    for (; i < n; i++) {
+        unsigned char c = s[i];
+        if (c == ',') {
+            int v = value_exact(start, s + i - start);
+            if (v < 0 || o - out >= cap) return -1;
+            *o++ = (unsigned char)v;
+            start = s + i + 1;
+        } else if (!is_digit[c]) {
+            return -1;
+        }
+    }
+    int v = value_exact(start, last - start);
+    if (v < 0 || o - out >= cap) return -1;
+    *o++ = (unsigned char)v;
+    return (Py_ssize_t)(o - out);
+}
+
+static int cpu_has_wide(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2") &&
+           __builtin_cpu_supports("popcnt");
+}
+#endif
+
+/* The canonical kernels: "portable" (parse_canonical, SSE2 or plain C) everywhere, "wide"
+ * (AVX-512) where the CPU has it; `kernel` is the one decode() uses (the widest). */
+enum { KERNEL_PORTABLE = 0, KERNEL_WIDE = 1 };
+static const char *const kernel_names[] = {"portable", "wide"};
+static int have_wide = 0;
+static int kernel = KERNEL_PORTABLE;
+
 /* Either parser, canonical first. */
 static Py_ssize_t parse_any(const unsigned char *p, const unsigned char *end, unsigned char *out,
-                            Py_ssize_t cap)
+                            Py_ssize_t cap, int which)
 {
     if (end - p >= 3 && p[0] == '[' && end[-1] == ']') {
-        Py_ssize_t n = parse_canonical(p + 1, end - 1, out, cap);
+        Py_ssize_t n;
+#ifdef HAVE_WIDE
+        if (which == KERNEL_WIDE)
+            n = parse_canonical_wide(p + 1, end - 1, out, cap);
+        else
+#endif
+            n = parse_canonical(p + 1, end - 1, out, cap);
         if (n >= 0) return n;
     }
+    (void)which;
     return parse_array(p, end, out);
 }
 
-static PyObject *decode(PyObject *module, PyObject *arg)
+static PyObject *decode_by(PyObject *arg, int which)
 {
-    (void)module;
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     /* A byte array has at most one value per two characters (a digit and a comma):
-     * parse_array writes a value only after consuming at least that, and parse_canonical,
-     * which counts commas before it writes, stops at `bound` (hostile text is mostly commas). */
+     * parse_array writes a value only after consuming at least that, and the canonical
+     * kernels, which count commas before they write, stop at `bound` (hostile text is mostly
+     * commas). */
     Py_ssize_t bound = view.len / 2 + 1;
     PyObject *result = PyBytes_FromStringAndSize(NULL, bound);
     if (result == NULL) {
@@ -224,7 +352,7 @@ static PyObject *decode(PyObject *module, PyObject *arg)
     unsigned char *out = (unsigned char *)PyBytes_AS_STRING(result);
     Py_ssize_t written;
     Py_BEGIN_ALLOW_THREADS
-    written = parse_any(text, text + view.len, out, bound);
+    written = parse_any(text, text + view.len, out, bound, which);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (written < 0) {
@@ -233,6 +361,39 @@ static PyObject *decode(PyObject *module, PyObject *arg)
     }
     if (_PyBytes_Resize(&result, written) < 0) return NULL;
     return result;
+}
+
+static PyObject *decode(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    return decode_by(arg, kernel);
+}
+
+static PyObject *decode_with(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "decode_with(buffer, kernel) takes two arguments");
+        return NULL;
+    }
+    const char *name = PyUnicode_Check(args[1]) ? PyUnicode_AsUTF8(args[1]) : NULL;
+    if (name == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "the kernel is a name");
+        return NULL;
+    }
+    if (strcmp(name, kernel_names[KERNEL_PORTABLE]) == 0) return decode_by(args[0], KERNEL_PORTABLE);
+    if (strcmp(name, kernel_names[KERNEL_WIDE]) == 0 && have_wide)
+        return decode_by(args[0], KERNEL_WIDE);
+    PyErr_Format(PyExc_ValueError, "no kernel %s on this CPU", name);
+    return NULL;
+}
+
+static PyObject *kernels(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    if (have_wide) return Py_BuildValue("(ss)", kernel_names[KERNEL_WIDE], kernel_names[KERNEL_PORTABLE]);
+    return Py_BuildValue("(s)", kernel_names[KERNEL_PORTABLE]);
 }
 
 /* "0," .. "255," : the text of each byte followed by a comma, and its length. */
@@ -292,6 +453,12 @@ static PyMethodDef methods[] = {
     {"decode", decode, METH_O,
      "decode(buffer) -> bytes | None: a plain JSON array of ints 0..255 as bytes; None when the "
      "text is anything else (ask the pure path)."},
+    {"decode_with", (PyCFunction)(void (*)(void))decode_with, METH_FASTCALL,
+     "decode_with(buffer, kernel) -> bytes | None: decode() with the named canonical kernel "
+     "(one of kernels())."},
+    {"kernels", kernels, METH_NOARGS,
+     "kernels() -> tuple[str, ...]: the canonical kernels this CPU runs, the one decode() "
+     "uses first."},
     {"encode", encode, METH_O, "encode(buffer) -> bytes: the JSON array text of the bytes."},
     {NULL, NULL, 0, NULL},
 };
@@ -304,5 +471,9 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__bufferform(void)
 {
     build_table();
+#ifdef HAVE_WIDE
+    have_wide = cpu_has_wide();
+#endif
+    kernel = have_wide ? KERNEL_WIDE : KERNEL_PORTABLE;
     return PyModule_Create(&module_def);
 }

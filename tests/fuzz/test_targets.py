@@ -8,7 +8,8 @@ with a few examples each, so a broken target fails the suite. What each one hold
 
 - `test_native_decoder_agrees_with_json`: on generated, mutated, hostile and large arrays the
   native decoder answers None or JSON's bytes (the stdlib `json` + `bytes()`), whatever lies
-  after the text it was handed (a view into a larger buffer, as the frame splitter hands it);
+  after the text it was handed (a view into a larger buffer, as the frame splitter hands it),
+  and each of its canonical kernels the CPU runs (`kernels()`) answers the same;
   the pure path and the chosen decoder give JSON's verdict. `scripts/fuzz` runs it against a
   copy of the extension built with AddressSanitizer and UBSan when gcc is there
   (`AGENT_FUZZ_NATIVE` names that build), so an out-of-bounds read fails the run too.
@@ -34,6 +35,7 @@ from tests.protocol._arrays import (
     comma_digit_runs,
     large_arrays,
     mutated_arrays,
+    near_canonical_arrays,
     oracle,
     pure,
     spaced_arrays,
@@ -74,6 +76,7 @@ def _native() -> ModuleType | None:
 NATIVE = _native()
 TEXTS = st.one_of(
     mutated_arrays(),
+    near_canonical_arrays(),
     comma_digit_runs(),
     spaced_arrays().map(lambda case: case[0]),
     large_arrays(),
@@ -93,6 +96,8 @@ def test_native_decoder_agrees_with_json(text: bytes, after: bytes) -> None:
         got = NATIVE.decode(bytearray(text))  # an exact-size buffer: ASan sees any overread
         assert got is None or got == verdict
         assert NATIVE.decode(memoryview(text + after)[: len(text)]) == got
+        for kernel in NATIVE.kernels():  # each canonical kernel this CPU runs: the same answer
+            assert NATIVE.decode_with(bytearray(text), kernel) == got
         if got is not None:
             assert NATIVE.decode(NATIVE.encode(got)) == got
     EXAMPLES["native-decoder"] += 1

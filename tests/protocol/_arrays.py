@@ -21,6 +21,7 @@ __all__ = [
     "comma_digit_runs",
     "large_arrays",
     "mutated_arrays",
+    "near_canonical_arrays",
     "oracle",
     "pure",
     "spaced_arrays",
@@ -101,6 +102,34 @@ def comma_digit_runs(draw: st.DrawFn) -> bytes:
     alphabet = draw(st.sampled_from([b",", b",,,0", b",0123456789", b"0123456789,,,,"]))
     body = draw(st.lists(st.sampled_from(list(alphabet)), min_size=60, max_size=700))
     return b"[" + bytes(body) + b"]"
+
+
+@st.composite
+def near_canonical_arrays(draw: st.DrawFn) -> bytes:
+    """Canonical arrays of 15 to 200 values, most of them bytes, a few of up to four digits,
+    with a few leading zeros, doubled commas or stray characters put in: the text the native
+    decoder's block kernels judge, with their faults anywhere relative to a block's edge. The
+    stray characters are ones every path refuses (no whitespace, sign or literal, which the
+    native decoder leaves to the pure path)."""
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    rare = rng.random() * 0.03
+    values = [
+        rng.randrange(256, 10_000) if rng.random() < rare else rng.choice(_BYTE_VALUES)(rng)
+        for _ in range(draw(st.integers(15, 200)))
+    ]
+    text = bytearray(("[" + ",".join(map(str, values)) + "]").encode())
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(1, len(text) - 1))
+        text[at:at] = draw(st.sampled_from([b"0", b"00", b",", b"x", b"]", b".", b"1", b"9999"]))
+    return bytes(text)
+
+
+_BYTE_VALUES = [
+    lambda rng: rng.randrange(256),
+    lambda rng: rng.randrange(10),
+    lambda rng: rng.randrange(250, 256),
+    lambda rng: rng.choice([0, 10, 99, 100, 199, 200, 255]),
+]
 
 
 SLICE = bytearrays._SLICE

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import binascii
 import importlib.util
+import platform
+import re
 import shutil
 import sysconfig
 import tracemalloc
@@ -32,6 +34,7 @@ from tests.protocol._arrays import (
     comma_digit_runs,
     large_arrays,
     mutated_arrays,
+    near_canonical_arrays,
     oracle,
     pure,
     spaced_arrays,
@@ -41,22 +44,50 @@ native = bytearrays._native
 needs_native = pytest.mark.skipif(
     native is None, reason="agent._bufferform is not built (no C compiler at install time)"
 )
+KERNELS = ("wide", "portable")  # the native decoder's canonical kernels (kernels() on a CPU)
 
 
-BACKENDS = ("native", "simdjson", "orjson")
+class Kernel:
+    """The native module with `decode` on one named kernel (what `decode_with` runs)."""
+
+    def __init__(self, name: str) -> None:
+        assert native is not None
+        if name not in native.kernels():
+            pytest.skip(f"this CPU does not run the native decoder's {name} kernel")
+        self.name = name
+
+    def decode(self, text: bytes | bytearray | memoryview) -> bytes | None:
+        assert native is not None
+        got: bytes | None = native.decode_with(text, self.name)
+        return got
+
+    def encode(self, data: bytes | bytearray | memoryview) -> bytes:
+        assert native is not None
+        text: bytes = native.encode(data)
+        return text
+
+
+def kernel(name: str) -> Kernel:
+    if native is None:
+        pytest.skip("agent._bufferform is not built (no C compiler at install time)")
+    return Kernel(name)
+
+
+BACKENDS = (*(f"native-{name}" for name in KERNELS), "simdjson", "orjson")
 
 
 @pytest.fixture(scope="class", params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The Buffer-form decoder the class's tests run on: each backend an install may have
-    (without the native codec: simdjson; without simdjson too: the pure path alone)."""
+    """The Buffer-form decoder the class's tests run on: each backend an install may have (the
+    native codec on each kernel a CPU may run; without it simdjson; without simdjson too the
+    pure path alone)."""
     name: str = request.param
-    if name == "native" and native is None:
-        pytest.skip("agent._bufferform is not built (no C compiler at install time)")
     if name == "simdjson" and bytearrays.simdjson is None:
         pytest.skip("pysimdjson is not installed")
     with pytest.MonkeyPatch.context() as patch:
-        if name != "native":
+        if name.startswith("native-"):
+            patch.setattr(bytearrays, "_native", kernel(name.removeprefix("native-")))
+        else:
             patch.setattr(bytearrays, "_native", None)
         if name == "orjson":
             patch.setattr(bytearrays, "simdjson", None)
@@ -204,46 +235,101 @@ class TestNative:
         assert codec_backends()["buffer"] == "native"
 
     @needs_native
+    def test_the_widest_kernel_the_cpu_runs_decodes(self) -> None:
+        """Where the CPU has AVX-512 with VBMI2 (x86-64 Linux: its flags in /proc/cpuinfo),
+        the wide kernel is there and first (the one `decode` uses); the portable one always."""
+        assert native is not None
+        kernels = native.kernels()
+        assert kernels[-1] == "portable"
+        cpuinfo = Path("/proc/cpuinfo")
+        if platform.machine() != "x86_64" or not cpuinfo.exists():
+            pytest.skip("the wide kernel is x86-64's")
+        flags = set(re.findall(r"^flags\s*:(.*)$", cpuinfo.read_text(), re.M)[0].split())
+        wide = {"avx512f", "avx512bw", "avx512vbmi", "avx512_vbmi2", "popcnt"} <= flags
+        assert (kernels[0] == "wide") is wide
+
+    @needs_native
+    def test_an_unknown_kernel_is_refused(self) -> None:
+        assert native is not None
+        with pytest.raises(ValueError, match="no kernel"):
+            native.decode_with(b"[1]", "fastest")
+
+    @pytest.mark.parametrize("name", KERNELS)
     @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
     @given(st.one_of(mutated_arrays(), st.binary(max_size=40), spaced_arrays().map(lambda c: c[0])))
-    def test_native_answers_only_what_the_pure_path_accepts(self, text: bytes) -> None:
+    def test_native_answers_only_what_the_pure_path_accepts(self, name: str, text: bytes) -> None:
         """The native decoder's answer, when it gives one, is the pure path's bytes; it never
         accepts what the pure path refuses."""
-        assert native is not None
-        got = native.decode(text)
+        got = kernel(name).decode(text)
         if got is not None:
             assert got == pure(text)
 
-    @needs_native
+    @pytest.mark.parametrize("name", KERNELS)
     @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
     @given(comma_digit_runs())
-    def test_native_gives_the_pure_verdict_on_long_comma_digit_runs(self, text: bytes) -> None:
-        """Through the block path too: arrays decode, anything else is left to the pure path."""
-        assert native is not None
-        got = native.decode(text)
-        assert got == pure(text)
+    def test_native_gives_the_pure_verdict_on_long_comma_digit_runs(
+        self, name: str, text: bytes
+    ) -> None:
+        """Through the block paths too: arrays decode, anything else is left to the pure path."""
+        assert kernel(name).decode(text) == pure(text)
 
-    @needs_native
+    @pytest.mark.parametrize("name", KERNELS)
+    @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+    @given(near_canonical_arrays())
+    def test_the_kernels_agree_on_near_canonical_arrays(self, name: str, text: bytes) -> None:
+        """Values of one to four digits, above 255, leading zeros, empty values and stray
+        characters on either side of a 64-character block's edge: each kernel gives exactly the
+        pure path's verdict."""
+        assert kernel(name).decode(text) == pure(text)
+
+    @pytest.mark.parametrize("name", KERNELS)
     @pytest.mark.parametrize("commas", [1, 2, 63, 64, 65, 66, 67, 130, 100_000, 4_000_000])
-    def test_native_refuses_a_flood_of_commas_within_its_buffer(self, commas: int) -> None:
+    def test_native_refuses_a_flood_of_commas_within_its_buffer(
+        self, name: str, commas: int
+    ) -> None:
         """More commas than the output holds values (one per two characters) is refused, not
         written past the buffer (this crashed the process once)."""
-        assert native is not None
-        assert native.decode(b"[" + b"," * commas + b"]") is None
+        assert kernel(name).decode(b"[" + b"," * commas + b"]") is None
 
-    @needs_native
-    def test_native_leaves_the_rare_json_forms_to_the_pure_path(self) -> None:
+    @pytest.mark.parametrize("name", KERNELS)
+    def test_native_leaves_the_rare_json_forms_to_the_pure_path(self, name: str) -> None:
         """Booleans and `-0` are JSON the native decoder does not read: it answers None."""
-        assert native is not None
-        assert native.decode(b"[true]") is None
-        assert native.decode(b"[-0]") is None
+        assert kernel(name).decode(b"[true]") is None
+        assert kernel(name).decode(b"[-0]") is None
 
-    @needs_native
-    def test_native_decodes_a_large_canonical_array(self) -> None:
+    @pytest.mark.parametrize("name", KERNELS)
+    def test_native_decodes_a_large_canonical_array(self, name: str) -> None:
         """A 1 MiB chunk of every byte value (the 64-character block path and its tail)."""
-        assert native is not None
         data = bytes(range(256)) * 4096 + b"\x07\x08\x09"
-        assert native.decode(orjson.dumps(list(data))) == data
+        assert kernel(name).decode(orjson.dumps(list(data))) == data
+
+    @pytest.mark.parametrize("name", KERNELS)
+    @pytest.mark.parametrize(
+        "fault",
+        [b"", b",", b"256", b"300", b"999", b"01", b"00", b"1000", b"x", b"x1", b"1.5", b"]"],
+    )
+    @pytest.mark.parametrize("filler", [b"7", b"42", b"255"])
+    def test_a_fault_at_any_offset_of_the_first_blocks_gets_the_pure_verdict(
+        self, name: str, fault: bytes, filler: bytes
+    ) -> None:
+        """One empty value, value above 255, leading zero, four digits or stray character,
+        put before each of the first 150 values (every offset of the first blocks, the opening
+        bracket's neighbour included), in an array of 200: refused, as the pure path refuses
+        it; with no fault (`b""`), the array decodes."""
+        decoder = kernel(name)
+        values = [filler] * 200
+        for at in range(150):
+            text = b"[" + b",".join(values[:at] + [fault] * bool(fault) + values[at:]) + b"]"
+            assert decoder.decode(text) == pure(text), (at, text[:80])
+
+    @pytest.mark.parametrize("name", KERNELS)
+    @pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 18, 19, 20, 40, 100, 1000])
+    @pytest.mark.parametrize("value", [0, 7, 10, 99, 100, 199, 255])
+    def test_every_block_edge_decodes(self, name: str, size: int, value: int) -> None:
+        """Arrays of one value repeated (one, two or three digits) put its commas at every
+        offset of a block and the last value right before or after a block's end."""
+        data = bytes([value]) * size + bytes(range(0, 256, 51))
+        assert kernel(name).decode(orjson.dumps(list(data))) == data
 
 
 B64_EDGES = [
@@ -290,8 +376,9 @@ class TestBase64:
 def test_the_backends_are_reported() -> None:
     """`codec_backends()` names the decoder of each form (the start-up line carries it)."""
     backends = codec_backends()
-    assert set(backends) == {"buffer", "base64"}
+    assert set(backends) == {"buffer", "buffer_kernel", "base64"}
     assert backends["buffer"] in {"native", "simdjson", "orjson"}
+    assert backends["buffer_kernel"] == (native.kernels()[0] if native is not None else "none")
     assert backends["base64"] in {"pybase64-c", "pybase64-python"}
 
 
