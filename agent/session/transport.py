@@ -40,10 +40,14 @@ from typing import Any, Literal
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.connection import Connection
+from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.frames import Frame, Opcode
+from websockets.protocol import Protocol, State
+from websockets.streams import StreamReader
 
 from agent.errors import ConfigError, InvalidState, SessionClosed, SessionError, UpgradeRefused
+from agent.session.pieces import PieceReader
 
 __all__ = [
     "CloseCode",
@@ -51,6 +55,7 @@ __all__ = [
     "Pong",
     "WebsocketTransport",
     "connect_transport",
+    "install_piece_reader",
     "quiet_websocket_logger",
     "tls_context",
 ]
@@ -117,8 +122,9 @@ class _CountingConnection(ClientConnection):
     count at every pong (the websocket reads frames in order; a pong answers its ping and every
     earlier one)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, protocol: ClientProtocol, *args: Any, **kwargs: Any) -> None:
+        install_piece_reader(protocol)
+        super().__init__(protocol, *args, **kwargs)
         self.messages_read = 0
         self.pong_marks: dict[bytes, int] = {}
 
@@ -136,6 +142,25 @@ class _CountingConnection(ClientConnection):
                 if pending == data:
                     break
         super().acknowledge_pings(data)
+
+
+def install_piece_reader(protocol: Protocol) -> None:
+    """Read `protocol`'s socket through a `PieceReader` (one copy per frame, not three).
+
+    Only before the first byte is read: the parser is started again on the new reader (it had
+    only started waiting for the handshake's answer). `InvalidState` if the protocol has begun
+    reading, or its reader is not the library's."""
+    reader = protocol.reader
+    if (
+        protocol.state is not State.CONNECTING
+        or type(reader) is not StreamReader
+        or reader.buffer
+        or reader.eof
+    ):
+        raise InvalidState("the piece reader goes in before the connection reads a byte")
+    protocol.reader = PieceReader()  # type: ignore[assignment]  # the same interface
+    protocol.parser = protocol.parse()
+    next(protocol.parser)
 
 
 class WebsocketTransport:

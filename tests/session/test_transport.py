@@ -13,12 +13,16 @@ from pathlib import Path
 
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
+from websockets.uri import parse_uri
 
-from agent.errors import ConfigError, SessionClosed, SessionError, UpgradeRefused
+from agent.errors import ConfigError, InvalidState, SessionClosed, SessionError, UpgradeRefused
+from agent.session.pieces import PieceReader
 from agent.session.transport import (
     WebsocketTransport,
     connect_transport,
+    install_piece_reader,
     quiet_websocket_logger,
     tls_context,
 )
@@ -310,3 +314,37 @@ async def test_a_message_the_peer_wrote_before_its_pong_counts_before_it(
         assert await transport.recv() == b"first"
     finally:
         await transport.close()
+
+
+async def test_the_agents_connection_reads_frames_through_the_piece_reader(
+    server_factory: Callable[..., Awaitable[int]],
+) -> None:
+    """A 4 MB text frame (a Buffer-form chunk's size) arrives whole, through the reader that
+    cuts it out of the socket's pieces with one copy, right after the handshake's answer."""
+    payload = (b'{"chunk":[' + b"1," * 2_000_000 + b"1]}").decode()
+
+    async def handler(ws: ServerConnection) -> None:
+        await ws.send(payload)
+        await ws.send("after")
+        await ws.wait_closed()
+
+    transport = await _open(await server_factory(handler), max_size=8 << 20)
+    try:
+        assert isinstance(transport._connection.protocol.reader, PieceReader)
+        assert await transport.recv() == payload.encode()
+        assert await transport.recv() == b"after"
+    finally:
+        await transport.close()
+
+
+def test_the_piece_reader_goes_in_only_before_a_byte_is_read() -> None:
+    """Once the protocol has read a byte, swapping its reader would lose it: refused."""
+    fresh = ClientProtocol(parse_uri("ws://127.0.0.1/"))
+    install_piece_reader(fresh)
+    assert isinstance(fresh.reader, PieceReader)
+    with pytest.raises(InvalidState):
+        install_piece_reader(fresh)  # not the library's reader any more
+    begun = ClientProtocol(parse_uri("ws://127.0.0.1/"))
+    begun.receive_data(b"HTTP/1.1 101")
+    with pytest.raises(InvalidState):
+        install_piece_reader(begun)
