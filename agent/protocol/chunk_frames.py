@@ -40,6 +40,7 @@ __all__ = ["split_chunk_frame"]
 
 _BUFFER: Final = b'"chunkData":{"type":"Buffer","data":['
 _BASE64: Final = b'"chunkData":{"type":"EncodedBuffer","data":"'
+_COMMON: Final = b'"chunkData":{"type":"'  # how both begin
 _SPLICES: Final[dict[ChunkForm, tuple[bytes, bytes, Any, Any]]] = {
     "buffer": (b"[]", b"[0]", {"type": "Buffer", "data": []}, {"type": "Buffer", "data": [0]}),
     "base64": (
@@ -57,10 +58,10 @@ def split_chunk_frame(frame: bytes, method: str) -> dict[str, Any] | None:
     `None` means the fast path does not apply: parse with orjson. Only frames whose `method`
     equals `method` are split.
     """
-    form: ChunkForm = "buffer"
-    start = frame.find(_BUFFER)
-    if start < 0:
-        form, start = "base64", frame.find(_BASE64)
+    found = _locate(frame)
+    if found is None:
+        return None
+    form, start = found
     if start <= 0 or frame[start - 1] == 0x5C:  # a backslash: the quote may be escaped
         return None
     if form == "buffer":
@@ -87,6 +88,31 @@ def split_chunk_frame(frame: bytes, method: str) -> dict[str, Any] | None:
             obj[side]["chunkData"] = RawChunk(form, view, len(frame))
             return obj
     return None
+
+
+def _locate(frame: bytes) -> tuple[ChunkForm, int] | None:
+    """Where the payload's pattern starts: the first Buffer-form one, else the first base64 one
+    (None: neither).
+
+    Found with one search for what both patterns begin with, which in a chunk frame stops
+    near its start: searching for the Buffer pattern first read a whole base64 frame in vain.
+    When that first start is a base64 pattern, a Buffer pattern can still only come after the
+    string's closing quote (the string holds no quote), so only the rest of the frame after it
+    is searched; anything unusual is searched for as the rule says."""
+    start = frame.find(_COMMON)
+    if start < 0:
+        return None
+    if frame.startswith(_BUFFER, start):
+        return "buffer", start
+    if frame.startswith(_BASE64, start):
+        close_at = frame.find(b'"', start + len(_BASE64))
+        if close_at >= 0 and frame.find(_BUFFER, close_at) < 0:
+            return "base64", start
+    start = frame.find(_BUFFER, start)
+    if start >= 0:
+        return "buffer", start
+    start = frame.find(_BASE64)
+    return None if start < 0 else ("base64", start)
 
 
 def _loads(text: bytes) -> dict[str, Any] | None:

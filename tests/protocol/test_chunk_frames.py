@@ -302,3 +302,32 @@ def test_unserialisable_payloads_still_raise_type_error() -> None:
     """The encoder's chunk hook refuses every other non-JSON type."""
     with pytest.raises(TypeError):
         encode_envelope(Envelope("m", request={"x": object()}))
+
+
+PIECES = [
+    b'"chunkData":{"type":"Buffer","data":[1,2]}',
+    b'"chunkData":{"type":"EncodedBuffer","data":"base64:AQI="}',
+    b'"chunkData":{"type":"Other","data":[1]}',
+    b'"chunkData":{"type":"',
+    b'"',
+    b"[",
+    b'{"a":1},',
+    b"x",
+]
+
+
+@settings(max_examples=500)
+@given(st.lists(st.sampled_from(PIECES), max_size=8))
+def test_the_payload_is_found_where_the_rule_says(pieces: list[bytes]) -> None:
+    """The payload's pattern is the first Buffer-form one, else the first base64 one, wherever
+    others lie around it (one search for their common start finds it in a chunk frame)."""
+    frame = b"".join(pieces)
+    buffer_at = frame.find(chunk_frames._BUFFER)
+    base64_at = frame.find(chunk_frames._BASE64)
+    if buffer_at >= 0:
+        want: tuple[str, int] | None = ("buffer", buffer_at)
+    elif base64_at >= 0:
+        want = ("base64", base64_at)
+    else:
+        want = None
+    assert chunk_frames._locate(frame) == want
