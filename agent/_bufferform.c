@@ -20,6 +20,11 @@
  *   the CPU has it) or `portable` (SSE2 or plain C); anything a kernel does not take goes to the
  *   general parser, so a kernel can only ever answer what that parser would.
  *
+ * decode_quick(buffer) -> bytes | None
+ *   The wide kernel alone, the GIL held, for a caller on the event loop: a canonical array's
+ *   bytes, else None (the caller then asks decode() in a worker thread); None on a CPU without
+ *   the wide kernel.
+ *
  * decode_with(buffer, kernel) -> bytes | None, kernels() -> tuple[str, ...]
  *   decode() on a named kernel; the kernels this CPU runs, the one decode() uses first (for the
  *   tests, which hold every kernel to the same answers, and the start-up line).
@@ -388,6 +393,40 @@ static PyObject *decode_with(PyObject *module, PyObject *const *args, Py_ssize_t
     return NULL;
 }
 
+/* The wide kernel alone, with the GIL held (it is called on the event loop, where a short
+ * decode costs less than handing it to a thread): the bytes of a canonical array, or None for
+ * anything else, and always None on a CPU without the wide kernel. Never the general parser:
+ * its time grows with what the peer sent, the wide kernel's stays a pass over the text. */
+static PyObject *decode_quick(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    if (!have_wide) Py_RETURN_NONE;
+#ifdef HAVE_WIDE
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *text = (const unsigned char *)view.buf;
+    Py_ssize_t bound = view.len / 2 + 1, written = -1;
+    PyObject *result = NULL;
+    if (view.len >= 3 && text[0] == '[' && text[view.len - 1] == ']') {
+        result = PyBytes_FromStringAndSize(NULL, bound);
+        if (result != NULL)
+            written = parse_canonical_wide(text + 1, text + view.len - 1,
+                                           (unsigned char *)PyBytes_AS_STRING(result), bound);
+    }
+    PyBuffer_Release(&view);
+    if (result == NULL && PyErr_Occurred()) return NULL;
+    if (written < 0) {
+        Py_XDECREF(result);
+        Py_RETURN_NONE;
+    }
+    if (_PyBytes_Resize(&result, written) < 0) return NULL;
+    return result;
+#else
+    (void)arg;
+    Py_RETURN_NONE;
+#endif
+}
+
 static PyObject *kernels(PyObject *module, PyObject *unused)
 {
     (void)module;
@@ -456,6 +495,9 @@ static PyMethodDef methods[] = {
     {"decode_with", (PyCFunction)(void (*)(void))decode_with, METH_FASTCALL,
      "decode_with(buffer, kernel) -> bytes | None: decode() with the named canonical kernel "
      "(one of kernels())."},
+    {"decode_quick", decode_quick, METH_O,
+     "decode_quick(buffer) -> bytes | None: the wide kernel alone, GIL held: the bytes of a "
+     "canonical array; None for anything else, or without the wide kernel."},
     {"kernels", kernels, METH_NOARGS,
      "kernels() -> tuple[str, ...]: the canonical kernels this CPU runs, the one decode() "
      "uses first."},

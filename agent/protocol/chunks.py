@@ -14,8 +14,9 @@ bytes; `"base64"` sends EncodedBuffer, which only a smartjson-parsing peer reviv
 Speed (bench/codec.py): a Buffer-form or base64 frame arriving as bytes has its payload cut out
 without parsing it (`chunk_frames`), as a `RawChunk` that `decode_chunk` turns into bytes later
 (`bytearrays`: native or pybase64) -- off the event loop, for a large chunk (the responder
-queues it undecoded; `agent.protocol.stream_responder`). Any other frame is parsed by orjson as a
-whole and `bytes(list)` builds the chunk.
+queues it undecoded; `agent.protocol.stream_responder`), unless a quick decoder takes it at
+once (`RawChunk.decode_quick`: the native wide kernel, pybase64). Any other frame is parsed by
+orjson as a whole and `bytes(list)` builds the chunk.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from agent.protocol.bytearrays import (
     decode_int_array,
     encode_base64,
     encode_int_array,
+    quick_base64,
+    quick_int_array,
 )
 
 __all__ = [
@@ -94,6 +97,16 @@ class RawChunk:
         if self.text[: len(_BASE64_PREFIX_BYTES)].tobytes() != _BASE64_PREFIX_BYTES:
             raise RemoteProtocolError("EncodedBuffer data lacks the base64: prefix")
         return decode_base64(self.text[len(_BASE64_PREFIX_BYTES) :])
+
+    def decode_quick(self) -> bytes | None:
+        """The bytes, when a quick decoder takes the payload at once (`quick_int_array`,
+        `quick_base64`: cheaper on the event loop than a hand-over to a worker thread); else
+        None, and `decode()` decides. Never another answer than `decode()`'s."""
+        if self.form == "buffer":
+            return quick_int_array(self.text)
+        if self.text[: len(_BASE64_PREFIX_BYTES)].tobytes() != _BASE64_PREFIX_BYTES:
+            return None
+        return quick_base64(self.text[len(_BASE64_PREFIX_BYTES) :])
 
 
 class EncodedChunk:

@@ -7,9 +7,9 @@ happened. A driver acts on each; none of them gives access to the connection's i
   whoever waits on it asks again (`take`, `can_write`). Two in a row for one stream are one.
 - `StreamEnded` / `StreamBroke`: a stream is over, through its closing bit or broken (and
   why); once per stream. `Connection.stream_outcome()` answers the same afterwards.
-- `ChunkToDecode`: a received chunk was queued undecoded; decode its `token` (`decode()`, pure,
-  best in a worker thread) and hand the bytes or the `RemoteProtocolError` back with
-  `Connection.settle_chunk`.
+- `ChunkToDecode`: a received chunk was queued undecoded; decode its `token` (`decode_quick()`
+  on the spot, else `decode()`, pure, best in a worker thread) and hand the bytes or the
+  `RemoteProtocolError` back with `Connection.settle_chunk`.
 """
 
 from __future__ import annotations
@@ -78,6 +78,11 @@ class ChunkToken(Protocol):
     def decode(self) -> bytes:
         """The chunk's bytes (pure, safe in a worker thread); `RemoteProtocolError` when it is
         no chunk."""
+        ...
+
+    def decode_quick(self) -> bytes | None:
+        """The chunk's bytes when a quick decoder takes them at once (cheap enough for the
+        event loop), else None: `decode()` decides."""
         ...
 
 

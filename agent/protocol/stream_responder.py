@@ -103,6 +103,11 @@ class PendingChunk:
             raise RemoteProtocolError("the chunk was dropped before it was decoded")
         return raw.decode()
 
+    def decode_quick(self) -> bytes | None:
+        """The bytes if a quick decoder takes them at once (`RawChunk.decode_quick`, fit for
+        the event loop), else None: `decode()` in a worker thread."""
+        return None if self.raw is None else self.raw.decode_quick()
+
 
 Item = bytes | Closing | PendingChunk
 

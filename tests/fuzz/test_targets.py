@@ -9,7 +9,8 @@ with a few examples each, so a broken target fails the suite. What each one hold
 - `test_native_decoder_agrees_with_json`: on generated, mutated, hostile and large arrays the
   native decoder answers None or JSON's bytes (the stdlib `json` + `bytes()`), whatever lies
   after the text it was handed (a view into a larger buffer, as the frame splitter hands it),
-  and each of its canonical kernels the CPU runs (`kernels()`) answers the same;
+  each of its canonical kernels the CPU runs (`kernels()`) answers the same, and its quick
+  decoder (`decode_quick`, the wide kernel alone) answers None or the same;
   the pure path and the chosen decoder give JSON's verdict. `scripts/fuzz` runs it against a
   copy of the extension built with AddressSanitizer and UBSan when gcc is there
   (`AGENT_FUZZ_NATIVE` names that build), so an out-of-bounds read fails the run too.
@@ -98,6 +99,8 @@ def test_native_decoder_agrees_with_json(text: bytes, after: bytes) -> None:
         assert NATIVE.decode(memoryview(text + after)[: len(text)]) == got
         for kernel in NATIVE.kernels():  # each canonical kernel this CPU runs: the same answer
             assert NATIVE.decode_with(bytearray(text), kernel) == got
+        quick = NATIVE.decode_quick(bytearray(text))  # the wide kernel alone, for the loop
+        assert quick is None or quick == got
         if got is not None:
             assert NATIVE.decode(NATIVE.encode(got)) == got
     EXAMPLES["native-decoder"] += 1

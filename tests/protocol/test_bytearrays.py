@@ -21,12 +21,15 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from agent.errors import RemoteProtocolError
 from agent.protocol import bytearrays
 from agent.protocol.bytearrays import (
+    QUICK_MAX_CHARS,
     codec_backends,
     decode_base64,
     decode_int_array,
     encode_base64,
     encode_int_array,
     pure_int_array,
+    quick_base64,
+    quick_int_array,
 )
 from tests.protocol._arrays import (
     ALPHABET,
@@ -394,3 +397,59 @@ def test_the_fallback_paths_give_the_same_verdicts(
              b"[01]", b"[1.0]", b"[1,]", b"[]", b"[1", b"[-0]"]  # fmt: skip
     for text in texts:
         assert combined(text) == pure(text)
+
+
+class TestQuick:
+    """The quick decoders (for the event loop) answer None or exactly what the full decoders
+    answer, and take the common case: a canonical array on the wide kernel, valid base64."""
+
+    @settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        st.one_of(
+            mutated_arrays(),
+            near_canonical_arrays(),
+            comma_digit_runs(),
+            spaced_arrays().map(lambda c: c[0]),
+            st.binary(max_size=40),
+        )
+    )
+    def test_the_quick_array_decoder_answers_none_or_the_verdict(self, text: bytes) -> None:
+        got = quick_int_array(text)
+        assert got is None or got == combined(text)
+        if native is not None:
+            assert native.decode_quick(bytearray(text)) == got
+
+    @given(st.binary(min_size=1, max_size=5000))
+    def test_a_canonical_array_is_taken_on_the_wide_kernel(self, data: bytes) -> None:
+        got = quick_int_array(orjson.dumps(list(data)))
+        if codec_backends()["buffer_kernel"] == "wide":
+            assert got == data
+        else:
+            assert got is None  # decoding stays in a worker thread
+
+    def test_whitespace_and_json_literals_are_left_to_the_full_decoder(self) -> None:
+        for text in (b"[1, 2]", b" [1]", b"[true]", b"[-0]", b"[]", b"[1]\n"):
+            assert quick_int_array(text) is None
+            assert decode_int_array(text) == pure(text)
+
+    def test_a_payload_above_the_bound_is_left_to_the_full_decoder(self) -> None:
+        values = QUICK_MAX_CHARS // 2 + 1
+        text = b"[" + b"7," * (values - 1) + b"7]"
+        assert len(text) > QUICK_MAX_CHARS
+        assert quick_int_array(text) is None
+        assert quick_int_array(text[: QUICK_MAX_CHARS - 1] + b"]") in (
+            None,
+            bytes([7]) * (QUICK_MAX_CHARS // 2 - 1),
+        )
+        assert quick_base64(b"A" * (QUICK_MAX_CHARS + 4)) is None
+
+    @settings(max_examples=300)
+    @given(st.one_of(st.sampled_from(B64_EDGES), st.binary(max_size=60)))
+    def test_the_quick_base64_decoder_answers_none_or_the_verdict(self, text: bytes) -> None:
+        got = quick_base64(text)
+        assert got is None or got == binascii_verdict(text)
+
+    @given(st.binary(max_size=5000))
+    def test_valid_base64_is_taken(self, data: bytes) -> None:
+        if codec_backends()["base64"] == "pybase64-c":
+            assert quick_base64(encode_base64(data)) == data

@@ -13,6 +13,7 @@ import pytest
 
 from agent.contracts.base import StreamMarker, WireModel
 from agent.errors import SessionClosed, StreamBroken
+from agent.protocol.bytearrays import codec_backends
 from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import ByteSink, RequestContext, Route, Routes
 from agent.session.peer import Peer
@@ -333,3 +334,68 @@ async def test_a_handler_that_fails_mid_stream_leaves_no_wakeup_behind() -> None
             with contextlib.suppress(StreamBroken):
                 await sink.abort()
         assert right._signals == {}
+
+
+@pytest.mark.parametrize("form", ["buffer", "base64"])
+async def test_a_chunk_a_quick_decoder_takes_is_decoded_without_a_thread(
+    monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    """Pipelined chunks the quick decoders take (a canonical array on the wide kernel, valid
+    base64) are decoded in the peer's task: no worker thread is asked, and the bytes arrive
+    intact; where the CPU has no wide kernel the Buffer form goes to a thread as before."""
+    handed: list[object] = []
+    to_thread = asyncio.to_thread
+
+    async def counting(func: Any, /, *args: Any) -> Any:
+        handed.append(func)
+        return await to_thread(func, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting)
+    payload = pattern(8 * 256 * 1024)
+    digests: list[str] = []
+    settings = ConnectionSettings(streams=StreamSettings(chunk_form=form, inline_decode_max=0))
+    async with peers(Routes(), upload_router(digests), settings) as (left, _, _, _):
+        assert await upload(left, payload, 256 * 1024) == {"size": len(payload)}
+    assert digests == [hashlib.sha256(payload).hexdigest()]
+    decodes = [f for f in handed if getattr(f, "__name__", "") == "decode"]
+    quick = form == "base64" or codec_backends()["buffer_kernel"] == "wide"
+    assert len(decodes) == (0 if quick else 8)
+
+
+async def test_a_chunk_the_quick_decoder_leaves_is_decoded_in_a_thread() -> None:
+    """A valid array the wide kernel does not read (whitespace in it) still decodes: the
+    worker thread's decoder decides."""
+    ours, theirs = transport_pair()
+    digests: list[str] = []
+    settings = ConnectionSettings(streams=StreamSettings(inline_decode_max=0))
+    peer = Peer(ours, upload_router(digests), settings=settings)
+    run = asyncio.create_task(peer.run())
+    chunk = b'{"type":"Buffer","data":[1, 2, 3]}'
+    try:
+        await theirs.send(
+            b'{"method":"upload","request":{"data":{"_isVirtualStream":true,"streamId":"s1"}},'
+            b'"response":null,"correlation":{"id":"c1","phase":"request"}}'
+        )
+        for cycle, purpose, tail in [
+            ("k1", "chunk", b',"chunkData":' + chunk),
+            ("k2", "chunk", b',"chunkData":"' + b"#" * 13 + b"CLOSING BIT" + b"#" * 13 + b'"'),
+        ]:
+            await theirs.send(
+                b'{"method":"##VirtualStream##","request":{"streamId":"s1","cycleId":"'
+                + cycle.encode()
+                + b'","cycle":"request","mainPurpose":"'
+                + purpose.encode()
+                + b'"'
+                + tail
+                + b'},"response":null}'
+            )
+        while True:
+            frame = orjson.loads(await theirs.recv())
+            if frame["method"] == "upload":
+                break
+        assert frame["response"] == {"size": 3}
+        assert digests == [hashlib.sha256(b"\x01\x02\x03").hexdigest()]
+    finally:
+        theirs.close()
+        with pytest.raises(SessionClosed):
+            await run
