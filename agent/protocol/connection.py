@@ -108,7 +108,7 @@ from agent.protocol.receive_budget import ReceiveBudget
 from agent.protocol.settings import ConnectionSettings, StreamSettings
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 from agent.protocol.stream_registry import StreamRegistry
-from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role
+from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role, StreamAnswer
 
 __all__ = [
     "MAX_CHUNK",
@@ -267,9 +267,8 @@ class Connection:
         for call in self._calls.due_resends(now):
             log.info("call_resent", method=call.method, attempt=call.sends)
             self._outbox.append(call.wire)
-        for stream_id, answer in self._streams.expire(now):
-            if answer is not None:
-                self._outbox.append(encode_envelope(answer))
+        for stream_id, answers in self._streams.expire(now):
+            self._outbox.extend(encode_envelope(answer.envelope) for answer in answers)
             responder = self._streams.responders.get(stream_id)
             if responder is None:
                 continue  # finished and forgotten: it was over, and said so, before
@@ -352,7 +351,7 @@ class Connection:
         stream = self._streams.responders.get(stream_id)
         if stream is None:  # pragma: no cover - kept with its request
             raise StreamBroken(f"stream {stream_id} is gone")
-        stream.held = False
+        stream.read_now()
 
     def hold_request_stream(self, request_id: int, stream_id: str) -> None:
         """Stream `stream_id` of request `request_id` will be read later: until its handler
@@ -367,7 +366,7 @@ class Connection:
             )
         stream = self._streams.responders.get(stream_id)
         if stream is not None:
-            stream.held = True
+            stream.hold()
 
     def open_reply_stream(self, request_id: int, now: float) -> str:
         """A new stream for the response of request `request_id`, which we will answer `read`
@@ -445,7 +444,7 @@ class Connection:
         self._check_open()
         stream = self._live(stream_id)
         if isinstance(stream, ResponderStream):
-            self._send_answer(stream.close())
+            self._send_replies(stream.close())
         else:
             stream.close()
             self._pump(stream, now)
@@ -531,7 +530,7 @@ class Connection:
 
     def _write(self, stream: _Stream, piece: bytes | bytearray | memoryview, now: float) -> None:
         if isinstance(stream, ResponderStream):
-            self._send_answer(stream.offer(piece))
+            self._send_replies(stream.offer(piece))
         else:
             stream.write(piece)
             self._pump(stream, now)
@@ -548,12 +547,13 @@ class Connection:
         if not (type(last) is StreamChanged and last.stream_id == stream.stream_id):
             events.append(StreamChanged(stream.stream_id))
 
-    def _send_answer(self, answer: Envelope | None) -> None:
-        if answer is not None and self._closed is None:
-            self._outbox.append(encode_envelope(answer))
+    def _send_replies(self, answers: list[StreamAnswer]) -> None:
+        """Answers that invite nothing (to `read`s, on a stream we send), in order."""
+        if self._closed is None:
+            self._outbox.extend(encode_envelope(answer.envelope) for answer in answers)
 
     def _abort_responder(self, stream: ResponderStream, reason: str, now: float) -> None:
-        self._send_answer(stream.abort(reason, now))
+        self._send_replies(stream.abort(reason, now))
         self._touch(stream)
 
     def _release(self, stream: ResponderStream, now: float) -> None:
@@ -564,25 +564,15 @@ class Connection:
             self._answer_stream(stream, answer, now)
         if stream.done:
             self._send_answers(self._budget.forget(stream.stream_id, now))
-        if stream.received:
-            self._events.extend(ChunkToDecode(stream.stream_id, c) for c in stream.received)
-            stream.received.clear()
+        self._events.extend(ChunkToDecode(stream.stream_id, c) for c in stream.take_to_decode())
 
-    def _answer_stream(self, stream: ResponderStream, answer: Envelope, now: float) -> None:
+    def _answer_stream(self, stream: ResponderStream, answer: StreamAnswer, now: float) -> None:
         """Send an answer on a stream we answer for; one that invites the initiator's next
         chunk waits for room in the connection's receive budget (`receive_budget`)."""
-        package = answer.response
-        inviting = (
-            stream.role is Role.RECEIVE
-            and not stream.done
-            and isinstance(package, dict)
-            and package.get("mainPurpose") == "feedback"
-            and package.get("backpressure") is False
-        )
-        if inviting:
-            self._send_answers(self._budget.admit(stream.stream_id, answer, now))
+        if answer.invites:
+            self._send_answers(self._budget.admit(stream.stream_id, answer.envelope, now))
         else:
-            self._outbox.append(encode_envelope(answer))
+            self._outbox.append(encode_envelope(answer.envelope))
 
     def _send_answers(self, answers: list[Envelope]) -> None:
         self._outbox.extend(encode_envelope(answer) for answer in answers)
@@ -677,7 +667,7 @@ class Connection:
             if responder is not None:
                 self._answer_stream(responder, result.reply, now)
             else:
-                self._outbox.append(encode_envelope(result.reply))
+                self._outbox.append(encode_envelope(result.reply.envelope))
         if result.stream_id is None:
             return
         if responder is not None:

@@ -36,7 +36,7 @@ from agent.protocol.envelope import Envelope
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
 from agent.protocol.stream_initiator import InitiatorStream
-from agent.protocol.stream_responder import ResponderStream, Role
+from agent.protocol.stream_responder import ResponderStream, Role, StreamAnswer
 
 __all__ = ["ECHO_MEMORY", "OVER_MEMORY", "FrameResult", "StreamRegistry"]
 
@@ -48,9 +48,9 @@ OVER_MEMORY: Final = 1024
 
 @dataclass(frozen=True, slots=True)
 class FrameResult:
-    """What an incoming stream frame did: a reply to send, and the stream it touched."""
+    """What an incoming stream frame did: an answer to send, and the stream it touched."""
 
-    reply: Envelope | None = None
+    reply: StreamAnswer | None = None
     stream_id: str | None = None
     dropped: str = ""  # why the frame was dropped (for the log), empty if it was not
 
@@ -134,7 +134,7 @@ class StreamRegistry:
         # The package as we read it, without its payload: the echo is JSON whatever the frame
         # carried (an undecoded chunk cut out of it is no JSON we vouch for).
         echo = Envelope(env.method, package.echo(), None, is_reply=True)
-        return FrameResult(reply=echo, dropped="unknown stream, echoed once")
+        return FrameResult(reply=StreamAnswer(echo), dropped="unknown stream, echoed once")
 
     def _on_answer(self, env: Envelope, now: float) -> FrameResult:
         try:
@@ -155,15 +155,15 @@ class StreamRegistry:
             self._cycles[package.cycle_id] = stream.stream_id
         return [stream_frame(package) for package in frames]
 
-    def expire(self, now: float) -> list[tuple[str, Envelope | None]]:
-        """Apply the clock to responder streams: `(stream id, answer to send or None)` per
-        stream that changed. Finished registrations are removed after a linger period."""
-        changed: list[tuple[str, Envelope | None]] = []
+    def expire(self, now: float) -> list[tuple[str, list[StreamAnswer]]]:
+        """Apply the clock to responder streams: `(stream id, answers to send)` per stream that
+        changed. Finished registrations are removed after a linger period."""
+        changed: list[tuple[str, list[StreamAnswer]]] = []
         for stream in list(self.responders.values()):
             before = stream.state
-            answer = stream.expire(now)
-            if answer is not None or stream.state is not before:
-                changed.append((stream.stream_id, answer))
+            answers = stream.expire(now)
+            if answers or stream.state is not before:
+                changed.append((stream.stream_id, answers))
             if stream.finished(now):
                 del self.responders[stream.stream_id]
                 self._remember(stream)

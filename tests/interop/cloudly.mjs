@@ -151,13 +151,13 @@ function applyOverride(method) {
   return o.response ?? {};
 }
 
-function receiveStreams(method, request, peer, meta = {}) {
+function receiveStreams(method, request, peer, meta = {}, options = {}) {
   const found = streamFields(request);
   if (found.length === 0) throw new TypedResponseError('no VirtualStream in request', { code: 'invalid-request' });
   return found.map(({ field, stream }) => {
     const record = { conn: peer.id, method, field, streamId: stream.streamId, status: 'open', bytes: 0, meta };
     state.streams.push(record);
-    const done = drainStream(stream, record, peer.closedPromise).then(() => {
+    const done = drainStream(stream, record, peer.closedPromise, options).then(() => {
       waiters.notify();
       return record;
     });
@@ -207,10 +207,12 @@ function installHandlers(router, peer) {
     throw new Error('plain exception inside the handler');
   });
   serve('uploadStream', async (request) => {
-    const [first] = receiveStreams('uploadStream', request, peer);
+    const readDelayMs = Number(request.readDelayMs ?? 0);
+    const [first] = receiveStreams('uploadStream', request, peer, {}, { readDelayMs });
     if (request.replyWhen === 'start') return { accepted: true, streamId: first.record.streamId };
     const r = await first.done;
-    return { field: r.field, status: r.status, bytes: r.bytes, chunks: r.chunks, sha256: r.sha256 };
+    const answer = { field: r.field, status: r.status, bytes: r.bytes, chunks: r.chunks, sha256: r.sha256 };
+    return readDelayMs > 0 ? { ...answer, maxQueued: r.maxQueued } : answer;
   });
   serve('backupServiceDatabaseClosure', async (request) => {
     const { backupId, serviceId, nodeId, descriptor } = request;

@@ -17,10 +17,16 @@ from agent.protocol.stream_responder import Role
 WINDOW = 2
 
 
-def initiator(role: Role, *, armed: bool = True) -> InitiatorStream:
+def initiator(
+    role: Role, *, armed: bool = True, window: int = WINDOW, window_bytes: int = 1 << 20
+) -> InitiatorStream:
     numbers = count(1)
     settings = StreamSettings(
-        window=WINDOW, park_timeout=1.0, idle_timeout=10.0, probe_interval=0.05
+        window=window,
+        window_bytes=window_bytes,
+        park_timeout=1.0,
+        idle_timeout=10.0,
+        probe_interval=0.05,
     )
     stream = InitiatorStream("s1", role, settings, new_id=lambda: f"k{next(numbers)}")
     if armed:
@@ -39,6 +45,10 @@ def by_purpose(frames: list[StreamPackage], purpose: str) -> StreamPackage:
     return found
 
 
+def all_of(frames: list[StreamPackage], purpose: str) -> list[StreamPackage]:
+    return [f for f in frames if f.main_purpose == purpose]
+
+
 def test_pending_stream_sends_nothing_until_armed() -> None:
     """Frames must not overtake the request carrying the marker."""
     stream = initiator(Role.SEND, armed=False)
@@ -49,36 +59,104 @@ def test_pending_stream_sends_nothing_until_armed() -> None:
 
 
 def test_chunk_frame_carries_the_buffer_form_and_next() -> None:
-    """A chunk frame holds chunkData in Buffer form and next = more queued."""
+    """A chunk frame holds chunkData in Buffer form and next = more queued after it."""
     stream = initiator(Role.SEND)
     stream.write(b"a")
     stream.write(b"b")
-    sent = by_purpose(stream.poll(0.0), "chunk")
-    assert (sent.chunk_data, sent.next) == (encode_chunk(b"a"), True)
+    first, second = all_of(stream.poll(0.0), "chunk")
+    assert (first.chunk_data, first.next) == (encode_chunk(b"a"), True)
+    assert (second.chunk_data, second.next) == (encode_chunk(b"b"), False)
 
 
-def test_one_data_cycle_is_in_flight_at_a_time() -> None:
-    """No second chunk goes out before the first is answered."""
-    stream = initiator(Role.SEND)
-    stream.write(b"a")
-    stream.write(b"b")
-    first = by_purpose(stream.poll(0.0), "chunk")
+def test_a_window_of_chunks_goes_out_without_waiting_for_answers() -> None:
+    """Up to `window` chunks are in flight at once; the next goes when an answer frees a place
+    (typedrequest 3.3.0 waits for each answer: one chunk per round trip)."""
+    stream = initiator(Role.SEND, window=3)
+    for data in (b"1", b"2", b"3"):
+        stream.write(data)
+    sent = all_of(stream.poll(0.0), "chunk")
+    assert [f.chunk_data for f in sent] == [encode_chunk(d) for d in (b"1", b"2", b"3")]
+    stream.write(b"4")
     assert stream.poll(0.1) == []
+    stream.on_reply(sent[0].cycle_id, answer(sent[0]), 0.1)
+    assert by_purpose(stream.poll(0.1), "chunk").chunk_data == encode_chunk(b"4")
+    assert stream.in_flight == 3
+
+
+def test_the_payload_in_flight_is_bounded_by_window_bytes() -> None:
+    """Chunks in flight carry at most `window_bytes` of payload together (the first always
+    goes, however large)."""
+    stream = initiator(Role.SEND, window=8, window_bytes=250)
+    for _ in range(4):
+        stream.write(bytes(100))
+    first, _ = all_of(stream.poll(0.0), "chunk")
+    assert stream.poll(0.0) == []
     stream.on_reply(first.cycle_id, answer(first), 0.1)
-    assert by_purpose(stream.poll(0.1), "chunk").chunk_data == encode_chunk(b"b")
+    assert len(all_of(stream.poll(0.1), "chunk")) == 1
+    lone = initiator(Role.SEND, window=8, window_bytes=10)
+    lone.write(bytes(100))
+    assert len(all_of(lone.poll(0.0), "chunk")) == 1
 
 
-def test_backpressure_pauses_then_probes_with_feedback() -> None:
-    """After backpressure true the next data frame is a feedback probe, one interval later."""
+def test_backpressure_stops_new_chunks_until_an_answer_says_false() -> None:
+    """A backpressure answer stops the sender; an answer in flight that says false resumes it."""
     stream = initiator(Role.SEND)
     stream.write(b"a")
     stream.write(b"b")
+    first, second = all_of(stream.poll(0.0), "chunk")
+    stream.write(b"c")
+    stream.on_reply(first.cycle_id, answer(first, backpressure=True), 0.1)
+    assert stream.poll(0.2) == []  # paused, and the answer in flight will tell more
+    stream.on_reply(second.cycle_id, answer(second), 0.2)
+    assert by_purpose(stream.poll(0.2), "chunk").chunk_data == encode_chunk(b"c")
+
+
+def test_backpressure_with_nothing_in_flight_probes_with_feedback() -> None:
+    """Paused with nothing in flight: one feedback probe per probe interval, then data again."""
+    stream = initiator(Role.SEND, window=1)
+    stream.write(b"a")
     first = by_purpose(stream.poll(0.0), "chunk")
+    stream.write(b"b")
     stream.on_reply(first.cycle_id, answer(first, backpressure=True), 0.1)
     assert stream.poll(0.12) == []
+    assert stream.next_wakeup() == pytest.approx(0.15)
     probe = by_purpose(stream.poll(0.16), "feedback")
-    stream.on_reply(probe.cycle_id, answer(probe), 0.17)
-    assert by_purpose(stream.poll(0.17), "chunk").chunk_data == encode_chunk(b"b")
+    assert stream.poll(0.3) == []  # one probe in flight at a time
+    stream.on_reply(probe.cycle_id, answer(probe), 0.3)
+    assert by_purpose(stream.poll(0.3), "chunk").chunk_data == encode_chunk(b"b")
+
+
+def test_a_typedrequest_responder_queue_holds_at_most_window_plus_16_chunks() -> None:
+    """Against typedrequest 3.3.0's responder (`handleStreamTr`: every chunk is pushed into a
+    16-item queue that never refuses, and the answer says backpressure once it is full), over
+    a link of 10 ms each way, whose reader keeps up with 40 chunks and then stops reading
+    while a window is in flight: the sender stops, and the queue holds at most window + 16."""
+    window, delay = 16, 0.01
+    stream = initiator(Role.SEND, window=window)
+    queue: list[bytes] = []
+    to_responder: list[tuple[float, StreamPackage]] = []  # (arrival, frame), in order
+    to_us: list[tuple[float, StreamPackage, StreamPackage]] = []  # (arrival, frame, answer)
+    now, arrived = 0.0, 0
+    for _ in range(2000):
+        while stream.has_space():
+            stream.write(b"x")
+        to_responder += [
+            (now + delay, f) for f in stream.poll(now) if f.main_purpose != "keepAlive"
+        ]
+        while to_responder and to_responder[0][0] <= now:
+            _, frame = to_responder.pop(0)
+            if frame.main_purpose == "chunk":
+                arrived += 1
+                if arrived > 40:  # the reader kept up with the first 40, then stopped
+                    queue.append(b"x")
+            to_us.append((now + delay, frame, answer(frame, backpressure=len(queue) >= 16)))
+            assert len(queue) <= window + 16
+        while to_us and to_us[0][0] <= now:
+            _, frame, reply = to_us.pop(0)
+            stream.on_reply(frame.cycle_id, reply, now)
+        now += 0.001
+    assert len(queue) > 16  # the window was in flight when the queue filled
+    assert stream.state is InitiatorState.OPEN
 
 
 def test_write_on_a_full_queue_raises_and_changes_nothing() -> None:
@@ -90,7 +168,7 @@ def test_write_on_a_full_queue_raises_and_changes_nothing() -> None:
     with pytest.raises(InvalidState):
         stream.write(b"3")
     stream.arm(0.0)
-    assert by_purpose(stream.poll(0.0), "chunk").chunk_data == encode_chunk(b"1")
+    assert all_of(stream.poll(0.0), "chunk")[0].chunk_data == encode_chunk(b"1")
 
 
 def test_acknowledged_closing_bit_ends_the_stream_and_says_farewell_once() -> None:
@@ -103,6 +181,7 @@ def test_acknowledged_closing_bit_ends_the_stream_and_says_farewell_once() -> No
     assert stream.state is InitiatorState.ENDED
     farewell = stream.poll(0.1)
     assert [(f.main_purpose, f.keep_alive) for f in farewell] == [("keepAlive", False)]
+    assert (stream.state, stream.broken) == (InitiatorState.OVER, False)
     assert stream.poll(0.2) == []
 
 
@@ -124,7 +203,7 @@ def test_no_answer_within_the_idle_timeout_breaks_the_stream() -> None:
     stream.poll(10.0)
     before = stream.state
     stream.poll(10.01)
-    assert (before, stream.state) == (InitiatorState.OPEN, InitiatorState.BROKEN)
+    assert (before, stream.broken) == (InitiatorState.OPEN, True)
     with pytest.raises(StreamBroken, match="no answer"):
         stream.write(b"x")
 
@@ -178,6 +257,43 @@ def test_reader_reads_while_its_window_has_room() -> None:
     assert [f.main_purpose for f in stream.poll(0.0)] == []
     assert stream.take() == b"a"
     assert by_purpose(stream.poll(0.0), "read").main_purpose == "read"
+
+
+def test_a_reader_keeps_a_window_of_reads_in_flight_once_a_chunk_came() -> None:
+    """RECEIVE: one read until the first chunk; then as many as the window has room for, each
+    answer's chunk queued in the order the answers come."""
+    stream = initiator(Role.RECEIVE, window=4)
+    first = by_purpose(stream.poll(0.0), "read")
+    assert stream.poll(0.0) == []
+    stream.on_reply(first.cycle_id, answer(first, chunk_data=encode_chunk(b"a"), next=True), 0.1)
+    reads = all_of(stream.poll(0.1), "read")
+    assert len(reads) == 3  # the window less the chunk waiting to be taken
+    for read, data in zip(reads, (b"b", b"c", b"d"), strict=True):
+        stream.on_reply(read.cycle_id, answer(read, chunk_data=encode_chunk(data)), 0.2)
+    assert [stream.take() for _ in range(4)] == [b"a", b"b", b"c", b"d"]
+
+
+def test_an_empty_read_answer_drops_the_reader_to_one_read() -> None:
+    """A responder with nothing to send is asked once per answer, not a window's worth."""
+    stream = initiator(Role.RECEIVE, window=4)
+    first = by_purpose(stream.poll(0.0), "read")
+    stream.on_reply(first.cycle_id, answer(first, chunk_data=encode_chunk(b"a")), 0.1)
+    assert stream.take() == b"a"
+    reads = all_of(stream.poll(0.1), "read")
+    assert len(reads) == 4
+    stream.on_reply(reads[0].cycle_id, answer(reads[0], next=True), 0.2)
+    for read in reads[1:]:
+        stream.on_reply(read.cycle_id, answer(read, next=True), 0.2)
+    assert len(all_of(stream.poll(0.2), "read")) == 1
+
+
+def test_reads_in_flight_are_bounded_by_window_bytes() -> None:
+    """Each read in flight counts as the largest chunk seen: queued bytes plus the reads in
+    flight stay below `window_bytes`."""
+    stream = initiator(Role.RECEIVE, window=16, window_bytes=350)
+    first = by_purpose(stream.poll(0.0), "read")
+    stream.on_reply(first.cycle_id, answer(first, chunk_data=encode_chunk(bytes(100))), 0.1)
+    assert len(all_of(stream.poll(0.1), "read")) == 3  # 100 + 2 x 100 in flight < 350: one more
 
 
 def test_empty_read_answer_without_next_waits_one_probe_interval() -> None:
