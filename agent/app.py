@@ -204,7 +204,7 @@ async def run(
             clients=clients,
             cluster_view=lambda: session.cluster_view,
             cloudly=lambda: session,  # read by a job, when the session exists
-            settings=RelaySettings.from_config(corestore),
+            settings=RelaySettings.from_config(corestore, config.cloudly),
             transfers=transfers,
         )
         routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())

@@ -107,7 +107,7 @@ from agent.protocol.markers import find_stream_ids
 from agent.protocol.receive_budget import ReceiveBudget
 from agent.protocol.settings import ConnectionSettings, StreamSettings
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
-from agent.protocol.stream_registry import StreamRegistry
+from agent.protocol.stream_registry import StreamRegistry, outcome_of
 from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role, StreamAnswer
 
 __all__ = [
@@ -227,12 +227,11 @@ class Connection:
         if stream is not None:
             if not stream.done:
                 return None
-            return _outcome(stream)
+            return outcome_of(stream)
         past = self._streams.past(stream_id)
         if past is None:
             return StreamBroke(stream_id, "the connection knows no such stream")
-        reason, not_served = past
-        return StreamBroke(stream_id, reason, not_served) if reason else StreamEnded(stream_id)
+        return past
 
     # --- what goes in: frames, the transport's end and time ------------------------------------
 
@@ -381,8 +380,11 @@ class Connection:
 
     # --- calls we make ---------------------------------------------------------------------------
 
-    def call(self, method: str, request: Mapping[str, Any], *, now: float, timeout: float) -> str:
-        """Queue a call of `method`; returns its id (its outcome arrives as an event).
+    def call(
+        self, method: str, request: Mapping[str, Any], *, now: float, timeout: float | None
+    ) -> str:
+        """Queue a call of `method`; returns its id (its outcome arrives as an event). `timeout`
+        None: no deadline here; the caller bounds the call (`CallTable.start`).
 
         Streams we opened with `open_send_stream()` whose markers are in `request` start once
         the request is queued (their frames queue after it). Raises `TypeError` when `request`
@@ -524,9 +526,9 @@ class Connection:
         past = self._streams.past(stream_id)
         if past is None:
             raise StreamBroken(f"stream {stream_id} broke: the stream is gone")
-        if not past[0]:
+        if isinstance(past, StreamEnded):
             raise InvalidState(f"stream {stream_id} is over")
-        raise StreamBroke(stream_id, *past).error()
+        raise past.error()
 
     def _write(self, stream: _Stream, piece: bytes | bytearray | memoryview, now: float) -> None:
         if isinstance(stream, ResponderStream):
@@ -540,7 +542,7 @@ class Connection:
         it changed (two in a row are one)."""
         if stream.done and not stream.end_reported:
             stream.end_reported = True
-            self._events.append(_outcome(stream))
+            self._events.append(outcome_of(stream))
             return
         events = self._events
         last = events[-1] if events else None
@@ -678,10 +680,3 @@ class Connection:
         if initiator is not None:
             self._touch(initiator)
             self._pump(initiator, now)
-
-
-def _outcome(stream: _Stream) -> StreamEnded | StreamBroke:
-    """How `stream`, being over, ended."""
-    if stream.broken:
-        return StreamBroke(stream.stream_id, stream.broken_reason, stream.not_served)
-    return StreamEnded(stream.stream_id)

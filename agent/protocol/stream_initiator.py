@@ -46,8 +46,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from agent.errors import InvalidState, RemoteProtocolError, StreamBroken, StreamNotServed
+from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
 from agent.protocol.chunks import CLOSING, ChunkForm, Closing, decode_chunk, encode_chunk
+from agent.protocol.events import broken_error
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage
 from agent.protocol.stream_responder import Role
@@ -125,6 +126,7 @@ class InitiatorStream:
         self.state = InitiatorState.PENDING
         self.broken_reason = ""  # why it broke; empty while it has not
         self.not_served = False  # broken because the peer echoed our frame: it serves no `read`
+        self.malformed = False  # broken at a chunk that does not decode
         self._window = settings.window
         self._window_bytes = settings.window_bytes
         self._interval = settings.park_timeout
@@ -336,6 +338,7 @@ class InitiatorStream:
             item = decode_chunk(package.chunk_data)
         except RemoteProtocolError as exc:
             self._break(f"undecodable chunk: {exc}")
+            self.malformed = True
             return
         self._queue.append(item)
         self._not_before = 0.0
@@ -429,8 +432,7 @@ class InitiatorStream:
         self.state = INITIATOR_TABLE.next(self.state, event, stream_id=self.stream_id)
 
     def _broken_error(self) -> StreamBroken:
-        kind = StreamNotServed if self.not_served else StreamBroken
-        return kind(f"stream {self.stream_id} broke: {self.broken_reason}")
+        return broken_error(self.stream_id, self.broken_reason, self.not_served, self.malformed)
 
     def _break(self, reason: str) -> None:
         self._move(InitiatorEvent.BREAK)

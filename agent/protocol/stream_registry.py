@@ -33,12 +33,13 @@ from typing import Final
 
 from agent.errors import InvalidState, RemoteProtocolError
 from agent.protocol.envelope import Envelope
+from agent.protocol.events import StreamBroke, StreamEnded
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
 from agent.protocol.stream_initiator import InitiatorStream
 from agent.protocol.stream_responder import ResponderStream, Role, StreamAnswer
 
-__all__ = ["ECHO_MEMORY", "OVER_MEMORY", "FrameResult", "StreamRegistry"]
+__all__ = ["ECHO_MEMORY", "OVER_MEMORY", "FrameResult", "StreamRegistry", "outcome_of"]
 
 ECHO_MEMORY: Final = 1024
 # How many forgotten streams' outcomes are remembered, so that a late local call on one (a
@@ -65,23 +66,20 @@ class StreamRegistry:
     initiators: dict[str, InitiatorStream] = field(default_factory=dict)
     _cycles: dict[str, str] = field(default_factory=dict)  # cycle id -> initiator stream id
     _echoed: dict[str, None] = field(default_factory=dict)  # cycle ids we echoed, oldest first
-    # forgotten id -> (why it broke, "" if it ended; whether the peer served it not at all)
-    _over: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    # forgotten id -> how it ended
+    _over: dict[str, StreamEnded | StreamBroke] = field(default_factory=dict)
 
     def find(self, stream_id: str) -> ResponderStream | InitiatorStream | None:
         """The registered stream `stream_id`, if any."""
         stream = self.responders.get(stream_id)
         return stream if stream is not None else self.initiators.get(stream_id)
 
-    def past(self, stream_id: str) -> tuple[str, bool] | None:
-        """How forgotten stream `stream_id` ended: ("", False) through its end, else why it
-        broke and whether it was not served; None for an id it does not remember."""
+    def past(self, stream_id: str) -> StreamEnded | StreamBroke | None:
+        """How forgotten stream `stream_id` ended; None for an id it does not remember."""
         return self._over.get(stream_id)
 
     def _remember(self, stream: ResponderStream | InitiatorStream) -> None:
-        self._over[stream.stream_id] = (
-            (stream.broken_reason, stream.not_served) if stream.broken else ("", False)
-        )
+        self._over[stream.stream_id] = outcome_of(stream)
         if len(self._over) > OVER_MEMORY:
             del self._over[next(iter(self._over))]
 
@@ -190,3 +188,12 @@ class StreamRegistry:
         """Every registered stream."""
         yield from self.responders.values()
         yield from self.initiators.values()
+
+
+def outcome_of(stream: ResponderStream | InitiatorStream) -> StreamEnded | StreamBroke:
+    """How `stream`, being over, ended."""
+    if stream.broken:
+        return StreamBroke(
+            stream.stream_id, stream.broken_reason, stream.not_served, stream.malformed
+        )
+    return StreamEnded(stream.stream_id)

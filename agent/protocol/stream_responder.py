@@ -59,6 +59,7 @@ from agent.protocol.chunks import (
     encode_chunk,
 )
 from agent.protocol.envelope import Envelope
+from agent.protocol.events import broken_error
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import Purpose, StreamPackage, stream_reply
 from agent.protocol.stream_table import StreamTable
@@ -184,6 +185,7 @@ class ResponderStream:
         self.role = role
         self.state = StreamState.OPEN
         self.broken_reason = ""
+        self.malformed = False  # broken at a chunk that does not decode
         self.last_seen = now
         self.closed_at: float | None = None  # when it ended, broke or was abandoned
         self._window = settings.window
@@ -326,6 +328,7 @@ class ResponderStream:
                 item = decode_chunk(raw)
             except RemoteProtocolError as exc:
                 self._break(f"undecodable chunk: {exc}", now)
+                self.malformed = True
                 return
         self._queue.append(item)
         self._queued_bytes += _size(item)
@@ -342,6 +345,7 @@ class ResponderStream:
         if isinstance(outcome, RemoteProtocolError):
             # What came before it is delivered; it and everything after it count for nothing.
             self._break(f"undecodable chunk: {outcome}", now)
+            self.malformed = True
             return
         self._decoding = None
         self._queued_bytes += len(outcome) - chunk.size
@@ -416,7 +420,7 @@ class ResponderStream:
             self._queued_bytes -= _size(head)
             return head
         if self.state is StreamState.BROKEN:
-            raise StreamBroken(f"stream {self.stream_id} broke: {self.broken_reason}")
+            raise broken_error(self.stream_id, self.broken_reason, False, self.malformed)
         if self.state is StreamState.ABANDONED:
             raise InvalidState("take() on an abandoned stream")
         return None

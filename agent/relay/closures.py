@@ -31,10 +31,17 @@ in its response (typedrequest 3.3.0 echoes our `read`) fails fast as `StreamNotS
 Both directions hash with `agent.chunking.Digests` (large pieces in a worker thread, off the
 event loop) and the import cuts its chunks with `agent.chunking.rechunk`, as staging does.
 
-Neither direction can pin its job: every wait on the stream is bounded by the session's stall
-deadline (`agent.session.streams`), so a Cloudly that keeps the stream alive but stops reading
-or sending makes the sink or the source raise `StreamBroken`, which aborts the stream (and the
-import) here like any broken stream. The calls are bounded by `timeout`.
+Neither direction can pin its job, and no deadline grows with the closure's size: every wait on
+the stream is bounded by the session's stall deadline (`agent.session.streams`, `[streams]
+stall_timeout_s`: no byte moved for that long), so a Cloudly that keeps the stream alive but
+stops reading (never drains a backup) or stops sending makes the sink or the source raise
+`StreamBroken`, which aborts the stream (and the import) here like any broken stream: the job
+fails `transfer-interrupted`. The backup call carries no deadline of its own while its stream
+moves (Cloudly may answer only once it drained it: a deadline on the call would bound the
+closure's size); once the closing bit is acknowledged Cloudly has `answer_timeout` seconds to
+answer, on `clock`, else `transfer-interrupted` too (nothing confirmed the backup). The restore
+call is a single request (its answer is the descriptor and a marker): `answer_timeout` bounds
+it. Each Corestore call is bounded by the client's own timeouts.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import structlog
 from pydantic import ValidationError
 
 from agent.chunking import Digests, rechunk
+from agent.clock import Clock
 from agent.contracts.base import StreamMarker, first_problem
 from agent.contracts.relay import (
     METHOD_BACKUP_SERVICE_DATABASE_CLOSURE,
@@ -94,11 +102,13 @@ async def send_closure(
     backup_id: str,
     node_id: str,
     chunk_size: int,
-    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    answer_timeout: float,
+    clock: Clock,
     progress: Progress,
 ) -> DatabaseClosureDescriptor:
     """Export the backup's closure from Corestore and stream it to Cloudly; the descriptor
-    once Cloudly holds exactly those bytes (module docstring, step 4)."""
+    once Cloudly holds exactly those bytes (module docstring, step 4). The call has no deadline
+    while the stream moves; Cloudly answers within `answer_timeout` s of `clock` after it."""
     descriptor = await client.closure_descriptor(service_id, backup_id)
     marker, sink = cloudly.open_send_stream()
     request = BackupServiceDatabaseClosureRequest(
@@ -109,7 +119,7 @@ async def send_closure(
         closure=marker,
     )
     call = asyncio.ensure_future(
-        cloudly.call(METHOD_BACKUP_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout=timeout)
+        cloudly.call(METHOD_BACKUP_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout=None)
     )
     closed = False
     try:
@@ -118,7 +128,10 @@ async def send_closure(
         )
         await sink.close()  # returns once Cloudly acknowledged the closing bit
         closed = True
-        answer = _parse(BackupServiceDatabaseClosureResponse, await call)
+        answer = _parse(
+            BackupServiceDatabaseClosureResponse,
+            await _answer_after_stream(call, clock, answer_timeout, service_id, backup_id),
+        )
     except BaseException as exc:
         if not closed:
             with contextlib.suppress(Exception):
@@ -138,6 +151,25 @@ async def send_closure(
             f"{backup_id}"
         )
     return descriptor
+
+
+async def _answer_after_stream(
+    call: asyncio.Future[dict[str, Any]],
+    clock: Clock,
+    answer_timeout: float,
+    service_id: str,
+    backup_id: str,
+) -> dict[str, Any]:
+    """Cloudly's answer to the backup call, due within `answer_timeout` s now that its stream
+    is over; `StreamBroken` (transfer-interrupted) if it does not come: nothing confirmed it."""
+    try:
+        async with clock.timeout(answer_timeout):
+            return await call
+    except TimeoutError:
+        raise StreamBroken(
+            f"Cloudly did not answer the database closure of service {service_id} for backup "
+            f"{backup_id} within {answer_timeout:g} s after its stream ended"
+        ) from None
 
 
 async def _pump_export(
@@ -192,7 +224,7 @@ async def receive_closure(
     node_id: str,
     import_id: str,
     chunk_size: int,
-    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    answer_timeout: float,
     progress: Progress,
 ) -> DatabaseClosureDescriptor:
     """Fetch the backup's closure from Cloudly into a Corestore import and commit it; the
@@ -203,7 +235,7 @@ async def receive_closure(
     answer = _parse(
         RestoreServiceDatabaseClosureResponse,
         await cloudly.call(
-            METHOD_RESTORE_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout=timeout
+            METHOD_RESTORE_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout=answer_timeout
         ),
     )
     descriptor = answer.descriptor

@@ -89,10 +89,11 @@ class RelayService:
         transfers: TransferGate | None = None,
     ) -> None:
         """`cloudly()` is the live session (read when a job needs it); `settings`: `chunk_size`
-        bounds every closure chunk, `transfer_timeout` each closure call, `progress_interval`
-        the pace of the progress log. `transfers`: the per-node transfer slots and byte rate a
-        closure waits for before it asks Cloudly (shared with the engine; by default the
-        relay's own, with the default limits)."""
+        bounds every closure chunk, `answer_timeout` Cloudly's answer to each closure call
+        (the backup's once its stream is over: the stream itself is bounded by its progress),
+        `progress_interval` the pace of the progress log. `transfers`: the per-node transfer
+        slots and byte rate a closure waits for before it asks Cloudly (shared with the engine;
+        by default the relay's own, with the default limits)."""
         self.runner: Final = JobRunner(store, clock=clock)
         """The relay's jobs: run them (`runner.run()`) in the caller's TaskGroup, stop them with
         `runner.close()`; requests are refused `shutting-down` outside that."""
@@ -175,7 +176,8 @@ class RelayService:
                     backup_id=key.backup_id,
                     node_id=key.node_id,
                     chunk_size=self._settings.chunk_size,
-                    timeout=self._settings.transfer_timeout,
+                    answer_timeout=self._settings.answer_timeout,
+                    clock=self._clock,
                     progress=self._progress(key, "closure_sent"),
                 )
             report["closure"] = {"size": descriptor.size, "sha256": descriptor.sha256}
@@ -211,7 +213,7 @@ class RelayService:
                         node_id=key.node_id,
                         import_id=import_id_for(key),
                         chunk_size=self._settings.chunk_size,
-                        timeout=self._settings.transfer_timeout,
+                        answer_timeout=self._settings.answer_timeout,
                         progress=self._progress(key, "closure_received"),
                     )
                 report["closure"] = {"size": descriptor.size, "sha256": descriptor.sha256}
@@ -272,7 +274,7 @@ class _PacedCalls:
         method: str,
         request: Mapping[str, Any],
         *,
-        timeout: float,  # noqa: ASYNC109  # a per-call deadline, passed on
+        timeout: float | None,  # noqa: ASYNC109  # a per-call deadline, passed on
     ) -> dict[str, Any]:
         return await self._cloudly.call(method, request, timeout=timeout)
 
