@@ -180,8 +180,10 @@ async def run(
         clients = CorestoreClients(
             credentials=credentials,
             timeouts=CorestoreTimeouts.from_config(corestore),
-            retry=RetryPolicy(attempts=corestore.retries + 1),
-            observer=metrics,
+            retry=RetryPolicy(
+                attempts=corestore.retries + 1, tolerance=corestore.outage_tolerance_s
+            ),
+            observer=_CorestoreWatch(metrics, status),
         )
         resources.push_async_callback(_step, "close the Corestore clients", clients.close, close_s)
         # One gate for every byte path to a node's Corestore: stages and closures share a
@@ -431,3 +433,25 @@ def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
+
+
+class _CorestoreWatch:
+    """The Corestore clients' observer: every hook to the metrics, and whether a node's
+    Corestore answers to the status too (readiness says since when it does not)."""
+
+    def __init__(self, metrics: Metrics, status: AgentStatus) -> None:
+        self._metrics = metrics
+        self._status = status
+
+    def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
+        self._metrics.corestore_answer(route=route, outcome=outcome, seconds=seconds)
+
+    def corestore_resend(self, *, route: str) -> None:
+        self._metrics.corestore_resend(route=route)
+
+    def credential_rejected(self) -> None:
+        self._metrics.credential_rejected()
+
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
+        self._metrics.corestore_unavailable(node=node, since=since)
+        self._status.corestore_unavailable(node=node, since=since)

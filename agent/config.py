@@ -277,6 +277,8 @@ class CorestoreConfig(_Section):
     # One chunk PUT, object commit (Corestore re-hashes the object) or resource verification.
     transfer_timeout_s: Seconds = 300.0
     retries: Annotated[int, Field(ge=0, le=10)] = 3
+    # How long an outage of a node's Corestore its idempotent calls ride out (0: `retries`).
+    outage_tolerance_s: NonNegativeSeconds = 120.0
     restore_poll_interval_s: PollSeconds = 1.0
     # Transfers (stages, closure exports and imports) moving bytes to or from one node's
     # Corestore at once; more wait their turn, first come first served, per node.

@@ -98,6 +98,10 @@ class CorestoreObserver(Protocol):
         """Corestore refused the node's control credential for good: also after it was fetched
         again, or with no other to try (`CorestoreCredentialRejected`)."""
 
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
+        """`node`'s Corestore gives no usable answer since `since` (epoch seconds), or answers
+        again (None)."""
+
 
 class LoopObserver(Protocol):
     """What the event-loop watch reports."""
@@ -153,6 +157,9 @@ class NullObserver:
         """Nothing."""
 
     def credential_rejected(self) -> None:
+        """Nothing."""
+
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
         """Nothing."""
 
     def loop_lag(self, *, seconds: float) -> None:

@@ -13,6 +13,9 @@ reason under a stable key:
     store       the revision store is not open
     cluster     no cluster document read yet, or no node of it has a valid Corestore
                 endpoint (the agent could route no work)
+    corestore   a node's Corestore gives no usable answer (no answer, 5xx, 408, 429): each
+                such node with since when; its calls ride it out up to
+                `[corestore] outage_tolerance_s`, then its work fails
 
 A restore row (`restore_row()`) says where one node state is: its key, status, revision, age
 and, while work is under way, its progress as `{done, total, unit}`:
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from agent.domain.jobs import StoredJob
@@ -102,7 +106,18 @@ def readiness(
             f"no node of cluster {cluster.cluster_id} has a valid Corestore endpoint"
             + (f" ({problems})" if problems else " (the document lists no node)")
         )
+    if snapshot.corestore_unavailable:
+        reasons["corestore"] = "; ".join(
+            f"the Corestore of node {node} has been unavailable since "
+            f"{_utc(since)} ({now - since:.0f} s)"
+            for node, since in snapshot.corestore_unavailable
+        )
     return reasons
+
+
+def _utc(seconds: float) -> str:
+    """Epoch seconds as an ISO 8601 UTC time, to the second."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,6 +144,8 @@ class StatusSnapshot:
     """When Cloudly last answered a keepalive ping on this connection (None: not yet)."""
     pong_latency: float | None = None
     """That ping's round trip in seconds."""
+    corestore_unavailable: tuple[tuple[str, float], ...] = ()
+    """The nodes whose Corestore gives no usable answer, each with since when (epoch seconds)."""
 
     @property
     def cluster_id(self) -> str | None:
@@ -179,6 +181,9 @@ class StatusSnapshot:
             "identityExpiresAt": self.identity_expires_at_ms,
             "lastPongAt": _ms(self.last_pong_at),
             "pongLatencySeconds": self.pong_latency,
+            "corestoreUnavailableSince": {
+                node: _ms(since) for node, since in self.corestore_unavailable
+            },
         }
 
 
@@ -207,6 +212,7 @@ class AgentStatus:
         self._identity_expires_at_ms: int | None = None
         self._last_pong_at: float | None = None
         self._pong_latency: float | None = None
+        self._corestore_down: dict[str, float] = {}
         self._changed = asyncio.Event()
 
     def _notify(self) -> None:
@@ -275,6 +281,15 @@ class AgentStatus:
         self._pong_latency = latency
         self._notify()
 
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
+        """`node`'s Corestore gives no usable answer since `since` (epoch seconds), or answers
+        again (None): the `agent.observe.CorestoreObserver` hook."""
+        if since is None:
+            self._corestore_down.pop(node, None)
+        else:
+            self._corestore_down[node] = since
+        self._notify()
+
     def bind_in_flight(self, source: Callable[[], int] | None) -> None:
         """Read the in-flight handler count from `source` (the live peer), or report 0."""
         self._in_flight = source or _no_work
@@ -293,4 +308,5 @@ class AgentStatus:
             identity_expires_at_ms=self._identity_expires_at_ms,
             last_pong_at=self._last_pong_at,
             pong_latency=self._pong_latency,
+            corestore_unavailable=tuple(sorted(self._corestore_down.items())),
         )

@@ -85,6 +85,15 @@ def test_a_closed_store_and_no_cluster_are_reasons_of_their_own() -> None:
     }
 
 
+def test_a_corestore_that_does_not_answer_is_a_reason_naming_the_node_and_since_when() -> None:
+    """Each node whose Corestore gives no usable answer, with since when (UTC) and how long."""
+    down = replace(CONNECTED, corestore_unavailable=(("node-1", NOW - 75),))
+    assert _ready(down) == {
+        "corestore": "the Corestore of node node-1 has been unavailable since "
+        "1970-01-12T13:45:25Z (75 s)"
+    }
+
+
 def _stored(status: str, **changes: Any) -> StoredState:
     return StoredState(
         key=KEY,
