@@ -107,6 +107,7 @@ def session_settings(config: Config) -> SessionSettings:
             ),
             max_concurrent_requests=cloudly.max_concurrent_requests,
             receive_budget=streams.receive_budget_bytes,
+            receive_budget_max=streams.receive_budget_max_bytes,
         ),
         stream_stall_timeout=streams.stall_timeout_s,
     )

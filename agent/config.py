@@ -325,6 +325,10 @@ class StreamsConfig(_Section):
     # Bytes of chunk frames the agent's answers invite at once, all the streams it receives
     # together: more wait their turn, so a request (a status call) never queues behind more.
     receive_budget_bytes: Annotated[int, Field(ge=MiB, le=1024 * MiB)] = _RECEIVE_BUDGET
+    # ... and what it may grow to with the measured bandwidth-delay product (a far Cloudly).
+    receive_budget_max_bytes: Annotated[int, Field(ge=MiB, le=4096 * MiB)] = (
+        _CONNECTION.receive_budget_max or 64 * MiB
+    )
 
 
 class ShutdownConfig(_Section):

@@ -171,7 +171,9 @@ class Connection:
         self._calls = CallTable(new_id=new_id, max_attempts=self.settings.max_retry_attempts)
         self._streams = StreamRegistry(self.settings.streams, new_id)
         self._budget = ReceiveBudget(
-            self.settings.receive_budget, expiry=self.settings.streams.park_timeout
+            self.settings.receive_budget,
+            expiry=self.settings.streams.park_timeout,
+            ceiling=self.settings.receive_budget_max,
         )
         self._requests: dict[int, _Request] = {}
         self._request_ids = 0
@@ -664,7 +666,9 @@ class Connection:
         if responder is not None and isinstance(env.request, dict):
             purpose = env.request.get("mainPurpose")
             if purpose in ("chunk", "feedback"):
-                self._budget.arrived(responder.stream_id, size=size, chunk=purpose == "chunk")
+                self._budget.arrived(
+                    responder.stream_id, size=size, chunk=purpose == "chunk", now=now
+                )
         if result.reply is not None:
             if responder is not None:
                 self._answer_stream(responder, result.reply, now)

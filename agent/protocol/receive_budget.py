@@ -18,6 +18,21 @@ answers, a stream that is over) are never held.
 
 Held answers are bounded by the number of streams (one in flight each); nothing here holds a
 payload, only the small answer envelopes.
+
+Sized from the measured round trip. A fixed budget is a ceiling on the streams' throughput
+together of about one budget per round trip: fine next to Cloudly (a few milliseconds), but 8
+MiB per 200 ms is 42 MB/s of frames, ~11 MB/s of payload in the Buffer form, whatever the link
+could carry (measured: four stages at 200 ms moved 9.5 MB/s under it and 17.3 MB/s with a 64 MiB
+budget; docs/benchmarks.md, "Far links"). So with a `ceiling` the budget follows the link's
+bandwidth-delay product: each invitation's round trip (answer out -> that stream's next chunk
+in) is a sample; the smallest of the last `RTT_WINDOW` seconds is the round trip, the chunk
+bytes arrived over the last `max(1 s, 4 round trips)` the delivery rate, and the budget is
+twice their product, never below `limit` (what it was tuned for next to Cloudly) nor above
+`ceiling` (memory at the peer and in the kernel's buffers, and what a request may queue
+behind). While the budget is what holds the streams back the rate it delivers is `budget / rtt`,
+so it doubles per round trip until the link (or the peer, or the agent) is the bound, and a
+request waits behind at most about two round trips of bytes. Near Cloudly twice the product is
+far below `limit`: nothing changes there.
 """
 
 from __future__ import annotations
@@ -28,10 +43,13 @@ from typing import Final
 
 from agent.protocol.envelope import Envelope
 
-__all__ = ["DEFAULT_ESTIMATE", "SIZE_MEMORY", "ReceiveBudget"]
+__all__ = ["DEFAULT_ESTIMATE", "RTT_WINDOW", "SIZE_MEMORY", "ReceiveBudget"]
 
 DEFAULT_ESTIMATE: Final = 1 << 20
 """What an invitation counts before its stream sent any chunk (one 1 MiB chunk's payload)."""
+
+RTT_WINDOW: Final = 10.0
+"""Seconds a round-trip sample counts towards the minimum (a path that changed shows within)."""
 
 SIZE_MEMORY: Final = 4096
 """How many streams' last frame sizes are remembered (the least recently updated go first):
@@ -42,6 +60,7 @@ connection reports here."""
 @dataclass(slots=True)
 class _Invitation:
     size: int
+    sent: float
     expires: float
 
 
@@ -51,7 +70,10 @@ class ReceiveBudget:
 
     limit: int | None  # bytes; None: no bound
     expiry: float  # seconds an unused invitation counts
+    ceiling: int | None = None  # bytes it may grow to from the measured round trip; None: never
     _invited: dict[str, _Invitation] = field(default_factory=dict)
+    _rtts: deque[tuple[float, float]] = field(default_factory=deque)  # (when, seconds)
+    _arrivals: deque[tuple[float, int]] = field(default_factory=deque)  # (when, frame bytes)
     _held: deque[tuple[str, Envelope]] = field(default_factory=deque)
     _last_size: dict[str, int] = field(default_factory=dict)
     _used: int = 0
@@ -66,8 +88,10 @@ class ReceiveBudget:
         """Answers waiting for room in the budget."""
         return len(self._held)
 
-    def arrived(self, stream_id: str, *, size: int, chunk: bool) -> None:
-        """A chunk (`chunk`) or a probe of `stream_id` arrived: its invitation is used up."""
+    def arrived(self, stream_id: str, *, size: int, chunk: bool, now: float | None = None) -> None:
+        """A chunk (`chunk`) or a probe of `stream_id` arrived: its invitation is used up. With
+        `now`, a chunk counts towards the delivery rate, and the round trip since its
+        invitation went out is a sample."""
         if chunk:
             self._last_size.pop(stream_id, None)
             self._last_size[stream_id] = size
@@ -76,6 +100,31 @@ class ReceiveBudget:
         invitation = self._invited.pop(stream_id, None)
         if invitation is not None:
             self._used -= invitation.size
+        if chunk and now is not None and self.ceiling is not None:
+            if invitation is not None:
+                self._rtts.append((now, now - invitation.sent))
+            self._arrivals.append((now, size))
+            self._forget_before(now - RTT_WINDOW)
+
+    def limit_at(self, now: float) -> int | None:
+        """The budget now: `limit`, or twice the measured bandwidth-delay product, up to
+        `ceiling` (module docstring)."""
+        if self.limit is None or self.ceiling is None or self.ceiling <= self.limit:
+            return self.limit
+        self._forget_before(now - RTT_WINDOW)
+        if not self._rtts:
+            return self.limit
+        rtt = min(sample for _, sample in self._rtts)
+        span = max(1.0, 4 * rtt)
+        recent = sum(size for when, size in self._arrivals if when > now - span)
+        product = 2 * recent / span * rtt
+        return int(min(self.ceiling, max(self.limit, product)))
+
+    def _forget_before(self, horizon: float) -> None:
+        while self._rtts and self._rtts[0][0] <= horizon:
+            self._rtts.popleft()
+        while self._arrivals and self._arrivals[0][0] <= horizon:
+            self._arrivals.popleft()
 
     def admit(self, stream_id: str, answer: Envelope, now: float) -> list[Envelope]:
         """An answer that invites one more frame of `stream_id`: the answers to send now (it,
@@ -88,11 +137,12 @@ class ReceiveBudget:
     def release(self, now: float) -> list[Envelope]:
         """Held answers that fit now, oldest first (none overtakes an earlier one)."""
         self._expire(now)
+        limit = self.limit_at(now)
         sent: list[Envelope] = []
         while self._held:
             stream_id, answer = self._held[0]
             size = self._last_size.get(stream_id, DEFAULT_ESTIMATE)
-            if self._invited and self.limit is not None and self._used + size > self.limit:
+            if self._invited and limit is not None and self._used + size > limit:
                 break
             self._held.popleft()
             self._invite(stream_id, size, now)
@@ -122,12 +172,14 @@ class ReceiveBudget:
         self._held.clear()
         self._last_size.clear()
         self._used = 0
+        self._rtts.clear()
+        self._arrivals.clear()
 
     def _invite(self, stream_id: str, size: int, now: float) -> None:
         previous = self._invited.pop(stream_id, None)
         if previous is not None:
             self._used -= previous.size
-        self._invited[stream_id] = _Invitation(size, now + self.expiry)
+        self._invited[stream_id] = _Invitation(size, now, now + self.expiry)
         self._used += size
 
     def _expire(self, now: float) -> None:

@@ -128,6 +128,7 @@ class InitiatorStream:
         self.not_served = False  # broken because the peer echoed our frame: it serves no `read`
         self.malformed = False  # broken at a chunk that does not decode
         self._window = settings.window
+        self._cycles_max = settings.cycles or settings.window  # data cycles in flight at most
         self._window_bytes = settings.window_bytes
         self._interval = settings.park_timeout
         self._timeout = settings.idle_timeout
@@ -211,7 +212,7 @@ class InitiatorStream:
     def _room_for(self, item: bytes | Closing) -> bool:
         """SEND: whether `item` may go out now: the window has room in chunks and in bytes
         (the first chunk in flight always goes, however large)."""
-        if len(self._cycles) >= self._window:
+        if len(self._cycles) >= self._cycles_max:
             return False
         size = 0 if item is CLOSING else len(item)
         return not self._cycles or self._in_flight_bytes + size <= self._window_bytes
@@ -220,7 +221,7 @@ class InitiatorStream:
         """RECEIVE: whether one more `read` may go out now."""
         reads = len(self._cycles)
         return (
-            reads < self._reads_allowed
+            reads < min(self._reads_allowed, self._cycles_max)
             and len(self._queue) + reads < self._window
             and self._queued_bytes + reads * self._largest_chunk < self._window_bytes
         )

@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 
 from agent.protocol.connection import Connection, ConnectionSettings, StreamSettings
 from agent.protocol.envelope import Envelope
-from agent.protocol.receive_budget import SIZE_MEMORY, ReceiveBudget
+from agent.protocol.receive_budget import RTT_WINDOW, SIZE_MEMORY, ReceiveBudget
 
 MiB = 1 << 20
 
@@ -129,6 +130,74 @@ def receiving(budget: int, streams: int) -> Connection:
     for i in range(streams):
         conn.read_request_stream(event.request_id, f"s{i}")  # type: ignore[attr-defined]
     return conn
+
+
+def four_streams_over_a_link(rtt: float, *, ceiling: int | None, rounds: int = 30) -> float:
+    """Four stop-and-wait initiators (typedrequest 3.3.0) sending 4 MiB frames over a link of
+    `rtt`: each sends its next chunk as soon as its answer arrives (`rtt` after it went out).
+    Simulated for `rounds` round trips under an 8 MiB budget; the frame bytes per second that
+    arrived over the last ten."""
+    budget = ReceiveBudget(limit=8 * MiB, expiry=rtt + 1.0, ceiling=ceiling)
+    streams = ("s1", "s2", "s3", "s4")
+    in_flight: list[tuple[float, str]] = []  # (when the chunk arrives, stream)
+    arrived: list[float] = []
+    now = 0.0
+    for stream in streams:  # every stream's first chunk is on its way
+        in_flight.append((now + rtt / 2, stream))
+    while now < rounds * rtt:
+        in_flight.sort()
+        now, stream = in_flight.pop(0)
+        budget.arrived(stream, size=4 * MiB, chunk=True, now=now)
+        arrived.append(now)
+        for sent in [*budget.admit(stream, answer(stream), now), *budget.release(now)]:
+            in_flight.append((now + rtt, sent.response["cycleId"]))
+        if not in_flight:  # every answer held and no invitation out: time passes
+            now = min((now + 0.01), now + budget.expiry)
+            for sent in budget.release(now):
+                in_flight.append((now + rtt, sent.response["cycleId"]))
+    window = [t for t in arrived if t > now - 10 * rtt]
+    return len(window) * 4 * MiB / (10 * rtt)
+
+
+class TestBudgetFromTheRoundTrip:
+    def test_over_a_far_link_it_grows_until_the_budget_holds_no_stream_back(self) -> None:
+        """200 ms away, four 4 MiB streams under an 8 MiB floor: the budget grows with the
+        measured bandwidth-delay product, and every stream gets one frame per round trip,
+        twice what the fixed 8 MiB allows (two frames per round trip in all)."""
+        fixed = four_streams_over_a_link(0.2, ceiling=None)
+        sized = four_streams_over_a_link(0.2, ceiling=64 * MiB)
+        assert fixed == pytest.approx(2 * 4 * MiB / 0.2, rel=0.15)
+        assert sized == pytest.approx(4 * 4 * MiB / 0.2, rel=0.15)
+
+    def test_next_to_cloudly_it_stays_at_its_floor(self) -> None:
+        """1 ms away the product is far below 8 MiB: answers are held as before."""
+        budget = ReceiveBudget(limit=8 * MiB, expiry=1.0, ceiling=64 * MiB)
+        for round_trip in range(20):
+            now = round_trip * 0.001
+            for stream in ("s1", "s2"):
+                budget.admit(stream, answer(stream), now)
+                budget.arrived(stream, size=4 * MiB, chunk=True, now=now + 0.001)
+        assert budget.limit_at(0.02) == 8 * MiB
+
+    def test_it_never_grows_past_its_ceiling(self) -> None:
+        """A fast far link: twice the product is far above the ceiling, which bounds it."""
+        budget = ReceiveBudget(limit=8 * MiB, expiry=1.0, ceiling=16 * MiB)
+        now = 0.0
+        for _ in range(50):
+            budget.admit("s1", answer("s1"), now)
+            now += 0.2
+            budget.arrived("s1", size=64 * MiB, chunk=True, now=now)
+        assert budget.limit_at(now) == 16 * MiB
+
+    def test_old_samples_are_forgotten(self) -> None:
+        """A round trip measured more than RTT_WINDOW seconds ago no longer counts: the budget
+        falls back to its floor once nothing recent says the link is far and fast."""
+        budget = ReceiveBudget(limit=8 * MiB, expiry=1.0, ceiling=64 * MiB)
+        for step in range(10):
+            budget.admit("s1", answer("s1"), step * 0.2)
+            budget.arrived("s1", size=16 * MiB, chunk=True, now=step * 0.2 + 0.2)
+        assert budget.limit_at(2.0) > 8 * MiB
+        assert budget.limit_at(2.0 + RTT_WINDOW + 1) == 8 * MiB
 
 
 class TestConnection:

@@ -344,3 +344,18 @@ def test_a_broken_outcome_gives_the_error_its_kind_says() -> None:
     assert isinstance(not_served, StreamNotServed)
     assert type(broken) is StreamBroken
     assert str(broken) == "stream s1 broke: timed out"
+
+
+def test_cycles_bounds_the_data_cycles_in_flight_as_typedrequest_does_with_one() -> None:
+    """`cycles=1` keeps one data cycle in flight, as typedrequest 3.3.0 (a stand-in Cloudly
+    set so moves like the real one); the window still bounds the queue."""
+    numbers = count(1)
+    settings = StreamSettings(window=4, cycles=1, park_timeout=1.0, idle_timeout=10.0)
+    stream = InitiatorStream("s1", Role.SEND, settings, new_id=lambda: f"k{next(numbers)}")
+    stream.arm(0.0)
+    for data in (b"1", b"2", b"3"):
+        stream.write(data)
+    first = by_purpose(stream.poll(0.0), "chunk")
+    assert stream.poll(0.1) == []
+    stream.on_reply(first.cycle_id, answer(first), 0.1)
+    assert by_purpose(stream.poll(0.1), "chunk").chunk_data == encode_chunk(b"2")
