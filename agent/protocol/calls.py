@@ -31,6 +31,7 @@ class PendingCall:
     deadline: float | None  # None: the caller bounds the call itself (a transfer, by progress)
     sends: int = 1
     resend_at: float | None = None
+    sent_at: float = 0.0  # when it was first sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,9 @@ class CallTable:
             correlation=Correlation(call_id, "request"),
         )
         deadline = None if timeout is None else now + timeout
-        call = PendingCall(call_id, method, frame, encode_envelope(frame), timeout, deadline)
+        call = PendingCall(
+            call_id, method, frame, encode_envelope(frame), timeout, deadline, sent_at=now
+        )
         self._calls[call_id] = call
         return call
 
@@ -162,6 +165,19 @@ class CallTable:
         times = [call.deadline for call in self._calls.values() if call.deadline is not None]
         times += [call.resend_at for call in self._calls.values() if call.resend_at is not None]
         return min(times, default=None)
+
+    def method_of(self, call_id: str) -> str | None:
+        """The method of pending call `call_id` (None: no such call)."""
+        call = self._calls.get(call_id)
+        return None if call is None else call.method
+
+    def round_trip(self, call_id: str, now: float) -> float | None:
+        """Seconds since call `call_id` was sent, if it is pending and was sent once (a resent
+        call's answer says nothing of the link)."""
+        call = self._calls.get(call_id)
+        if call is None or call.sends != 1:
+            return None
+        return now - call.sent_at
 
     def cancel(self, call_id: str) -> None:
         """Forget a call (its caller gave up); a later reply is `Unmatched`."""

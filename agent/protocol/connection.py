@@ -169,7 +169,8 @@ class Connection:
         self._methods = frozenset(methods)
         self._new_id = new_id
         self._calls = CallTable(new_id=new_id, max_attempts=self.settings.max_retry_attempts)
-        self._streams = StreamRegistry(self.settings.streams, new_id)
+        self._rtt: float | None = None  # the smallest call round trip: the path's
+        self._streams = StreamRegistry(self.settings.streams, new_id, lambda: self._rtt)
         self._budget = ReceiveBudget(
             self.settings.receive_budget,
             expiry=self.settings.streams.park_timeout,
@@ -648,6 +649,12 @@ class Connection:
         self._events.append(RequestReceived(self._request_ids, env.method, env.request, stream_ids))
 
     def _on_response(self, env: Envelope, now: float) -> None:
+        assert env.correlation is not None
+        round_trip = self._calls.round_trip(env.correlation.id, now)
+        if round_trip is not None and env.method == self._calls.method_of(env.correlation.id):
+            if self._rtt is None or round_trip < self._rtt:
+                self._rtt = round_trip
+            self._budget.round_trip(round_trip)
         outcome = self._calls.on_response(env, now=now)
         if isinstance(outcome, Unmatched):
             log.info("response_unmatched", method=env.method, correlation_id=outcome.call_id)

@@ -7,8 +7,18 @@ A window of data cycles is in flight, not one (typedrequest 3.3.0 waits for each
 it sends the next frame, so it moves one chunk per round trip; over a far link that is the
 whole rate):
 - Role SEND (the marker is in our request): `chunk` frames while we have data, at most
-  `window` chunks and `window_bytes` of payload unanswered at once (one always goes). An
-  answer with `backpressure: true` stops us: no new chunk goes out until an answer says
+  `window` chunks and `window_bytes` of payload unanswered at once (one always goes), and no
+  more payload than the link carries in two round trips: the round trip is the smallest seen
+  (its chunks' answers, and the connection's, `path_rtt`: its calls cross an idle link first),
+  the delivery rate the largest of the last `RATE_SPAN` seconds (each answer is a sample: the
+  payload answered since its chunk went out, over that time); twice their product, the link's
+  bandwidth-delay product, bounds what is in flight (a quarter of `window_bytes` until the first
+  answer). The smallest, not a recent one: once chunks queue on
+  the link every answer carries the queue, and an allowance sized from those would grow the
+  queue it measures. A fast far link so fills the window; a slow one (a few Mbit/s) keeps about
+  two round trips of bytes queued instead of the whole window, so the session's pings and
+  requests do not wait behind half a minute of frames. An answer with `backpressure: true`
+  stops us: no new chunk goes out until an answer says
   `false`, and once nothing is in flight we probe with `feedback` every `probe_interval`. So a
   typedrequest 3.3.0 responder, whose receive queue holds 16 items and whose `push` never
   refuses, holds at most `window` + 16 chunks; our own responder, which reports backpressure
@@ -54,7 +64,7 @@ from agent.protocol.stream_frames import StreamPackage
 from agent.protocol.stream_responder import Role
 from agent.protocol.stream_table import StreamTable
 
-__all__ = ["INITIATOR_TABLE", "InitiatorEvent", "InitiatorState", "InitiatorStream"]
+__all__ = ["INITIATOR_TABLE", "RATE_SPAN", "InitiatorEvent", "InitiatorState", "InitiatorStream"]
 
 
 class InitiatorState(enum.Enum):
@@ -99,6 +109,9 @@ INITIATOR_TABLE: Final = StreamTable[InitiatorState, InitiatorEvent](
 
 UNSERVED = "the peer did not serve the stream (unknown stream id, or it cannot answer read)"
 
+RATE_SPAN: Final = 10.0
+"""Seconds a delivery-rate sample of a stream we send on counts towards its maximum."""
+
 
 @dataclass(slots=True)
 class _Cycle:
@@ -108,6 +121,7 @@ class _Cycle:
     sent_at: float
     item: bytes | Closing | None = None
     size: int = 0  # payload bytes of a chunk
+    delivered: int = 0  # payload answered before it went out
 
 
 class InitiatorStream:
@@ -120,7 +134,9 @@ class InitiatorStream:
         settings: StreamSettings,
         *,
         new_id: Callable[[], str],
+        path_rtt: Callable[[], float | None] = lambda: None,
     ) -> None:
+        """`path_rtt` says the smallest round trip its connection has seen (None: none yet)."""
         self.stream_id = stream_id
         self.role = role
         self.state = InitiatorState.PENDING
@@ -140,6 +156,13 @@ class InitiatorStream:
         self._queued_bytes = 0  # RECEIVE: payload bytes in the queue
         self._cycles: dict[str, _Cycle] = {}  # data cycles in flight, oldest first
         self._in_flight_bytes = 0  # SEND: payload bytes of the chunks in flight
+        # SEND: what the link carries (answers' round trips, payload answered), and so how much
+        # payload may be in flight: a quarter of the window until the first answer.
+        self._path_rtt = path_rtt
+        self._rtt: float | None = None  # the smallest answer round trip of this stream
+        self._delivered = 0  # payload answered so far
+        self._rates: deque[tuple[float, float]] = deque()  # (when, bytes per second)
+        self._allowance = max(1, settings.window_bytes // 4)
         self._keepalive_cycle: str | None = None
         self._keepalive_at = 0.0
         self._last_ok = 0.0
@@ -205,7 +228,7 @@ class InitiatorStream:
         item: bytes | Closing | None = None,
         size: int = 0,
     ) -> StreamPackage:
-        self._cycles[frame.cycle_id] = _Cycle(frame.main_purpose, now, item, size)
+        self._cycles[frame.cycle_id] = _Cycle(frame.main_purpose, now, item, size, self._delivered)
         self._in_flight_bytes += size
         return frame
 
@@ -215,7 +238,7 @@ class InitiatorStream:
         if len(self._cycles) >= self._cycles_max:
             return False
         size = 0 if item is CLOSING else len(item)
-        return not self._cycles or self._in_flight_bytes + size <= self._window_bytes
+        return not self._cycles or self._in_flight_bytes + size <= self._allowance
 
     def _may_read(self) -> bool:
         """RECEIVE: whether one more `read` may go out now."""
@@ -326,6 +349,8 @@ class InitiatorStream:
             return
         self._last_ok = now
         if self.role is Role.SEND:
+            if cycle.purpose == "chunk":
+                self._measure(cycle, now)
             self._peer_backpressure = bool(package.backpressure)
             self._not_before = now + self._probe if self._peer_backpressure else 0.0
             if cycle.item is CLOSING:
@@ -349,6 +374,28 @@ class InitiatorStream:
         else:
             self._queued_bytes += len(item)
             self._largest_chunk = max(self._largest_chunk, len(item))
+
+    def _measure(self, cycle: _Cycle, now: float) -> None:
+        """SEND: one chunk answered: a round trip and payload delivered; the allowance follows
+        (module docstring): twice the bandwidth-delay product, within one chunk and
+        `window_bytes`."""
+        self._delivered += cycle.size
+        took = now - cycle.sent_at
+        self._rtt = took if self._rtt is None else min(self._rtt, took)
+        if took > 0:
+            self._rates.append((now, (self._delivered - cycle.delivered) / took))
+        while self._rates and self._rates[0][0] <= now - RATE_SPAN:
+            self._rates.popleft()
+        path = self._path_rtt()
+        rtt = self._rtt if path is None else min(self._rtt, path)
+        rate = max((sample for _, sample in self._rates), default=0.0)
+        product = 2 * rate * rtt
+        self._allowance = int(min(self._window_bytes, max(cycle.size, product)))
+
+    @property
+    def allowance(self) -> int:
+        """SEND: payload bytes that may be in flight now (one chunk always goes)."""
+        return self._allowance
 
     # --- the local side ---------------------------------------------------------------------
 

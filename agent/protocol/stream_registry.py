@@ -62,6 +62,7 @@ class StreamRegistry:
 
     settings: StreamSettings
     new_id: Callable[[], str]
+    path_rtt: Callable[[], float | None] = lambda: None  # the connection's smallest round trip
     responders: dict[str, ResponderStream] = field(default_factory=dict)
     initiators: dict[str, InitiatorStream] = field(default_factory=dict)
     _cycles: dict[str, str] = field(default_factory=dict)  # cycle id -> initiator stream id
@@ -98,7 +99,9 @@ class StreamRegistry:
             stream_id = self.new_id()
         if stream_id in self.responders or stream_id in self.initiators:
             raise InvalidState(f"stream id {stream_id} is already in use")
-        stream = InitiatorStream(stream_id, role, self.settings, new_id=self.new_id)
+        stream = InitiatorStream(
+            stream_id, role, self.settings, new_id=self.new_id, path_rtt=self.path_rtt
+        )
         self.initiators[stream_id] = stream
         return stream
 

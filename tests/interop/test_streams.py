@@ -21,7 +21,7 @@ from tests.interop.conftest import AgentUnderTest, deterministic_bytes
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from tests.interop.conftest import NodeCloudly
+    from tests.interop.conftest import NodeCloudly, Spawn
 
 pytestmark = pytest.mark.interop
 
@@ -191,16 +191,21 @@ async def test_agent_streams_64_mib_to_cloudly_as_initiator(
     assert stream["frames"]["forms"] == {"buffer": 64, "closing-bit": 1}
 
 
-async def test_a_slow_library_reader_holds_at_most_the_window_plus_its_16_chunks(
-    cloudly: NodeCloudly, agent: AgentUnderTest
+async def test_a_stalling_library_reader_holds_at_most_the_window_plus_its_16_chunks(
+    spawn_cloudly: Spawn, tmp_path: Path
 ) -> None:
-    """The agent keeps a window of chunks in flight and stops at the library's first
-    `backpressure: true`: a reader taking one chunk every 20 ms holds more than its own 16
-    (chunks were in flight when it filled) and at most window (16) + 16, and every byte
-    arrives."""
-    data = deterministic_bytes("a2c-slow", 96 * 64 * 1024)
+    """Cloudly 100 ms away (its frames leave 100 ms late) reads 16 chunks and then stops for
+    3 s: the agent, which keeps several chunks in flight, stops at the library's first
+    `backpressure: true`. The library's queue then holds more than its own 16 (chunks were in
+    flight when it filled: a sender with one in flight leaves it at 16) and at most window (16)
+    + 16, and every byte arrives."""
+    cloudly = await spawn_cloudly(args=["--send-delay-ms", "100"])
+    agent = AgentUnderTest(tmp_path, cloudly.url)
+    data = deterministic_bytes("a2c-far", 96 * 64 * 1024)
     async with agent.running():
-        response = await stream_to_cloudly(agent, data, 64 * 1024, readDelayMs=20)
+        response = await stream_to_cloudly(
+            agent, data, 64 * 1024, readPauseMs=3000, readPauseAfter=16
+        )
     assert (response["status"], response["bytes"]) == ("complete", len(data))
     assert response["sha256"] == hashlib.sha256(data).hexdigest()
     assert 16 < response["maxQueued"] <= 16 + 16

@@ -11,7 +11,7 @@ import pytest
 
 from agent.protocol.connection import Connection, ConnectionSettings, StreamSettings
 from agent.protocol.envelope import Envelope
-from agent.protocol.receive_budget import RTT_WINDOW, SIZE_MEMORY, ReceiveBudget
+from agent.protocol.receive_budget import SIZE_MEMORY, ReceiveBudget
 
 MiB = 1 << 20
 
@@ -119,9 +119,12 @@ def answered(conn: Connection) -> list[str]:
 
 
 def receiving(budget: int, streams: int) -> Connection:
-    """A connection handling one request that carries `streams` streams, all being read."""
+    """A connection handling one request that carries `streams` streams, all being read, with
+    a fixed budget (it does not grow with the round trip: these tests are about the turns)."""
     settings = ConnectionSettings(
-        streams=StreamSettings(inline_decode_max=10**9), receive_budget=budget
+        streams=StreamSettings(inline_decode_max=10**9),
+        receive_budget=budget,
+        receive_budget_max=None,
     )
     conn = Connection({"echo"}, settings)
     markers = {f"m{i}": {"_isVirtualStream": True, "streamId": f"s{i}"} for i in range(streams)}
@@ -189,15 +192,32 @@ class TestBudgetFromTheRoundTrip:
             budget.arrived("s1", size=64 * MiB, chunk=True, now=now)
         assert budget.limit_at(now) == 16 * MiB
 
-    def test_old_samples_are_forgotten(self) -> None:
-        """A round trip measured more than RTT_WINDOW seconds ago no longer counts: the budget
-        falls back to its floor once nothing recent says the link is far and fast."""
-        budget = ReceiveBudget(limit=8 * MiB, expiry=1.0, ceiling=64 * MiB)
-        for step in range(10):
-            budget.admit("s1", answer("s1"), step * 0.2)
-            budget.arrived("s1", size=16 * MiB, chunk=True, now=step * 0.2 + 0.2)
-        assert budget.limit_at(2.0) > 8 * MiB
-        assert budget.limit_at(2.0 + RTT_WINDOW + 1) == 8 * MiB
+    def test_a_round_trip_that_carries_a_queue_does_not_raise_the_budget(self) -> None:
+        """The smallest round trip seen counts, not a recent one: once frames queue on a slow
+        link every later sample carries the queue, and a budget grown from those would grow the
+        queue it measures. 1.25 MB/s at 400 ms: twice the product is 1 MB, under the floor."""
+        budget = ReceiveBudget(limit=8 * MiB, expiry=10.0, ceiling=64 * MiB)
+        budget.round_trip(0.4)  # the authentication's calls, on an idle link
+        now = 0.0
+        for _ in range(100):
+            budget.admit("s1", answer("s1"), now)
+            now += 3.0  # each 3.7 MB frame waited behind the queue at 1.25 MB/s
+            budget.arrived("s1", size=3_750_000, chunk=True, now=now)
+        assert budget.limit_at(now) == 8 * MiB
+
+    def test_a_round_trip_told_by_the_connection_counts(self) -> None:
+        """Invitations used up 2 s late (the frames queued on the link) at 4 MiB/s: with the
+        connection's round trip of 0.2 s (its calls') the budget is 2 x 4 MiB/s x 0.2 s, not
+        2 x 4 MiB/s x 2 s."""
+        budget = ReceiveBudget(limit=1 * MiB, expiry=10.0, ceiling=64 * MiB)
+        now = 0.0
+        for _ in range(5):
+            budget.admit("s1", answer("s1"), now)
+            now += 2.0
+            budget.arrived("s1", size=8 * MiB, chunk=True, now=now)
+        assert budget.limit_at(now) == int(2 * 4 * MiB * 2.0)
+        budget.round_trip(0.2)
+        assert budget.limit_at(now) == int(2 * 4 * MiB * 0.2)
 
 
 class TestConnection:

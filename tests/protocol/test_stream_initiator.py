@@ -69,8 +69,8 @@ def test_chunk_frame_carries_the_buffer_form_and_next() -> None:
 
 
 def test_a_window_of_chunks_goes_out_without_waiting_for_answers() -> None:
-    """Up to `window` chunks are in flight at once; the next goes when an answer frees a place
-    (typedrequest 3.3.0 waits for each answer: one chunk per round trip)."""
+    """Up to `window` chunks are in flight at once (typedrequest 3.3.0 waits for each answer:
+    one chunk per round trip); one more waits for a place."""
     stream = initiator(Role.SEND, window=3)
     for data in (b"1", b"2", b"3"):
         stream.write(data)
@@ -78,24 +78,61 @@ def test_a_window_of_chunks_goes_out_without_waiting_for_answers() -> None:
     assert [f.chunk_data for f in sent] == [encode_chunk(d) for d in (b"1", b"2", b"3")]
     stream.write(b"4")
     assert stream.poll(0.1) == []
-    stream.on_reply(sent[0].cycle_id, answer(sent[0]), 0.1)
-    assert by_purpose(stream.poll(0.1), "chunk").chunk_data == encode_chunk(b"4")
     assert stream.in_flight == 3
 
 
-def test_the_payload_in_flight_is_bounded_by_window_bytes() -> None:
-    """Chunks in flight carry at most `window_bytes` of payload together (the first always
-    goes, however large)."""
-    stream = initiator(Role.SEND, window=8, window_bytes=250)
+def test_before_any_answer_a_quarter_of_window_bytes_may_be_in_flight() -> None:
+    """Until the link is measured, chunks in flight carry at most a quarter of `window_bytes`
+    (the first always goes, however large)."""
+    stream = initiator(Role.SEND, window=8, window_bytes=1000)
     for _ in range(4):
         stream.write(bytes(100))
-    first, _ = all_of(stream.poll(0.0), "chunk")
-    assert stream.poll(0.0) == []
-    stream.on_reply(first.cycle_id, answer(first), 0.1)
-    assert len(all_of(stream.poll(0.1), "chunk")) == 1
+    assert len(all_of(stream.poll(0.0), "chunk")) == 2  # 200 bytes: 250 allowed
     lone = initiator(Role.SEND, window=8, window_bytes=10)
     lone.write(bytes(100))
     assert len(all_of(lone.poll(0.0), "chunk")) == 1
+
+
+def over_a_link(rate: float, rtt: float, *, chunk: int, window: int, seconds: float) -> int:
+    """The most payload in flight once a sender settled (after its first 10 s), sending on a
+    link that carries `rate` bytes per second each way with `rtt` round trip: each chunk leaves
+    once the link is free, and its answer comes `rtt` after its last byte left."""
+    stream = initiator(Role.SEND, window=window, window_bytes=8 << 20)
+    free_at, now, settled = 0.0, 0.0, 0
+    answers: list[tuple[float, StreamPackage]] = []
+    while now < seconds:
+        while stream.has_space():
+            stream.write(bytes(chunk))
+        for frame in stream.poll(now):
+            if frame.main_purpose == "chunk":
+                free_at = max(free_at, now) + chunk / rate
+                answers.append((free_at + rtt, frame))
+            else:  # keep-alives and probes are small: a round trip
+                answers.append((now + rtt, frame))
+        answers.sort(key=lambda item: item[0])
+        while answers and answers[0][0] <= now:
+            _, frame = answers.pop(0)
+            stream.on_reply(frame.cycle_id, answer(frame), now)
+        if now > 10.0:
+            settled = max(settled, stream._in_flight_bytes)
+        now += 0.005
+    assert stream.state is InitiatorState.OPEN
+    return settled
+
+
+def test_over_a_slow_far_link_the_payload_in_flight_follows_the_bandwidth_delay_product() -> None:
+    """10 Mbit/s, 400 ms: the sender keeps about two round trips of bytes in flight (2 x 1.25
+    MB/s x 0.4 s = 1 MB), not the whole 8 MiB window, which would queue half a minute of frames
+    ahead of the session's pings."""
+    settled = over_a_link(1.25e6, 0.4, chunk=64 << 10, window=256, seconds=40.0)
+    assert settled <= 3 * 1.25e6 * 0.4
+    assert settled >= 64 << 10
+
+
+def test_over_a_fast_far_link_the_whole_window_is_in_flight() -> None:
+    """1 GB/s, 200 ms: the measured product is far above the window: all 8 MiB go."""
+    settled = over_a_link(1e9, 0.2, chunk=1 << 20, window=16, seconds=15.0)
+    assert settled == 8 << 20
 
 
 def test_backpressure_stops_new_chunks_until_an_answer_says_false() -> None:
@@ -359,3 +396,22 @@ def test_cycles_bounds_the_data_cycles_in_flight_as_typedrequest_does_with_one()
     assert stream.poll(0.1) == []
     stream.on_reply(first.cycle_id, answer(first), 0.1)
     assert by_purpose(stream.poll(0.1), "chunk").chunk_data == encode_chunk(b"2")
+
+
+def test_the_connections_round_trip_bounds_what_a_stream_measures() -> None:
+    """A stream whose every answer waited behind a queue (2 s) uses the connection's smaller
+    round trip (0.2 s, its calls'): 2 x 100 KB/s x 0.2 s, one 100 KB chunk in flight, not 4."""
+    numbers = count(1)
+    settings = StreamSettings(window=16, window_bytes=8 << 20, park_timeout=1.0)
+    stream = InitiatorStream(
+        "s1", Role.SEND, settings, new_id=lambda: f"k{next(numbers)}", path_rtt=lambda: 0.2
+    )
+    stream.arm(0.0)
+    now = 0.0
+    for _ in range(30):
+        stream.write(bytes(100_000))
+        sent = all_of(stream.poll(now), "chunk")
+        now += 1.0
+        for frame in sent:
+            stream.on_reply(frame.cycle_id, answer(frame), now + 1.0)
+    assert stream.allowance == 100_000

@@ -39,10 +39,16 @@ export function streamFields(request) {
 /**
  * Drains a responder-side VirtualStream until the closing bit (status 'complete') or until
  * `closedPromise` settles first (status 'broken'). `record` is updated in place as bytes arrive.
- * `readDelayMs` makes a slow reader (a pause before each chunk is taken); `record.maxQueued` is
- * the most chunks the library's receive queue held when one was taken or a 5 ms sample looked.
+ * `readDelayMs` makes a slow reader (a pause before each chunk is taken); `readPauseMs` one
+ * that stops reading that long once it took `readPauseAfter` chunks. `record.maxQueued` is the
+ * most chunks the library's receive queue held when one was taken or a 5 ms sample looked.
  */
-export async function drainStream(stream, record, closedPromise, { readDelayMs = 0 } = {}) {
+export async function drainStream(
+  stream,
+  record,
+  closedPromise,
+  { readDelayMs = 0, readPauseMs = 0, readPauseAfter = 0 } = {},
+) {
   const hash = createHash('sha256');
   const BROKEN = Symbol('broken');
   const closed = closedPromise.then(() => BROKEN);
@@ -56,6 +62,9 @@ export async function drainStream(stream, record, closedPromise, { readDelayMs =
   const started = process.hrtime.bigint();
   for (;;) {
     if (readDelayMs > 0) await new Promise((resolve) => setTimeout(resolve, readDelayMs));
+    if (readPauseMs > 0 && record.chunks === readPauseAfter) {
+      await new Promise((resolve) => setTimeout(resolve, readPauseMs));
+    }
     sample();
     const value = await Promise.race([stream.fetchData(), closed]);
     if (value === BROKEN) {
