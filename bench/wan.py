@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import shutil
 import sys
 import time
@@ -44,6 +45,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
+
+import structlog
 
 from agent.corestore.client import CorestoreClient
 from agent.protocol.chunks import ChunkForm
@@ -419,6 +422,8 @@ def report(results: dict[str, Any]) -> str:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every figure of one run."""
     quiet_stand_in_logs()
+    # The stand-in's protocol logs at debug (unrouted frames and the like): not figures.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     with (
         work_directory("wan", args.dir, keep=args.keep) as work,
         (work / "corestore.log").open("wb") as log,
