@@ -28,9 +28,13 @@ whole rate):
   answer to the closing-bit chunk arrives (answers come in the order of the frames).
 - Role RECEIVE (the marker is in the reply to our call): `read` frames while our queue and the
   reads in flight have room (`window` chunks; `window_bytes` counting each read as the largest
-  chunk seen). Until the first chunk came, and after every empty answer, one read at a time:
-  a responder with nothing to send is asked once per answer, not `window` times. An empty
-  answer with `next: false` makes us wait one probe interval. The stream ENDS at the closing
+  chunk seen), and while the reads in flight would bring no more than the allowance above
+  (each answer's chunk is a delivery, measured as a sender measures its answers: the answers
+  queued on a slow link stay within two round trips, and none waits past `idle_timeout`). It
+  ramps up as a sender does: one read until the first chunk came (and after every empty
+  answer: a responder with nothing to send is asked once per answer, not `window` times), then
+  twice what the last round trip brought. An empty answer with `next: false` makes us wait one
+  probe interval. The stream ENDS at the closing
   bit; chunks are queued in the order their answers arrive, which is the order the responder
   gave them out.
 - Keep-alive: a `keepAlive` frame every `park_timeout` (`StreamSettings`), one in flight;
@@ -247,6 +251,7 @@ class InitiatorStream:
             reads < min(self._reads_allowed, self._cycles_max)
             and len(self._queue) + reads < self._window
             and self._queued_bytes + reads * self._largest_chunk < self._window_bytes
+            and (reads == 0 or (reads + 1) * self._largest_chunk <= self._allowance)
         )
 
     def _frame(
@@ -350,7 +355,7 @@ class InitiatorStream:
         self._last_ok = now
         if self.role is Role.SEND:
             if cycle.purpose == "chunk":
-                self._measure(cycle, now)
+                self._measure(cycle, cycle.size, now)
             self._peer_backpressure = bool(package.backpressure)
             self._not_before = now + self._probe if self._peer_backpressure else 0.0
             if cycle.item is CLOSING:
@@ -374,12 +379,14 @@ class InitiatorStream:
         else:
             self._queued_bytes += len(item)
             self._largest_chunk = max(self._largest_chunk, len(item))
+            self._measure(cycle, len(item), now)
 
-    def _measure(self, cycle: _Cycle, now: float) -> None:
-        """SEND: one chunk answered: a round trip and payload delivered; the allowance follows
+    def _measure(self, cycle: _Cycle, size: int, now: float) -> None:
+        """A cycle's answer moved `size` bytes of payload (SEND: its chunk answered; RECEIVE: a
+        chunk in answer to its read): a round trip and a delivery rate; the allowance follows
         (module docstring): twice the bandwidth-delay product, within one chunk and
         `window_bytes`."""
-        self._delivered += cycle.size
+        self._delivered += size
         took = now - cycle.sent_at
         self._rtt = took if self._rtt is None else min(self._rtt, took)
         if took > 0:
@@ -390,7 +397,7 @@ class InitiatorStream:
         rtt = self._rtt if path is None else min(self._rtt, path)
         rate = max((sample for _, sample in self._rates), default=0.0)
         product = 2 * rate * rtt
-        self._allowance = int(min(self._window_bytes, max(cycle.size, product)))
+        self._allowance = int(min(self._window_bytes, max(size, product)))
 
     @property
     def allowance(self) -> int:

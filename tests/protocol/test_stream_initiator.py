@@ -296,41 +296,61 @@ def test_reader_reads_while_its_window_has_room() -> None:
     assert by_purpose(stream.poll(0.0), "read").main_purpose == "read"
 
 
-def test_a_reader_keeps_a_window_of_reads_in_flight_once_a_chunk_came() -> None:
-    """RECEIVE: one read until the first chunk; then as many as the window has room for, each
-    answer's chunk queued in the order the answers come."""
+def read_rounds(
+    stream: InitiatorStream, rounds: int, chunk: bytes, *, take: bool = True
+) -> list[StreamPackage]:
+    """Answer every read in flight with `chunk`, 10 ms after it went out, `rounds` times (the
+    reader taking what came when `take`); the reads in flight after the last round."""
+    now = 0.0
+    reads = all_of(stream.poll(now), "read")
+    for _ in range(rounds):
+        now += 0.01
+        for read in reads:
+            stream.on_reply(read.cycle_id, answer(read, chunk_data=encode_chunk(chunk)), now)
+        while take and stream.take() is not None:
+            pass
+        reads = all_of(stream.poll(now), "read")
+    return reads
+
+
+def test_a_reader_ramps_up_to_a_window_of_reads_in_flight() -> None:
+    """RECEIVE: one read until the first chunk; then each round trip's answers allow twice as
+    many reads (the bandwidth-delay product it measured), up to the window."""
+    stream = initiator(Role.RECEIVE, window=8, window_bytes=1 << 20)
+    assert len(all_of(stream.poll(0.0), "read")) == 1
+    ramp = [len(read_rounds(initiator(Role.RECEIVE, window=8), n, bytes(1000))) for n in (1, 2, 3)]
+    assert ramp == [2, 4, 8]
+
+
+def test_chunks_are_queued_in_the_order_their_answers_come() -> None:
+    """Reads in flight are answered in order; the chunks keep it."""
     stream = initiator(Role.RECEIVE, window=4)
     first = by_purpose(stream.poll(0.0), "read")
-    assert stream.poll(0.0) == []
-    stream.on_reply(first.cycle_id, answer(first, chunk_data=encode_chunk(b"a"), next=True), 0.1)
+    stream.on_reply(first.cycle_id, answer(first, chunk_data=encode_chunk(b"a")), 0.1)
     reads = all_of(stream.poll(0.1), "read")
-    assert len(reads) == 3  # the window less the chunk waiting to be taken
-    for read, data in zip(reads, (b"b", b"c", b"d"), strict=True):
+    assert len(reads) == 2
+    for read, data in zip(reads, (b"b", b"c"), strict=True):
         stream.on_reply(read.cycle_id, answer(read, chunk_data=encode_chunk(data)), 0.2)
-    assert [stream.take() for _ in range(4)] == [b"a", b"b", b"c", b"d"]
+    assert [stream.take() for _ in range(3)] == [b"a", b"b", b"c"]
 
 
 def test_an_empty_read_answer_drops_the_reader_to_one_read() -> None:
     """A responder with nothing to send is asked once per answer, not a window's worth."""
-    stream = initiator(Role.RECEIVE, window=4)
-    first = by_purpose(stream.poll(0.0), "read")
-    stream.on_reply(first.cycle_id, answer(first, chunk_data=encode_chunk(b"a")), 0.1)
-    assert stream.take() == b"a"
-    reads = all_of(stream.poll(0.1), "read")
-    assert len(reads) == 4
-    stream.on_reply(reads[0].cycle_id, answer(reads[0], next=True), 0.2)
-    for read in reads[1:]:
-        stream.on_reply(read.cycle_id, answer(read, next=True), 0.2)
-    assert len(all_of(stream.poll(0.2), "read")) == 1
+    stream = initiator(Role.RECEIVE, window=8)
+    reads = read_rounds(stream, 3, bytes(1000))
+    assert len(reads) == 8
+    for read in reads:
+        stream.on_reply(read.cycle_id, answer(read, next=True), 0.1)
+    assert len(all_of(stream.poll(0.1), "read")) == 1
 
 
 def test_reads_in_flight_are_bounded_by_window_bytes() -> None:
-    """Each read in flight counts as the largest chunk seen: queued bytes plus the reads in
-    flight stay below `window_bytes`."""
-    stream = initiator(Role.RECEIVE, window=16, window_bytes=350)
-    first = by_purpose(stream.poll(0.0), "read")
-    stream.on_reply(first.cycle_id, answer(first, chunk_data=encode_chunk(bytes(100))), 0.1)
-    assert len(all_of(stream.poll(0.1), "read")) == 3  # 100 + 2 x 100 in flight < 350: one more
+    """Each read in flight counts as the largest chunk seen: with nothing taken, the queued
+    bytes and the reads in flight stay below `window_bytes` however fast the link."""
+    stream = initiator(Role.RECEIVE, window=64, window_bytes=10_000)
+    in_flight = len(read_rounds(stream, 6, bytes(1000), take=False))
+    queued = sum(len(item) for item in stream._queue if isinstance(item, bytes))
+    assert queued + (in_flight - 1) * 1000 < 10_000
 
 
 def test_empty_read_answer_without_next_waits_one_probe_interval() -> None:
@@ -415,3 +435,33 @@ def test_the_connections_round_trip_bounds_what_a_stream_measures() -> None:
         for frame in sent:
             stream.on_reply(frame.cycle_id, answer(frame), now + 1.0)
     assert stream.allowance == 100_000
+
+
+def test_a_reader_over_a_slow_far_link_keeps_its_answers_within_the_idle_timeout() -> None:
+    """20 Mbit/s from the responder, 400 ms, 1 MiB chunks (a Buffer-form answer is ~3.7 MB,
+    1.5 s on the line): a window of reads (8 MiB) would queue eight answers, 12 s of line, and
+    the last would come past the 10 s idle timeout; the reader keeps about two round trips'
+    worth in flight, the stream stays open and the line stays busy."""
+    rate, rtt, chunk = 2.5e6, 0.4, 1 << 20
+    payload = encode_chunk(bytes(range(256)) * (chunk // 256))  # every byte value: ~3.6 MB
+    line = len(payload.json)  # what one answer's chunk takes on the line
+    stream = initiator(Role.RECEIVE, window=16, window_bytes=8 << 20)
+    free_at, now, got = 0.0, 0.0, 0
+    answers: list[tuple[float, StreamPackage, StreamPackage]] = []
+    while now < 60.0:
+        for frame in stream.poll(now):
+            if frame.main_purpose == "read":  # answered at once; its chunk waits for the line
+                free_at = max(free_at, now + rtt / 2) + line / rate
+                reply = answer(frame, chunk_data=payload, next=True)
+                answers.append((free_at + rtt / 2, frame, reply))
+            else:
+                answers.append((now + rtt, frame, answer(frame, keep_alive=True)))
+        answers.sort(key=lambda item: item[0])
+        while answers and answers[0][0] <= now:
+            _, frame, reply = answers.pop(0)
+            stream.on_reply(frame.cycle_id, reply, now)
+        while (item := stream.take()) is not None:
+            got += len(item) if isinstance(item, bytes) else 0
+        now += 0.01
+    assert stream.state is InitiatorState.OPEN
+    assert got > 0.8 * rate * 50 * chunk / line  # the line was busy most of the time
