@@ -12,14 +12,14 @@ whole rate):
   (its chunks' answers, and the connection's, `path_rtt`: its calls cross an idle link first),
   the delivery rate the largest of the last `RATE_SPAN` seconds (each answer is a sample: the
   payload answered since its chunk went out, over that time); twice their product, the link's
-  bandwidth-delay product, bounds what is in flight (a quarter of `window_bytes` until the first
-  answer). The smallest, not a recent one: once chunks queue on
-  the link every answer carries the queue, and an allowance sized from those would grow the
-  queue it measures. A fast far link so fills the window; a slow one (a few Mbit/s) keeps about
-  two round trips of bytes queued instead of the whole window, so the session's pings and
-  requests do not wait behind half a minute of frames. An answer with `backpressure: true`
-  stops us: no new chunk goes out until an answer says
-  `false`, and once nothing is in flight we probe with `feedback` every `probe_interval`. So a
+  bandwidth-delay product, and one chunk more (so one chunk in flight can become two) bounds
+  what is in flight (a quarter of `window_bytes` until the first answer). The smallest round
+  trip, not a recent one: once chunks queue on the link every answer carries the queue, and an
+  allowance sized from those would grow the queue it measures. A fast far link so fills the
+  window; a slow one (a few Mbit/s) keeps about two round trips of bytes queued instead of the
+  whole window, so the session's pings and requests do not wait behind half a minute of
+  frames. An answer with `backpressure: true` stops us: no new chunk goes out until an answer
+  says `false`, and once nothing is in flight we probe with `feedback` every `probe_interval`. So a
   typedrequest 3.3.0 responder, whose receive queue holds 16 items and whose `push` never
   refuses, holds at most `window` + 16 chunks; our own responder, which reports backpressure
   at `window` chunks or `window_bytes` and breaks a stream pushed past twice either, never
@@ -384,7 +384,7 @@ class InitiatorStream:
     def _measure(self, cycle: _Cycle, size: int, now: float) -> None:
         """A cycle's answer moved `size` bytes of payload (SEND: its chunk answered; RECEIVE: a
         chunk in answer to its read): a round trip and a delivery rate; the allowance follows
-        (module docstring): twice the bandwidth-delay product, within one chunk and
+        (module docstring): twice the bandwidth-delay product and one chunk, within
         `window_bytes`."""
         self._delivered += size
         took = now - cycle.sent_at
@@ -396,8 +396,9 @@ class InitiatorStream:
         path = self._path_rtt()
         rtt = self._rtt if path is None else min(self._rtt, path)
         rate = max((sample for _, sample in self._rates), default=0.0)
-        product = 2 * rate * rtt
-        self._allowance = int(min(self._window_bytes, max(size, product)))
+        # One chunk on top: a sample taken with n in flight says at most n, so twice it alone
+        # would never let a lone chunk become two (its round trip is never below the minimum).
+        self._allowance = int(min(self._window_bytes, 2 * rate * rtt + size))
 
     @property
     def allowance(self) -> int:

@@ -315,11 +315,12 @@ def read_rounds(
 
 def test_a_reader_ramps_up_to_a_window_of_reads_in_flight() -> None:
     """RECEIVE: one read until the first chunk; then each round trip's answers allow twice as
-    many reads (the bandwidth-delay product it measured), up to the window."""
+    many reads as they brought (the bandwidth-delay product it measured) and one more, up to
+    the window."""
     stream = initiator(Role.RECEIVE, window=8, window_bytes=1 << 20)
     assert len(all_of(stream.poll(0.0), "read")) == 1
     ramp = [len(read_rounds(initiator(Role.RECEIVE, window=8), n, bytes(1000))) for n in (1, 2, 3)]
-    assert ramp == [2, 4, 8]
+    assert ramp == [3, 7, 8]
 
 
 def test_chunks_are_queued_in_the_order_their_answers_come() -> None:
@@ -328,10 +329,10 @@ def test_chunks_are_queued_in_the_order_their_answers_come() -> None:
     first = by_purpose(stream.poll(0.0), "read")
     stream.on_reply(first.cycle_id, answer(first, chunk_data=encode_chunk(b"a")), 0.1)
     reads = all_of(stream.poll(0.1), "read")
-    assert len(reads) == 2
-    for read, data in zip(reads, (b"b", b"c"), strict=True):
+    assert len(reads) == 3
+    for read, data in zip(reads, (b"b", b"c", b"d"), strict=True):
         stream.on_reply(read.cycle_id, answer(read, chunk_data=encode_chunk(data)), 0.2)
-    assert [stream.take() for _ in range(3)] == [b"a", b"b", b"c"]
+    assert [stream.take() for _ in range(4)] == [b"a", b"b", b"c", b"d"]
 
 
 def test_an_empty_read_answer_drops_the_reader_to_one_read() -> None:
@@ -420,7 +421,8 @@ def test_cycles_bounds_the_data_cycles_in_flight_as_typedrequest_does_with_one()
 
 def test_the_connections_round_trip_bounds_what_a_stream_measures() -> None:
     """A stream whose every answer waited behind a queue (2 s) uses the connection's smaller
-    round trip (0.2 s, its calls'): 2 x 100 KB/s x 0.2 s, one 100 KB chunk in flight, not 4."""
+    round trip (0.2 s, its calls'): 2 x 50 KB/s x 0.2 s and one chunk, 120 KB in flight, not
+    2 x 50 KB/s x 2 s and one chunk (300 KB)."""
     numbers = count(1)
     settings = StreamSettings(window=16, window_bytes=8 << 20, park_timeout=1.0)
     stream = InitiatorStream(
@@ -434,7 +436,7 @@ def test_the_connections_round_trip_bounds_what_a_stream_measures() -> None:
         now += 1.0
         for frame in sent:
             stream.on_reply(frame.cycle_id, answer(frame), now + 1.0)
-    assert stream.allowance == 100_000
+    assert stream.allowance == 120_000
 
 
 def test_a_reader_over_a_slow_far_link_keeps_its_answers_within_the_idle_timeout() -> None:
