@@ -22,20 +22,21 @@ payload, only the small answer envelopes.
 Sized from the measured round trip. A fixed budget is a ceiling on the streams' throughput
 together of about one budget per round trip: fine next to Cloudly (a few milliseconds), but 8
 MiB per 200 ms is 42 MB/s of frames, ~11 MB/s of payload in the Buffer form, whatever the link
-could carry (measured: four stages at 200 ms moved 9.5 MB/s under it and 17.3 MB/s with a 64 MiB
-budget; docs/benchmarks.md, "Far links"). So with a `ceiling` the budget follows the link's
-bandwidth-delay product: the round trip is the smallest ever seen on the connection (its calls'
-round trips, told by the connection through `round_trip()`, and each invitation's: answer out ->
-that stream's next chunk in), the delivery rate the largest of the last `RATE_SPAN` seconds
-(each invitation used up is a sample: the chunk bytes arrived since it went out, over that
-time), and the budget is twice their product, never below `limit` (what it was tuned
-for next to Cloudly) nor above `ceiling` (memory at the peer and in the kernel's buffers, and
-what a request may queue behind). The smallest ever, not a recent one: once bytes queue on the
-link every later sample carries the queue, and a budget sized from those would grow the queue
-it measures; the authentication's calls cross an idle link. While the budget is what holds the
-streams back the rate it delivers is `budget / rtt`, so it doubles per round trip until the link
-(or the peer, or the agent) is the bound, and a request waits behind about two round trips of
-bytes. Near Cloudly twice the product is far below `limit`: nothing changes there.
+could carry (measured: four stages at 200 ms moved 9.5 MB/s under it, 18.5 MB/s with a 64 MiB
+budget and 17.3 MB/s sized as below; docs/benchmarks.md, "Far links"). So with a `ceiling` the
+budget follows the link's bandwidth-delay product: the round trip is the smallest ever seen on
+the connection (its calls' round trips, told by the connection through `round_trip()`, and each
+invitation's: answer out -> that stream's next chunk in), the delivery rate the largest of the
+last `RATE_SPAN` seconds (each invitation used up is a sample: the chunk bytes arrived since it
+went out, over that time), and the budget is twice their product, never below `limit` (what it
+was tuned for next to Cloudly) nor above `ceiling` (memory at the peer and in the kernel's
+buffers, and what a request may queue behind). The smallest ever, not a recent one: once bytes
+queue on the link every later sample carries the queue, and a budget sized from those would grow
+the queue it measures; the authentication's calls cross an idle link. While the budget is what
+holds the streams back the rate it delivers is `budget / rtt`, so it doubles per round trip
+until the link (or the peer, or the agent) is the bound, and a request waits behind about two
+round trips of bytes. Near Cloudly twice the product is far below `limit`: nothing changes
+there.
 """
 
 from __future__ import annotations
