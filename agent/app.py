@@ -3,19 +3,24 @@
     the start-up checks check-config shares (agent/preflight.py: secrets read once and
     registered with the log redactor, the CA file, the state directory, the key file)
     -> the health socket bound -> the state directory (created, never its parents) and its
-       lock -> the recipient key (sealed) -> RevisionStore (start-up line: version, config,
-       Cloudly URL, state, integrity; then the warnings) — nothing is created before a check
-       that can still refuse start-up
+       lock -> the recipient key (sealed) -> RevisionStore — nothing is created before a check
+       that can still refuse start-up; a damaged or newer database refuses it (exit 65 / 2,
+       agent/cli.py); a disk that refuses the key's or the database's writes is waited out
+       (agent/opening.py): the health server starts, READY=1 with a STATUS= that says why,
+       and the open is tried again on a backoff until it works
+    -> the health server serving (the store attached once open) -> the start-up line
+       (version, config, Cloudly URL, state, integrity; then the warnings)
     -> the credential source (sealed: Enrollment -> SealedCredentials; file:
        FixedCredentials) -> CorestoreClients -> the per-node TransferGate ->
        IsolatedRestoreEngine, RelayService (sharing it) -> their routes
     -> CloudlySession (the agent's routes plus its own; sealed: the enrollment as a connect
        step, the credential source watching the cluster view)
-    -> LoopWatch -> HealthServer (serving on the bound socket) -> READY=1
+    -> READY=1
     one TaskGroup: the engine's and the relay's background work, the session, the loop watch
         (WATCHDOG=1 only from a healthy loop), STATUS= on every change of the session, the
-        store's retention (old finished records forgotten, `[state] retention_days`);
-        SIGTERM/SIGINT set `stop`
+        store's retention (old finished records forgotten, `[state] retention_days`), the
+        probe of a state disk that refused a write, the reconciliation of a salvaged or reset
+        state with each node's Corestore (agent/reconcile.py); SIGTERM/SIGINT set `stop`
     shutdown, each step bounded: STOPPING=1 -> stop intake -> drain in-flight requests
         (drain_timeout_s) -> close the socket with 1001 -> stop the engine's background work
         -> stop the relay's jobs -> stop the health server -> close the Corestore clients
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import signal
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
@@ -49,16 +55,20 @@ from agent.corestore.credentials import CredentialSource, FixedCredentials
 from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
 from agent.credentials.provider import SealedCredentials
-from agent.errors import ConfigError
+from agent.errors import ConfigError, StateUnwritable
 from agent.health import HealthServer, bind_listener, close_listener
 from agent.log import register_secret
 from agent.loopwatch import LoopWatch, watch_interval
+from agent.memory import Trimmer, trim_function
 from agent.metrics import Metrics
 from agent.notify import Notifier, watchdog_seconds
-from agent.preflight import check
+from agent.observe import Tee
+from agent.opening import OPEN_BACKOFF, open_waiting
+from agent.preflight import Checked, check
 from agent.protocol.bytearrays import codec_backends
 from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import Routes
+from agent.reconcile import Reconciler
 from agent.relay.routes import relay_routes
 from agent.relay.service import RelayService
 from agent.relay.settings import RelaySettings
@@ -67,12 +77,16 @@ from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
 from agent.retry import Backoff, RetryPolicy
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import AgentStatus, SessionState, StatusSnapshot
+from agent.status import AgentStatus, SessionState, StatusHooks, StatusSnapshot
 from agent.store import RevisionStore
+from agent.store.faults import store_error
 from agent.store.retention import Retention, RetentionSettings
 from agent.transfers import NodeLimits, TransferGate
+from agent.transfers.budget import ByteBudget
 
 __all__ = ["run", "session_settings", "status_line"]
+
+UNWRITABLE = "state-unwritable"
 
 log = structlog.get_logger("agent.app")
 
@@ -124,6 +138,7 @@ async def run(
     notifier: Notifier | None = None,
     on_ready: Callable[[str], None] | None = None,
     handle_signals: bool = True,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> None:
     """Run the agent until SIGTERM/SIGINT (or `stop` is set), then shut down in order.
 
@@ -133,6 +148,8 @@ async def run(
     named in the start-up line. `notifier` defaults to `$NOTIFY_SOCKET`'s. `on_ready` is called
     with the health endpoint's address once it listens (right after `READY=1`).
     `handle_signals=False` leaves SIGTERM/SIGINT to a caller that owns them (the demo).
+    `clock` paces the waits for a state disk that refuses writes (agent/opening.py) and the
+    probes of one that did while the agent runs.
     """
     # What can refuse start-up comes before anything is created: the checks check-config
     # shares, then the health address and the state directory's lock (both may be busy for a
@@ -140,14 +157,15 @@ async def run(
     # then the recipient key and the database.
     checked = check(config, secrets=secrets)
     secrets = checked.secrets
-    assert secrets is not None  # check() reads them when they were not given
     for secret in secrets.all():
         register_secret(secret)
     status = status if status is not None else AgentStatus()
     stop = stop if stop is not None else asyncio.Event()
     notifier = notifier if notifier is not None else Notifier.from_environment()
     metrics = Metrics()
-    drain_s, close_s = config.shutdown.drain_timeout_s, config.shutdown.close_timeout_s
+    hooks = StatusHooks(status)
+    observer = Tee(metrics, hooks)
+    close_s = config.shutdown.close_timeout_s
     async with AsyncExitStack() as resources:
         resources.callback(notifier.close)
         listener = bind_listener(config.health.endpoint)
@@ -155,77 +173,7 @@ async def run(
         directory = config.state.directory
         created = statedir.create(directory)
         resources.callback(statedir.lock(directory).close)
-        keys = await _key_store(config, resources)
-        store = await RevisionStore.open(directory, observer=metrics)
-        resources.push_async_callback(_step, "close the store", store.aclose, close_s)
         watchdog_s = watchdog_seconds()
-        decoders = codec_backends()
-        log.info(
-            "agent_starting",
-            version=__version__,
-            config=str(config_path) if config_path is not None else None,
-            cloudly_url=config.websocket_url,
-            state_directory=str(directory),
-            store_integrity=store.integrity,
-            health=config.health.listen,
-            watchdog_s=watchdog_s,
-            systemd_notify=notifier.enabled,
-            chunk_decoders=decoders,
-        )
-        _warn_about(config, created=created, decoders=decoders)
-        corestore = config.corestore
-        sealed = _sealed_credentials(config, keys, lambda: session)
-        credentials: CredentialSource = (
-            sealed[1] if sealed is not None else _fixed_credentials(secrets)
-        )
-        clients = CorestoreClients(
-            credentials=credentials,
-            timeouts=CorestoreTimeouts.from_config(corestore),
-            retry=RetryPolicy(
-                attempts=corestore.retries + 1, tolerance=corestore.outage_tolerance_s
-            ),
-            observer=_CorestoreWatch(metrics, status),
-        )
-        resources.push_async_callback(_step, "close the Corestore clients", clients.close, close_s)
-        # One gate for every byte path to a node's Corestore: stages and closures share a
-        # node's places and its byte rate.
-        transfers = TransferGate(
-            NodeLimits(corestore.max_transfers_per_node, corestore.max_bytes_per_s_per_node),
-            observer=metrics,
-        )
-        engine = IsolatedRestoreEngine(
-            store=store,
-            clients=clients,
-            # The session is built next (it serves the engine's routes); the engine reads its
-            # cluster view only while handling a request, when the session exists.
-            cluster_view=lambda: session.cluster_view,
-            settings=EngineSettings.from_config(corestore),
-            transfers=transfers,
-        )
-        relay = RelayService(
-            store=store,
-            clients=clients,
-            cluster_view=lambda: session.cluster_view,
-            cloudly=lambda: session,  # read by a job, when the session exists
-            settings=RelaySettings.from_config(corestore, config.cloudly),
-            transfers=transfers,
-        )
-        routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
-        enrollment, provider = sealed if sealed is not None else (None, None)
-        session = CloudlySession(
-            session_settings(config),
-            secrets.machine_token,
-            status,
-            routes=routes,
-            connect_step=(
-                None
-                if enrollment is None
-                else lambda caller, view: enrollment.ensure(caller, view.cluster_id)
-            ),
-            view_watcher=None if provider is None else provider.retain,
-            ssl_context=checked.tls,
-            observer=metrics,
-        )
         loop_watch = LoopWatch(
             interval=watch_interval(watchdog_s),
             max_lag=config.health.max_loop_lag_s,
@@ -233,64 +181,331 @@ async def run(
             watchdog=watchdog_s is not None,
             observer=metrics,
         )
+        # One byte budget for every byte a transfer holds (docs/operations.md, "Memory"), and
+        # memory given back once it has been idle a moment.
+        budget = ByteBudget(config.memory.budget_bytes, observer=metrics)
+        trimmer = Trimmer(
+            clock=clock,
+            trim=trim_function(),
+            observer=metrics,
+            busy=lambda: budget.held > 0 or budget.ledger.waiting > 0,
+        )
+        budget.on_idle(trimmer.idle)
+        # One gate for every byte path to a node's Corestore: stages and closures share a
+        # node's places, its byte rate and the byte budget.
+        transfers = TransferGate(
+            NodeLimits(
+                config.corestore.max_transfers_per_node,
+                config.corestore.max_bytes_per_s_per_node,
+            ),
+            observer=metrics,
+            budget=budget,
+        )
+        # The state opens first (a damaged or newer database refuses start-up with one line);
+        # a disk that refuses its writes keeps the agent waiting (agent/opening.py), serving
+        # the endpoint meanwhile so that it says why.
+        opened: tuple[KeyStore | None, RevisionStore] | None = None
+        refusal: StateUnwritable | None = None
+        try:
+            opened = await _open_state(config, observer)
+        except StateUnwritable as exc:
+            refusal = exc
         health = HealthServer(
             config.health.endpoint,
             status=status,
-            store=store,
+            store=None,
             metrics=metrics,
             loop_watch=loop_watch,
             stale_after=config.cloudly.ping_interval_s + config.cloudly.ping_timeout_s,
             transfers=transfers,
         )
-        retention = Retention(
-            store, RetentionSettings.from_days(config.state.retention_days), observer=metrics
-        )
         address = await health.start(listener)
-        resources.push_async_callback(_step, "stop the health server", health.stop, close_s)
-        notifier.ready(status_line(status.snapshot()))
-        if on_ready is not None:
-            on_ready(address)
+        # Stopped in the shutdown's order (after the relay's jobs, before the clients and the
+        # store close), or here last if the state never opened.
+        stop_health = _Once(lambda: _step("stop the health server", health.stop, close_s))
+        resources.push_async_callback(stop_health)
+        ready = _Ready(notifier, status, address, on_ready)
         with _stop_on_signals(stop) if handle_signals else contextlib.nullcontext():
             async with asyncio.TaskGroup() as group:
-                engine_task = group.create_task(engine.owner.run(), name="isolated-restore-engine")
-                relay_task = group.create_task(relay.runner.run(), name="relay-jobs")
-                session_task = group.create_task(session.run(), name="cloudly-session")
                 side_tasks = [
                     group.create_task(loop_watch.run(), name="loop-watch"),
-                    group.create_task(retention.run(), name="state-retention"),
                     group.create_task(_tell_systemd(status, notifier), name="systemd-status"),
+                    group.create_task(trimmer.run(), name="memory-trimmer"),
                 ]
-                stop_task = group.create_task(stop.wait(), name="stop-signal")
-                await asyncio.wait({session_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-                stop_task.cancel()
-                in_flight = status.snapshot().in_flight
-                notifier.stopping(_draining(in_flight))
-                log.info("agent_stopping", in_flight=in_flight)
-                session.stop_intake()
-                await _step("drain in-flight work", lambda: session.drain(drain_s), drain_s)
-                if not await _step("close the Cloudly socket", lambda: session.close(0.0), close_s):
-                    session_task.cancel()  # the TaskGroup awaits it
-                if not await _step(
-                    "stop the engine's work", lambda: engine.owner.close(close_s), close_s
-                ):
-                    engine_task.cancel()
-                if not await _step(
-                    "stop the relay's jobs", lambda: relay.runner.close(close_s), close_s
-                ):
-                    relay_task.cancel()
+                if refusal is not None:
+
+                    def refused(error: StateUnwritable, failures: int) -> None:
+                        _state_refused(config, error, failures, observer, hooks, ready)
+
+                    refused(refusal, 1)
+                    opened = await open_waiting(
+                        lambda: _open_state(config, observer),
+                        clock=clock,
+                        stop=stop,
+                        refused=refused,
+                        failed=1,
+                    )
+                if opened is not None:
+                    keys, store = opened
+                    if keys is not None:
+                        resources.callback(keys.close)
+                    resources.push_async_callback(_step, "close the store", store.aclose, close_s)
+                    if hooks.unwritable_cause is not None:
+                        log.info("state_writable_at_start", state_directory=str(directory))
+                        observer.state_writable()
+                    statedir.clear_down(directory)
+                    health.attach(store)
+                    await _serve(
+                        config,
+                        secrets=secrets,
+                        checked=checked,
+                        status=status,
+                        stop=stop,
+                        keys=keys,
+                        store=store,
+                        metrics=metrics,
+                        observer=observer,
+                        transfers=transfers,
+                        extra_routes=extra_routes,
+                        config_path=config_path,
+                        created=created,
+                        watchdog_s=watchdog_s,
+                        notifier=notifier,
+                        ready=ready,
+                        resources=resources,
+                        group=group,
+                        clock=clock,
+                        stop_health=stop_health,
+                    )
                 for task in side_tasks:
                     task.cancel()
     log.info("agent_stopped")
 
 
-async def _key_store(config: Config, resources: AsyncExitStack) -> KeyStore | None:
-    """The recipient key (created on first start), held while the agent runs; None for the
-    file option."""
-    if config.corestore.credential_source != "sealed":
-        return None
-    keys = await asyncio.to_thread(KeyStore.open, config.state.directory)
-    resources.callback(keys.close)
-    return keys
+async def _serve(
+    config: Config,
+    *,
+    secrets: Secrets,
+    checked: Checked,
+    status: AgentStatus,
+    stop: asyncio.Event,
+    keys: KeyStore | None,
+    store: RevisionStore,
+    metrics: Metrics,
+    observer: Tee,
+    transfers: TransferGate,
+    extra_routes: Routes | None,
+    config_path: Path | None,
+    created: bool,
+    watchdog_s: float | None,
+    notifier: Notifier,
+    ready: _Ready,
+    resources: AsyncExitStack,
+    group: asyncio.TaskGroup,
+    clock: Clock,
+    stop_health: _Once,
+) -> None:
+    """Build the agent's parts on the open state, run them in `group` until `stop` (or the
+    session ends), then shut them down in order."""
+    drain_s, close_s = config.shutdown.drain_timeout_s, config.shutdown.close_timeout_s
+    directory = config.state.directory
+    decoders = codec_backends()
+    log.info(
+        "agent_starting",
+        version=__version__,
+        config=str(config_path) if config_path is not None else None,
+        cloudly_url=config.websocket_url,
+        state_directory=str(directory),
+        store_integrity=store.integrity,
+        health=config.health.listen,
+        watchdog_s=watchdog_s,
+        systemd_notify=notifier.enabled,
+        chunk_decoders=decoders,
+    )
+    _warn_about(config, created=created, decoders=decoders, tightened=checked.tightens)
+    corestore = config.corestore
+    sealed = _sealed_credentials(config, keys, lambda: session)
+    credentials: CredentialSource = sealed[1] if sealed is not None else _fixed_credentials(secrets)
+    clients = CorestoreClients(
+        credentials=credentials,
+        timeouts=CorestoreTimeouts.from_config(corestore),
+        retry=RetryPolicy(attempts=corestore.retries + 1, tolerance=corestore.outage_tolerance_s),
+        observer=observer,
+    )
+    resources.push_async_callback(_step, "close the Corestore clients", clients.close, close_s)
+    engine = IsolatedRestoreEngine(
+        store=store,
+        clients=clients,
+        # The session is built next (it serves the engine's routes); the engine reads its
+        # cluster view only while handling a request, when the session exists.
+        cluster_view=lambda: session.cluster_view,
+        settings=EngineSettings.from_config(corestore),
+        transfers=transfers,
+    )
+    relay = RelayService(
+        store=store,
+        clients=clients,
+        cluster_view=lambda: session.cluster_view,
+        # Read by a closure when it starts: its call and its stream on one connection.
+        cloudly=lambda: session.connection(),
+        settings=RelaySettings.from_config(corestore, config.cloudly),
+        transfers=transfers,
+        observer=metrics,
+    )
+    routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
+    enrollment, provider = sealed if sealed is not None else (None, None)
+    session = CloudlySession(
+        session_settings(config),
+        secrets.machine_token,
+        status,
+        routes=routes,
+        connect_step=(
+            None
+            if enrollment is None
+            else lambda caller, view: enrollment.ensure(caller, view.cluster_id)
+        ),
+        view_watcher=None if provider is None else provider.retain,
+        ssl_context=checked.tls,
+        observer=metrics,
+        pool=transfers.budget,
+    )
+    retention = Retention(
+        store, RetentionSettings.from_days(config.state.retention_days), observer=metrics
+    )
+    reconciler = Reconciler(
+        store=store,
+        clients=clients,
+        directory=directory,
+        cluster_view=lambda: session.cluster_view,
+        status=status,
+        clock=clock,
+        observer=observer,
+    )
+    ready.send()
+    engine_task = group.create_task(engine.owner.run(), name="isolated-restore-engine")
+    relay_task = group.create_task(relay.runner.run(), name="relay-jobs")
+    session_task = group.create_task(session.run(), name="cloudly-session")
+    side_tasks = [
+        group.create_task(retention.run(), name="state-retention"),
+        group.create_task(_probe_state_writes(store, status, clock), name="state-writes"),
+        group.create_task(reconciler.run(), name="state-reconcile"),
+    ]
+    stop_task = group.create_task(stop.wait(), name="stop-signal")
+    await asyncio.wait({session_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    stop_task.cancel()
+    in_flight = status.snapshot().in_flight
+    notifier.stopping(_draining(in_flight))
+    log.info("agent_stopping", in_flight=in_flight)
+    session.stop_intake()
+    await _step("drain in-flight work", lambda: session.drain(drain_s), drain_s)
+    if not await _step("close the Cloudly socket", lambda: session.close(0.0), close_s):
+        session_task.cancel()  # the TaskGroup awaits it
+    if not await _step("stop the engine's work", lambda: engine.owner.close(close_s), close_s):
+        engine_task.cancel()
+    if not await _step("stop the relay's jobs", lambda: relay.runner.close(close_s), close_s):
+        relay_task.cancel()
+    for task in side_tasks:
+        task.cancel()
+    await stop_health()
+
+
+class _Once:
+    """An async step that runs at most once (later calls do nothing)."""
+
+    def __init__(self, step: Callable[[], Awaitable[object]]) -> None:
+        self._step: Callable[[], Awaitable[object]] | None = step
+
+    async def __call__(self) -> None:
+        step, self._step = self._step, None
+        if step is not None:
+            await step()
+
+
+class _Ready:
+    """`READY=1` (with the first `STATUS=`) and the `on_ready` callback, sent once: when the
+    state is open and the health endpoint listens, or at the first refusal of a state disk
+    that does not take writes (the agent then waits, serving health: agent/opening.py)."""
+
+    def __init__(
+        self,
+        notifier: Notifier,
+        status: AgentStatus,
+        address: str,
+        on_ready: Callable[[str], None] | None,
+    ) -> None:
+        self._notifier, self._status, self._address = notifier, status, address
+        self._on_ready = on_ready
+        self._sent = False
+
+    def send(self) -> None:
+        """Say ready once (later calls do nothing)."""
+        if self._sent:
+            return
+        self._sent = True
+        self._notifier.ready(status_line(self._status.snapshot(), SYSTEM_CLOCK.time()))
+        if self._on_ready is not None:
+            self._on_ready(self._address)
+
+
+async def _open_state(config: Config, observer: Tee) -> tuple[KeyStore | None, RevisionStore]:
+    """The recipient key (created on first start; None for the file option), then the
+    database. A disk that refuses their writes is `StateUnwritable` (nothing stays open)."""
+    directory = config.state.directory
+    keys: KeyStore | None = None
+    if config.corestore.credential_source == "sealed":
+        try:
+            keys = await asyncio.to_thread(KeyStore.open, directory)
+        except OSError as exc:
+            error = store_error(exc, f"cannot write the recipient key in {directory}", directory)
+            if isinstance(error, StateUnwritable):
+                raise error from exc
+            raise
+    try:
+        store = await RevisionStore.open(directory, observer=observer)
+    except BaseException:
+        if keys is not None:
+            keys.close()
+        raise
+    return keys, store
+
+
+def _state_refused(
+    config: Config,
+    error: StateUnwritable,
+    failures: int,
+    observer: Tee,
+    hooks: StatusHooks,
+    ready: _Ready,
+) -> None:
+    """A try to open the state met a disk that refuses writes: said at error once per cause,
+    named as a condition (not ready), and the unit told it runs (it waits, serving health)."""
+    if failures == 1 or hooks.unwritable_cause != error.cause:
+        log.error(
+            "state_unwritable_at_start",
+            state_directory=str(config.state.directory),
+            cause=error.cause,
+            error=str(error),
+            hint="make room on (or remount read-write) the state directory's file system; "
+            "the agent serves /healthz and /readyz meanwhile and starts by itself once the "
+            "state can be written",
+        )
+    else:
+        log.debug("state_unwritable_at_start", cause=error.cause, failures=failures)
+    observer.state_write_failed(cause=error.cause)
+    ready.send()
+
+
+async def _probe_state_writes(store: RevisionStore, status: AgentStatus, clock: Clock) -> None:
+    """While the state disk refuses writes, try one small write after a backoff delay, so
+    readiness comes back once the disk takes writes again even when nothing else writes."""
+    while True:
+        await status.wait_until(lambda snapshot: UNWRITABLE in snapshot.conditions)
+        failures = 0
+        while store.write_fault is not None or UNWRITABLE in status.snapshot().conditions:
+            failures += 1
+            await clock.sleep(OPEN_BACKOFF.delay(failures, random.random()))
+            if await store.probe_write():
+                break
 
 
 def _sealed_credentials(
@@ -312,8 +527,21 @@ def _sealed_credentials(
     return enrollment, provider
 
 
-def _warn_about(config: Config, *, created: bool, decoders: Mapping[str, str]) -> None:
+def _warn_about(
+    config: Config,
+    *,
+    created: bool,
+    decoders: Mapping[str, str],
+    tightened: tuple[str, ...] = (),
+) -> None:
     """The start-up warnings: what runs, but not as production should."""
+    if tightened:
+        log.warning(
+            "state_permissions_tightened",
+            tightened=list(tightened),
+            hint="group or others had access to the state directory or database; the agent "
+            "made them private (check-config says so before a start)",
+        )
     if created:
         log.warning(
             "state_directory_created",
@@ -351,16 +579,23 @@ def _fixed_credentials(secrets: Secrets) -> FixedCredentials:
     return FixedCredentials(secrets.corestore_credential)
 
 
-def status_line(snapshot: StatusSnapshot) -> str:
-    """What `systemctl status` shows: the session's state and, while it fails, why."""
+def status_line(snapshot: StatusSnapshot, now: float | None = None) -> str:
+    """What `systemctl status` shows: first of all a state disk that refuses writes (the agent
+    is not ready while it does), then the session's state and, while Cloudly is unreachable,
+    since when, the last connect, the failed attempts and the last error (`now`: wall
+    seconds, the status's clock; the snapshot's own time when None)."""
     state, error = snapshot.state, snapshot.last_error
+    unwritable = snapshot.conditions.get(UNWRITABLE)
+    if unwritable is not None and state is not SessionState.DRAINING:
+        return f"not ready: {unwritable.text}; retrying"
     if state is SessionState.CONNECTED:
         cluster = snapshot.cluster_id
         return "connected to Cloudly" + (f", cluster {cluster}" if cluster else "")
-    if state is SessionState.BACKING_OFF:
-        return f"Cloudly unreachable, retrying: {error}"
     if state is SessionState.DRAINING:
         return _draining(snapshot.in_flight)
+    outage = snapshot.unreachable(snapshot.state_since if now is None else now)
+    if outage is not None and state is not SessionState.STOPPED:
+        return outage  # the same line while it connects again: one STATUS= per attempt
     if error is not None and state is not SessionState.STOPPED:
         return f"{state.value}; last error: {error}"
     return state.value
@@ -371,19 +606,34 @@ def _draining(in_flight: int) -> str:
     return f"stopping: draining {in_flight} requests in flight"
 
 
-def _line_differs_from(shown: str) -> Callable[[StatusSnapshot], bool]:
-    return lambda snapshot: status_line(snapshot) != shown
+def _line_differs_from(shown: str, clock: Clock) -> Callable[[StatusSnapshot], bool]:
+    return lambda snapshot: status_line(snapshot, clock.time()) != shown
 
 
-async def _tell_systemd(status: AgentStatus, notifier: Notifier) -> None:
-    """`STATUS=` on every change of the status line (the session's transitions and errors)."""
+# How often STATUS= is recomputed while nothing changes: the outage's duration grows.
+_STATUS_REFRESH_S = 30.0
+
+
+async def _tell_systemd(
+    status: AgentStatus,
+    notifier: Notifier,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    refresh_s: float = _STATUS_REFRESH_S,
+) -> None:
+    """`STATUS=` on every change of the status line: the session's transitions and errors,
+    and, every `refresh_s` while Cloudly is unreachable, the outage's growing duration."""
     if not notifier.enabled:
         return
-    line = status_line(status.snapshot())
+    line = status_line(status.snapshot(), clock.time())
     while True:
-        snapshot = await status.wait_until(_line_differs_from(line))
-        line = status_line(snapshot)
-        notifier.status(line)
+        with contextlib.suppress(TimeoutError):
+            async with clock.timeout(refresh_s):
+                await status.wait_until(_line_differs_from(line, clock))
+        now_line = status_line(status.snapshot(), clock.time())
+        if now_line != line:
+            line = now_line
+            notifier.status(line)
 
 
 async def _step(
@@ -434,25 +684,3 @@ def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
-
-
-class _CorestoreWatch:
-    """The Corestore clients' observer: every hook to the metrics, and whether a node's
-    Corestore answers to the status too (readiness says since when it does not)."""
-
-    def __init__(self, metrics: Metrics, status: AgentStatus) -> None:
-        self._metrics = metrics
-        self._status = status
-
-    def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
-        self._metrics.corestore_answer(route=route, outcome=outcome, seconds=seconds)
-
-    def corestore_resend(self, *, route: str) -> None:
-        self._metrics.corestore_resend(route=route)
-
-    def credential_rejected(self) -> None:
-        self._metrics.credential_rejected()
-
-    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
-        self._metrics.corestore_unavailable(node=node, since=since)
-        self._status.corestore_unavailable(node=node, since=since)

@@ -18,17 +18,34 @@
                                                   next start enrolls the new key with Cloudly
                                                   (docs/credentials.md, "Rotation"); refused
                                                   while an agent runs on that directory
+    restore-agent state salvage --config PATH [--sqlite3 PATH]
+                                                  a damaged state database: every row SQLite
+                                                  can still read into a new database in its
+                                                  place, the damaged file kept aside, counts
+                                                  per table printed (agent/store/salvage.py)
+    restore-agent state reset --config PATH --start-empty
+                                                  keep the state database aside and start
+                                                  empty on purpose; both refused while an
+                                                  agent runs on that directory, and both make
+                                                  the next start reconcile with each node's
+                                                  Corestore (agent/reconcile.py)
 
-Exit codes (the unit's `RestartPreventExitStatus=2` keeps systemd from restarting only what a
-restart cannot fix; docs/operations.md has the table):
+Exit codes (the unit's `RestartPreventExitStatus=2 65` keeps systemd from restarting only what
+a restart cannot fix; docs/operations.md has the table):
 
     0    success
     1    unexpected crash (logged once, with its traceback, through the redacting logger) or,
          for `status`, an agent that cannot be read; systemd restarts
     2    configuration: the file, the secret and CA files it names, file modes, the state
-         directory (missing parent, not a directory, read-only); one line on stderr, no
-         traceback. argparse uses 2 for usage errors too. systemd does not restart
+         directory (missing parent, not a directory, read-only); also a state database a
+         newer agent migrated (both schema versions named: install that agent again); one
+         line on stderr, no traceback. argparse uses 2 for usage errors too. systemd does
+         not restart
     3    `check-config --connect` could not connect or authenticate
+    65   (EX_DATAERR) the state database is damaged (or an earlier agent moved a damaged one
+         aside and nothing replaced it on purpose): one line naming the file and the way
+         out (`state salvage` or `state reset --start-empty`); systemd does not restart, and
+         every start refuses the same way until an operator acted
     75   start-up blocked for now (EX_TEMPFAIL): the health address is in use, another agent
          holds the state directory; one line; systemd restarts
     130  interrupted (Ctrl-C)
@@ -36,7 +53,11 @@ restart cannot fix; docs/operations.md has the table):
          (`... | head`): the rest of the output is dropped quietly, without a traceback
 
 Every fatal line goes to stderr as one line; when stderr is the journal (`$JOURNAL_STREAM`,
-agent/log.py) it starts with `<3>`, so `journalctl -p warning` shows why a start failed.
+agent/log.py) it starts with `<3>`, so `journalctl -p warning` shows why a start failed. A
+start refused for its state database (65, or 2 for a newer schema) also leaves the line in
+`<state>/agent-down.json`, which `status` prints when no agent answers.
+A full or read-only state disk is no exit at all: the agent waits, serving health
+(agent/opening.py).
 `agent.app` is imported only by `run` and the session only by `--connect`, so the other
 commands work without the daemon's dependencies. The demo is not part of the product: it lives
 in the repository's `devstack` package.
@@ -58,17 +79,25 @@ from typing import Any, Final, NoReturn
 import structlog
 
 from agent import __version__, preflight, statedir
-from agent.config import Config, is_credential, load_config
+from agent.config import Config, load_config
 from agent.credentials.keys import rotate_key
-from agent.errors import AgentError, ConfigError, StartupBlocked
+from agent.errors import (
+    AgentError,
+    ConfigError,
+    StartupBlocked,
+    StoreCorrupt,
+    StoreError,
+    StoreNewer,
+)
 from agent.log import PRIORITIES, configure_logging, is_journal, register_secret
-from agent.statusview import StatusUnavailable, fetch, render
+from agent.statusview import StatusUnavailable, fetch, render, render_down
 
 __all__ = [
     "DEFAULT_CONFIG",
     "EXIT_BROKEN_PIPE",
     "EXIT_CONFIG",
     "EXIT_CRASH",
+    "EXIT_DAMAGED",
     "EXIT_OK",
     "EXIT_TEMPORARY",
     "EXIT_UNREACHABLE",
@@ -79,6 +108,8 @@ EXIT_OK: Final = 0
 EXIT_CRASH: Final = 1
 EXIT_CONFIG: Final = 2
 EXIT_UNREACHABLE: Final = 3
+# sysexits.h's EX_DATAERR: "the input data was incorrect in some way" (the state database).
+EXIT_DAMAGED: Final = 65
 # sysexits.h's EX_TEMPFAIL: "a temporary failure; the user is invited to retry".
 EXIT_TEMPORARY: Final = 75
 # What a shell reports for a process ended by SIGINT (Ctrl-C in the foreground) / SIGPIPE.
@@ -88,6 +119,11 @@ EXIT_BROKEN_PIPE: Final = 141
 DEFAULT_CONFIG: Final = Path("/etc/restore-agent/config.toml")
 
 _PROG: Final = "restore-agent"
+_DB_NAME: Final = "state.sqlite3"  # agent.store.DB_NAME, without importing the store
+_NEXT_START: Final = (
+    "  next: systemctl start restore-agent; once connected it lists what each node's Corestore "
+    "holds and takes what the state does not know into cleanup (restore-agent status)"
+)
 
 _log = structlog.get_logger(__name__)
 
@@ -167,6 +203,33 @@ def _parser() -> argparse.ArgumentParser:
     )
     _config_option(rotate, required=True)
     rotate.set_defaults(command=_rotate_key)
+    state = commands.add_parser(
+        "state", help="an operator's way out of a damaged state database (the agent stopped)"
+    )
+    actions = state.add_subparsers(title="actions", required=True, metavar="ACTION")
+    salvage = actions.add_parser(
+        "salvage",
+        help="recover every row SQLite can still read into a new database; keep the damaged one",
+    )
+    _config_option(salvage, required=True)
+    salvage.add_argument(
+        "--sqlite3",
+        metavar="PATH",
+        help="a sqlite3 shell that has .recover (default: `sqlite3` on the PATH if it has it; "
+        "else the rows are read through SQL)",
+    )
+    salvage.set_defaults(command=_state_salvage)
+    reset = actions.add_parser(
+        "reset", help="keep the state database aside and start empty on purpose"
+    )
+    _config_option(reset, required=True)
+    reset.add_argument(
+        "--start-empty",
+        action="store_true",
+        required=True,
+        help="required: every record is forgotten (what Corestore holds is reconciled)",
+    )
+    reset.set_defaults(command=_state_reset)
     status = commands.add_parser(
         "status",
         help="the running agent: readiness, session, restores and relay jobs (health endpoint)",
@@ -199,7 +262,7 @@ def _guarded(command: Callable[[], int]) -> int:
         refusal = _refusal_in(exc)
         if refusal is not None:
             _fatal_line(f"{_PROG}: {refusal}")
-            return EXIT_TEMPORARY if isinstance(refusal, StartupBlocked) else EXIT_CONFIG
+            return _exit_code(refusal)
         if not structlog.is_configured():
             configure_logging()
         # critical: a crash must show whatever level the operator chose.
@@ -207,9 +270,20 @@ def _guarded(command: Callable[[], int]) -> int:
         return EXIT_CRASH
 
 
-def _refusal_in(exc: BaseException) -> ConfigError | StartupBlocked | None:
+_Refusal = ConfigError | StartupBlocked | StoreCorrupt | StoreNewer
+
+
+def _exit_code(refusal: _Refusal) -> int:
+    if isinstance(refusal, StartupBlocked):
+        return EXIT_TEMPORARY
+    if isinstance(refusal, StoreCorrupt):
+        return EXIT_DAMAGED
+    return EXIT_CONFIG
+
+
+def _refusal_in(exc: BaseException) -> _Refusal | None:
     """The start-up refusal an exception (or a TaskGroup's exception group) carries, if any."""
-    if isinstance(exc, ConfigError | StartupBlocked):
+    if isinstance(exc, ConfigError | StartupBlocked | StoreCorrupt | StoreNewer):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for inner in exc.exceptions:
@@ -219,9 +293,13 @@ def _refusal_in(exc: BaseException) -> ConfigError | StartupBlocked | None:
     return None
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())  # one line, whatever the message holds
+
+
 def _fatal_line(text: str) -> None:
     """`text` as one line on stderr, with the error priority when stderr is the journal."""
-    line = " ".join(text.split())  # one line, whatever the message holds
+    line = _one_line(text)
     prefix = f"<{PRIORITIES['error']}>" if is_journal(sys.stderr) else ""
     print(prefix + line, file=sys.stderr)
 
@@ -229,30 +307,17 @@ def _fatal_line(text: str) -> None:
 def _check_config(namespace: argparse.Namespace) -> int:
     path = _config_path(namespace)
     config = load_config(path)
-    # A probe needs the secrets, so --connect reads them even where that fails (outside the
-    # unit); without it, credentials this process was not given are left unread.
-    secrets_read = namespace.connect or _secrets_readable(config)
-    checked = preflight.check(config, read_secrets=secrets_read)
+    # The very checks `run` makes (agent/preflight.py), secrets included: outside the unit a
+    # credential cannot be read, and `run` would stop there too.
+    checked = preflight.check(config)
     print(f"config OK: {path}")
     for line in _summary(config):
         print(f"  {line}")
-    if not secrets_read:
-        print(
-            "  secrets:    not read: they are systemd credentials and $CREDENTIALS_DIRECTORY "
-            "is not set here (the unit sets it)"
-        )
+    for line in checked.tightens:
+        print(f"  tightens:   {line}")
     if namespace.connect:
         return _probe(config, checked)
     return EXIT_OK
-
-
-def _secrets_readable(config: Config) -> bool:
-    """False when a secret (or the CA file) is a systemd credential and this process was
-    given none."""
-    named = (config.cloudly.token_file, config.corestore.credential_file, config.cloudly.ca_file)
-    return not any(is_credential(path) for path in named if path is not None) or bool(
-        os.environ.get("CREDENTIALS_DIRECTORY")
-    )
 
 
 def _summary(config: Config) -> list[str]:
@@ -263,6 +328,8 @@ def _summary(config: Config) -> list[str]:
         f"credential: {_credential_summary(config)}",
         f"state:      {config.state.directory}",
         f"health:     {config.health.endpoint}",
+        f"shutdown:   at most {preflight.shutdown_budget(config):g} s, below "
+        f"stop_timeout_s {config.shutdown.stop_timeout_s:g} (the unit's TimeoutStopSec=)",
         f"log:        {config.log.format}, {config.log.level}",
     ]
 
@@ -300,7 +367,6 @@ def _probe(config: Config, checked: preflight.Checked) -> int:
     app_settings = importlib.import_module("agent.app").session_settings
     status = importlib.import_module("agent.status").AgentStatus()
     secrets = checked.secrets
-    assert secrets is not None  # read for --connect
     for secret in secrets.all():
         register_secret(secret)
     # The probe prints what it found; the session's own log lines would only repeat it.
@@ -334,10 +400,18 @@ def _status(namespace: argparse.Namespace) -> int:
     try:
         data = fetch(config.health.endpoint)
     except StatusUnavailable as exc:
-        _fatal_line(f"{_PROG}: {exc}")
+        down = statedir.read_down(config.state.directory)
+        if down is None:
+            _fatal_line(f"{_PROG}: {exc}")
+        elif namespace.json:
+            print(json.dumps({"ready": False, "down": down}, indent=2, sort_keys=True))
+        else:
+            sys.stdout.write(render_down(down, now_ms=time.time_ns() // 1_000_000))
         return EXIT_CRASH
     if namespace.json:
-        print(json.dumps(data, indent=2, sort_keys=True))
+        # One write, the newline with it: a reader that stops after the body (`| head`)
+        # does not turn a complete answer into a broken pipe.
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(render(data, now_ms=time.time_ns() // 1_000_000))
     return EXIT_OK
@@ -348,8 +422,8 @@ def _run(namespace: argparse.Namespace) -> int:
     # Checked now, before logging is set up, so a refusal is the one line that says why (exit
     # 2); the secrets read here go on to the composition root (which runs the same checks
     # and registers them with the log redactor too).
-    secrets = preflight.check(config).secrets
-    assert secrets is not None
+    checked = preflight.check(config)
+    secrets = checked.secrets
     for secret in secrets.all():
         register_secret(secret)  # from here on no log line can carry them
     configure_logging(config.log.format, config.log.level)
@@ -359,4 +433,85 @@ def _run(namespace: argparse.Namespace) -> int:
         asyncio.run(run(config, secrets=secrets, config_path=namespace.config))
     except asyncio.CancelledError:  # a second Ctrl-C skipped the drain (agent.app)
         return _EXIT_INTERRUPTED
+    except Exception as exc:
+        refusal = _refusal_in(exc)
+        if isinstance(refusal, StoreCorrupt | StoreNewer):
+            # What `status` says while the agent is down (the journal has the same line).
+            statedir.record_down(
+                config.state.directory,
+                reason="state-damaged" if isinstance(refusal, StoreCorrupt) else "state-newer",
+                message=_one_line(f"{_PROG}: {refusal}"),
+                exit_code=_exit_code(refusal),
+                at_ms=time.time_ns() // 1_000_000,
+                version=__version__,
+            )
+        raise
+    return EXIT_OK
+
+
+def _held_state(config: Config) -> statedir.StateLock:
+    """The state directory's lock, for a command that must not run beside an agent."""
+    directory = config.state.directory
+    statedir.check(directory)
+    try:
+        return statedir.lock(directory)
+    except StartupBlocked:
+        raise StartupBlocked(
+            "state.directory",
+            f"{directory}: a restore-agent runs on this state directory: stop it first "
+            "(systemctl stop restore-agent)",
+        ) from None
+
+
+def _state_salvage(namespace: argparse.Namespace) -> int:
+    config = load_config(namespace.config)
+    salvage = importlib.import_module("agent.store.salvage")
+    held = _held_state(config)
+    try:
+        report = salvage.salvage(
+            config.state.directory,
+            name=_DB_NAME,
+            now=time.time(),
+            sqlite3_cli=namespace.sqlite3,
+        )
+    except StoreNewer:
+        raise
+    except StoreError as exc:
+        _fatal_line(f"{_PROG}: state salvage: {exc}")
+        return EXIT_CRASH
+    finally:
+        held.close()
+    print(f"state salvaged: {report.database} (schema version {report.schema_version})")
+    print(f"  read with:    {report.tool}")
+    print(f"  damaged copy: {report.kept.name} (kept)")
+    rows = [("TABLE", "RECOVERED", "KEPT", "DROPPED")] + [
+        (table, str(c.recovered), str(c.kept), str(c.dropped))
+        for table, c in sorted(report.tables.items())
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        numbers = zip(row[1:], widths[1:], strict=True)
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in numbers]
+        print("  " + "  ".join(cells))
+    if report.unattributed:
+        print(
+            f"  {report.unattributed} rows SQLite found belong to no table any more: not restored"
+        )
+    print(_NEXT_START)
+    return EXIT_OK
+
+
+def _state_reset(namespace: argparse.Namespace) -> int:
+    config = load_config(namespace.config)
+    salvage = importlib.import_module("agent.store.salvage")
+    held = _held_state(config)
+    try:
+        kept = salvage.reset(config.state.directory, name=_DB_NAME, now=time.time())
+    finally:
+        held.close()
+    where = config.state.directory / _DB_NAME
+    print(f"state reset: {where} starts empty at the next start")
+    if kept is not None:
+        print(f"  previous database: {kept.name} (kept)")
+    print(_NEXT_START)
     return EXIT_OK

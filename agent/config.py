@@ -48,6 +48,7 @@ from agent.protocol.chunks import ChunkForm
 from agent.protocol.settings import ConnectionSettings
 from agent.retry import Backoff
 from agent.secret import Secret
+from agent.transfers.budget import DEFAULT_BUDGET_BYTES
 from agent.transfers.limits import DEFAULT_MAX_PER_NODE
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "HealthConfig",
     "HealthListen",
     "LogConfig",
+    "MemoryConfig",
     "Secrets",
     "ShutdownConfig",
     "StateConfig",
@@ -331,11 +333,22 @@ class StreamsConfig(_Section):
     )
 
 
+class MemoryConfig(_Section):
+    """`[memory]`: the one byte budget every transfer draws from (`agent.transfers.budget`)."""
+
+    # Bytes of frames, chunks and bodies all transfers together hold at once: 16 MiB .. 64 GiB.
+    # At least twice [cloudly] max_frame_bytes and four [corestore] chunk_size (checked).
+    budget_bytes: Annotated[int, Field(ge=16 * MiB, le=64 * 1024 * MiB)] = DEFAULT_BUDGET_BYTES
+
+
 class ShutdownConfig(_Section):
-    """`[shutdown]`: how long a stop may take (keep the sum below systemd's TimeoutStopSec)."""
+    """`[shutdown]`: how long a stop may take. The drain and the six close steps (each
+    `close_timeout_s` + 1 s of grace) must end below `stop_timeout_s`, the unit's
+    `TimeoutStopSec=` (agent/preflight.py refuses it otherwise)."""
 
     drain_timeout_s: Seconds = 20.0
     close_timeout_s: Seconds = 5.0
+    stop_timeout_s: Seconds = 90.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,6 +420,7 @@ class Config(_Section):
     corestore: CorestoreConfig = CorestoreConfig()
     state: StateConfig = StateConfig()
     streams: StreamsConfig = StreamsConfig()
+    memory: MemoryConfig = MemoryConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     log: LogConfig = LogConfig()
     health: HealthConfig = HealthConfig()
@@ -420,8 +434,9 @@ class Config(_Section):
 def load_config(path: Path) -> Config:
     """Read and validate the TOML file at `path`; raise `ConfigError` naming what is wrong."""
     try:
-        with path.open("rb") as file:
-            data = tomllib.load(file)
+        # A UTF-8 byte order mark (some Windows editors write one) is not TOML, but it is
+        # no mistake of the content either: it is dropped, not refused.
+        data = tomllib.loads(path.read_bytes().decode("utf-8").removeprefix("\ufeff"))
     except FileNotFoundError as exc:
         raise ConfigError("", f"{path}: no such file") from exc
     except IsADirectoryError as exc:
@@ -433,7 +448,7 @@ def load_config(path: Path) -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("", f"{path}: is not valid TOML ({exc})") from exc
     try:
-        return Config.model_validate(data, context={"base_dir": path.parent.absolute()})
+        config = Config.model_validate(data, context={"base_dir": path.parent.absolute()})
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         # A misspelt key is also a missing one; the unknown key is the cause worth naming.
@@ -442,6 +457,21 @@ def load_config(path: Path) -> Config:
         if error["type"] == "extra_forbidden" and key in _RENAMED:
             raise ConfigError(key, f"renamed to {_RENAMED[key]} (same meaning)") from None
         raise ConfigError(key, _reason(error)) from None
+    _check_budget(config)
+    return config
+
+
+def _check_budget(config: Config) -> None:
+    """The byte budget must hold what one transfer needs to move: a chunk frame as large as the
+    session accepts (with its decoded bytes) and a few Corestore chunks."""
+    budget = config.memory.budget_bytes
+    frame, chunk = config.cloudly.max_frame_bytes, config.corestore.chunk_size
+    if budget < 2 * frame or budget < 4 * chunk:
+        raise ConfigError(
+            "memory.budget_bytes",
+            f"must be at least twice cloudly.max_frame_bytes ({2 * frame}) and four times "
+            f"corestore.chunk_size ({4 * chunk})",
+        )
 
 
 def _dotted_key(loc: tuple[int | str, ...]) -> str:

@@ -16,7 +16,13 @@ re-decides it.
     │   └── RemoteProtocolError      internal        no          peer (malformed frame)
     ├── InvalidState                 internal        yes         us (illegal state-machine move)
     ├── StoreError                   internal        yes         disk / SQLite
-    │   └── StoreCorrupt             internal        no          disk (integrity_check failed)
+    │   ├── StoreCorrupt             internal        no          disk (integrity_check failed;
+    │   │                                                          start-up refused, exit 65)
+    │   ├── StoreNewer               internal        no          a newer agent migrated the
+    │   │                                                          database (start-up refused,
+    │   │                                                          exit 2)
+    │   └── StateUnwritable          state-unwritable yes        the node's state disk (full,
+    │                                                            read-only, I/O error): `cause`
     ├── SessionError                 internal        yes         network / Cloudly
     │   ├── SessionClosed                                          (websocket closed: code, reason)
     │   ├── CallTimeout                                            (no reply before the deadline)
@@ -36,6 +42,8 @@ re-decides it.
     │   └── IntegrityError           integrity-mismatch  yes     sender or storage (size/sha256)
     ├── CorestoreError                                           the node's Corestore
     │   ├── CorestoreUnavailable     corestore-unavailable yes   (unreachable, timeout, 5xx)
+    │   ├── CorestoreFull            corestore-full      yes     (507 / `storage-full`: its disk
+    │   │                                                          is full; not resent)
     │   ├── CorestoreRefused         corestore-refused   no      (4xx, its text sanitised)
     │   └── CredentialError                                      its control credential
     │       ├── CredentialUnavailable  credential-unavailable yes  (Cloudly could not give it now)
@@ -77,6 +85,7 @@ __all__ = [
     "ConfigError",
     "CorestoreCredentialRejected",
     "CorestoreError",
+    "CorestoreFull",
     "CorestoreRefused",
     "CorestoreUnavailable",
     "CredentialError",
@@ -105,8 +114,10 @@ __all__ = [
     "SessionError",
     "ShuttingDown",
     "StartupBlocked",
+    "StateUnwritable",
     "StoreCorrupt",
     "StoreError",
+    "StoreNewer",
     "StreamBroken",
     "StreamMalformed",
     "StreamNotServed",
@@ -191,9 +202,42 @@ class StoreError(AgentError):
 
 
 class StoreCorrupt(StoreError):
-    """The state database failed its integrity check and was moved aside."""
+    """The state database failed its integrity check (or a damaged one was moved aside by an
+    earlier agent and nothing replaced it on purpose). Start-up is refused (exit 65, not
+    restarted) until an operator salvages or resets the state (`restore-agent state`): the
+    agent never starts on an empty state because the old one was damaged."""
 
     retryable = False
+
+    def __init__(self, message: str, *, path: str, problem: str, **data: Any) -> None:
+        super().__init__(message, **data)
+        self.path = path
+        self.problem = problem
+
+
+class StoreNewer(StoreError):
+    """The state database has a schema version newer than this agent knows: a newer agent
+    migrated it. Start-up is refused (exit 2, not restarted); the way back is that newer agent."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, found: int, known: int) -> None:
+        super().__init__(message, schemaVersion=found, knownVersion=known)
+        self.found = found
+        self.known = known
+
+
+class StateUnwritable(StoreError):
+    """The node's state cannot be written: its disk is full, read-only, or failing (`cause`:
+    `disk-full`, `read-only`, `io-error`). Nothing was written; the same request succeeds once
+    the disk takes writes again, so it is retryable and never `internal`."""
+
+    code = "state-unwritable"
+    retryable = True
+
+    def __init__(self, message: str, *, cause: str) -> None:
+        super().__init__(message, cause=cause)
+        self.cause = cause
 
 
 # --- the Cloudly session ------------------------------------------------------------------------
@@ -317,6 +361,15 @@ class CorestoreUnavailable(CorestoreError, ConnectionError):
     """Corestore is unreachable, timed out or answered 5xx."""
 
     code = "corestore-unavailable"
+    retryable = True
+
+
+class CorestoreFull(CorestoreError):
+    """Corestore answered that its disk is full (507, or a 5xx with the code `storage-full`).
+    Not resent by the client (a full disk does not empty in a second); retryable for Cloudly
+    once the node's operator made room."""
+
+    code = "corestore-full"
     retryable = True
 
 

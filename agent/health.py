@@ -3,8 +3,10 @@
     GET /healthz      200 while the event loop is healthy (`LoopWatch`: its timer fired
                       recently and on time), else 503; the lag in the body
     GET /readyz       200 when the Cloudly session is connected with a recent pong, the store
-                      is open and the cluster document is usable; else 503 with each reason
-                      under a stable key (`agent.overview.readiness`) and the session status
+                      is open and takes writes and the cluster document is usable; else 503
+                      with each reason under a stable key (`agent.overview.readiness`); the
+                      session status, the agent's version and uptime (`agent`) and the node's
+                      named conditions (`conditions`) either way
     GET /metrics      the Prometheus text of `agent.metrics.Metrics`, gauges refreshed first
     GET /v1/restores  every node state as the operator's rows (`agent.overview.restore_rows`):
                       key, status, revision, age, progress; never a grant (none is stored)
@@ -16,7 +18,8 @@
                       job rows carry their own as `transfer`
 
 `bind_listener()` binds the socket first of all start-up steps (before the store or the key
-exist), `start()` serves on it (the app sends `READY=1` after that), `stop()` closes the
+exist), `start()` serves on it (before the state is open: `attach(store)` once it is; until
+then the store's endpoints answer 503 and readiness says why), `stop()` closes the
 listener and waits for requests in progress. The address comes from `[health] listen`, which
 the configuration already refused unless it is loopback; a unix socket is made 0600 (the
 agent's user and root), and one left behind by a dead agent (nothing accepts on it) is
@@ -46,6 +49,7 @@ from agent.metrics import CONTENT_TYPE, Metrics
 from agent.overview import (
     BYTES_STATUSES,
     RestoreFacts,
+    agent_facts,
     job_rows,
     readiness,
     restore_rows,
@@ -144,7 +148,7 @@ class HealthServer:
         listen: HealthListen,
         *,
         status: AgentStatus,
-        store: RevisionStore,
+        store: RevisionStore | None,
         metrics: Metrics,
         loop_watch: LoopWatch,
         stale_after: float,
@@ -156,7 +160,7 @@ class HealthServer:
         rows and `/v1/transfers` show (None: an idle one with the default limits)."""
         self._listen = listen
         self._status = status
-        self._store = store
+        self._store: RevisionStore | None = store
         self._metrics = metrics
         self._loop_watch = loop_watch
         self._stale_after = stale_after
@@ -165,6 +169,14 @@ class HealthServer:
         self._runner: web.AppRunner | None = None
         self.address: str | None = None
         """Where it listens once started (`127.0.0.1:PORT` or `unix:/path`)."""
+
+    def attach(self, store: RevisionStore) -> None:
+        """Serve `store` from now on (the state was opened after the endpoint began)."""
+        self._store = store
+
+    def _open_store(self) -> RevisionStore | None:
+        store = self._store
+        return store if store is not None and store.is_open else None
 
     async def start(self, sock: socket.socket | None = None) -> str:
         """Serve on `sock` (from `bind_listener`; bound now when None); returns the bound
@@ -219,7 +231,7 @@ class HealthServer:
     def _readiness(self, snapshot: StatusSnapshot) -> dict[str, str]:
         return readiness(
             snapshot,
-            store_open=self._store.is_open,
+            store_open=self._open_store() is not None,
             now=self._clock.time(),
             stale_after=self._stale_after,
         )
@@ -228,15 +240,22 @@ class HealthServer:
         del request
         snapshot = self._status.snapshot()
         reasons = self._readiness(snapshot)
-        body = {"ready": not reasons, "reasons": reasons, "session": snapshot.to_dict()}
+        body = {
+            "ready": not reasons,
+            "reasons": reasons,
+            "session": snapshot.to_dict(),
+            "agent": agent_facts(snapshot, now=self._clock.time()),
+            "conditions": {key: c.to_dict() for key, c in sorted(snapshot.conditions.items())},
+        }
         return web.json_response(body, status=503 if reasons else 200)
 
     async def _metrics_text(self, request: web.Request) -> web.Response:
         del request
         summary: StatusSummary | None = None
-        if self._store.is_open:
+        store = self._open_store()
+        if store is not None:
             try:
-                summary = await self._store.status_summary()
+                summary = await store.status_summary()
             except StoreError as exc:
                 _log.warning("metrics_store_unreadable", error=str(exc))
         snapshot = self._status.snapshot()
@@ -246,11 +265,12 @@ class HealthServer:
 
     async def _restores(self, request: web.Request) -> web.Response:
         del request
-        if not self._store.is_open:
+        store = self._open_store()
+        if store is None:
             return web.json_response({"error": "the revision store is not open"}, status=503)
         try:
-            states = await self._store.list_states()
-            found = await self._store.restore_facts(counted=BYTES_STATUSES)
+            states = await store.list_states()
+            found = await store.restore_facts(counted=BYTES_STATUSES)
         except StoreError as exc:
             return web.json_response({"error": str(exc)}, status=503)
         facts = {key: RestoreFacts(*value) for key, value in found.items()}
@@ -260,10 +280,11 @@ class HealthServer:
 
     async def _jobs(self, request: web.Request) -> web.Response:
         del request
-        if not self._store.is_open:
+        store = self._open_store()
+        if store is None:
             return web.json_response({"error": "the revision store is not open"}, status=503)
         try:
-            jobs = await self._store.list_jobs()
+            jobs = await store.list_jobs()
         except StoreError as exc:
             return web.json_response({"error": str(exc)}, status=503)
         rows = job_rows(jobs, now_ms=epoch_ms(self._clock))

@@ -14,6 +14,12 @@ the library's process and platform collectors are registered on it too.
     restore_agent_cloudly_connects_total{kind}            first | reconnect (authenticated)
     restore_agent_cloudly_losses_total{cause,permanent}   failed attempts and lost sessions
     restore_agent_cloudly_pong_latency_seconds            the last keepalive round trip
+                                                          (absent before a pong)
+    restore_agent_cloudly_last_connect_timestamp_seconds  when the session last connected
+                                                          (absent: never)
+    restore_agent_cloudly_unreachable_since_timestamp_seconds
+                                                          since when Cloudly is unreachable
+                                                          (absent: no outage)
     restore_agent_requests_total{method,code}             Cloudly's requests by outcome code
     restore_agent_request_duration_seconds{method}        their handling time (histogram)
     restore_agent_requests_in_flight                      being handled now
@@ -26,7 +32,22 @@ the library's process and platform collectors are registered on it too.
                                                           forgot: restore | job
     restore_agent_retention_freed_bytes_total             database bytes retention gave back
                                                           to the file system
+    restore_agent_retention_failures_total                retention passes that failed
+    restore_agent_state_database_vacuum_failures_total{reason}
+                                                          the one VACUUM of an older file:
+                                                          skipped | failed
     restore_agent_state_database_bytes                    the database file and its WAL
+    restore_agent_state_writable                          1 while the state disk takes writes,
+                                                          0 after it refused one
+    restore_agent_state_write_failures_total{cause}       writes the disk refused: disk-full |
+                                                          read-only | io-error
+    restore_agent_state_recovered_timestamp_seconds{how}  when the state was salvaged | reset
+                                                          (0: not since this install)
+    restore_agent_state_reconcile_pending                 1 while reconciliation with the
+                                                          nodes' Corestore is due
+    restore_agent_reconcile_orphans_total{what}           what Corestore held that the state
+                                                          did not know, taken into cleanup:
+                                                          restore | import
     restore_agent_staged_bytes_total                      chunk bytes Corestore accepted
     restore_agent_verified_bytes_total                    bytes of objects proven complete
     restore_agent_chunk_retries_total{reason}             unavailable | integrity
@@ -40,6 +61,8 @@ the library's process and platform collectors are registered on it too.
                                                           since when (epoch seconds) the node's
                                                           Corestore gave no usable answer; 0
                                                           while it answers
+    restore_agent_corestore_storage_full{node}            1 while the node's Corestore says
+                                                          its disk is full
     restore_agent_store_mutation_duration_seconds{op,outcome}
                                                           each compare-and-swap (histogram)
     restore_agent_event_loop_lag_seconds                  timer lateness (histogram)
@@ -47,16 +70,30 @@ the library's process and platform collectors are registered on it too.
                                                           the node's Corestore now
     restore_agent_transfers_queued{node}                  transfers waiting for one of the
                                                           node's places (max_transfers_per_node)
-    restore_agent_transfer_wait_seconds{kind}             how long a transfer waited its turn
+    restore_agent_transfer_wait_duration_seconds{kind}    how long a transfer waited its turn
                                                           (histogram; 0 when it did not wait)
+    restore_agent_byte_budget_bytes                       [memory] budget_bytes
+    restore_agent_byte_budget_held_bytes                  bytes drawn from it now
+    restore_agent_byte_budget_waiting                     draws waiting for room in it
+    restore_agent_byte_budget_wait_duration_seconds       how long a draw waited (histogram)
+    restore_agent_memory_trims_total                      the allocator asked to give memory back
+    restore_agent_memory_trimmed_bytes_total              RSS those requests gave back
+    restore_agent_relay_answers_total{kind,answer}        relay requests by how the request
+                                                          rule answered them (recorded: from
+                                                          the record, nothing ran)
     process_* (resident and virtual memory, CPU seconds, open and max fds, start time),
     python_info                                           the library's process and platform
                                                           collectors
 
-Latency histograms end in `_duration_seconds` (Prometheus' naming convention); the loop lag is
-a lateness, not the duration of some work, and keeps its name. No `_created` series: they double
-the series count and no dashboard or alert here reads them (`disable_created_metrics()`, a
-process-wide switch of the library, which is the agent's alone in its process).
+Histograms of how long something took or waited end in `_duration_seconds` (Prometheus'
+naming convention); the loop lag is a lateness, not the duration of some work, and keeps its
+name. A gauge whose fact may not exist yet (the pong latency before the first pong, the last
+connect before the first, the outage's start while connected) is absent then, not 0: a
+collector (`_SessionGauges`) yields it only when the status holds it.
+
+No `_created` series: they double the series count and no dashboard or alert here reads them
+(`disable_created_metrics()`, a process-wide switch of the library, which is the agent's alone
+in its process).
 
 Label values are bounded: methods are the routes the agent serves (the connection refuses
 any other before a handler runs), codes the wire error codes, causes the session's fault
@@ -66,6 +103,7 @@ the relay job table, nodes the cluster's node ids the agent moved bytes for.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Final
 
 from prometheus_client import (
@@ -79,12 +117,14 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from agent import __version__
 from agent.contracts.isolatedrestore import NODE_STATUSES
-from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES
+from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, REQUESTS
 from agent.observe import Direction
 from agent.status import SessionState, StatusSnapshot
+from agent.store.faults import CAUSES
 from agent.store.records import StatusSummary
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
@@ -103,6 +143,45 @@ _LAG_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 _REQUEST_BUCKETS: Final = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
 # A transfer waits for its node's earlier ones: nothing, or up to whole transfers (minutes).
 _WAIT_BUCKETS: Final = (0.001, 0.1, 1, 10, 30, 60, 300, 900, 3600)
+
+
+class _SessionGauges:
+    """The session's gauges that exist only while their fact does, read from the snapshot the
+    last scrape's `refresh()` saw (a collector: a plain Gauge always has a value)."""
+
+    def __init__(self) -> None:
+        self.snapshot: StatusSnapshot | None = None
+
+    def describe(self) -> list[Metric]:
+        """Nothing to check at registration: the names are the module's own."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """Each gauge whose fact the snapshot holds."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return
+        facts = (
+            (
+                "cloudly_pong_latency_seconds",
+                "Round trip of the last keepalive ping answered by Cloudly (absent before one).",
+                snapshot.pong_latency,
+            ),
+            (
+                "cloudly_last_connect_timestamp_seconds",
+                "When the Cloudly session last connected, epoch seconds (absent: never).",
+                snapshot.last_connected_at,
+            ),
+            (
+                "cloudly_unreachable_since_timestamp_seconds",
+                "Since when Cloudly has been unreachable: the end of the last session, or the "
+                "agent's start (epoch seconds; absent while there is no outage).",
+                snapshot.unreachable_since,
+            ),
+        )
+        for name, documentation, value in facts:
+            if value is not None:
+                yield GaugeMetricFamily(f"{_NS}_{name}", documentation, value=value)
 
 
 class Metrics:
@@ -133,11 +212,8 @@ class Metrics:
             ["cause", "permanent"],
             registry=r,
         )
-        self._pong = Gauge(
-            f"{_NS}_cloudly_pong_latency_seconds",
-            "Round trip of the last keepalive ping answered by Cloudly.",
-            registry=r,
-        )
+        self._session_gauges = _SessionGauges()
+        r.register(self._session_gauges)
         self._requests = Counter(
             f"{_NS}_requests", "Requests from Cloudly, by method and outcome code.",
             ["method", "code"], registry=r,
@@ -170,6 +246,13 @@ class Metrics:
             ["kind", "status"],
             registry=r,
         )
+        self._relay_answers = Counter(
+            f"{_NS}_relay_answers",
+            "Relay backup and restore requests by how the request rule answered them: start, "
+            "resume, retry (the work ran), join, recorded (nothing ran), conflict, busy.",
+            ["kind", "answer"],
+            registry=r,
+        )
         self._retention_deleted = Counter(
             f"{_NS}_retention_deleted",
             "Old finished records retention forgot: restore (a node state with its plan and "
@@ -180,6 +263,19 @@ class Metrics:
         self._retention_freed = Counter(
             f"{_NS}_retention_freed_bytes",
             "Bytes of the state database retention gave back to the file system.",
+            registry=r,
+        )
+        self._retention_failures = Counter(
+            f"{_NS}_retention_failures",
+            "Retention passes that failed (the store failed or closed); the next pass, an hour "
+            "later, tries again.",
+            registry=r,
+        )
+        self._vacuum_failures = Counter(
+            f"{_NS}_state_database_vacuum_failures",
+            "The one VACUUM that switches a database an older agent made to giving pages back "
+            "did not run at start: skipped (no room for a copy) or failed.",
+            ["reason"],
             registry=r,
         )
         self._database_bytes = Gauge(
@@ -253,12 +349,88 @@ class Metrics:
             registry=r,
         )
         self._transfer_wait = Histogram(
-            f"{_NS}_transfer_wait_seconds",
+            f"{_NS}_transfer_wait_duration_seconds",
             "How long a transfer waited in its node's queue before it moved (0: not at all).",
             ["kind"],
             buckets=_WAIT_BUCKETS,
             registry=r,
         )
+        self._budget = Gauge(
+            f"{_NS}_byte_budget_bytes",
+            "The byte budget every transfer draws from ([memory] budget_bytes).",
+            registry=r,
+        )
+        self._budget_held = Gauge(
+            f"{_NS}_byte_budget_held_bytes",
+            "Bytes drawn from the byte budget now (frames, chunks and bodies transfers hold).",
+            registry=r,
+        )
+        self._budget_waiting = Gauge(
+            f"{_NS}_byte_budget_waiting",
+            "Draws waiting for room in the byte budget (transfers held back).",
+            registry=r,
+        )
+        self._budget_wait = Histogram(
+            f"{_NS}_byte_budget_wait_duration_seconds",
+            "How long a draw from the byte budget waited for room (0: not at all).",
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self._trims = Counter(
+            f"{_NS}_memory_trims",
+            "Times the allocator was asked to give free memory back after the transfers ended.",
+            registry=r,
+        )
+        self._trimmed = Counter(
+            f"{_NS}_memory_trimmed_bytes",
+            "Resident memory those requests gave back to the system.",
+            registry=r,
+        )
+        self._writable = Gauge(
+            f"{_NS}_state_writable",
+            "1 while the node's state disk takes the agent's writes, 0 after it refused one "
+            "(full, read-only, failing) until one gets through again.",
+            registry=r,
+        )
+        self._write_failures = Counter(
+            f"{_NS}_state_write_failures",
+            "Writes of the state the disk refused, by cause.",
+            ["cause"],
+            registry=r,
+        )
+        self._recovered = Gauge(
+            f"{_NS}_state_recovered_timestamp_seconds",
+            "When the state this agent runs on was salvaged or reset (epoch seconds; 0: not "
+            "since it was made).",
+            ["how"],
+            registry=r,
+        )
+        self._reconcile_pending = Gauge(
+            f"{_NS}_state_reconcile_pending",
+            "1 while reconciliation of a salvaged or reset state with the nodes' Corestore is "
+            "due, else 0.",
+            registry=r,
+        )
+        self._orphans = Counter(
+            f"{_NS}_reconcile_orphans",
+            "What a node's Corestore held that the salvaged or reset state did not know, taken "
+            "into cleanup work: restore (scratch and staging) or import (a closure import).",
+            ["what"],
+            registry=r,
+        )
+        self._corestore_full = Gauge(
+            f"{_NS}_corestore_storage_full",
+            "1 while the node's Corestore answers that its disk is full.",
+            ["node"],
+            registry=r,
+        )
+        self._writable.set(1)
+        for cause in CAUSES:
+            self._write_failures.labels(cause=cause)
+        for how in ("salvaged", "reset"):
+            self._recovered.labels(how=how).set(0)
+        for what in ("restore", "import"):
+            self._orphans.labels(what=what)
         for state in SessionState:
             self._state.labels(state=state.value).set(0)
         for status in NODE_STATUSES:
@@ -268,10 +440,14 @@ class Metrics:
             for job_status in JOB_STATUSES:
                 self._jobs.labels(kind=kind, status=job_status).set(0)
                 self._jobs_oldest.labels(kind=kind, status=job_status).set(0)
+        for (job_kind, _), verdict in REQUESTS.items():
+            self._relay_answers.labels(kind=job_kind, answer=verdict.value)
         for what in ("restore", "job"):
             self._retention_deleted.labels(what=what)
         for reason in ("unavailable", "integrity"):
             self._chunk_retries.labels(reason=reason)
+        for reason in ("skipped", "failed"):
+            self._vacuum_failures.labels(reason=reason)
         for direction in ("in", "out"):
             self._stream_bytes.labels(direction=direction)
 
@@ -291,8 +467,7 @@ class Metrics:
         for state in SessionState:
             self._state.labels(state=state.value).set(1 if state is snapshot.state else 0)
         self._in_flight.set(snapshot.in_flight)
-        if snapshot.pong_latency is not None:
-            self._pong.set(snapshot.pong_latency)
+        self._session_gauges.snapshot = snapshot
         if summary is None:
             return
         self._database_bytes.set(summary.database_bytes)
@@ -347,9 +522,21 @@ class Metrics:
         """Count records retention forgot."""
         self._retention_deleted.labels(what=what).inc(count)
 
+    def relay_answered(self, *, kind: str, answer: str) -> None:
+        """Count how a relay request was answered."""
+        self._relay_answers.labels(kind=kind, answer=answer).inc()
+
     def retention_freed(self, *, count: int) -> None:
         """Count bytes retention gave back."""
         self._retention_freed.inc(count)
+
+    def retention_failed(self) -> None:
+        """Count a failed retention pass."""
+        self._retention_failures.inc()
+
+    def vacuum_failed(self, *, reason: str) -> None:
+        """Count the start-up VACUUM that was skipped or failed."""
+        self._vacuum_failures.labels(reason=reason).inc()
 
     def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
         """Time a Corestore attempt; an integrity refusal of a chunk is a chunk retry."""
@@ -370,6 +557,31 @@ class Metrics:
         if route == _CHUNK_ROUTE:
             self._chunk_retries.labels(reason="unavailable").inc()
 
+    def state_write_failed(self, *, cause: str) -> None:
+        """Count a refused write; the state is not writable."""
+        self._write_failures.labels(cause=cause).inc()
+        self._writable.set(0)
+
+    def state_writable(self) -> None:
+        """A write got through again."""
+        self._writable.set(1)
+
+    def corestore_full(self, *, node: str, full: bool) -> None:
+        """Whether the node's Corestore says its disk is full."""
+        self._corestore_full.labels(node=node).set(1 if full else 0)
+
+    def state_recovered(self, *, how: str, at: float) -> None:
+        """When the state was salvaged or reset."""
+        self._recovered.labels(how=how).set(at)
+
+    def reconcile_pending(self, *, pending: bool) -> None:
+        """Whether reconciliation with the nodes' Corestore is due."""
+        self._reconcile_pending.set(1 if pending else 0)
+
+    def orphans_adopted(self, *, what: str, count: int) -> None:
+        """Count what reconciliation took into cleanup."""
+        self._orphans.labels(what=what).inc(count)
+
     def loop_lag(self, *, seconds: float) -> None:
         """Record how late the loop was."""
         self._lag.observe(seconds)
@@ -382,6 +594,21 @@ class Metrics:
     def transfer_waited(self, *, kind: str, seconds: float) -> None:
         """Record a transfer's wait for its turn."""
         self._transfer_wait.labels(kind=kind).observe(seconds)
+
+    def budget_changed(self, *, limit: int, held: int, waiting: int) -> None:
+        """Set the byte budget's size, drawn bytes and waiters."""
+        self._budget.set(limit)
+        self._budget_held.set(held)
+        self._budget_waiting.set(waiting)
+
+    def budget_waited(self, *, seconds: float) -> None:
+        """Record a draw's wait for room."""
+        self._budget_wait.observe(seconds)
+
+    def memory_trimmed(self, *, released: int) -> None:
+        """Count a trim and what it gave back."""
+        self._trims.inc()
+        self._trimmed.inc(max(0, released))
 
 
 def _age(now_ms: int, oldest_ms: int, count: int) -> float:

@@ -11,17 +11,32 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
                                                        stream bytes in and out
     agent/store/store.py           StoreObserver       a mutation (op, outcome, s); a chunk
                                                        recorded (bytes staged); an object
-                                                       written (bytes verified)
+                                                       written (bytes verified); a write the
+                                                       disk refused (cause); writes again
     agent/store/retention.py       StoreObserver       records retention forgot (restores,
-                                                       jobs); bytes it gave back to the disk
+                                                       jobs); bytes it gave back to the disk;
+                                                       a pass that failed
+    agent/store/startup.py         StoreObserver       the one VACUUM of an older file
+                                                       skipped or failed
     agent/corestore/transport.py   CorestoreObserver   one HTTP attempt (route, answer kind, s);
     agent/corestore/client.py                          one resend of a route; a control
-                                                       credential refused for good
+                                                       credential refused for good; a node's
+                                                       Corestore full (or not any more)
+    agent/reconcile.py             ReconcileObserver   the state was salvaged or reset (how,
+                                                       when); reconciliation with Corestore
+                                                       pending or done; orphans taken over
     agent/loopwatch.py             LoopObserver        one event-loop lag measurement
     agent/transfers/gate.py        TransferObserver    a node's moving and queued transfers
                                                        changed; how long one waited its turn
+    agent/transfers/budget.py      BudgetObserver      the byte budget's drawn bytes and
+                                                       waiters; how long a draw waited
+    agent/memory.py                BudgetObserver      the allocator gave memory back
+    agent/relay/runner.py          RelayObserver       how a relay request was answered
+                                                       (kind, answer: a new run, joined,
+                                                       resumed, recorded, ...)
 
-Hooks are called on the event loop, synchronously, and must not raise or block.
+Hooks are called on the event loop, synchronously, and must not raise or block. `Tee` hands
+every hook to several observers (the metrics and the status' own, `agent.status.StatusHooks`).
 """
 
 from __future__ import annotations
@@ -30,13 +45,17 @@ from typing import Final, Literal, Protocol
 
 __all__ = [
     "NULL_OBSERVER",
+    "BudgetObserver",
     "CorestoreObserver",
     "Direction",
     "LoopObserver",
     "NullObserver",
     "PeerObserver",
+    "ReconcileObserver",
+    "RelayObserver",
     "SessionObserver",
     "StoreObserver",
+    "Tee",
     "TransferObserver",
 ]
 
@@ -83,6 +102,20 @@ class StoreObserver(Protocol):
     def retention_freed(self, *, count: int) -> None:
         """Retention gave `count` bytes of the database file back to the file system."""
 
+    def retention_failed(self) -> None:
+        """A retention pass failed (the store failed or closed); the next one tries again."""
+
+    def vacuum_failed(self, *, reason: str) -> None:
+        """The one `VACUUM` that switches an older database to giving pages back did not run:
+        `reason` is `skipped` (no room for a copy) or `failed`."""
+
+    def state_write_failed(self, *, cause: str) -> None:
+        """The disk refused a write of the state (`cause`: `disk-full`, `read-only`,
+        `io-error`): nothing was written."""
+
+    def state_writable(self) -> None:
+        """A write of the state committed after the disk had refused one."""
+
 
 class CorestoreObserver(Protocol):
     """What the Corestore HTTP edge reports."""
@@ -102,6 +135,26 @@ class CorestoreObserver(Protocol):
         """`node`'s Corestore gives no usable answer since `since` (epoch seconds), or answers
         again (None)."""
 
+    def corestore_full(self, *, node: str, full: bool) -> None:
+        """The Corestore of `node` answered that its disk is full (`full`), or took a write
+        again after it had (`not full`)."""
+
+
+class ReconcileObserver(Protocol):
+    """What the reconciliation after a salvaged or reset state reports."""
+
+    def state_recovered(self, *, how: str, at: float) -> None:
+        """The state was salvaged or reset (`how`) at `at` (epoch seconds) and this agent
+        started on it."""
+
+    def reconcile_pending(self, *, pending: bool) -> None:
+        """Reconciliation with the nodes' Corestore is still due (`pending`) or done."""
+
+    def orphans_adopted(self, *, what: str, count: int) -> None:
+        """`count` resources Corestore held that the state did not know were taken into
+        cleanup work: `restore` (an isolated restore's scratch and staging) or `import` (a
+        closure import, aborted)."""
+
 
 class LoopObserver(Protocol):
     """What the event-loop watch reports."""
@@ -118,6 +171,27 @@ class TransferObserver(Protocol):
 
     def transfer_waited(self, *, kind: str, seconds: float) -> None:
         """A transfer of `kind` starts moving after `seconds` in its node's queue (0: none)."""
+
+
+class BudgetObserver(Protocol):
+    """What the byte budget (and the memory trimmer beside it) reports."""
+
+    def budget_changed(self, *, limit: int, held: int, waiting: int) -> None:
+        """`held` of `limit` bytes are drawn; `waiting` draws wait for room."""
+
+    def budget_waited(self, *, seconds: float) -> None:
+        """A draw got its bytes after `seconds` (0: at once)."""
+
+    def memory_trimmed(self, *, released: int) -> None:
+        """The allocator was asked to give free memory back; RSS fell by `released` bytes."""
+
+
+class RelayObserver(Protocol):
+    """What the relay's job runner reports."""
+
+    def relay_answered(self, *, kind: str, answer: str) -> None:
+        """A backup or restore request was answered by the request rule's `answer` (start,
+        resume, retry, join, recorded, conflict, busy)."""
 
 
 class NullObserver:
@@ -150,6 +224,12 @@ class NullObserver:
     def retention_freed(self, *, count: int) -> None:
         """Nothing."""
 
+    def retention_failed(self) -> None:
+        """Nothing."""
+
+    def vacuum_failed(self, *, reason: str) -> None:
+        """Nothing."""
+
     def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
         """Nothing."""
 
@@ -162,6 +242,24 @@ class NullObserver:
     def corestore_unavailable(self, *, node: str, since: float | None) -> None:
         """Nothing."""
 
+    def corestore_full(self, *, node: str, full: bool) -> None:
+        """Nothing."""
+
+    def state_write_failed(self, *, cause: str) -> None:
+        """Nothing."""
+
+    def state_writable(self) -> None:
+        """Nothing."""
+
+    def state_recovered(self, *, how: str, at: float) -> None:
+        """Nothing."""
+
+    def reconcile_pending(self, *, pending: bool) -> None:
+        """Nothing."""
+
+    def orphans_adopted(self, *, what: str, count: int) -> None:
+        """Nothing."""
+
     def loop_lag(self, *, seconds: float) -> None:
         """Nothing."""
 
@@ -171,5 +269,131 @@ class NullObserver:
     def transfer_waited(self, *, kind: str, seconds: float) -> None:
         """Nothing."""
 
+    def budget_changed(self, *, limit: int, held: int, waiting: int) -> None:
+        """Nothing."""
+
+    def budget_waited(self, *, seconds: float) -> None:
+        """Nothing."""
+
+    def memory_trimmed(self, *, released: int) -> None:
+        """Nothing."""
+
+    def relay_answered(self, *, kind: str, answer: str) -> None:
+        """Nothing."""
+
 
 NULL_OBSERVER: Final = NullObserver()
+
+
+class Tee:
+    """Every hook, handed to each of `parts` in order (each may implement only some hooks: a
+    part without a hook is skipped)."""
+
+    def __init__(self, *parts: object) -> None:
+        self._parts = parts
+
+    def _each(self, hook: str, **facts: object) -> None:
+        for part in self._parts:
+            method = getattr(part, hook, None)
+            if method is not None:
+                method(**facts)
+
+    def session_connected(self, *, reconnect: bool) -> None:
+        """To each part."""
+        self._each("session_connected", reconnect=reconnect)
+
+    def session_lost(self, *, cause: str, permanent: bool) -> None:
+        """To each part."""
+        self._each("session_lost", cause=cause, permanent=permanent)
+
+    def request_handled(self, *, method: str, code: str, seconds: float) -> None:
+        """To each part."""
+        self._each("request_handled", method=method, code=code, seconds=seconds)
+
+    def stream_bytes(self, *, direction: Direction, count: int) -> None:
+        """To each part."""
+        self._each("stream_bytes", direction=direction, count=count)
+
+    def store_mutation(self, *, op: str, outcome: str, seconds: float) -> None:
+        """To each part."""
+        self._each("store_mutation", op=op, outcome=outcome, seconds=seconds)
+
+    def chunk_recorded(self, *, length: int) -> None:
+        """To each part."""
+        self._each("chunk_recorded", length=length)
+
+    def object_written(self, *, size: int) -> None:
+        """To each part."""
+        self._each("object_written", size=size)
+
+    def retention_deleted(self, *, what: str, count: int) -> None:
+        """To each part."""
+        self._each("retention_deleted", what=what, count=count)
+
+    def retention_freed(self, *, count: int) -> None:
+        """To each part."""
+        self._each("retention_freed", count=count)
+
+    def retention_failed(self) -> None:
+        """To each part."""
+        self._each("retention_failed")
+
+    def vacuum_failed(self, *, reason: str) -> None:
+        """To each part."""
+        self._each("vacuum_failed", reason=reason)
+
+    def relay_answered(self, *, kind: str, answer: str) -> None:
+        """To each part."""
+        self._each("relay_answered", kind=kind, answer=answer)
+
+    def state_write_failed(self, *, cause: str) -> None:
+        """To each part."""
+        self._each("state_write_failed", cause=cause)
+
+    def state_writable(self) -> None:
+        """To each part."""
+        self._each("state_writable")
+
+    def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
+        """To each part."""
+        self._each("corestore_answer", route=route, outcome=outcome, seconds=seconds)
+
+    def corestore_resend(self, *, route: str) -> None:
+        """To each part."""
+        self._each("corestore_resend", route=route)
+
+    def credential_rejected(self) -> None:
+        """To each part."""
+        self._each("credential_rejected")
+
+    def corestore_full(self, *, node: str, full: bool) -> None:
+        """To each part."""
+        self._each("corestore_full", node=node, full=full)
+
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
+        """To each part."""
+        self._each("corestore_unavailable", node=node, since=since)
+
+    def loop_lag(self, *, seconds: float) -> None:
+        """To each part."""
+        self._each("loop_lag", seconds=seconds)
+
+    def transfers_changed(self, *, node: str, moving: int, queued: int) -> None:
+        """To each part."""
+        self._each("transfers_changed", node=node, moving=moving, queued=queued)
+
+    def transfer_waited(self, *, kind: str, seconds: float) -> None:
+        """To each part."""
+        self._each("transfer_waited", kind=kind, seconds=seconds)
+
+    def state_recovered(self, *, how: str, at: float) -> None:
+        """To each part."""
+        self._each("state_recovered", how=how, at=at)
+
+    def reconcile_pending(self, *, pending: bool) -> None:
+        """To each part."""
+        self._each("reconcile_pending", pending=pending)
+
+    def orphans_adopted(self, *, what: str, count: int) -> None:
+        """To each part."""
+        self._each("orphans_adopted", what=what, count=count)

@@ -7,15 +7,17 @@ them into the JSON it serves; `restore-agent status` prints the same JSON as a t
 Readiness (`readiness()`): ready only when every check passes; each failing check adds one
 reason under a stable key:
 
-    session     the Cloudly session is not `connected` (its state and last error)
+    session     the Cloudly session is not `connected`: its state and, in an outage, since
+                when Cloudly is unreachable, when it last connected, the failed attempts and
+                the last error (`AgentStatus`'s `unreachable_sentence`)
     keepalive   connected, but Cloudly answered no keepalive ping (nor the authentication)
                 within `stale_after` seconds
     store       the revision store is not open
+    state-unwritable
+                the node's state disk refuses writes (full, read-only, failing): requests
+                that write are answered `state-unwritable` meanwhile, reads are served
     cluster     no cluster document read yet, or no node of it has a valid Corestore
                 endpoint (the agent could route no work)
-    corestore   a node's Corestore gives no usable answer (no answer, 5xx, 408, 429): each
-                such node with since when; its calls ride it out up to
-                `[corestore] outage_tolerance_s`, then its work fails
 
 A restore row (`restore_row()`) says where one node state is: its key, status, revision, age
 and, while work is under way, its progress as `{done, total, unit}`:
@@ -31,6 +33,8 @@ A job row (`job_rows()`) says where one relay job (a service backup or restore) 
 status, revision, attempts and age; a finished restore names the resource types it restored and
 whether it was partial, a failed job its error code and message. Never the service document.
 
+`agent_facts()` is `/readyz`'s `agent`: the version, when it started and its uptime.
+
 Transfers (`agent.transfers`): `with_transfers()` gives each restore or job row its `transfer`,
 null unless bytes of it move or wait for one of the node's places right now:
 
@@ -45,17 +49,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Final
 
+from agent import __version__
 from agent.domain.jobs import StoredJob
+from agent.domain.outcomes import Failed, Succeeded
 from agent.domain.restores import StoredState
-from agent.status import SessionState, StatusSnapshot
+from agent.status import NOT_READY_CONDITIONS, SessionState, StatusSnapshot
 from agent.transfers.limits import TransferEntry, TransferView
 
 __all__ = [
     "BYTES_STATUSES",
     "RestoreFacts",
+    "agent_facts",
     "job_rows",
     "readiness",
     "restore_row",
@@ -79,7 +85,10 @@ def readiness(
     reasons: dict[str, str] = {}
     if snapshot.state is not SessionState.CONNECTED:
         reason = f"the Cloudly session is {snapshot.state.value}"
-        if snapshot.last_error is not None:
+        outage = snapshot.unreachable(now)
+        if outage is not None and snapshot.state is not SessionState.STOPPED:
+            reason += f": {outage}"
+        elif snapshot.last_error is not None:
             reason += f" (last error: {snapshot.last_error})"
         reasons["session"] = reason
     else:
@@ -94,6 +103,8 @@ def readiness(
             )
     if not store_open:
         reasons["store"] = "the revision store is not open"
+    for key in sorted(NOT_READY_CONDITIONS & snapshot.conditions.keys()):
+        reasons[key] = snapshot.conditions[key].text
     cluster = snapshot.cluster
     if cluster is None:
         reasons["cluster"] = "no cluster document has been read"
@@ -106,18 +117,18 @@ def readiness(
             f"no node of cluster {cluster.cluster_id} has a valid Corestore endpoint"
             + (f" ({problems})" if problems else " (the document lists no node)")
         )
-    if snapshot.corestore_unavailable:
-        reasons["corestore"] = "; ".join(
-            f"the Corestore of node {node} has been unavailable since "
-            f"{_utc(since)} ({now - since:.0f} s)"
-            for node, since in snapshot.corestore_unavailable
-        )
     return reasons
 
 
-def _utc(seconds: float) -> str:
-    """Epoch seconds as an ISO 8601 UTC time, to the second."""
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def agent_facts(snapshot: StatusSnapshot, *, now: float) -> dict[str, Any]:
+    """`/readyz`'s `agent`: which version runs and for how long (`restore-agent status`'s
+    first line)."""
+    started = snapshot.started_at
+    return {
+        "version": __version__,
+        "startedAt": None if started is None else round(started * 1000),
+        "uptimeSeconds": None if started is None else int(max(0.0, now - started)),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +212,8 @@ def job_rows(jobs: Sequence[StoredJob], *, now_ms: int) -> list[dict[str, Any]]:
 
 
 def _job_row(job: StoredJob, *, now_ms: int) -> dict[str, Any]:
-    result = job.result or {}
-    report = _mapping(result.get("report"))
-    error = _mapping(result.get("error"))
+    report = job.result.report if isinstance(job.result, Succeeded) else None
+    error = job.result if isinstance(job.result, Failed) else None
     return {
         "clusterId": job.key.cluster_id,
         "nodeId": job.key.node_id,
@@ -216,15 +226,14 @@ def _job_row(job: StoredJob, *, now_ms: int) -> dict[str, Any]:
         "attempts": job.attempts,
         "updatedAt": job.updated_at,
         "ageSeconds": max(0, now_ms - job.updated_at) // 1000,
-        "resourceTypes": report.get("resourceTypes"),
-        "partial": bool(report.get("partial", False)),
-        "errorCode": error.get("code"),
-        "errorMessage": error.get("message"),
+        "resourceTypes": None
+        if report is None or report.resource_types is None
+        else list(report.resource_types),
+        "partial": report is not None and report.partial,
+        "errorCode": None if error is None else error.code,
+        "errorMessage": None if error is None else error.message,
+        "delivered": job.delivered_at is not None,
     }
-
-
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _transfer(entry: TransferEntry, now: float) -> dict[str, Any]:

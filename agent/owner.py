@@ -11,7 +11,8 @@ that asked for it. Each holds a `TaskOwner` and follows one lifecycle:
 - `spawn(coroutine, name=...)` runs one piece of work in the group;
 - `close(timeout)` stops taking work and waits at most `timeout` seconds of its `Clock` for
   `run()` to end; a `run()` that overruns (work that ignores its cancellation) is cancelled
-  itself, and awaited.
+  itself, and awaited as long again; one that outlives that too is left behind, logged
+  (`task_owner_abandoned`): `close()` returns within twice its bound, whatever the work does.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ class TaskOwner:
         await self._started.wait()
 
     async def close(self, timeout: float) -> None:  # noqa: ASYNC109  # a shutdown bound
-        """Stop taking work, cancel the running tasks, wait at most `timeout` s for `run()`."""
+        """Stop taking work, cancel the running tasks, wait at most `timeout` s for `run()` (and
+        as long again for a `run()` cut off for overrunning)."""
         self._closing.set()
         if not self._started.is_set():
             return
@@ -78,7 +80,13 @@ class TaskOwner:
             _log.error("task_owner_close_overran", owner=self._what, timeout_s=timeout)
             if self._run_task is not None:
                 self._run_task.cancel()
-            await self._stopped.wait()
+            # `run()` ignoring its own cancellation too (work that swallows every one) must not
+            # hold the daemon's shutdown forever: the second wait has the same bound.
+            try:
+                async with self._clock.timeout(timeout):
+                    await self._stopped.wait()
+            except TimeoutError:
+                _log.error("task_owner_abandoned", owner=self._what, timeout_s=timeout)
 
     def check(self) -> None:
         """`ShuttingDown` unless work can be started now."""

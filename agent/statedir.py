@@ -14,24 +14,45 @@
                        with `StartupBlocked` (exit 75: systemd restarts it, and it starts once
                        the first one is gone)
 
+    record_down(directory, ...)
+                       `<state>/agent-down.json`: why the agent refused to start (a damaged
+                       or newer state database: the refusal's line, its way out, the exit
+                       status, when), written by the CLI as it exits; `read_down` is what
+                       `restore-agent status` shows when no agent answers; the next start
+                       that opens the state removes it (`clear_down`)
+
 The database (`agent/store/`) and the recipient key (`agent/credentials/keys.py`) are created
 inside the directory only after these checks, the lock and the health endpoint's bind passed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import json
 import os
 import stat
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from agent.errors import ConfigError, StartupBlocked
 
-__all__ = ["LOCK_FILE", "StateLock", "check", "create", "lock"]
+__all__ = [
+    "DOWN_FILE",
+    "LOCK_FILE",
+    "StateLock",
+    "check",
+    "clear_down",
+    "create",
+    "lock",
+    "read_down",
+    "record_down",
+]
 
 LOCK_FILE: Final = "agent.lock"
+DOWN_FILE: Final = "agent-down.json"
+_MAX_DOWN_BYTES: Final = 64 * 1024
 
 _KEY: Final = "state.directory"
 _DIR_MODE: Final = 0o700
@@ -127,3 +148,51 @@ def lock(directory: Path) -> StateLock:
             ) from None
         raise ConfigError(_KEY, f"{path}: cannot be locked ({exc.strerror or exc})") from exc
     return StateLock(fd)
+
+
+def record_down(
+    directory: Path, *, reason: str, message: str, exit_code: int, at_ms: int, version: str
+) -> bool:
+    """Write why the agent refused to start (`reason` a stable word, `message` the fatal line)
+    to `<directory>/agent-down.json`, atomically; False when it cannot be written (the refusal
+    stands all the same: its line is in the journal)."""
+    record = {
+        "reason": reason,
+        "message": message,
+        "exitCode": exit_code,
+        "at": at_ms,
+        "version": version,
+    }
+    path = directory / DOWN_FILE
+    temporary = directory / f".{DOWN_FILE}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, json.dumps(record, sort_keys=True).encode() + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        return False
+    return True
+
+
+def read_down(directory: Path) -> dict[str, Any] | None:
+    """The record `record_down` left, or None (none, unreadable, or not one)."""
+    path = directory / DOWN_FILE
+    try:
+        if path.stat().st_size > _MAX_DOWN_BYTES:
+            return None
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("message"), str) else None
+
+
+def clear_down(directory: Path) -> None:
+    """The agent started: a refusal recorded before is over."""
+    with contextlib.suppress(OSError):
+        (directory / DOWN_FILE).unlink()

@@ -8,29 +8,57 @@ the identity only as its expiry.
 
 The session state is a state machine with one transition table (`TRANSITIONS`); an illegal move
 raises `InvalidState` and changes nothing.
+
+Beside the state (whose `state_since` moves at every retry) the status keeps the outage: since
+when Cloudly has been unreachable (the end of the last session, or the agent's start when it
+never connected), when the session last connected, and how many attempts failed since.
+`unreachable_sentence()` says it in one line, the same in `restore-agent status`, `/readyz`'s
+`session` reason and `STATUS=`:
+
+    Cloudly unreachable since 2025-06-01 12:03:04 UTC (2 min), last connected
+    2025-06-01 11:00:00 UTC, 17 attempts, last error: connection refused
+
+Conditions are named facts about the node an operator should see, each under a stable key with
+a sentence and the time it began (`set_condition`, `clear_condition`): `state-unwritable` (the
+node's state disk refuses writes: the agent is not ready while it holds), `corestore-full`
+(a node's Corestore answered that its disk is full), `corestore-unavailable` (a node's
+Corestore has given no usable answer since the time named: its calls ride it out up to
+`[corestore] outage_tolerance_s`), `state-recovered` (the state was salvaged or reset;
+reconciliation with the nodes' Corestore is due). `StatusHooks` sets them from the
+parts' observer hooks (`agent.observe`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Final, Protocol
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.errors import InvalidState
 
 __all__ = [
+    "NOT_READY_CONDITIONS",
     "TRANSITIONS",
     "AgentStatus",
     "ClusterSummary",
     "ClusterViewLike",
+    "Condition",
     "NodeSummary",
     "NodeViewLike",
     "SessionState",
+    "StatusHooks",
     "StatusSnapshot",
+    "human_duration",
+    "unreachable_sentence",
+    "utc_text",
 ]
+
+NOT_READY_CONDITIONS: Final = frozenset({"state-unwritable"})
+"""The conditions under which the agent is not ready (each is also a readiness reason)."""
 
 
 class SessionState(StrEnum):
@@ -144,8 +172,17 @@ class StatusSnapshot:
     """When Cloudly last answered a keepalive ping on this connection (None: not yet)."""
     pong_latency: float | None = None
     """That ping's round trip in seconds."""
-    corestore_unavailable: tuple[tuple[str, float], ...] = ()
-    """The nodes whose Corestore gives no usable answer, each with since when (epoch seconds)."""
+    started_at: float | None = None
+    """When the agent started (the status was made)."""
+    unreachable_since: float | None = None
+    """Since when Cloudly has been unreachable: the end of the last session, or the agent's
+    start if it never connected. None while connected, and before the first attempt failed."""
+    last_connected_at: float | None = None
+    """When the session last became connected (None: never)."""
+    failed_attempts: int = 0
+    """Attempts that failed since the outage began (0 while connected)."""
+    conditions: Mapping[str, Condition] = field(default_factory=dict)
+    """The node's named conditions by stable key (module docstring)."""
 
     @property
     def cluster_id(self) -> str | None:
@@ -181,10 +218,71 @@ class StatusSnapshot:
             "identityExpiresAt": self.identity_expires_at_ms,
             "lastPongAt": _ms(self.last_pong_at),
             "pongLatencySeconds": self.pong_latency,
-            "corestoreUnavailableSince": {
-                node: _ms(since) for node, since in self.corestore_unavailable
-            },
+            "unreachableSince": _ms(self.unreachable_since),
+            "lastConnectedAt": _ms(self.last_connected_at),
+            "failedAttempts": self.failed_attempts,
         }
+
+    def unreachable(self, now: float) -> str | None:
+        """The outage in one line (`unreachable_sentence`), None when there is none."""
+        if self.unreachable_since is None:
+            return None
+        return unreachable_sentence(
+            since=self.unreachable_since,
+            now=now,
+            last_connected_at=self.last_connected_at,
+            attempts=self.failed_attempts,
+            last_error=self.last_error,
+        )
+
+
+def utc_text(seconds: float) -> str:
+    """An epoch time as `2025-06-01 12:03:04 UTC` (the same on every node and in every log)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+
+
+def human_duration(seconds: float) -> str:
+    """`45 s`, `3 min`, `5 h`, `2 d`: a duration as an operator reads it."""
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def unreachable_sentence(
+    *,
+    since: float,
+    now: float,
+    last_connected_at: float | None,
+    attempts: int,
+    last_error: str | None,
+) -> str:
+    """`Cloudly unreachable since <time> (<duration>), last connected <time>, <n> attempts,
+    last error: <text>` (epoch seconds in; `never connected` when it never did)."""
+    connected = "never connected" if last_connected_at is None else (
+        f"last connected {utc_text(last_connected_at)}"
+    )  # fmt: skip
+    line = (
+        f"Cloudly unreachable since {utc_text(since)} ({human_duration(now - since)}), "
+        f"{connected}, {attempts} attempt{'' if attempts == 1 else 's'}"
+    )
+    return line + (f", last error: {last_error}" if last_error else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One named condition: what it is (a sentence) and since when (epoch seconds)."""
+
+    text: str
+    since: float
+
+    def to_dict(self) -> dict[str, object]:
+        """`{text, since}` with `since` in epoch milliseconds."""
+        return {"text": self.text, "since": _ms(self.since)}
 
 
 def _ms(seconds: float | None) -> int | None:
@@ -202,8 +300,12 @@ class AgentStatus:
     def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._clock = clock.time
         self._state = SessionState.STARTING
-        self._state_since = clock.time()
+        self._state_since = self._started_at = clock.time()
         self._connected_since: float | None = None
+        self._last_connected_at: float | None = None
+        self._lost_at: float | None = None  # when the last session ended
+        self._unreachable_since: float | None = None
+        self._failed_attempts = 0
         self._reconnect_count = 0
         self._last_error: str | None = None
         self._last_error_at: float | None = None
@@ -212,7 +314,7 @@ class AgentStatus:
         self._identity_expires_at_ms: int | None = None
         self._last_pong_at: float | None = None
         self._pong_latency: float | None = None
-        self._corestore_down: dict[str, float] = {}
+        self._conditions: dict[str, Condition] = {}
         self._changed = asyncio.Event()
 
     def _notify(self) -> None:
@@ -245,9 +347,19 @@ class AgentStatus:
         if state is SessionState.CONNECTING and self._state is SessionState.BACKING_OFF:
             self._reconnect_count += 1
         if state is SessionState.CONNECTED:
-            self._connected_since = now
+            self._connected_since = self._last_connected_at = now
+            self._unreachable_since, self._failed_attempts = None, 0
         elif self._state is SessionState.CONNECTED:
             self._connected_since = None
+            self._lost_at = now
+        if state is SessionState.BACKING_OFF:
+            # The outage began when the last session ended (or at start): a retry does not
+            # move it, as it moves `state_since`.
+            if self._unreachable_since is None:
+                lost = self._lost_at
+                self._unreachable_since = self._started_at if lost is None else lost
+            if self._state is not SessionState.CONNECTED:
+                self._failed_attempts += 1
         if state in (SessionState.BACKING_OFF, SessionState.STOPPED):
             # An identity (and a pong) belongs to one connection; once that is gone its
             # expiry is no longer a fact about the agent.
@@ -281,14 +393,21 @@ class AgentStatus:
         self._pong_latency = latency
         self._notify()
 
-    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
-        """`node`'s Corestore gives no usable answer since `since` (epoch seconds), or answers
-        again (None): the `agent.observe.CorestoreObserver` hook."""
+    def set_condition(self, key: str, text: str, *, since: float | None = None) -> None:
+        """Name a condition (a new text keeps the time it began; `since` says it, when the
+        condition began before it was named)."""
+        current = self._conditions.get(key)
+        if current is not None and current.text == text:
+            return
         if since is None:
-            self._corestore_down.pop(node, None)
-        else:
-            self._corestore_down[node] = since
+            since = current.since if current is not None else self._clock()
+        self._conditions[key] = Condition(text, since)
         self._notify()
+
+    def clear_condition(self, key: str) -> None:
+        """The condition under `key` is over (nothing if there was none)."""
+        if self._conditions.pop(key, None) is not None:
+            self._notify()
 
     def bind_in_flight(self, source: Callable[[], int] | None) -> None:
         """Read the in-flight handler count from `source` (the live peer), or report 0."""
@@ -308,5 +427,83 @@ class AgentStatus:
             identity_expires_at_ms=self._identity_expires_at_ms,
             last_pong_at=self._last_pong_at,
             pong_latency=self._pong_latency,
-            corestore_unavailable=tuple(sorted(self._corestore_down.items())),
+            started_at=self._started_at,
+            unreachable_since=self._unreachable_since,
+            last_connected_at=self._last_connected_at,
+            failed_attempts=self._failed_attempts,
+            conditions=dict(self._conditions),
         )
+
+
+class StatusHooks:
+    """The observer hooks (`agent.observe`) that name conditions on an `AgentStatus`: the state
+    disk refusing writes, a node's Corestore full or unavailable, a salvaged or reset state still
+    being reconciled. The composition root hands them out beside the metrics (`observe.Tee`)."""
+
+    def __init__(self, status: AgentStatus) -> None:
+        self._status = status
+        self._full: set[str] = set()
+        self._down: dict[str, float] = {}  # node -> since when its Corestore is unavailable
+        self._recovered: tuple[str, float] | None = None
+        self.unwritable_cause: str | None = None
+        """The cause of the state disk's last refusal while it holds (None: writable)."""
+
+    def state_write_failed(self, *, cause: str) -> None:
+        """`state-unwritable`: the agent is not ready while it holds."""
+        self.unwritable_cause = cause
+        self._status.set_condition(
+            "state-unwritable", f"the node's state cannot be written ({cause})"
+        )
+
+    def state_writable(self) -> None:
+        """The state disk takes writes again."""
+        self.unwritable_cause = None
+        self._status.clear_condition("state-unwritable")
+
+    def corestore_full(self, *, node: str, full: bool) -> None:
+        """`corestore-full` names every node whose Corestore said its disk is full."""
+        if full:
+            self._full.add(node)
+        else:
+            self._full.discard(node)
+        if self._full:
+            nodes = ", ".join(sorted(self._full))
+            self._status.set_condition(
+                "corestore-full", f"the Corestore of {nodes} answered that its disk is full"
+            )
+        else:
+            self._status.clear_condition("corestore-full")
+
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
+        """`corestore-unavailable` names every node whose Corestore gives no usable answer, and
+        since when; it begins when the first of them did."""
+        if since is None:
+            self._down.pop(node, None)
+        else:
+            self._down[node] = since
+        if not self._down:
+            self._status.clear_condition("corestore-unavailable")
+            return
+        nodes = ", ".join(f"{n} since {utc_text(at)}" for n, at in sorted(self._down.items()))
+        self._status.set_condition(
+            "corestore-unavailable",
+            f"the Corestore of {nodes} gives no usable answer (no answer, or 5xx, 408, 429); "
+            "its calls ride the outage out up to [corestore] outage_tolerance_s",
+            since=min(self._down.values()),
+        )
+
+    def state_recovered(self, *, how: str, at: float) -> None:
+        """Remember how the state was recovered (named while reconciliation is pending)."""
+        self._recovered = (how, at)
+
+    def reconcile_pending(self, *, pending: bool) -> None:
+        """`state-recovered` while reconciliation with the nodes' Corestore is due."""
+        if pending and self._recovered is not None:
+            how, _ = self._recovered
+            self._status.set_condition(
+                "state-recovered",
+                f"the state was {how}; reconciling with each node's Corestore (what it holds "
+                "that the state does not know is taken into cleanup)",
+            )
+        else:
+            self._status.clear_condition("state-recovered")

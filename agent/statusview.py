@@ -7,8 +7,13 @@ it); `render()` turns that into the text below. The answers are read as the agen
 them (`agent/health.py`, `agent/overview.py`: every time in epoch milliseconds); a field the
 text needs but does not find is shown as `-`.
 
-    agent:    ready                      (or: not ready, then one line per reason)
+    agent:    ready (version 0.1.0, up 5 h)   (or: not ready, then one line per reason)
     session:  connected for 2 h, cluster cluster-1, last pong 3 s ago
+
+or, while Cloudly cannot be reached (the `session` reason is then this line):
+
+    session:  backing-off: Cloudly unreachable since 2025-06-01 12:03:04 UTC (2 min), last
+              connected 2025-06-01 11:00:00 UTC, 17 attempts, last error: ...
     transfers: node-1 2 moving, 1 queued (at most 2 per node)
     restores: 3
 
@@ -16,6 +21,15 @@ text needs but does not find is shown as `-`.
     cluster-1/node-1/r-8        prepared (queued 1)        2  0% 0.0 MB of 10.0 MB   1 s
     cluster-1/node-1/r-7        staging                    4  41% 4.1 MB of 10.0 MB  12 s
     cluster-1/node-1/r-6        cleaned                    9  -                      3 d
+
+A named condition of the node (`conditions` in `/readyz`: the state disk refusing writes, a
+node's Corestore full, a salvaged or reset state being reconciled) is one `condition:` line
+each, with how long it has held.
+
+When no agent answers but the state directory holds the record of a refused start
+(`agent-down.json`: a damaged or newer state database), `render_down()` says why it is down:
+
+    agent:    down since 3 min (exit 65): restore-agent: the state database ... is damaged ...
 
 A row whose bytes wait for one of the node's places (`[corestore] max_transfers_per_node`)
 says `(queued N)` after its status, N its place in the node's queue (1: next).
@@ -36,8 +50,9 @@ from typing import Any, Final
 
 from agent.config import HealthListen
 from agent.errors import AgentError
+from agent.status import human_duration, unreachable_sentence
 
-__all__ = ["StatusUnavailable", "fetch", "render"]
+__all__ = ["StatusUnavailable", "fetch", "render", "render_down"]
 
 _COLUMNS: Final = ("CLUSTER/NODE/RESTORE", "STATUS", "REVISION", "PROGRESS", "AGE")
 _JOB_COLUMNS: Final = (
@@ -104,7 +119,7 @@ def _get(listen: HealthListen, path: str, timeout: float) -> Any:
 
 
 def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
-    """`{ready, reasons, session, restores, jobs, transfers}` from the endpoint at `listen`
+    """`{ready, agent, reasons, session, restores, jobs, transfers}` from the endpoint at `listen`
     (with `restoresError` / `jobsError` when the store could not be read; `transfers` None
     from an agent that serves none: one still running from before an upgrade)."""
     ready = _get(listen, "/readyz", timeout)
@@ -118,6 +133,7 @@ def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
         raise StatusUnavailable(f"{listen} answered something that is not the agent's status")
     return {
         "ready": ready.get("ready"),
+        "agent": ready.get("agent"),
         "reasons": ready.get("reasons", {}),
         "session": ready.get("session", {}),
         "restores": restores.get("restores", []),
@@ -125,20 +141,12 @@ def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
         "jobs": jobs.get("jobs", []),
         **({"jobsError": jobs["error"]} if "error" in jobs else {}),
         "transfers": transfers,
+        "conditions": ready.get("conditions", {}),
     }
 
 
 def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} d"
+    return "-" if seconds is None else human_duration(seconds)
 
 
 def _megabytes(count: int) -> str:
@@ -164,8 +172,33 @@ def _since(now_ms: int, then_ms: Any) -> float | None:
     return (now_ms - then_ms) / 1000
 
 
+def _epoch_s(value: Any) -> float | None:
+    """An endpoint time (epoch ms) as epoch seconds; None if it is not a time."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value / 1000
+
+
+def _outage(session: Mapping[str, Any], now_ms: int) -> str | None:
+    """The outage sentence from the session's fields; None when there is no outage."""
+    since = _epoch_s(session.get("unreachableSince"))
+    if since is None or session.get("state") in ("connected", "stopped"):
+        return None
+    attempts = session.get("failedAttempts")
+    error = session.get("lastError")
+    return unreachable_sentence(
+        since=since,
+        now=now_ms / 1000,
+        last_connected_at=_epoch_s(session.get("lastConnectedAt")),
+        attempts=attempts if isinstance(attempts, int) else 0,
+        last_error=str(error) if error else None,
+    )
+
+
 def _session_line(session: Mapping[str, Any], now_ms: int) -> str:
     state = str(session.get("state", "-"))
+    if (outage := _outage(session, now_ms)) is not None:
+        return f"{state}: {outage}"
     parts = [state]
     since = session.get("connectedSince") if state == "connected" else session.get("stateSince")
     if (seconds := _since(now_ms, since)) is not None:
@@ -179,6 +212,19 @@ def _session_line(session: Mapping[str, Any], now_ms: int) -> str:
     if error and state != "connected":
         parts.append(f"last error: {error}")
     return ", ".join(parts)
+
+
+def _agent_facts(agent: Any) -> str:
+    """` (version 0.1.0, up 3 h)`; empty from an agent that serves no `agent` block."""
+    if not isinstance(agent, Mapping):
+        return ""
+    facts = []
+    if agent.get("version"):
+        facts.append(f"version {agent['version']}")
+    uptime = agent.get("uptimeSeconds")
+    if isinstance(uptime, int | float) and not isinstance(uptime, bool):
+        facts.append(f"up {_duration(uptime)}")
+    return f" ({', '.join(facts)})" if facts else ""
 
 
 def _age(row: Mapping[str, Any]) -> str:
@@ -279,13 +325,33 @@ def _section(
 
 def render(data: Mapping[str, Any], *, now_ms: int) -> str:
     """The status as text for a terminal (`now_ms`: wall time in epoch ms, for ages)."""
-    reasons = data.get("reasons") or {}
-    lines = ["agent:    " + ("ready" if data.get("ready") else "not ready")]
+    reasons = dict(data.get("reasons") or {})
+    session = data.get("session") or {}
+    if _outage(session, now_ms) is not None:
+        reasons.pop("session", None)  # the session line below says it, with the outage
+    state = "ready" if data.get("ready") else "not ready"
+    lines = [f"agent:    {state}{_agent_facts(data.get('agent'))}"]
     lines += [f"          {key}: {reason}" for key, reason in sorted(reasons.items())]
-    lines.append(f"session:  {_session_line(data.get('session') or {}, now_ms)}")
+    conditions = data.get("conditions") or {}
+    for key, condition in sorted(conditions.items() if isinstance(conditions, Mapping) else []):
+        if not isinstance(condition, Mapping):
+            continue
+        held = _since(now_ms, condition.get("since"))
+        suffix = f" (for {_duration(held)})" if held is not None else ""
+        lines.append(f"condition: {key}: {condition.get('text', '-')}{suffix}")
+    lines.append(f"session:  {_session_line(session, now_ms)}")
     if (transfers := _transfers_line(data.get("transfers"))) is not None:
         lines.append(f"transfers: {transfers}")
     lines += _section(data, "restores", _COLUMNS, _restore_cells)
     lines.append("")
     lines += _section(data, "jobs", _JOB_COLUMNS, _job_cells)
     return "\n".join(lines) + "\n"
+
+
+def render_down(down: Mapping[str, Any], *, now_ms: int) -> str:
+    """Why the agent is down, from the record of its refused start (`agent-down.json`)."""
+    held = _since(now_ms, down.get("at"))
+    when = f" since {_duration(held)}" if held is not None else ""
+    code = down.get("exitCode")
+    status = f" (exit {code})" if isinstance(code, int) else ""
+    return f"agent:    down{when}{status}: {down.get('message', '-')}\n"

@@ -9,12 +9,15 @@ a re-probe every `probe_interval`. Each frame is `head + cycleId + mid + chunk J
 the chunk JSON encoded once per distinct chunk before timing, so the initiator costs next to
 nothing and the agent receives byte-identical frames to those the JS responder gets.
 
-The agent's answers are read through the stand-in connection's `taps` (the stand-in's peer
-drops them: they answer no cycle it sent). Concurrent replays on one connection send one frame
-at a time (a lock per websocket): on Python 3.11 an asyncio transport keeps unsent data in one
-bytearray and deletes what each partial send took from its front, so sixteen 3.7 MB frames
-written at once cost this process a memmove of the whole backlog per send -- a cost of the
-bench's own Cloudly, which the agent's node would never pay.
+The agent's answers are read through the stand-in connection's `taps` (the stand-in's peer drops
+them: they answer no cycle it sent), each matched to its frame by `cycleId`, as an initiator
+matches them: the stand-in's peer echoes the first answer of a stream it does not know back to
+the agent once, and the agent's answer to that echo answers no frame sent here. Concurrent
+replays on one connection send one frame at a time (a lock per websocket): on Python 3.11 an
+asyncio transport keeps unsent data in one bytearray and deletes what each partial send took
+from its front, so sixteen 3.7 MB frames written at once cost this process a memmove of the
+whole backlog per send -- a cost of the bench's own Cloudly, which the agent's node would never
+pay.
 """
 
 from __future__ import annotations
@@ -88,13 +91,16 @@ async def replay_stage(
     websocket = connection.websocket
     lock = _SEND_LOCKS.setdefault(websocket, asyncio.Lock())
 
-    async def send(frame: bytes) -> None:
+    async def send(frame: bytes, cycle: str) -> None:
+        nonlocal sent_cycle
+        sent_cycle = cycle
         async with lock:
             await websocket.send(frame, text=True)
 
     stream_id = "uni_" + secrets.token_hex(12)
     tag = stream_id[-8:]
-    answers: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    answers: asyncio.Queue[tuple[Any, dict[str, Any] | None]] = asyncio.Queue()
+    sent_cycle = ""
 
     def tap(frame: bytes) -> None:
         if not frame.startswith(_PREFIX) or len(frame) > 4096:
@@ -103,11 +109,16 @@ async def replay_stage(
         response, request = message.get("response"), message.get("request")
         package = response if isinstance(response, dict) else request
         if isinstance(package, dict) and package.get("streamId") == stream_id:
-            answers.put_nowait(response if isinstance(response, dict) else None)
+            answer = response if isinstance(response, dict) else None
+            answers.put_nowait((package.get("cycleId"), answer))
 
     async def next_answer() -> dict[str, Any] | None:
+        """The answer to the frame sent last (answers to other cycles are not ours)."""
         async with asyncio.timeout(60):
-            return await answers.get()
+            while True:
+                cycle, answer = await answers.get()
+                if cycle == sent_cycle:
+                    return answer
 
     connection.taps.append(tap)
     probes, longest_pause = 0, 0.0
@@ -125,7 +136,7 @@ async def replay_stage(
         nonlocal probes
         for attempt in range(100_000):
             cycle = f"{tag}-{prefix}{attempt}"  # cycle ids are unique on a connection, as in TS
-            await send(_package(stream_id, cycle, "feedback"))
+            await send(_package(stream_id, cycle, "feedback"), cycle)
             answer = await next_answer()
             if answer is not None and not answer.get("backpressure"):
                 return
@@ -147,9 +158,9 @@ async def replay_stage(
         tail = b'},"response":null}'
         started = time.perf_counter()
         for index in range(count):
-            cycle = f"{tag}-c{index:09d}".encode()
-            frame = b"".join((head, cycle, mid, chunk_json[index % len(chunk_json)], tail))
-            await send(frame)
+            cycle = f"{tag}-c{index:09d}"
+            frame = b"".join((head, cycle.encode(), mid, chunk_json[index % len(chunk_json)], tail))
+            await send(frame, cycle)
             answer = await next_answer()
             if answer is None:
                 raise RuntimeError(f"the agent did not take chunk {index}")
@@ -167,7 +178,7 @@ async def replay_stage(
             next=False,
             chunkData=CLOSING_BIT,
         )
-        await send(closing)
+        await send(closing, f"{tag}-closing")
         await next_answer()
         answer = await call
         seconds = time.perf_counter() - started

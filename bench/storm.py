@@ -6,7 +6,7 @@ every such poll for `--storm-s` seconds (default 60). The agent runs as its own 
 the production defaults ([corestore] retries 3, outage_tolerance_s 120; only the endpoints, the
 file credential and the state directory are set), a stand-in Cloudly drives it. Printed: the
 timeline (storm start and end, the polls Corestore answered 503, what `/readyz` said during the
-storm and after) and the restore's final status, which should be `ready`.
+storm and after: its `conditions`) and the restore's final status, which should be `ready`.
 
     .venv/bin/python -m bench.storm [--storm-s 60] [--keep]
 
@@ -106,9 +106,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "settled_after_storm_began_s": round(ended, 1),
         "resource_status_polls": corestore.faults.hits[RouteName.RESOURCE_STATUS],
         "resends_logged": retried,
-        "readyz_during": during["reasons"],
-        "unavailable_since_during": during["session"].get("corestoreUnavailableSince"),
-        "readyz_after": after["reasons"],
+        "conditions_during": during.get("conditions"),
+        "conditions_after": after.get("conditions"),
     }
 
 

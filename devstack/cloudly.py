@@ -28,11 +28,19 @@ It lets a test act as Cloudly: `call_agent()` fires a request at the connected a
 (`call_agent_served()` sends it again while the agent still answers `not-ready`),
 `open_send_stream()` opens a stream as the initiator (put the marker into a `call_agent`
 request while writing the sink concurrently), `push_cluster_config()` pushes a new document,
-`drop_connections()` / `restart()` / `stall_connections()` break the session. Everything
+`drop_connections()` / `restart()` / `stall_connections()` break the session,
+`lose_next_answer(method)` cuts it the moment Cloudly's socket reads the agent's next answer to
+`method` (a Cloudly that dies holding an answer it never saw; the agent's confirming ping is
+never answered). Everything
 observable is recorded in `events` (connections with the extensions offered and the close code
 they ended with, identities, tags, reads) and `wait_for()` waits on them without sleeping;
 `wait_for_agent()` waits for an agent's session (a `check-config --connect` probe is none).
 Secrets (token, JWTs) are never recorded. Pass `ssl_context` to serve wss:// (https:// URL).
+
+A stream the stand-in drives (a stage, a closure it serves) keeps one data cycle in flight, as
+typedrequest 3.3.0 does, unless `peer_settings.streams.cycles` says otherwise: the agent invites
+one frame per answer within its byte budget (`[memory] budget_bytes`), and a frame past that
+which finds no room breaks the stream (docs/benchmarks.md, "What Cloudly can do").
 """
 
 from __future__ import annotations
@@ -47,12 +55,13 @@ import secrets
 import ssl
 import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.frames import Frame, Opcode
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.base import PassThroughModel
@@ -150,6 +159,32 @@ class AgentConnection:
     # Called with every frame the agent sends, before the peer reads it (a benchmark's replay
     # initiator watches its stream answers here; the peer drops answers it did not ask for).
     taps: list[Callable[[bytes], None]] = field(default_factory=list)
+
+
+class _StandInConnection(ServerConnection):
+    """The stand-in's server connection; `arm(lose)` names an incoming frame Cloudly's process
+    dies on: the socket is cut the moment the websocket reads it, before anything it read with
+    it is answered (the pong of the agent's confirming ping among them) or handed on."""
+
+    def arm(self, lose: Callable[[bytes], bool]) -> None:
+        protocol = self.protocol
+        events_received = protocol.events_received
+
+        def checked() -> list[Any]:
+            # Called by `data_received` before it writes the automatic answers (pongs).
+            events = events_received()
+            for event in events:
+                if (
+                    isinstance(event, Frame)
+                    and event.opcode is Opcode.TEXT
+                    and lose(bytes(event.data))
+                ):
+                    self.transport.abort()  # what is written next is dropped: a dead process
+                    protocol.events_received = lambda: []  # type: ignore[method-assign]
+                    return []
+            return events
+
+        protocol.events_received = checked  # type: ignore[method-assign]
 
 
 class _CountingTransport(WebsocketTransport):
@@ -262,7 +297,10 @@ class StandInCloudly:
         self.identity_lifetime_s = identity_lifetime_s
         self.accept_tags = accept_tags
         self._clock = clock
-        self._peer_settings = peer_settings or ConnectionSettings()
+        settings = peer_settings or ConnectionSettings()
+        if settings.streams.cycles is None:  # Cloudly initiates like typedrequest 3.3.0
+            settings = replace(settings, streams=replace(settings.streams, cycles=1))
+        self._peer_settings = settings
         # method -> how to change the stand-in's answer before it is sent (a test makes Cloudly
         # answer in a shape it would not, e.g. without `services`)
         self.answer_edits: dict[str, AnswerEdit] = {}
@@ -283,6 +321,7 @@ class StandInCloudly:
         self.closures: dict[tuple[str, str], StoredClosure] = {}
         self._tampers: list[Tamper] = []
         self._stalls: list[int] = []
+        self._lost_answers: list[str] = []  # methods whose next answer Cloudly dies on
         # Told (direction, bytes so far, bytes in all) as closure bytes arrive ("received") or
         # go out ("served"): the demo's progress lines.
         self.closure_progress: Callable[[str, int, int], None] | None = None
@@ -301,6 +340,7 @@ class StandInCloudly:
             # The agent pings; SmartServe sends no pings of its own either.
             ping_interval=None,
             logger=quiet_websocket_logger("websockets.server"),
+            create_connection=_StandInConnection,
         )
         self._port = int(self._server.sockets[0].getsockname()[1])
 
@@ -446,6 +486,28 @@ class StandInCloudly:
             connection.websocket.transport.pause_reading()
             self._stalled.add(connection.number)
 
+    def lose_next_answer(self, method: str) -> None:
+        """The agent's next answer to `method` is lost: Cloudly's socket reads it and Cloudly
+        dies right there (the connection is cut before anything after it is read, the agent's
+        confirming ping included). The call raises `SessionClosed`; the agent reconnects."""
+        self._lost_answers.append(method)
+
+    def _loses(self, number: int, frame: bytes) -> bool:
+        if not self._lost_answers or len(frame) > 65536:
+            return False
+        try:
+            envelope = json.loads(frame)
+        except ValueError:
+            return False
+        if not isinstance(envelope, dict) or envelope.get("method") != self._lost_answers[0]:
+            return False
+        correlation = envelope.get("correlation")
+        if not isinstance(correlation, dict) or correlation.get("phase") != "response":
+            return False
+        self._lost_answers.pop(0)
+        self._record("answer-lost", number, method=envelope["method"])
+        return True
+
     def tamper_next_closure(self, kind: Tamper) -> None:
         """Serve the next restored closure one byte shorter, one byte longer, or altered."""
         self._tampers.append(kind)
@@ -506,6 +568,8 @@ class StandInCloudly:
 
     async def _serve(self, websocket: ServerConnection) -> None:
         number = next(self._numbers)
+        if isinstance(websocket, _StandInConnection):
+            websocket.arm(lambda frame: self._loses(number, frame))
         connection = AgentConnection(number, None, WebsocketTransport(websocket), websocket)
         transport = connection.transport = _CountingTransport(websocket, connection)
         peer = Peer(transport, self._routes(connection), settings=self._peer_settings)

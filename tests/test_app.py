@@ -274,3 +274,64 @@ async def test_a_shutdown_step_is_bounded_on_the_agents_clock() -> None:
     assert not step.done()
     clock.advance(clock.timeouts[0] - clock.monotonic())
     assert await step is False
+
+
+class _Notifications:
+    """A notifier that keeps every STATUS= line."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.sent = asyncio.Event()
+
+    def status(self, line: str) -> None:
+        self.lines.append(line)
+        self.sent.set()
+
+
+async def test_status_is_sent_again_as_the_outage_grows_without_a_state_change() -> None:
+    """Two minutes into an outage with no new attempt, STATUS= says `2 min`, not the `0 s` of
+    the last change: the line is recomputed every `refresh_s` and sent when it differs."""
+    clock = ManualClock(start=1_750_000_000.0)
+    status = AgentStatus(clock=clock)
+    status.move_to(SessionState.CONNECTING)
+    status.record_error("refused")
+    status.move_to(SessionState.BACKING_OFF)
+    notifications = _Notifications()
+    task = asyncio.create_task(
+        app._tell_systemd(status, notifications, clock=clock, refresh_s=30.0)  # type: ignore[arg-type]
+    )
+    try:
+        for _ in range(5):  # the task computes its first line and waits, bounded
+            await asyncio.sleep(0)
+        assert clock.timeouts == [30.0]
+        assert notifications.lines == []
+        clock.advance(125)
+        await asyncio.wait_for(notifications.sent.wait(), 10)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert notifications.lines == [
+        "Cloudly unreachable since 2025-06-15 15:06:40 UTC (2 min), never connected, 1 attempt, "
+        "last error: refused"
+    ]
+
+
+def test_the_status_line_of_an_outage_is_the_status_commands_sentence() -> None:
+    """`systemctl status` shows the same outage sentence as `restore-agent status`."""
+    clock = ManualClock(start=1_750_000_000.0)
+    status = AgentStatus(clock=clock)
+    for state in (SessionState.CONNECTING, SessionState.AUTHENTICATING, SessionState.CONNECTED):
+        status.move_to(state)
+    clock.advance(60)
+    status.move_to(SessionState.BACKING_OFF)
+    status.move_to(SessionState.CONNECTING)
+    status.record_error("refused")
+    status.move_to(SessionState.BACKING_OFF)
+    snapshot = status.snapshot()
+    assert app.status_line(snapshot, clock.time() + 30) == snapshot.unreachable(clock.time() + 30)
+    assert app.status_line(snapshot, clock.time()).startswith(
+        "Cloudly unreachable since 2025-06-15 15:07:40 UTC (0 s), last connected "
+        "2025-06-15 15:06:40 UTC, 1 attempt"
+    )

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from agent.chunking import THREAD_HASH_MIN, Digests, rechunk
+from agent.chunking import THREAD_HASH_MIN, ChunkBuffers, Digests, rechunk
+from agent.transfers.budget import ByteBudget
 
 
 class Pieces:
@@ -125,3 +126,56 @@ async def test_only_large_pieces_are_hashed_in_a_worker_thread() -> None:
         assert _CountingExecutor.handed == 2
     finally:
         executor.shutdown(wait=True)
+
+
+# --- chunks in buffers drawn from the byte budget ------------------------------------------
+
+
+async def test_chunks_in_buffers_hold_exactly_the_streams_bytes() -> None:
+    """With buffers every chunk is a view of one (copied into as pieces came), the stream in
+    order, also across recorded boundaries, one longer than a buffer included (joined)."""
+    data = bytes(range(256)) * 5
+    for piece in (1, 7, 100, 1280):
+        buffers = ChunkBuffers(64, most=100)
+        source = Pieces(data[i : i + piece] for i in range(0, len(data), piece))
+        chunks = [
+            bytes(chunk)
+            async for chunk in rechunk(source, 64, boundaries=[10, 200], buffers=buffers)
+        ]
+        assert b"".join(chunks) == data
+        assert [len(c) for c in chunks[:3]] == [10, 200, 64]
+
+
+async def test_a_reader_waits_for_a_buffer_to_come_back_instead_of_failing() -> None:
+    """With every buffer out (the budget holds no more), the next chunk waits until Corestore
+    took one and it is put back; the budget never holds more than its limit."""
+    budget = ByteBudget(3 * 64, reserve=0)
+    holding = budget.holding()
+    buffers = ChunkBuffers(64, most=10, draws=holding)
+    chunks = rechunk(Pieces([bytes([n]) * 64 for n in range(5)]), 64, buffers=buffers)
+    out = [await anext(chunks) for _ in range(3)]
+    assert (buffers.made, budget.held) == (3, 3 * 64)
+    fourth = asyncio.create_task(anext(chunks))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not fourth.done()  # waiting, not failed
+    buffers.put_back(out.pop(0))
+    assert bytes(await fourth) == bytes([3]) * 64
+    assert budget.held == 3 * 64
+    holding.close()
+    assert budget.held == 0
+
+
+async def test_the_first_buffer_is_drawn_in_turn_before_the_stream_is_read() -> None:
+    """`prime()` waits in the budget's queue while another transfer holds it all."""
+    budget = ByteBudget(128, reserve=0)
+    other = budget.holding()
+    await other.take(128)
+    buffers = ChunkBuffers(64, most=2, draws=budget.holding())
+    primed = asyncio.create_task(buffers.prime())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not primed.done()
+    other.give(64)
+    await primed
+    assert (buffers.made, budget.held) == (1, 128)

@@ -25,6 +25,7 @@ from agent.contracts.credentials import b64url
 from agent.credentials.keys import ENROLLMENT_FILE, KEY_FILE, KeyStore
 from agent.errors import ConfigError
 from devstack.cloudly import ABSENT, StandInCloudly, cluster_document
+from tests.processes import agent_environ
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "machine-token-7f3a9c2e51d04b88"
@@ -192,7 +193,7 @@ def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "agent", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=agent_environ(),
         cwd=cwd,
         timeout=60,
         check=False,
@@ -500,20 +501,110 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_check_config_reports_credentials_it_cannot_read_outside_the_unit(
-    config_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Secrets named as systemd credentials are not read (and not failed) outside the unit;
-    the summary says so."""
+def _credentials_unset(config_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
     config_path.write_text(
         CONFIG.replace('"machine-token"', '"${CREDENTIALS_DIRECTORY}/machine-token"'),
         encoding="utf-8",
     )
+
+
+def _shutdown_past_the_unit(config_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    del monkeypatch
+    config_path.write_text(
+        CONFIG + "\n[shutdown]\ndrain_timeout_s = 200\nclose_timeout_s = 60\n", encoding="utf-8"
+    )
+
+
+def _ca_without_certificate(config_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    del monkeypatch
+    (config_path.parent / "ca.pem").write_text("not a certificate\n", encoding="utf-8")
+    config_path.write_text(
+        CONFIG.replace(
+            'token_file = "machine-token"', 'token_file = "machine-token"\nca_file = "ca.pem"'
+        ),
+        encoding="utf-8",
+    )
+
+
+def _state_directory_a_file(config_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    del monkeypatch
+    (config_path.parent / "state").write_text("", encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("breakage", "line"),
+    [
+        (
+            _credentials_unset,
+            "restore-agent: config cloudly.token_file: ${CREDENTIALS_DIRECTORY}/machine-token: "
+            "$CREDENTIALS_DIRECTORY is not set",
+        ),
+        (
+            _shutdown_past_the_unit,
+            "restore-agent: config shutdown.drain_timeout_s: a stop may take 566 s",
+        ),
+        (
+            _ca_without_certificate,
+            "restore-agent: config cloudly.ca_file: ",
+        ),
+        (_state_directory_a_file, "restore-agent: config state.directory: "),
+    ],
+    ids=["credentials-unset", "shutdown-budget", "ca-without-certificate", "state-a-file"],
+)
+def test_check_config_refuses_exactly_what_run_refuses(
+    config_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    app_runs: list[Config],
+    breakage: Callable[[Path, pytest.MonkeyPatch], None],
+    line: str,
+) -> None:
+    """One preflight: where `run` stops with exit 2, `check-config` prints the very same line
+    and exits 2, never `config OK` (it used to skip credentials outside the unit)."""
+    breakage(config_path, monkeypatch)
+    check_exit = main(["check-config", str(config_path)])
+    checked = capsys.readouterr()
+    run_exit = main(["run", "--config", str(config_path)])
+    ran = capsys.readouterr()
+    assert check_exit == run_exit == 2
+    assert "config OK" not in checked.out
+    assert one_error_line(checked.err) == one_error_line(ran.err)
+    assert one_error_line(checked.err).startswith(line)
+    assert app_runs == []
+
+
+def test_check_config_says_what_start_up_tightens(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A state directory of mode 0777 passes, and check-config says start-up makes it 0700."""
+    state = config_path.parent / "state"
+    state.mkdir()
+    state.chmod(0o777)
     assert main(["check-config", str(config_path)]) == 0
     out = capsys.readouterr().out
-    assert "  token:      ${CREDENTIALS_DIRECTORY}/machine-token\n" in out
-    assert "  secrets:    not read: they are systemd credentials" in out
+    assert f"  tightens:   state.directory {state}: mode 0777, start-up makes it 0700\n" in out
+
+
+def test_check_config_states_the_shutdown_budget(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary says how long a stop may take against the unit's TimeoutStopSec=."""
+    assert main(["check-config", str(config_path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "  shutdown:   at most 56 s, below stop_timeout_s 90 (the unit's TimeoutStopSec=)\n" in out
+    )
+
+
+def test_a_config_with_a_utf8_byte_order_mark_is_read(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A BOM (some Windows editors write one) is dropped, not reported as invalid TOML at
+    line 1, column 1."""
+    config_path.write_bytes(b"\xef\xbb\xbf" + CONFIG.encode())
+    assert main(["check-config", str(config_path)]) == 0
+    assert capsys.readouterr().out.startswith("config OK: ")
 
 
 def test_status_of_an_agent_that_is_not_running_exits_1(
@@ -548,3 +639,25 @@ def test_output_into_a_closed_pipe_exits_141_quietly(config_path: Path) -> None:
         os.close(write_end)
     assert result.returncode == 141
     assert result.stderr == b""
+
+
+def test_status_json_is_written_at_once_with_its_newline(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status --json` writes the body and its newline in one write: a reader that stops after
+    the body (`| head`) sees a complete answer, not a broken pipe on a newline written later."""
+    writes: list[str] = []
+
+    class Recorder:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr("agent.cli.fetch", lambda listen: {"ready": True, "session": {}})
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    assert main(["status", "--config", str(config_path), "--json"]) == 0
+    assert len(writes) == 1
+    assert writes[0].endswith("}\n")

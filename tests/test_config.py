@@ -16,6 +16,7 @@ from agent.config import (
     CorestoreConfig,
     HealthConfig,
     LogConfig,
+    MemoryConfig,
     ShutdownConfig,
     StateConfig,
     StreamsConfig,
@@ -241,6 +242,26 @@ def test_config_is_frozen(tmp_path: Path) -> None:
         config.cloudly.call_timeout_s = 1.0  # type: ignore[misc]
 
 
+def test_the_byte_budget_defaults_to_64_mib(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path, MINIMAL))
+    assert config.memory.budget_bytes == 64 * MiB
+
+
+def test_a_byte_budget_too_small_for_one_frame_or_a_few_chunks_is_refused(
+    tmp_path: Path,
+) -> None:
+    """The budget must hold a frame as large as the session accepts (twice, with its decoded
+    bytes) and four Corestore chunks: else a transfer could never move."""
+    error = config_error(tmp_path, MINIMAL + "\n[memory]\nbudget_bytes = 25165824\n")
+    assert error.key == "memory.budget_bytes"
+    assert "twice cloudly.max_frame_bytes" in str(error)
+    fits = MINIMAL.replace(
+        'token_file = "machine-token"', 'token_file = "machine-token"\nmax_frame_bytes = 4194304'
+    )
+    config = load_config(write_config(tmp_path, fits + "\n[memory]\nbudget_bytes = 16777216\n"))
+    assert config.memory.budget_bytes == 16 * MiB
+
+
 # --- the example file ---------------------------------------------------------------------------
 
 SECTIONS: dict[str, type[BaseModel]] = {
@@ -248,6 +269,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "corestore": CorestoreConfig,
     "state": StateConfig,
     "streams": StreamsConfig,
+    "memory": MemoryConfig,
     "shutdown": ShutdownConfig,
     "log": LogConfig,
     "health": HealthConfig,

@@ -147,11 +147,14 @@ async def test_readiness_follows_the_session_lost_and_back(
     assert lost[0] == 503
     assert lost[1]["ready"] is False
     assert set(lost[1]["reasons"]) == {"session"}
-    # Between attempts or already trying again: not ready either way, and the error is named
-    # (Cloudly's close, or the refused connection of a later attempt).
+    # Between attempts or already trying again: not ready either way, since when Cloudly is
+    # unreachable, the last connect, the failed attempts and the error are named (Cloudly's
+    # close, or the refused connection of a later attempt).
     assert re.fullmatch(
-        r"the Cloudly session is (backing-off|connecting) \(last error: "
-        r"(session closed with code 1001.*|could not reach Cloudly.*)\)",
+        r"the Cloudly session is (backing-off|connecting): Cloudly unreachable since "
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+ s\), last connected "
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, \d+ attempts?, last error: "
+        r"(session closed with code 1001.*|could not reach Cloudly.*)",
         lost[1]["reasons"]["session"],
     )
     assert back[0] == 200
@@ -336,7 +339,7 @@ async def test_the_endpoint_can_be_a_private_unix_socket(
     assert mode == 0o600
     assert healthz == 200
     assert status_exit == 0
-    assert printed.startswith("agent:    ready\nsession:  connected for ")
+    assert re.match(r"agent:    ready \(version .+, up \d+ s\)\nsession:  connected for ", printed)
     assert printed.endswith("restores: 0\n\njobs:     0\n")
     assert not path.exists()
 
@@ -559,7 +562,11 @@ async def test_status_tells_systemd_why_cloudly_is_unreachable(
         await cloudly.stop()
         unreachable = await systemd.until(lambda m: "unreachable" in m)
         del agent
-    assert unreachable.startswith("STATUS=Cloudly unreachable, retrying: ")
+    assert re.fullmatch(
+        r"STATUS=Cloudly unreachable since \S+ \S+ UTC \(\d+ s\), last connected \S+ \S+ UTC, "
+        r"\d+ attempts?, last error: .+",
+        unreachable,
+    )
 
 
 async def test_the_start_up_line_says_what_runs_against_what(

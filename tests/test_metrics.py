@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agent.metrics import Metrics
-from agent.status import AgentStatus
+from agent.status import AgentStatus, SessionState
 from agent.store import StatusSummary
+from agent.transfers.budget import ByteBudget
 from tests.clock import ManualClock
 
 NOW_MS = 1_700_000_000_000
@@ -121,25 +122,6 @@ def test_since_when_a_nodes_corestore_is_unavailable_is_a_gauge() -> None:
     assert _value(metrics, name, node="node-1") == 0
 
 
-def test_the_status_says_since_when_each_nodes_corestore_is_unavailable() -> None:
-    """The status keeps each node's outage start while it lasts; the snapshot (and /readyz's
-    `session`) says it in epoch milliseconds, sorted by node."""
-    status = AgentStatus(clock=ManualClock(start=NOW_MS / 1000))
-    status.corestore_unavailable(node="node-b", since=1_700_000_001.0)
-    status.corestore_unavailable(node="node-a", since=1_700_000_000.5)
-    snapshot = status.snapshot()
-    assert snapshot.corestore_unavailable == (
-        ("node-a", 1_700_000_000.5),
-        ("node-b", 1_700_000_001.0),
-    )
-    assert snapshot.to_dict()["corestoreUnavailableSince"] == {
-        "node-a": 1_700_000_000_500,
-        "node-b": 1_700_000_001_000,
-    }
-    status.corestore_unavailable(node="node-b", since=None)
-    assert status.snapshot().corestore_unavailable == (("node-a", 1_700_000_000.5),)
-
-
 def test_what_retention_forgot_is_counted_by_kind() -> None:
     """`retention_deleted_total{what}` adds up each report; both kinds exist from the start."""
     metrics = Metrics()
@@ -161,3 +143,90 @@ def test_the_database_size_is_a_gauge_read_at_scrape_time() -> None:
     """`state_database_bytes` is the store summary's size of the database files."""
     metrics = _refreshed(StatusSummary(restores={}, jobs={}, database_bytes=123_456))
     assert _value(metrics, "restore_agent_state_database_bytes") == 123_456
+
+
+def test_the_byte_budget_and_what_it_holds_are_reported() -> None:
+    """A budget reports its size, what is drawn and who waits; waits and trims add up."""
+    metrics = Metrics()
+    budget = ByteBudget(1000, reserve=0, observer=metrics)
+    assert budget.try_take(400)
+    assert _value(metrics, "restore_agent_byte_budget_bytes") == 1000
+    assert _value(metrics, "restore_agent_byte_budget_held_bytes") == 400
+    assert _value(metrics, "restore_agent_byte_budget_waiting") == 0
+    metrics.budget_waited(seconds=2.0)
+    assert _value(metrics, "restore_agent_byte_budget_wait_duration_seconds_count") == 1
+    metrics.memory_trimmed(released=5000)
+    metrics.memory_trimmed(released=-10)  # resident grew meanwhile: nothing came back
+    assert _value(metrics, "restore_agent_memory_trims_total") == 2
+    assert _value(metrics, "restore_agent_memory_trimmed_bytes_total") == 5000
+
+
+def _names(metrics: Metrics) -> set[str]:
+    return {name for name, _ in _samples(metrics)}
+
+
+def test_the_pong_latency_is_absent_before_the_first_pong() -> None:
+    """No pong yet: no sample at all (a 0.0 would claim an instant round trip)."""
+    metrics = _refreshed(StatusSummary(restores={}, jobs={}))
+    assert "restore_agent_cloudly_pong_latency_seconds" not in _names(metrics)
+
+
+def test_the_pong_latency_is_the_last_round_trip() -> None:
+    """After a pong, its round trip."""
+    status = AgentStatus(clock=ManualClock(start=NOW_MS / 1000))
+    for state in (SessionState.CONNECTING, SessionState.AUTHENTICATING, SessionState.CONNECTED):
+        status.move_to(state)
+    status.record_pong(0.25)
+    metrics = Metrics()
+    metrics.refresh(status.snapshot(), None, ready=True, now_ms=NOW_MS)
+    assert _value(metrics, "restore_agent_cloudly_pong_latency_seconds") == 0.25
+
+
+def test_the_last_connect_and_the_outage_start_are_timestamps() -> None:
+    """Connected at T, lost 60 s later: the last connect is T, the outage began at T + 60
+    (epoch seconds, as `process_start_time_seconds`); before any connect neither exists, and
+    while connected the outage start does not."""
+    clock = ManualClock(start=NOW_MS / 1000)
+    status = AgentStatus(clock=clock)
+    metrics = Metrics()
+    metrics.refresh(status.snapshot(), None, ready=False, now_ms=NOW_MS)
+    assert {
+        "restore_agent_cloudly_last_connect_timestamp_seconds",
+        "restore_agent_cloudly_unreachable_since_timestamp_seconds",
+    }.isdisjoint(_names(metrics))
+    for state in (SessionState.CONNECTING, SessionState.AUTHENTICATING, SessionState.CONNECTED):
+        status.move_to(state)
+    metrics.refresh(status.snapshot(), None, ready=True, now_ms=NOW_MS)
+    assert _value(metrics, "restore_agent_cloudly_last_connect_timestamp_seconds") == NOW_MS / 1000
+    assert "restore_agent_cloudly_unreachable_since_timestamp_seconds" not in _names(metrics)
+    clock.advance(60)
+    status.move_to(SessionState.BACKING_OFF)
+    metrics.refresh(status.snapshot(), None, ready=False, now_ms=NOW_MS + 60_000)
+    since = _value(metrics, "restore_agent_cloudly_unreachable_since_timestamp_seconds")
+    assert since == NOW_MS / 1000 + 60
+
+
+def test_failed_retention_passes_are_counted() -> None:
+    """A pass that failed was a log line only; now it is a counter an alert can read."""
+    metrics = Metrics()
+    assert _value(metrics, "restore_agent_retention_failures_total") == 0
+    metrics.retention_failed()
+    assert _value(metrics, "restore_agent_retention_failures_total") == 1
+
+
+def test_a_skipped_or_failed_vacuum_is_counted_by_reason() -> None:
+    """Both reasons are there from the start at 0."""
+    metrics = Metrics()
+    metrics.vacuum_failed(reason="skipped")
+    name = "restore_agent_state_database_vacuum_failures_total"
+    assert _value(metrics, name, reason="skipped") == 1
+    assert _value(metrics, name, reason="failed") == 0
+
+
+def test_the_transfer_wait_is_a_duration_histogram() -> None:
+    """The wait for a node's place follows the `_duration_seconds` naming."""
+    metrics = Metrics()
+    metrics.transfer_waited(kind="stage", seconds=2.0)
+    names = _names(metrics)
+    assert "restore_agent_transfer_wait_duration_seconds_count" in names
+    assert "restore_agent_transfer_wait_seconds_count" not in names

@@ -14,6 +14,7 @@ from agent.contracts.isolatedrestore import (
     StagingCleanupProgress,
 )
 from agent.domain.jobs import JobKey, StoredJob
+from agent.domain.outcomes import result_from_json
 from agent.domain.restores import StoredState
 from agent.overview import (
     RestoreFacts,
@@ -82,15 +83,6 @@ def test_a_closed_store_and_no_cluster_are_reasons_of_their_own() -> None:
     assert _ready(replace(CONNECTED, cluster=None), store_open=False) == {
         "store": "the revision store is not open",
         "cluster": "no cluster document has been read",
-    }
-
-
-def test_a_corestore_that_does_not_answer_is_a_reason_naming_the_node_and_since_when() -> None:
-    """Each node whose Corestore gives no usable answer, with since when (UTC) and how long."""
-    down = replace(CONNECTED, corestore_unavailable=(("node-1", NOW - 75),))
-    assert _ready(down) == {
-        "corestore": "the Corestore of node node-1 has been unavailable since "
-        "1970-01-12T13:45:25Z (75 s)"
     }
 
 
@@ -296,9 +288,20 @@ def test_an_unreadable_job_list_is_said_so() -> None:
 # --- relay job rows ------------------------------------------------------------------------------
 
 
-def _job(status: str, result: dict[str, Any] | None) -> StoredJob:
+def _job(status: str, result: dict[str, Any] | None, delivered_at: int | None = None) -> StoredJob:
     key = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1", run=4)
-    return StoredJob(key, 3, status, "d" * 64, result, 2, 1_000_000, 1_010_000)  # type: ignore[arg-type]
+    outcome = None if result is None else result_from_json(result)
+    return StoredJob(
+        key,
+        3,
+        status,
+        "d" * 64,
+        outcome,
+        2,
+        1_000_000,
+        1_010_000,
+        delivered_at=delivered_at,  # type: ignore[arg-type]
+    )
 
 
 def test_a_partial_restore_row_names_its_types_and_says_partial() -> None:
@@ -308,7 +311,7 @@ def test_a_partial_restore_row_names_its_types_and_says_partial() -> None:
         "response": {"restored": []},
         "report": {"resourceTypes": ["database"], "partial": True},
     }
-    [row] = job_rows([_job("succeeded", recorded)], now_ms=1_070_000)
+    [row] = job_rows([_job("succeeded", recorded, delivered_at=1_020_000)], now_ms=1_070_000)
     assert row == {
         "clusterId": "cluster-1",
         "nodeId": "node-1",
@@ -325,6 +328,7 @@ def test_a_partial_restore_row_names_its_types_and_says_partial() -> None:
         "partial": True,
         "errorCode": None,
         "errorMessage": None,
+        "delivered": True,
     }
 
 
@@ -337,7 +341,7 @@ def test_a_failed_job_row_names_its_error() -> None:
         "integrity-mismatch",
         "short",
     )
-    assert (row["resourceTypes"], row["partial"]) == (None, False)
+    assert (row["resourceTypes"], row["partial"], row["delivered"]) == (None, False, False)
 
 
 def _view(*asks: tuple[str, tuple[str, ...]], limit: int = 1) -> TransferView:

@@ -116,3 +116,43 @@ async def test_the_close_bound_runs_on_the_owners_clock() -> None:
     async with asyncio.timeout(5):  # a guard against a hang, not a synchronisation
         await closing
     assert run.cancelled()
+
+
+async def test_close_returns_within_twice_its_bound_even_if_run_ignores_its_own_cancellation() -> (
+    None
+):
+    """Work that swallows every cancellation keeps `run()` alive after it was cut off too:
+    `close(timeout)` gives that second wait the same bound on the owner's clock and returns,
+    saying so in the log, instead of waiting forever (the daemon's shutdown must end)."""
+    clock = ManualClock()
+    owner = TaskOwner("the test component", clock=clock)
+    waiting, release = asyncio.Event(), asyncio.Event()
+
+    async def deaf() -> None:
+        waiting.set()
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):  # every cancellation, swallowed
+                await release.wait()
+
+    run = asyncio.create_task(owner.run(_nothing))
+    closing: asyncio.Task[None] | None = None
+    try:
+        await owner.started()
+        owner.spawn(deaf(), name="deaf")
+        await waiting.wait()
+        closing = asyncio.create_task(owner.close(timeout=60))
+        await asyncio.sleep(0)
+        clock.advance(60)  # the first bound: run() is cancelled, and ignores it through its task
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not closing.done()
+        assert clock.timeouts == [120.0]
+        clock.advance(60)
+        async with asyncio.timeout(5):  # a guard against the hang this test is about
+            await closing
+        assert not run.done()
+    finally:
+        release.set()  # the deaf work ends, whatever the test found
+        if closing is not None:
+            closing.cancel()
+        await asyncio.wait({run, *([closing] if closing else [])})

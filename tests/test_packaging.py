@@ -19,13 +19,27 @@ ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
+def _locked(lock: str) -> dict[str, tuple[Version, list[str]]]:
+    """`locks/LOCK`: each package's pinned version and its sha256 hashes."""
+    locked: dict[str, tuple[Version, list[str]]] = {}
+    name = ""
+    for line in (ROOT / "locks" / lock).read_text().splitlines():
+        stripped = line.strip().removesuffix("\\").strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if "==" in stripped and not stripped.startswith("--"):
+            name, _, version = stripped.partition("==")
+            name = canonicalize_name(name)
+            locked[name] = (Version(version), [])
+        elif stripped.startswith("--hash=sha256:"):
+            locked[name][1].append(stripped.removeprefix("--hash=sha256:"))
+        else:
+            raise AssertionError(f"locks/{lock}: an option a lock must not carry: {stripped}")
+    return locked
+
+
 def _pins() -> dict[str, Version]:
-    pins: dict[str, Version] = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, _, version = line.partition("==")
-            pins[canonicalize_name(name)] = Version(version)
-    return pins
+    return {name: version for name, (version, _) in _locked("runtime.txt").items()}
 
 
 def test_the_version_lives_in_the_package_only() -> None:
@@ -41,14 +55,34 @@ def test_the_licence_is_an_spdx_expression() -> None:
     assert PROJECT["license"] == "MIT"
 
 
-def test_constraints_pin_every_dependency_within_its_floor() -> None:
-    """constraints.txt pins each runtime dependency exactly, at a version its floor allows."""
+def test_the_runtime_lock_pins_every_dependency_within_its_floor() -> None:
+    """locks/runtime.txt pins each runtime dependency exactly, at a version its floor allows."""
     pins = _pins()
     for text in PROJECT["dependencies"]:
         requirement = Requirement(text)
         name = canonicalize_name(requirement.name)
-        assert name in pins, f"{name} is not pinned in constraints.txt"
+        assert name in pins, f"{name} is not pinned in locks/runtime.txt"
         assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} breaks {text}"
+
+
+def test_every_locked_package_carries_sha256_hashes_and_no_index() -> None:
+    """Each package of each lock has at least one sha256 (pip's --require-hashes needs them),
+    and no lock names an index or a local path (a lock is the same on every machine)."""
+    for lock in ("runtime.txt", "build.txt", "dev.txt"):
+        locked = _locked(lock)
+        assert locked, lock
+        for name, (_, hashes) in locked.items():
+            assert hashes, f"locks/{lock}: {name} has no hash"
+            assert all(len(h) == 64 for h in hashes), f"locks/{lock}: {name}"
+
+
+def test_the_dev_lock_holds_the_runtime_lock_at_the_same_versions() -> None:
+    """The tests run with exactly what a node installs: dev.txt pins each runtime package at
+    its runtime.txt version, and the build backend the build lock names."""
+    dev = _locked("dev.txt")
+    for name, (version, _) in _locked("runtime.txt").items():
+        assert dev[name][0] == version, name
+    assert dev["setuptools"][0] == _locked("build.txt")["setuptools"][0]
 
 
 def test_a_wheel_built_without_a_compiler_says_so_and_is_tagged_pure(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from agent.credentials.keys import KEY_FILE
 from agent.errors import ConfigError, StartupBlocked
 from agent.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
+from tests.processes import agent_environ
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "startup-machine-token-5e8a0c1d2b"
@@ -69,7 +70,7 @@ def _agent(
         [*prefix, sys.executable, "-m", "agent", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        env=agent_environ(**(env or {})),
         cwd=REPO,
         timeout=timeout,
         check=False,
@@ -142,12 +143,13 @@ def test_connect_without_the_credentials_refuses_before_saying_ok(tmp_path: Path
     config = _write(tmp_path)
     text = config.read_text().replace('"machine-token"', '"${CREDENTIALS_DIRECTORY}/machine-token"')
     config.write_text(text)
-    env = {k: v for k, v in os.environ.items() if k != "CREDENTIALS_DIRECTORY"}
+    env = agent_environ()
+    env.pop("CREDENTIALS_DIRECTORY", None)
     done = subprocess.run(
         [sys.executable, "-m", "agent", "check-config", "--config", str(config), "--connect"],
         capture_output=True,
         text=True,
-        env={**env, "PYTHONPATH": str(REPO)},
+        env=env,
         timeout=20,
         check=False,
     )
@@ -346,7 +348,7 @@ def test_the_pure_decode_path_is_a_warning_at_start_up(tmp_path: Path) -> None:
         process = subprocess.Popen(
             [sys.executable, "-c", without_native, "run", "--config", str(config)],
             stderr=err,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env=agent_environ(),
             cwd=REPO,
         )
     try:
@@ -386,15 +388,12 @@ def test_a_fatal_line_carries_the_error_priority_in_the_journal(tmp_path: Path, 
                 [sys.executable, "-m", "agent", command, "--config", str(config)],
                 stdout=subprocess.DEVNULL,
                 stderr=stream,
-                env={
-                    **os.environ,
-                    "PYTHONPATH": str(REPO),
-                    "JOURNAL_STREAM": f"{info.st_dev}:{info.st_ino}",
-                },
+                env=agent_environ(JOURNAL_STREAM=f"{info.st_dev}:{info.st_ino}"),
                 cwd=REPO,
                 timeout=20,
                 check=False,
             )
     assert done.returncode == code
+    assert len(journal.read_text().splitlines()) == 1, journal.read_text()
     [line] = journal.read_text().splitlines()
     assert line.startswith("<3>restore-agent: ")

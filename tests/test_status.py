@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from agent.errors import InvalidState
-from agent.status import TRANSITIONS, AgentStatus, SessionState
+from agent.status import TRANSITIONS, AgentStatus, SessionState, unreachable_sentence
 from tests.clock import ManualClock
 
 
@@ -213,3 +213,97 @@ async def test_wait_until_wakes_on_the_write_that_makes_it_true() -> None:
     status.move_to(SessionState.CONNECTED)
     snap = await asyncio.wait_for(waiter, timeout=5)
     assert snap.state is SessionState.CONNECTED
+
+
+# --- the outage: since when Cloudly is unreachable ---------------------------------------------
+
+
+def _fail_attempt(status: AgentStatus, error: str = "connection refused") -> None:
+    status.move_to(SessionState.CONNECTING)
+    status.record_error(error)
+    status.move_to(SessionState.BACKING_OFF)
+
+
+def test_the_outage_starts_when_the_session_is_lost_and_retries_do_not_move_it() -> None:
+    """Connected at 1000, lost at 1500, then retried every few seconds for two minutes:
+    `unreachable_since` stays at the loss (`state_since` moves at every retry), the last
+    connect stays 1000 and every failed attempt is counted."""
+    clock = ManualClock(start=1000.0)
+    status = AgentStatus(clock=clock)
+    _connected(status)
+    clock.advance(500)
+    status.move_to(SessionState.BACKING_OFF)
+    for _ in range(40):
+        clock.advance(3)
+        _fail_attempt(status)
+    snap = status.snapshot()
+    assert snap.state_since == 1620.0
+    assert (snap.unreachable_since, snap.last_connected_at) == (1500.0, 1000.0)
+    assert snap.failed_attempts == 40
+
+
+def test_an_agent_that_never_connected_is_unreachable_since_its_start() -> None:
+    """No session yet: the outage runs from the agent's start, and there is no last connect."""
+    clock = ManualClock(start=1000.0)
+    status = AgentStatus(clock=clock)
+    clock.advance(7)
+    _fail_attempt(status)
+    snap = status.snapshot()
+    assert (snap.started_at, snap.unreachable_since, snap.last_connected_at) == (
+        1000.0,
+        1000.0,
+        None,
+    )
+    assert snap.failed_attempts == 1
+
+
+def test_there_is_no_outage_before_an_attempt_failed_nor_once_connected() -> None:
+    """The first connect in progress is no outage; a connect ends one and clears its count."""
+    clock = ManualClock(start=1000.0)
+    status = AgentStatus(clock=clock)
+    status.move_to(SessionState.CONNECTING)
+    assert status.snapshot().unreachable_since is None
+    status.move_to(SessionState.BACKING_OFF)
+    _connected(status)
+    snap = status.snapshot()
+    assert (snap.unreachable_since, snap.failed_attempts) == (None, 0)
+    assert snap.unreachable(clock.time()) is None
+
+
+def test_the_outage_sentence_names_its_start_length_last_connect_attempts_and_error() -> None:
+    """The one line `status`, `/readyz` and `STATUS=` share."""
+    clock = ManualClock(start=1_750_000_000.0)
+    status = AgentStatus(clock=clock)
+    _connected(status)
+    clock.advance(3600)
+    status.move_to(SessionState.BACKING_OFF)
+    for _ in range(17):
+        _fail_attempt(status, "[Errno 111] Connect call failed ('127.0.0.1', 9)")
+    assert status.snapshot().unreachable(clock.time() + 125) == (
+        "Cloudly unreachable since 2025-06-15 16:06:40 UTC (2 min), last connected "
+        "2025-06-15 15:06:40 UTC, 17 attempts, last error: [Errno 111] Connect call failed "
+        "('127.0.0.1', 9)"
+    )
+
+
+def test_the_outage_sentence_of_an_agent_that_never_connected() -> None:
+    """`never connected`, and one attempt in the singular."""
+    assert unreachable_sentence(
+        since=0.0, now=45.0, last_connected_at=None, attempts=1, last_error=None
+    ) == ("Cloudly unreachable since 1970-01-01 00:00:00 UTC (45 s), never connected, 1 attempt")
+
+
+def test_the_health_form_carries_the_outage_in_epoch_milliseconds() -> None:
+    """`unreachableSince`, `lastConnectedAt`, `failedAttempts` in `/readyz`'s session."""
+    clock = ManualClock(start=1000.0)
+    status = AgentStatus(clock=clock)
+    _connected(status)
+    clock.advance(2.5)
+    status.move_to(SessionState.BACKING_OFF)
+    _fail_attempt(status)
+    data = status.snapshot().to_dict()
+    assert (data["unreachableSince"], data["lastConnectedAt"], data["failedAttempts"]) == (
+        1_002_500,
+        1_000_000,
+        1,
+    )

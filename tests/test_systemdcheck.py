@@ -12,6 +12,7 @@ import pytest
 from agent.config import load_config
 from devstack.systemdcheck.checks import CHECKS
 from devstack.systemdcheck.lifecycle import _same_line
+from devstack.systemdcheck.node import _leftovers
 from devstack.systemdcheck.readme import install_steps, set_keys
 from devstack.systemdcheck.service import TEST_NODE_KEYS
 from devstack.systemdcheck.systemd import JournalEntry, parse_timespan
@@ -23,9 +24,15 @@ def test_the_readme_install_block_is_five_numbered_steps() -> None:
     """readme.md's install block cuts into steps 1 to 5: the wheel first, the unit last."""
     steps = install_steps((REPO / "readme.md").read_text())
     assert [step.number for step in steps] == [1, 2, 3, 4, 5]
-    assert "pip wheel" in steps[0].script
-    assert "--constraint constraints.txt" in steps[1].script
+    assert "--require-hashes --no-deps -r locks/build.txt" in steps[0].script
+    assert "pip wheel --no-deps --no-build-isolation" in steps[0].script
+    assert "--require-hashes --no-deps -r locks/runtime.txt" in steps[1].script
+    assert "pip install --no-deps dist/" in steps[1].script
+    assert "pip check" in steps[1].script
     assert "check-config --connect" in steps[3].script
+    # Checked as the unit runs: its dynamic user, its credential, its state directory.
+    for property_ in ("DynamicUser=yes", "LoadCredential=machine-token:", "StateDirectory="):
+        assert f"-p {property_}" in steps[3].script
     assert "systemctl enable --now restore-agent" in steps[4].script
 
 
@@ -128,6 +135,23 @@ def test_the_fatal_line_matches_as_text_or_as_a_record_but_for_its_time() -> Non
 def test_every_check_has_one_name_and_the_reboot_comes_last() -> None:
     """The host script counts the checks by name; the reboot ends the run."""
     names = [name for name, _, _ in CHECKS]
-    assert len(names) == len(set(names)) == 17
+    assert len(names) == len(set(names)) == 20
     assert names[0] == "install"
     assert names[-1] == "reboot"
+
+
+def test_what_the_relay_keeps_on_corestore_is_no_leftover_of_a_restore(tmp_path: Path) -> None:
+    """After an isolated restore's cleanup, only its own files count as left behind: the
+    service data, the archive and the relay's key records (imports, archive restores, the
+    journal of applied effects) stay by design."""
+    kept = [
+        "services/svc/database",
+        "archive/svc/b1/record.json",
+        "imports/closure-1/meta.json",
+        "restores/svc/restore-1.json",
+        "applied.jsonl",
+    ]
+    for name in [*kept, "staging-archives/sa-1/objects/a.bin"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    assert _leftovers(tmp_path) == ["staging-archives/sa-1/objects/a.bin"]

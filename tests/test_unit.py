@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import ShutdownConfig
+from agent.config import CloudlyConfig, MemoryConfig, ShutdownConfig
+from agent.memory import memory_high
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "restore-agent.service"
@@ -61,7 +62,8 @@ def test_the_unit_is_a_notify_service_with_a_watchdog_and_start_limits() -> None
     assert service["Type"] == ["notify"]
     assert int(service["WatchdogSec"][0]) >= 10
     assert service["Restart"] == ["on-failure"]
-    assert service["RestartPreventExitStatus"] == ["2"]  # a config error is not retried
+    # A config error (or a newer state schema) and a damaged state database are not retried.
+    assert service["RestartPreventExitStatus"] == ["2 65"]
     assert {"StartLimitIntervalSec", "StartLimitBurst", "Documentation"} <= set(unit["Unit"])
 
 
@@ -103,3 +105,24 @@ def test_the_unit_parses_as_an_ini_file() -> None:
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     parser.read_string(UNIT.read_text())
     assert parser.sections() == ["Unit", "Service", "Install"]
+
+
+def test_the_agents_stop_timeout_is_the_units() -> None:
+    """`[shutdown] stop_timeout_s`, against which `run` and `check-config` check the shutdown
+    budget, defaults to the unit's TimeoutStopSec=: the check is against the real unit."""
+    assert ShutdownConfig().stop_timeout_s == float(_unit()["Service"]["TimeoutStopSec"][0])
+
+
+def _size(value: str) -> int:
+    units = {"K": 1024, "M": 1024**2, "G": 1024**3}
+    return int(value[:-1]) * units[value[-1]] if value[-1] in units else int(value)
+
+
+def test_the_unit_declares_the_memory_ceiling_the_budget_implies() -> None:
+    """MemoryHigh= is idle + the default byte budget + the measured constant for the default
+    frame limit (agent.memory.memory_high); MemoryMax= is a hard stop above it."""
+    service = _unit()["Service"]
+    frame = CloudlyConfig.model_fields["max_frame_bytes"].default
+    high = memory_high(MemoryConfig().budget_bytes, frame)
+    assert _size(service["MemoryHigh"][0]) == high
+    assert _size(service["MemoryMax"][0]) >= high * 4 // 3

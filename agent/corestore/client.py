@@ -4,6 +4,8 @@ One `aiohttp.ClientSession` per client (one client per node endpoint; `Corestore
 them). Every call: built by `routes.py`, bounded by a connect timeout and a per-attempt total
 timeout, retried with backoff only when its route is idempotent, and mapped at this edge:
 
+    507, or a 5xx with `storage-full`           -> CorestoreFull (its disk is full; not resent;
+                                                   the observer hears `corestore_full`)
     connection error, timeout, 5xx, 408, 429   -> CorestoreUnavailable (retryable)
     422 chunk/object-digest-mismatch, or an
         acknowledgement of other bytes          -> IntegrityError (resend)
@@ -44,6 +46,7 @@ from agent.corestore.models import (
     ObjectProgress,
     PreparedRestore,
     ResourceStatus,
+    RestoreListing,
     VerificationAnswer,
 )
 from agent.corestore.routes import AnswerKind, RouteRequest, SupportsToWire
@@ -53,6 +56,7 @@ from agent.corestore.service_models import (
     ArchivePruned,
     ClosureChunkAccepted,
     ClosureImportCommitted,
+    ClosureImportListing,
     ClosureImportStatus,
     ServiceBackupRecord,
     ServiceRestored,
@@ -60,6 +64,7 @@ from agent.corestore.service_models import (
 from agent.corestore.transport import CorestoreTimeouts, HttpTransport, Reply, check_credential
 from agent.errors import (
     CorestoreCredentialRejected,
+    CorestoreFull,
     CorestoreRefused,
     CorestoreUnavailable,
     IntegrityError,
@@ -98,6 +103,7 @@ class CorestoreClient:
         if isinstance(credential, Secret):
             credential = NodeCredential.fixed(check_credential(credential))
         self._credential = credential
+        self._full = False  # the last write answer said the disk is full
         self._transport = HttpTransport(
             endpoint,
             timeouts=timeouts or CorestoreTimeouts(),
@@ -170,7 +176,7 @@ class CorestoreClient:
         staging_archive_id: str,
         path: str,
         offset: int,
-        data: bytes,
+        data: bytes | bytearray | memoryview,
         sha256: str,
         grant: Secret,
     ) -> ChunkAccepted:
@@ -307,11 +313,27 @@ class CorestoreClient:
         )
 
     async def service_restore(
-        self, service_id: str, backup_id: str, snapshot_ids: list[str], *, clear: bool
+        self,
+        service_id: str,
+        restore_key: str,
+        backup_id: str,
+        snapshot_ids: list[str],
+        *,
+        clear: bool,
     ) -> ServiceRestored:
-        """Restore exactly these snapshots of the backup from the node's archive."""
-        request = routes.build_service_restore(service_id, backup_id, snapshot_ids, clear=clear)
+        """Restore exactly these snapshots of the backup from the node's archive, once for
+        `restore_key`: the same key again answers the restore it made, restoring nothing."""
+        request = routes.build_service_restore(
+            service_id, restore_key, backup_id, snapshot_ids, clear=clear
+        )
         return await self._ok(request, ServiceRestored)
+
+    async def service_restore_status(
+        self, service_id: str, restore_key: str
+    ) -> ServiceRestored | None:
+        """The restore applied under `restore_key`, or None when none was."""
+        request = routes.build_service_restore_status(service_id, restore_key)
+        return await self._ok_or_none(request, ServiceRestored)
 
     async def archive_list(self) -> ArchiveListing | None:
         """What the node's archive holds; None when the node has no archive."""
@@ -358,7 +380,7 @@ class CorestoreClient:
         return await self._ok(request, ClosureImportStatus)
 
     async def put_closure_chunk(
-        self, import_id: str, offset: int, data: bytes, sha256: str
+        self, import_id: str, offset: int, data: bytes | bytearray | memoryview, sha256: str
     ) -> ClosureChunkAccepted:
         """Write one verified chunk of an import; `IntegrityError` if Corestore acknowledges
         other bytes than these."""
@@ -381,15 +403,47 @@ class CorestoreClient:
             raise IntegrityError("Corestore committed other bytes than the closure's")
         return answer
 
+    async def closure_import_status(self, import_id: str) -> ClosureImportStatus | None:
+        """The import as it stands (`open`, or `committed`: applied once, never again), or None
+        when Corestore holds none under `import_id`."""
+        request = routes.build_closure_import_status(import_id)
+        return await self._ok_or_none(request, ClosureImportStatus)
+
     async def abort_closure_import(self, import_id: str) -> DeleteOutcome:
         """Drop an import (its bytes never touched the database)."""
         return await self._delete(routes.build_closure_import_abort(import_id))
+
+    # --- reconciliation (bearer only): what the node holds, one page at a time ------------------
+
+    async def list_restores(self, after: str | None = None) -> RestoreListing:
+        """One page of the prepared restores the node holds, by restoreId after `after`."""
+        return await self._ok(routes.build_restore_list(after), RestoreListing)
+
+    async def list_closure_imports(self, after: str | None = None) -> ClosureImportListing:
+        """One page of the closure imports the node holds, by importId after `after`."""
+        return await self._ok(routes.build_closure_import_list(after), ClosureImportListing)
 
     # --- the edge -------------------------------------------------------------------------------
     # Frames that raise hold no revealed secret and no raw answer text as a local variable:
     # traceback renderers that show locals (structlog's default) would print them.
 
     async def _send(self, request: RouteRequest) -> tuple[Reply, Secret | None]:
+        """`_exchange`, telling the observer when Corestore says its disk is full and when a
+        write it took says it is no longer."""
+        try:
+            reply, credential = await self._exchange(request)
+        except CorestoreFull:
+            self._storage_full(full=True)
+            raise
+        if self._full and request.spec.method != "GET" and 200 <= reply.status < 300:
+            self._storage_full(full=False)
+        return reply, credential
+
+    def _storage_full(self, *, full: bool) -> None:
+        self._full = full
+        self._observer.corestore_full(node=self._credential.node_id or self._endpoint, full=full)
+
+    async def _exchange(self, request: RouteRequest) -> tuple[Reply, Secret | None]:
         """Send `request`; when Corestore refuses the credential, refresh it once and send once
         more. Returns the answer and the credential it was sent with."""
         if not request.spec.authenticated:

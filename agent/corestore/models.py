@@ -27,6 +27,8 @@ __all__ = [
     "ErrorAnswer",
     "ErrorDetail",
     "Health",
+    "ListedResource",
+    "ListedRestore",
     "MappingBody",
     "MappingSource",
     "ObjectCommitted",
@@ -37,6 +39,7 @@ __all__ = [
     "ResourceState",
     "ResourceStatus",
     "ResourceType",
+    "RestoreListing",
     "VerificationAnswer",
     "VerifiedChunk",
 ]
@@ -230,3 +233,30 @@ class VerificationAnswer(_Answer):
     resource_type: ResourceType
     status: Literal["passed", "failed"]
     checks: tuple[CheckAnswer, ...]
+
+
+class ListedResource(_Answer):
+    """A scratch resource a prepared restore has on the node (restored, failed or running)."""
+
+    mapping_id: PathSegmentId
+    state: ResourceState
+
+
+class ListedRestore(_Answer):
+    """One prepared isolated restore the node holds, with everything of it on its disk: what
+    reconciliation needs to take it into cleanup (the mappings as they were prepared)."""
+
+    restore_id: PathSegmentId
+    scratch_namespace_id: PathSegmentId
+    staging_archive_id: PathSegmentId
+    resource_mappings: tuple[MappingBody, ...]
+    resources: tuple[ListedResource, ...] = ()
+    staging_archive: bool  # the staging archive (staged bytes) exists
+
+
+class RestoreListing(_Answer):
+    """One page of `GET /v1/isolated-restores`, by restoreId; `next` is the cursor of the
+    following page (None: this was the last)."""
+
+    restores: tuple[ListedRestore, ...]
+    next: str | None = None

@@ -40,6 +40,7 @@ from agent.corestore.models import (
     PreparedRestore,
     PrepareRestoreBody,
     ResourceStatus,
+    RestoreListing,
     VerificationAnswer,
 )
 from agent.corestore.service_models import (
@@ -49,6 +50,7 @@ from agent.corestore.service_models import (
     ClosureChunkAccepted,
     ClosureImportBody,
     ClosureImportCommitted,
+    ClosureImportListing,
     ClosureImportStatus,
     ServiceBackupBody,
     ServiceBackupRecord,
@@ -69,8 +71,10 @@ __all__ = [
     "HEADER_AUTHORIZATION",
     "HEADER_CHUNK_SHA256",
     "HEADER_RESTORE_GRANT",
+    "LIST_PAGE_LIMIT",
     "MAX_ANSWER_BYTES",
     "ROUTES",
+    "STORAGE_FULL_CODE",
     "AnswerKind",
     "RouteName",
     "RouteRequest",
@@ -84,6 +88,8 @@ __all__ = [
     "build_closure_import_abort",
     "build_closure_import_chunk",
     "build_closure_import_commit",
+    "build_closure_import_list",
+    "build_closure_import_status",
     "build_closure_read",
     "build_commit_object",
     "build_delete_object",
@@ -95,9 +101,11 @@ __all__ = [
     "build_prepare_restore",
     "build_put_chunk",
     "build_resource_status",
+    "build_restore_list",
     "build_restore_resource",
     "build_service_backup",
     "build_service_restore",
+    "build_service_restore_status",
     "build_verify_resource",
     "classify_answer",
     "is_credential_refusal",
@@ -119,7 +127,12 @@ _OBJECTS: Final = _ARCHIVE + "/objects"
 _SERVICE_BACKUP: Final = "/v1/services/{serviceId}/backups/{backupId}"
 _CLOSURE: Final = _SERVICE_BACKUP + "/closure"
 _NODE_ARCHIVE: Final = "/v1/archive"
-_IMPORT: Final = "/v1/database-closure-imports/{importId}"
+_IMPORTS: Final = "/v1/database-closure-imports"
+_IMPORT: Final = _IMPORTS + "/{importId}"
+_SERVICE_RESTORE: Final = "/v1/services/{serviceId}/restores/{restoreKey}"
+_RESTORES: Final = "/v1/isolated-restores"
+# The most entries one listing page may hold (Corestore may answer fewer).
+LIST_PAGE_LIMIT: Final = 100
 
 
 class RouteName(enum.StrEnum):
@@ -140,6 +153,7 @@ class RouteName(enum.StrEnum):
     SERVICE_BACKUP = "service-backup"
     BACKUP_RECORD = "backup-record"
     SERVICE_RESTORE = "service-restore"
+    SERVICE_RESTORE_STATUS = "service-restore-status"
     ARCHIVE_LIST = "archive-list"
     ARCHIVE_PRUNE = "archive-prune"
     CLOSURE_DESCRIPTOR = "closure-descriptor"
@@ -148,6 +162,9 @@ class RouteName(enum.StrEnum):
     CLOSURE_IMPORT_CHUNK = "closure-import-chunk"
     CLOSURE_IMPORT_COMMIT = "closure-import-commit"
     CLOSURE_IMPORT_ABORT = "closure-import-abort"
+    CLOSURE_IMPORT_STATUS = "closure-import-status"
+    RESTORE_LIST = "restore-list"
+    CLOSURE_IMPORT_LIST = "closure-import-list"
 
 
 class AnswerKind(enum.Enum):
@@ -158,6 +175,7 @@ class AnswerKind(enum.Enum):
     INTEGRITY = "integrity"  # Corestore refused bytes that do not match their digest
     REFUSED = "refused"  # any other 4xx: retrying the same request cannot help
     UNAVAILABLE = "unavailable"  # 5xx, 408, 429: Corestore may answer later
+    STORAGE_FULL = "storage-full"  # 507, or a 5xx `storage-full`: Corestore's disk is full
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,9 +259,16 @@ ROUTES: Final[Mapping[RouteName, RouteSpec]] = dict(
             RouteName.BACKUP_RECORD, "GET", _SERVICE_BACKUP, ServiceBackupRecord,
             idempotent=True, grant=False,
         ),
+        # Keyed: Corestore applies one restore key once and answers its record again (200);
+        # the same key with another body is 409 restore-key-conflict.
         _spec(
-            RouteName.SERVICE_RESTORE, "POST", _SERVICE_BACKUP + "/restore", ServiceRestored,
-            idempotent=True, grant=False, transfer=True,
+            RouteName.SERVICE_RESTORE, "PUT", _SERVICE_RESTORE, ServiceRestored,
+            success=(200, 201), idempotent=True, grant=False, transfer=True,
+        ),
+        _spec(
+            RouteName.SERVICE_RESTORE_STATUS, "GET", _SERVICE_RESTORE, ServiceRestored,
+            idempotent=True, grant=False,
+            gone_codes=frozenset({"service-restore-not-found"}),
         ),
         _spec(
             RouteName.ARCHIVE_LIST, "GET", _NODE_ARCHIVE, ArchiveListing,
@@ -273,17 +298,36 @@ ROUTES: Final[Mapping[RouteName, RouteSpec]] = dict(
         ),
         # Not retried, like commit-object: a mismatch removes the import, and the re-hash of a
         # large closure may outlast the timeout; after an unknown outcome the caller asks the
-        # import's state (`closure-import`: `committed` = done).
+        # import's state (`closure-import-status`: `committed` = done). The import id is the
+        # key: Corestore commits one key once, and answers a second commit with the first's.
         _spec(
             RouteName.CLOSURE_IMPORT_COMMIT, "POST", _IMPORT + "/commit", ClosureImportCommitted,
             idempotent=False, grant=False, transfer=True,
         ),
+        # A committed import is no longer aborted (409 import-committed): its key stays.
         _spec(
             RouteName.CLOSURE_IMPORT_ABORT, "DELETE", _IMPORT, Deleted,
             idempotent=True, grant=False, gone_codes=frozenset({"import-not-found"}),
         ),
+        _spec(
+            RouteName.CLOSURE_IMPORT_STATUS, "GET", _IMPORT, ClosureImportStatus,
+            idempotent=True, grant=False, gone_codes=frozenset({"import-not-found"}),
+        ),
+        # --- reconciliation: what the node holds, page by page (the bearer only) ---
+        _spec(
+            RouteName.RESTORE_LIST, "GET", _RESTORES, RestoreListing,
+            idempotent=True, grant=False,
+        ),
+        _spec(
+            RouteName.CLOSURE_IMPORT_LIST, "GET", _IMPORTS, ClosureImportListing,
+            idempotent=True, grant=False,
+        ),
     ]
 )  # fmt: skip
+
+# What Corestore answers when its disk is full (docs/corestore-api.md, "Errors").
+_INSUFFICIENT_STORAGE: Final = 507
+STORAGE_FULL_CODE: Final = "storage-full"
 
 # 422 codes for bytes that do not match their digest: the sender may resend them.
 _INTEGRITY_CODES: Final = frozenset(
@@ -304,7 +348,8 @@ class RouteRequest:
     spec: RouteSpec
     path: str  # percent-encoded
     query: Mapping[str, str] = field(default_factory=dict)
-    body: bytes | None = field(default=None, repr=False)  # chunk bytes or JSON text
+    # chunk bytes (the caller's buffer, sent without a copy) or JSON text
+    body: bytes | bytearray | memoryview | None = field(default=None, repr=False)
     content_type: str | None = None
     chunk_sha256: str | None = None
     grant: Secret | None = None
@@ -399,7 +444,12 @@ def _object_request(
 
 
 def build_put_chunk(
-    staging_archive_id: str, path: str, offset: int, data: bytes, sha256: str, grant: Secret
+    staging_archive_id: str,
+    path: str,
+    offset: int,
+    data: bytes | bytearray | memoryview,
+    sha256: str,
+    grant: Secret,
 ) -> RouteRequest:
     """`PUT .../objects?path=P&offset=N`: one chunk, its sha256 in `X-Serve-Zone-Chunk-Sha256`."""
     if not 0 < len(data) <= MAX_CHUNK_SIZE:
@@ -413,7 +463,7 @@ def build_put_chunk(
         path,
         grant,
         query={"offset": str(offset)},
-        body=bytes(data),
+        body=data,
         content_type="application/octet-stream",
         chunk_sha256=sha256,
     )
@@ -532,13 +582,24 @@ def build_backup_record(service_id: str, backup_id: str) -> RouteRequest:
 
 
 def build_service_restore(
-    service_id: str, backup_id: str, snapshot_ids: list[str], *, clear: bool
+    service_id: str, restore_key: str, backup_id: str, snapshot_ids: list[str], *, clear: bool
 ) -> RouteRequest:
-    """`POST .../backups/{backupId}/restore`: restore exactly these snapshots from the archive."""
+    """`PUT /v1/services/{serviceId}/restores/{restoreKey}`: restore exactly these snapshots of
+    the backup from the archive, once for the key."""
     name = RouteName.SERVICE_RESTORE
-    body = _body_of(name, lambda: ServiceRestoreBody(snapshot_ids=snapshot_ids, clear=clear))
-    path = _service_path(ROUTES[name].template, service_id, backup_id)
+    body = _body_of(
+        name,
+        lambda: ServiceRestoreBody(backup_id=backup_id, snapshot_ids=snapshot_ids, clear=clear),
+    )
+    path = _path(_SERVICE_RESTORE, serviceId=service_id, restoreKey=restore_key)
     return _request(name, None, path, body=body, content_type="application/json")
+
+
+def build_service_restore_status(service_id: str, restore_key: str) -> RouteRequest:
+    """`GET /v1/services/{serviceId}/restores/{restoreKey}`: the restore applied under the key
+    (404 service-restore-not-found: none was)."""
+    path = _path(_SERVICE_RESTORE, serviceId=service_id, restoreKey=restore_key)
+    return _request(RouteName.SERVICE_RESTORE_STATUS, None, path)
 
 
 def build_archive_list() -> RouteRequest:
@@ -595,7 +656,7 @@ def build_closure_import(
 
 
 def build_closure_import_chunk(
-    import_id: str, offset: int, data: bytes, sha256: str
+    import_id: str, offset: int, data: bytes | bytearray | memoryview, sha256: str
 ) -> RouteRequest:
     """`PUT .../{importId}/chunks?offset=N`: one chunk, its sha256 in the chunk header."""
     if not 0 < len(data) <= MAX_CHUNK_SIZE:
@@ -609,7 +670,7 @@ def build_closure_import_chunk(
         None,
         _path(ROUTES[name].template, importId=import_id),
         query={"offset": str(offset)},
-        body=bytes(data),
+        body=data,
         content_type="application/octet-stream",
         chunk_sha256=sha256,
     )
@@ -623,9 +684,46 @@ def build_closure_import_commit(import_id: str, size: int, sha256: str) -> Route
     return _request(name, None, path, body=body, content_type="application/json")
 
 
+def build_closure_import_status(import_id: str) -> RouteRequest:
+    """`GET /v1/database-closure-imports/{importId}`: the import as it stands, open or committed
+    (404 import-not-found: none)."""
+    return _request(RouteName.CLOSURE_IMPORT_STATUS, None, _path(_IMPORT, importId=import_id))
+
+
 def build_closure_import_abort(import_id: str) -> RouteRequest:
     """`DELETE /v1/database-closure-imports/{importId}`: drop the import; the database stays."""
     return _request(RouteName.CLOSURE_IMPORT_ABORT, None, _path(_IMPORT, importId=import_id))
+
+
+# --- reconciliation listings --------------------------------------------------------------------
+
+
+def _page_query(after: str | None, limit: int) -> dict[str, str]:
+    if not 1 <= limit <= LIST_PAGE_LIMIT:
+        raise LocalProtocolError(
+            f"a listing page holds 1 to {LIST_PAGE_LIMIT} entries, not {limit}"
+        )
+    query = {"limit": str(limit)}
+    if after is not None:
+        check_id(after, "after")
+        query["after"] = after
+    return query
+
+
+def build_restore_list(after: str | None = None, limit: int = LIST_PAGE_LIMIT) -> RouteRequest:
+    """`GET /v1/isolated-restores?after=ID&limit=N`: the prepared restores the node holds, by
+    restoreId after `after`, each with its scratch resources and staging archive."""
+    name = RouteName.RESTORE_LIST
+    return _request(name, None, _RESTORES, query=_page_query(after, limit))
+
+
+def build_closure_import_list(
+    after: str | None = None, limit: int = LIST_PAGE_LIMIT
+) -> RouteRequest:
+    """`GET /v1/database-closure-imports?after=ID&limit=N`: the closure imports the node holds,
+    by importId after `after`."""
+    name = RouteName.CLOSURE_IMPORT_LIST
+    return _request(name, None, _IMPORTS, query=_page_query(after, limit))
 
 
 # --- answers ------------------------------------------------------------------------------------
@@ -651,6 +749,8 @@ def classify_answer(spec: RouteSpec, status: int, error_code: str | None) -> Ans
     """What `status` (with Corestore's error code, if any) means for a call of `spec`."""
     if status in spec.success:
         return AnswerKind.OK
+    if status == _INSUFFICIENT_STORAGE or (status >= 500 and error_code == STORAGE_FULL_CODE):
+        return AnswerKind.STORAGE_FULL
     if status >= 500 or status in (408, 429):
         return AnswerKind.UNAVAILABLE
     # Only Corestore's own "not found" codes count as cleaned: a bare 404 may be a wrong base

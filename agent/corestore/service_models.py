@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, JsonValue
+from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from agent.contracts.backup import (
     ArchivePruneResult,
@@ -36,7 +36,9 @@ __all__ = [
     "ClosureChunkAccepted",
     "ClosureImportBody",
     "ClosureImportCommitted",
+    "ClosureImportListing",
     "ClosureImportStatus",
+    "ListedClosureImport",
     "ServiceBackupBody",
     "ServiceBackupRecord",
     "ServiceRestoreBody",
@@ -62,8 +64,10 @@ class ServiceBackupBody(WireModel):
 
 
 class ServiceRestoreBody(WireModel):
-    """Body of `POST .../backups/{backupId}/restore`: exactly these snapshots, in this order."""
+    """Body of `PUT /v1/services/{serviceId}/restores/{restoreKey}`: exactly these snapshots
+    of the backup, in this order. The key names this restore: Corestore applies it once."""
 
+    backup_id: PathSegmentId
     snapshot_ids: list[PathSegmentId] = Field(min_length=1)
     clear: bool
 
@@ -113,8 +117,11 @@ class ServiceBackupRecord(_Answer):
 
 
 class ServiceRestored(_Answer):
-    """The snapshots Corestore restored, in the order restored."""
+    """The snapshots Corestore restored under `restore_key`, in the order restored (the same
+    answer again for the same key: it was applied once)."""
 
+    restore_key: str
+    backup_id: str
     restored: list[ServiceSnapshot]
 
 
@@ -140,12 +147,20 @@ class ArchivePruned(_Answer):
 
 
 class ClosureImportStatus(_Answer):
-    """An open (or committed) closure import; a resumed one continues at `verified_bytes`."""
+    """An open closure import (a resumed one continues at `verified_bytes`), or a committed
+    one: its key was applied once, to these bytes (`sha256`), and is never applied again."""
 
     import_id: str
     state: Literal["open", "committed"]
     size: NonNegativeSafeInt
     verified_bytes: NonNegativeSafeInt
+    sha256: Sha256Hex | None = None
+
+    @model_validator(mode="after")
+    def _committed_names_its_bytes(self) -> ClosureImportStatus:
+        if self.state == "committed" and self.sha256 is None:
+            raise ValueError("a committed import names the sha256 it committed")
+        return self
 
 
 class ClosureChunkAccepted(_Answer):
@@ -163,3 +178,22 @@ class ClosureImportCommitted(_Answer):
     import_id: str
     size: NonNegativeSafeInt
     sha256: Sha256Hex
+
+
+class ListedClosureImport(_Answer):
+    """One closure import the node holds (bytes of a database that never replaced it yet)."""
+
+    import_id: PathSegmentId
+    service_id: str
+    backup_id: str
+    state: Literal["open", "committed"]
+    size: NonNegativeSafeInt
+    verified_bytes: NonNegativeSafeInt
+
+
+class ClosureImportListing(_Answer):
+    """One page of `GET /v1/database-closure-imports`, by importId; `next`: the following
+    page's cursor (None: the last)."""
+
+    imports: tuple[ListedClosureImport, ...]
+    next: str | None = None

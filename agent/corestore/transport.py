@@ -31,13 +31,14 @@ server-side feature; the client logs none).
 from __future__ import annotations
 
 import asyncio
-import io
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import aiohttp
 import structlog
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.payload import Payload
 from yarl import URL
 
 from agent.clock import Clock
@@ -46,6 +47,7 @@ from agent.corestore.outage import Outage
 from agent.corestore.routes import AnswerKind, RouteRequest
 from agent.corestore.sanitize import sanitize_code, sanitize_text
 from agent.errors import (
+    CorestoreFull,
     CorestoreRefused,
     CorestoreUnavailable,
     InvalidState,
@@ -273,6 +275,15 @@ class HttpTransport:
                 self._unavailable()
                 raise
             outcome = reply.kind.value
+            if reply.kind is AnswerKind.STORAGE_FULL:
+                # Not a CorestoreUnavailable: a full disk does not empty between two resends.
+                # Corestore answered, so it is available.
+                self._available()
+                raise CorestoreFull(
+                    f"Corestore at {self._endpoint} answered {spec.name} with {reply.status} "
+                    f"{sanitize_code(reply.error_code())}: its disk is full",
+                    httpStatus=reply.status,
+                )
             if reply.kind is AnswerKind.UNAVAILABLE:
                 self._unavailable()
                 raise CorestoreUnavailable(
@@ -315,8 +326,7 @@ class HttpTransport:
                 request.spec.method,
                 self._origin.with_path(request.path, encoded=True),
                 params=dict(request.query) or None,
-                # A stream, not bytes: aiohttp warns (and blocks the loop) on big bytes bodies.
-                data=None if request.body is None else io.BytesIO(request.body),
+                data=None if request.body is None else BodyPayload(request.body),
                 headers=routes.request_headers(request, credential),
                 allow_redirects=False,
             ) as response,
@@ -337,6 +347,34 @@ class HttpTransport:
                 raise_for_status=False,
             )
         return self._session
+
+
+class BodyPayload(Payload):
+    """A request body written from the caller's own buffer, in slices of `SLICE` bytes: no copy
+    of it is made. (`io.BytesIO` copied every 64 KiB it read out, and a `bytes` body of more
+    than 1 MiB makes aiohttp warn.) The slices go to the socket as they are; the transport
+    copies only what the socket did not take at once."""
+
+    SLICE = 256 * 1024
+    _autoclose = True
+
+    def __init__(self, body: bytes | bytearray | memoryview) -> None:
+        super().__init__(body, content_type=None)
+        self._view = memoryview(body).cast("B")
+        self._size = self._view.nbytes
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return bytes(self._view).decode(encoding, errors)
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(
+        self, writer: AbstractStreamWriter, content_length: int | None
+    ) -> None:
+        view = self._view if content_length is None else self._view[:content_length]
+        for start in range(0, view.nbytes, self.SLICE):
+            await writer.write(view[start : start + self.SLICE])
 
 
 async def _read(response: aiohttp.ClientResponse, request: RouteRequest) -> bytes:

@@ -18,13 +18,21 @@ table, so an illegal move cannot be persisted either.
     running       resume     running     a backup found running with no task (a restart)
     failed        retry      running     a backup's identical request runs it again
 
-A second table, `REQUESTS`, answers a request by what it meets (`Meets`: the job of its key,
-for a restore the run of its service that is running) with an `Answer`; `answer()` reads it.
+A second table, `REQUESTS`, answers a request by what it meets (`Meets`: for a backup the job
+of its key, for a restore the runs of its service) with an `Answer`; `answer()` reads it.
 For a backup: the recorded result of its key, the running work joined, a failure retried, an
-interrupted job resumed, another body refused `job-conflict`. For a restore: a new run, unless
-one of the service runs here: the identical request joins it, any other is refused
-`restore-in-progress` (retryable). A restore is never resumed: a run found `running` with no
-task in this process (the agent stopped) is recorded failed, and the next request is a new run.
+interrupted job resumed, another body refused `job-conflict`. For a restore: the identical
+request joins a run of the service that works in this process, any other is refused
+`restore-in-progress` (retryable). Otherwise it meets the service's last run:
+
+- left `running` by a stopped agent (and reconciled with Corestore first: not every effect of
+  it was applied): the identical request resumes that run under its keys, so Corestore applies
+  nothing twice; another body records it interrupted and starts a new run;
+- ended, for the identical request, while its answer was not delivered to Cloudly before the
+  request came (the ping rule, `agent.protocol.delivery`): the recorded answer, and nothing
+  runs (a lost answer never makes a second import);
+- ended otherwise (its answer delivered first, or another body): a new run. A backup may be
+  restored many times: once Cloudly has the answer, the same request restores again.
 """
 
 from __future__ import annotations
@@ -94,15 +102,18 @@ JOB_TABLE: Final = TransitionTable[JobStatus, JobOp](
 
 class Meets(enum.StrEnum):
     """What a request finds: for a backup, the job of its key; for a restore, the run of its
-    service on its node that works in this process."""
+    service on its node that works in this process, else the service's last run."""
 
     NOTHING = "nothing"
     RUNNING_SAME = "running-same"
     RUNNING_OTHER = "running-other"
     UNOWNED = "unowned"
+    UNOWNED_OTHER = "unowned-other"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     OTHER_BODY = "other-body"
+    UNDELIVERED = "undelivered"
+    ANSWERED = "answered"
 
 
 class Answer(enum.StrEnum):
@@ -126,9 +137,24 @@ _MEETS_TEXT: Final[Mapping[tuple[JobKind, Meets], str]] = MappingProxyType(
         ("backup", Meets.SUCCEEDED): "its job `succeeded`",
         ("backup", Meets.FAILED): "its job `failed`",
         ("backup", Meets.OTHER_BODY): "a job of its key made by another request body",
-        ("restore", Meets.NOTHING): "no run of the service running",
-        ("restore", Meets.RUNNING_SAME): "a run of the service running for the same body",
-        ("restore", Meets.RUNNING_OTHER): "a run of the service running for another body",
+        ("restore", Meets.RUNNING_SAME): "a run of the service working here, for the same body",
+        ("restore", Meets.RUNNING_OTHER): "a run of the service working here, for another body",
+        ("restore", Meets.NOTHING): "no run of the service",
+        ("restore", Meets.UNOWNED): (
+            "the service's last run `running`, left so by a stopped agent, for the same body "
+            "(reconciled with Corestore first: not every effect of it applied)"
+        ),
+        ("restore", Meets.UNOWNED_OTHER): (
+            "the service's last run `running`, left so by a stopped agent, for another body "
+            "(reconciled first, likewise)"
+        ),
+        ("restore", Meets.UNDELIVERED): (
+            "the service's last run ended, for the same body, its answer not delivered to "
+            "Cloudly before this request came"
+        ),
+        ("restore", Meets.ANSWERED): (
+            "the service's last run ended, its answer delivered first, or for another body"
+        ),
     }
 )
 
@@ -144,9 +170,21 @@ _ANSWER_TEXT: Final[Mapping[Answer, str]] = MappingProxyType(
     }
 )
 
-# Where an answer reads differently for one kind.
-_KIND_ANSWER_TEXT: Final[Mapping[tuple[JobKind, Answer], str]] = MappingProxyType(
-    {("restore", Answer.START): "`start`: a new run, the service's next, whatever ran before"}
+# Where an answer reads differently for what it meets.
+_ROW_TEXT: Final[Mapping[tuple[JobKind, Meets], str]] = MappingProxyType(
+    {
+        ("restore", Meets.NOTHING): "`start`: a new run, the service's first",
+        ("restore", Meets.UNOWNED): (
+            "`resume`: that run again under its keys: what Corestore applied is not applied again"
+        ),
+        ("restore", Meets.UNOWNED_OTHER): (
+            "`start`: a new run, the service's next; the one left is recorded interrupted"
+        ),
+        ("restore", Meets.UNDELIVERED): (
+            "the recorded answer (its response or its error), at once; nothing runs"
+        ),
+        ("restore", Meets.ANSWERED): "`start`: a new run, the service's next",
+    }
 )
 
 REQUESTS: Final[Mapping[tuple[JobKind, Meets], Answer]] = MappingProxyType(
@@ -157,9 +195,13 @@ REQUESTS: Final[Mapping[tuple[JobKind, Meets], Answer]] = MappingProxyType(
         ("backup", Meets.SUCCEEDED): Answer.RECORDED,
         ("backup", Meets.FAILED): Answer.RETRY,
         ("backup", Meets.OTHER_BODY): Answer.CONFLICT,
-        ("restore", Meets.NOTHING): Answer.START,
         ("restore", Meets.RUNNING_SAME): Answer.JOIN,
         ("restore", Meets.RUNNING_OTHER): Answer.BUSY,
+        ("restore", Meets.NOTHING): Answer.START,
+        ("restore", Meets.UNOWNED): Answer.RESUME,
+        ("restore", Meets.UNOWNED_OTHER): Answer.START,
+        ("restore", Meets.UNDELIVERED): Answer.RECORDED,
+        ("restore", Meets.ANSWERED): Answer.START,
     }
 )
 
@@ -176,12 +218,19 @@ def backup_meets(status: JobStatus | None, *, same_body: bool, here: bool) -> Me
     return {"running": Meets.UNOWNED, "succeeded": Meets.SUCCEEDED, "failed": Meets.FAILED}[status]
 
 
-def restore_meets(*, running: bool, same_body: bool) -> Meets:
-    """What a restore request meets: whether a run of its service works in this process, and
-    whether that run was made by the same body."""
-    if not running:
+def restore_meets(*, here: bool, last: JobStatus | None, same_body: bool, delivered: bool) -> Meets:
+    """What a restore request meets: whether a run of its service works in this process (`here`),
+    else the status of the service's last run (`last`, None: none, `running`: left so by a
+    stopped agent and not fully applied); `same_body`: whether that run was made by the same
+    body; `delivered`: whether the last run's answer reached Cloudly before this request came
+    (the ping rule)."""
+    if here:
+        return Meets.RUNNING_SAME if same_body else Meets.RUNNING_OTHER
+    if last is None:
         return Meets.NOTHING
-    return Meets.RUNNING_SAME if same_body else Meets.RUNNING_OTHER
+    if last == "running":
+        return Meets.UNOWNED if same_body else Meets.UNOWNED_OTHER
+    return Meets.UNDELIVERED if same_body and not delivered else Meets.ANSWERED
 
 
 def answer(kind: JobKind, meets: Meets) -> Answer:
@@ -196,6 +245,6 @@ def render_requests() -> str:
     """The request rule as Markdown (docs/relay.md embeds exactly this)."""
     lines = ["| request | meets | gets |", "|---|---|---|"]
     for (kind, meets), to in REQUESTS.items():
-        gets = _KIND_ANSWER_TEXT.get((kind, to), _ANSWER_TEXT[to])
+        gets = _ROW_TEXT.get((kind, meets), _ANSWER_TEXT[to])
         lines.append(f"| {kind} | {_MEETS_TEXT[(kind, meets)]} | {gets} |")
     return "\n".join(lines)

@@ -4,17 +4,17 @@
 `run` is 0 for a backup (one backupId is one backup); a restore's runs are numbered 1, 2, ...
 per service on its node, and the store numbers the next one when a restore starts (its key is
 given with `run` 0). `StoredJob` is one row as the store returns it: its status (the job
-machine's, `agent.domain.job_machine`), the digest of the request that made it, and the
-recorded outcome.
+machine's, `agent.domain.job_machine`), the digest of the request that made it, the
+recorded outcome (`agent.domain.outcomes`), a restore run's plan, and whether its answer was
+delivered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from agent.domain.job_machine import JOB_KINDS, JobKind, JobStatus
+from agent.domain.outcomes import JobResult, RunPlan
 from agent.errors import InvalidState
 
 __all__ = ["JobKey", "StoredJob"]
@@ -73,8 +73,12 @@ class StoredJob:
     revision: int
     status: JobStatus
     request_digest: str
-    result: Mapping[str, Any] | None
-    """The recorded outcome: `{"response", "report"}` (succeeded), `{"error"}` (failed)."""
+    result: JobResult | None
+    """The recorded outcome (None while running)."""
     attempts: int
     created_at: int
     updated_at: int
+    plan: RunPlan | None = None
+    """A restore run's plan: its effects under their keys, its outcome once all applied."""
+    delivered_at: int | None = None
+    """When its answer was known delivered to Cloudly (the ping rule; None: not known)."""

@@ -31,9 +31,14 @@ again (as SQL built from the same table) inside the compare-and-swap that persis
     cleaning         progress            cleaning        per-resource cleanup progress
     cleaning         cleanup-succeeded   cleaned         terminal
     cleaning         cleanup-failed      cleanup-failed
+    (absent)         adopt               cleanup-failed  what Corestore holds of a restore a
+                                                         salvaged or reset state forgot
 
 `prepare`, `stage`, `execute` and `cleanup` are Cloudly's requests; the others are the engine's
-own progress writes. Every one of them is a mutation and advances the revision by one.
+own progress writes, and `adopt` is reconciliation's (`agent/reconcile.py`): after the state was
+salvaged or reset, a restore Corestore still holds that the state does not know becomes a
+`cleanup-failed` state, which Cloudly's next cleanup cleans like any other. Every one of them
+is a mutation and advances the revision by one.
 
 What resumes a `failed` restore: Cloudly's exact replay of the request whose work failed (the
 state's request digest is still that request's: the engine's progress writes keep it). When
@@ -100,6 +105,7 @@ class Op(enum.StrEnum):
     CLEANUP = "cleanup"
     CLEANUP_SUCCEEDED = "cleanup-succeeded"
     CLEANUP_FAILED = "cleanup-failed"
+    ADOPT = "adopt"
 
 
 _CLEANABLE: Final[tuple[NodeStatus, ...]] = (
@@ -131,6 +137,7 @@ RESTORE_TABLE: Final = TransitionTable[NodeStatus, Op](
         ("cleaning", Op.PROGRESS): "cleaning",
         ("cleaning", Op.CLEANUP_SUCCEEDED): "cleaned",
         ("cleaning", Op.CLEANUP_FAILED): "cleanup-failed",
+        (None, Op.ADOPT): "cleanup-failed",
     },
     guarded={("prepared", Op.EXECUTE), ("staging", Op.EXECUTE)},
     guard="staging complete",

@@ -187,11 +187,14 @@ def _simdjson_bytes(lib: ModuleType, text: bytes | memoryview) -> bytes | None:
     parser = getattr(_local, "parser", None)
     if parser is None:
         parser = _local.parser = lib.Parser()
+    raw = bytes(text)
+    # `as_buffer` flattens nested arrays (`[[1,2],[3]]` would read as three bytes): only a flat
+    # array, whose one `[` opens it, is simdjson's to read; anything else goes to the pure path.
+    if raw.count(b"[") != 1:
+        return None
     try:
-        doc = parser.parse(bytes(text))
+        doc = parser.parse(raw)
         try:
-            # as_buffer would flatten nested arrays, but the array text ends at its first `]`
-            # (chunk_frames), so an inner `[` leaves the outer array open: a parse error.
             words = memoryview(doc.as_buffer(of_type="u")).cast("B")
         finally:
             del doc  # the parser refuses to parse again while a proxy of its document lives

@@ -8,8 +8,9 @@ a failure is `invalid-request` naming the first field path) and serialises the a
 is routed once.
 
 Also here, because handlers and the session both name them: the handler's view of its request
-(`RequestContext`), the byte-stream faces (`ByteSource`, `ByteSink`, `Producer`) and the face
-that calls the peer (`Caller`).
+(`RequestContext`: its streams, where it arrived, whether its answer was delivered), the
+byte-stream faces (`ByteSource`, `ByteSink`, `Producer`) and the face that calls the peer
+(`Caller`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from agent.contracts.base import StreamMarker, WireModel, first_problem
 from agent.errors import InvalidRequest, InvalidState
+from agent.protocol.delivery import Mark
 
 __all__ = [
     "ByteSink",
@@ -43,6 +45,11 @@ class ByteSource(Protocol):
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         """Chunks until the closing bit; raises `StreamBroken` if the stream dies first."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop reading (what still arrives is discarded); nothing once the stream is over.
+        Whoever reads a source closes it when it stops, on failure too."""
         ...
 
 
@@ -105,6 +112,22 @@ class RequestContext(Protocol):
         The peer reads only after it got the response. Pass `producer` to write: it runs once
         the response is sent, the sink is closed after it (aborted if it raises).
         """
+        ...
+
+    @property
+    def arrival(self) -> Mark:
+        """Where this request arrived on the session (`agent.protocol.delivery`)."""
+        ...
+
+    def on_delivered(self, callback: Callable[[Mark], None]) -> None:
+        """Call `callback` once this request's answer (its response or its error) is known to
+        have reached the peer, with where it was delivered; never when that cannot be known
+        (the connection ended first, or the session does not track deliveries)."""
+        ...
+
+    async def deliveries_settled(self) -> None:
+        """Wait until every answer sent on this connection before now is known delivered or
+        lost (at once when the session does not track deliveries)."""
         ...
 
 

@@ -37,11 +37,15 @@ holds the streams back the rate it delivers is `budget / rtt`, so it doubles per
 until the link (or the peer, or the agent) is the bound, and a request waits behind about two
 round trips of bytes. Near Cloudly twice the product is far below `limit`: nothing changes
 there.
+
+`gate` (the connection's draw from the agent's byte budget, `agent.protocol.pool`): asked last,
+before an answer goes; an answer it refuses is held like one past `limit`, first in line.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -76,6 +80,7 @@ class ReceiveBudget:
     limit: int | None  # bytes; None: no bound
     expiry: float  # seconds an unused invitation counts
     ceiling: int | None = None  # bytes it may grow to from the measured round trip; None: never
+    gate: Callable[[str], bool] | None = None  # may `stream_id` be invited now (byte budget)
     _invited: dict[str, _Invitation] = field(default_factory=dict)
     _rtt: float | None = None  # the smallest round trip seen
     _arrived: int = 0  # chunk frame bytes arrived so far
@@ -139,7 +144,7 @@ class ReceiveBudget:
     def admit(self, stream_id: str, answer: Envelope, now: float) -> list[Envelope]:
         """An answer that invites one more frame of `stream_id`: the answers to send now (it,
         and any held before it that fit), or none when it must wait its turn."""
-        if self.limit is None:
+        if self.limit is None and self.gate is None:
             return [answer]
         self._held.append((stream_id, answer))
         return self.release(now)
@@ -153,6 +158,8 @@ class ReceiveBudget:
             stream_id, answer = self._held[0]
             size = self._last_size.get(stream_id, DEFAULT_ESTIMATE)
             if self._invited and limit is not None and self._used + size > limit:
+                break
+            if self.gate is not None and not self.gate(stream_id):
                 break
             self._held.popleft()
             self._invite(stream_id, size, now)

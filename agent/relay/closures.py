@@ -24,12 +24,20 @@ Corestore import from the descriptor first (Corestore checks the receipt), then 
 stream into it in `chunk_size` chunks (each PUT carries its sha256), refusing the stream (at the
 latest a chunk's worth of bytes later) once it brings more than `size` bytes: no byte past
 `size` is sent; at the end it checks the length and the whole sha256 and only then
-asks Corestore to commit (Corestore re-hashes and replaces the database in one step). Any
-failure aborts the import: the database stays as it was. A responder that cannot serve a stream
+asks Corestore to commit (Corestore re-hashes and replaces the database in one step). The
+import id is the run's idempotency key: Corestore commits it once, and a commit whose outcome
+is unknown is confirmed by the import's state, never sent twice. Any other failure aborts the
+import: the database stays as it was. A responder that cannot serve a stream
 in its response (typedrequest 3.3.0 echoes our `read`) fails fast as `StreamNotServed`.
 
 Both directions hash with `agent.chunking.Digests` (large pieces in a worker thread, off the
 event loop) and the import cuts its chunks with `agent.chunking.rechunk`, as staging does.
+
+Both draw from the agent's byte budget through the transfer's share of it (`draws`): the import
+assembles its chunks in buffers drawn from it (`ChunkBuffers`, as staging does); the export
+draws each read's length before it reads from Corestore and gives it back once the piece is
+queued on the stream (the stream's window, `[streams] window`, bounds what waits there). A draw
+that waits is backpressure: nothing is read meanwhile.
 
 Neither direction can pin its job, and no deadline grows with the closure's size: every wait on
 the stream is bounded by the session's stall deadline (`agent.session.streams`, `[streams]
@@ -42,19 +50,26 @@ closure's size); once the closing bit is acknowledged Cloudly has `answer_timeou
 answer, on `clock`, else `transfer-interrupted` too (nothing confirmed the backup). The restore
 call is a single request (its answer is the descriptor and a marker): `answer_timeout` bounds
 it. Each Corestore call is bounded by the client's own timeouts.
+
+A closure's call and its stream travel on one connection: `cloudly` is the connection the
+closure was given when it started (`CloudlySession.connection()`), never the session's
+connection of the moment. A reconnect in between (the closure call answered, the session
+dropped while Corestore opened the import) therefore breaks the transfer, `StreamBroken`
+(retryable), rather than asking the new connection for a stream it never saw. The end of the
+session anywhere in a transfer is `StreamBroken` likewise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 import structlog
 from pydantic import ValidationError
 
-from agent.chunking import Digests, rechunk
+from agent.chunking import ChunkBuffers, Digests, Draws, rechunk
 from agent.clock import Clock
 from agent.contracts.base import StreamMarker, first_problem
 from agent.contracts.relay import (
@@ -69,8 +84,10 @@ from agent.contracts.relay import (
 from agent.corestore.client import CorestoreClient
 from agent.errors import (
     ClosureNotAccepted,
+    CorestoreUnavailable,
     IntegrityError,
     RemoteProtocolError,
+    SessionClosed,
     StreamBroken,
     StreamNotServed,
 )
@@ -105,10 +122,37 @@ async def send_closure(
     answer_timeout: float,
     clock: Clock,
     progress: Progress,
+    draws: Draws | None = None,
 ) -> DatabaseClosureDescriptor:
     """Export the backup's closure from Corestore and stream it to Cloudly; the descriptor
     once Cloudly holds exactly those bytes (module docstring, step 4). The call has no deadline
     while the stream moves; Cloudly answers within `answer_timeout` s of `clock` after it."""
+    with _interrupted_by_the_session(f"the database closure of service {service_id}"):
+        return await _send_closure(
+            client,
+            cloudly,
+            service_id,
+            backup_id,
+            node_id,
+            chunk_size,
+            (answer_timeout, clock),
+            progress,
+            draws,
+        )
+
+
+async def _send_closure(
+    client: CorestoreClient,
+    cloudly: CloudlyCalls,
+    service_id: str,
+    backup_id: str,
+    node_id: str,
+    chunk_size: int,
+    answer_bound: tuple[float, Clock],
+    progress: Progress,
+    draws: Draws | None,
+) -> DatabaseClosureDescriptor:
+    answer_timeout, clock = answer_bound
     descriptor = await client.closure_descriptor(service_id, backup_id)
     marker, sink = cloudly.open_send_stream()
     request = BackupServiceDatabaseClosureRequest(
@@ -124,7 +168,7 @@ async def send_closure(
     closed = False
     try:
         await _pump_export(
-            client, sink, call, service_id, backup_id, descriptor, chunk_size, progress
+            client, sink, call, service_id, backup_id, descriptor, chunk_size, progress, draws
         )
         await sink.close()  # returns once Cloudly acknowledged the closing bit
         closed = True
@@ -142,8 +186,11 @@ async def send_closure(
             # (a short, long or altered export; Corestore's errors) stay what we raise.
             raise refusal from exc
         call.cancel()
-        with contextlib.suppress(BaseException):
-            await call
+        # Wait for the call to end without taking on its outcome: `asyncio.wait` raises only
+        # this task's own cancellation (the job stopped meanwhile), which must win.
+        await asyncio.wait({call})
+        if not call.cancelled():
+            call.exception()  # retrieved: its outcome no longer matters
         raise
     if not answer.accepted:
         raise ClosureNotAccepted(
@@ -181,6 +228,7 @@ async def _pump_export(
     descriptor: DatabaseClosureDescriptor,
     chunk_size: int,
     progress: Progress,
+    draws: Draws | None,
 ) -> None:
     size, digests, offset = descriptor.size, Digests(), 0
     what = f"the database closure of service {service_id} for backup {backup_id}"
@@ -189,22 +237,15 @@ async def _pump_export(
     read_size = min(chunk_size, MAX_CHUNK)
     while offset < size:
         want = min(read_size, size - offset)
-        data = await client.read_closure(service_id, backup_id, offset, want)
-        if len(data) != want:
-            shorter = len(data) < want
-            raise IntegrityError(
-                f"Corestore's export of {what} answered {len(data)} bytes at offset {offset} "
-                f"where {want} were asked ({'shorter' if shorter else 'longer'} than its "
-                f"descriptor's {size} bytes)"
+        if draws is not None:
+            await draws.take(want)
+        try:
+            await _export_piece(
+                client, sink, call, what, (service_id, backup_id), offset, want, size, digests
             )
-        await digests.add(data)
-        if call.done():
-            # Cloudly answered before the end: an error or `accepted: false` stops the transfer
-            # now; `accepted: true` early is permission, so go on.
-            answer = _parse(BackupServiceDatabaseClosureResponse, call.result())
-            if not answer.accepted:
-                raise ClosureNotAccepted(f"Cloudly did not accept {what}")
-        await sink.write(data)
+        finally:
+            if draws is not None:
+                draws.give(want)
         offset += want
         progress(offset, size)
     if await client.read_closure(service_id, backup_id, size, 1):
@@ -213,6 +254,36 @@ async def _pump_export(
         )
     if digests.hexdigest() != descriptor.sha256:
         raise IntegrityError(f"Corestore's export of {what} does not match its descriptor's sha256")
+
+
+async def _export_piece(
+    client: CorestoreClient,
+    sink: ByteSink,
+    call: asyncio.Future[dict[str, Any]],
+    what: str,
+    ids: tuple[str, str],
+    offset: int,
+    want: int,
+    size: int,
+    digests: Digests,
+) -> None:
+    """Read `want` bytes of the export at `offset`, hash them and queue them on the stream."""
+    data = await client.read_closure(*ids, offset, want)
+    if len(data) != want:
+        shorter = len(data) < want
+        raise IntegrityError(
+            f"Corestore's export of {what} answered {len(data)} bytes at offset {offset} "
+            f"where {want} were asked ({'shorter' if shorter else 'longer'} than its "
+            f"descriptor's {size} bytes)"
+        )
+    await digests.add(data)
+    if call.done():
+        # Cloudly answered before the end: an error or `accepted: false` stops the transfer
+        # now; `accepted: true` early is permission, so go on.
+        answer = _parse(BackupServiceDatabaseClosureResponse, call.result())
+        if not answer.accepted:
+            raise ClosureNotAccepted(f"Cloudly did not accept {what}")
+    await sink.write(data)
 
 
 async def receive_closure(
@@ -226,9 +297,37 @@ async def receive_closure(
     chunk_size: int,
     answer_timeout: float,
     progress: Progress,
+    draws: Draws | None = None,
 ) -> DatabaseClosureDescriptor:
     """Fetch the backup's closure from Cloudly into a Corestore import and commit it; the
     descriptor once Corestore replaced the service's database with exactly those bytes."""
+    with _interrupted_by_the_session(f"the database closure of service {service_id}"):
+        return await _receive_closure(
+            client,
+            cloudly,
+            service_id,
+            backup_id,
+            node_id,
+            import_id,
+            chunk_size,
+            answer_timeout,
+            progress,
+            draws,
+        )
+
+
+async def _receive_closure(
+    client: CorestoreClient,
+    cloudly: CloudlyCalls,
+    service_id: str,
+    backup_id: str,
+    node_id: str,
+    import_id: str,
+    chunk_size: int,
+    answer_timeout: float,
+    progress: Progress,
+    draws: Draws | None,
+) -> DatabaseClosureDescriptor:
     request = RestoreServiceDatabaseClosureRequest(
         backup_id=backup_id, service_id=service_id, node_id=node_id
     )
@@ -239,20 +338,22 @@ async def receive_closure(
         ),
     )
     descriptor = answer.descriptor
-    # A previous attempt (the agent died mid-import) may have left its import open: start over.
+    # An earlier attempt of this run may have left its import open: the stream restarts whole.
     await client.abort_closure_import(import_id)
     await client.open_closure_import(
         import_id, service_id=service_id, backup_id=backup_id, descriptor=descriptor
     )
+    # One chunk filled while the one before it is PUT, both in buffers drawn from the budget;
+    # the first before the stream is read (as staging does).
+    buffers = ChunkBuffers(chunk_size, most=2, draws=draws)
+    await buffers.prime()
     source = cloudly.receive_stream(answer.closure)
     try:
-        await _pump_import(client, source, import_id, descriptor, chunk_size, progress)
-        await client.commit_closure_import(import_id, descriptor.size, descriptor.sha256)
+        await _pump_import(client, source, import_id, descriptor, chunk_size, progress, buffers)
+        await _commit(client, import_id, descriptor)
     except BaseException as exc:
-        closer = getattr(source, "aclose", None)
         with contextlib.suppress(Exception):
-            if closer is not None:
-                await asyncio.shield(closer())
+            await asyncio.shield(source.aclose())
         with contextlib.suppress(Exception):
             await asyncio.shield(client.abort_closure_import(import_id))
         if isinstance(exc, StreamNotServed):
@@ -265,6 +366,20 @@ async def receive_closure(
     return descriptor
 
 
+async def _commit(
+    client: CorestoreClient, import_id: str, descriptor: DatabaseClosureDescriptor
+) -> None:
+    """Commit the import (under its key: Corestore commits it once). The commit is not resent:
+    when its outcome is unknown (Corestore unavailable), the import's state says it."""
+    try:
+        await client.commit_closure_import(import_id, descriptor.size, descriptor.sha256)
+    except CorestoreUnavailable:
+        status = await client.closure_import_status(import_id)
+        if status is None or status.state != "committed" or status.sha256 != descriptor.sha256:
+            raise
+        _log.info("closure_commit_confirmed", import_id=import_id, size=descriptor.size)
+
+
 async def _pump_import(
     client: CorestoreClient,
     source: ByteSource,
@@ -272,6 +387,7 @@ async def _pump_import(
     descriptor: DatabaseClosureDescriptor,
     chunk_size: int,
     progress: Progress,
+    buffers: ChunkBuffers,
 ) -> None:
     size, digests, offset = descriptor.size, Digests(), 0
     # The agent's one re-chunker: one copy per chunk, only the chunk being filled held here,
@@ -283,12 +399,14 @@ async def _pump_import(
         too_long=lambda: IntegrityError(
             f"Cloudly's closure stream is longer than its descriptor's {size} bytes"
         ),
+        buffers=buffers,
     )
     try:
         async for data in chunks:
             sha256 = await digests.chunk(data)
             await client.put_closure_chunk(import_id, offset, data, sha256)
             offset += len(data)
+            buffers.put_back(data)
             progress(offset, size)
     finally:
         await chunks.aclose()
@@ -298,6 +416,18 @@ async def _pump_import(
         )
     if digests.hexdigest() != descriptor.sha256:
         raise IntegrityError("Cloudly's closure stream does not match its descriptor's sha256")
+
+
+@contextlib.contextmanager
+def _interrupted_by_the_session(what: str) -> Iterator[None]:
+    """The session's end during a transfer is the transfer's interruption (retryable): its
+    call and its stream were on that connection, and neither moves to the next one."""
+    try:
+        yield
+    except SessionClosed as exc:
+        raise StreamBroken(
+            f"the session with Cloudly closed during the transfer of {what}: {exc}"
+        ) from exc
 
 
 _Answer = TypeVar(

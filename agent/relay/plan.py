@@ -31,6 +31,7 @@ from agent.contracts.backup import BackupResourceType, read_partial_restore_reso
 from agent.contracts.cluster import ClusterView
 from agent.contracts.relay import RestoreClusterServiceRequest
 from agent.corestore.service_models import ServiceBackupRecord, ServiceSnapshot
+from agent.domain.outcomes import JobReport
 from agent.errors import InvalidRequest, NodeWithoutCorestore, PartialRestoreRefused
 
 __all__ = ["RESTORE_ORDER", "RestorePlan", "locate_node", "plan_restore", "record_subject"]
@@ -82,12 +83,9 @@ class RestorePlan:
         present = {snapshot.type for snapshot in self.snapshots}
         return tuple(t for t in RESTORE_ORDER if t in present)
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> JobReport:
         """What the agent records and logs about the restore (seed 002's restore event)."""
-        report: dict[str, Any] = {"resourceTypes": list(self.resource_types)}
-        if self.partial:
-            report["partial"] = True
-        return report
+        return JobReport(resource_types=tuple(self.resource_types), partial=self.partial)
 
 
 def plan_restore(request: RestoreClusterServiceRequest, record: ServiceBackupRecord) -> RestorePlan:

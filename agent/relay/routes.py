@@ -1,7 +1,9 @@
 """The three relay routes Cloudly calls, bound to one `RelayService`.
 
 Each names its exact request model (camelCase only; a body that fails it is `invalid-request`
-naming the field, before the service sees it) and answers its response model. Refusals are the
+naming the field, before the service sees it) and answers its response model. A backup and a
+restore hand the service their request's context too: where the request arrived and whether
+its answer reached Cloudly decide how a repeat is answered (docs/relay.md). Refusals are the
 service's `AgentError`s, turned into `error {text, data: {code, retryable, ...}}` by the session.
 """
 
@@ -30,12 +32,12 @@ def relay_routes(relay: RelayService) -> Routes:
     async def backup(
         request: BackupClusterServiceRequest, ctx: RequestContext
     ) -> BackupClusterServiceResponse:
-        return await relay.backup(request)
+        return await relay.backup(request, requester=ctx)
 
     async def restore(
         request: RestoreClusterServiceRequest, ctx: RequestContext
     ) -> RestoreClusterServiceResponse:
-        return await relay.restore(request)
+        return await relay.restore(request, requester=ctx)
 
     async def prune(
         request: PruneClusterNodeArchiveRequest, ctx: RequestContext

@@ -1,72 +1,137 @@
 """`JobRunner`: durable relay jobs, the rule that answers a repeated request, and the one owner
 of their tasks.
 
-`submit(key, digest, start)` answers a request by `agent.domain.job_machine.REQUESTS`
-(docs/relay.md, "Jobs and repeats"), under the lock of what one job at a time may hold
-(`JobKey.scope`: a backup's key, a restore's service on its node):
+`submit(key, digest, start, requester=...)` answers a request by
+`agent.domain.job_machine.REQUESTS` (docs/relay.md, "Jobs and repeats"), under the lock of what
+one job at a time may hold (`JobKey.scope`: a backup's key, a restore's service on its node):
 
 - a backup meets the job of its exact key: another body is `JobConflict`, `succeeded` answers
   its recorded response at once, work running in this process is joined, a `failed` job is
   retried, one left `running` by a stopped agent is resumed;
-- a restore meets the run of its service that works in this process: the identical request
-  joins it, any other is `RestoreInProgress` (retryable); with none, a new run starts. A run
-  the store holds `running` while no task of this process works on it was interrupted (the
-  agent stopped): it is recorded `failed` (`shutting-down`, retryable) first, never resumed,
-  and the same happens to every such run at start-up (`relay_restore_interrupted`).
+- a restore meets the run of its service that works in this process (the identical request
+  joins it, any other is `RestoreInProgress`, retryable), else the service's last run. A last
+  run left `running` by a stopped agent is first reconciled with Corestore by its keys
+  (`reconcile`): every effect applied, it is recorded `succeeded` (its answer not delivered);
+  otherwise the identical request resumes it under its keys, and any other records it
+  interrupted and starts a new run. A last run that ended answers the identical request from
+  its record while its answer was not delivered to Cloudly before the request came (the ping
+  rule, `agent.protocol.delivery`: a lost answer never imports a closure twice); once it was,
+  or for another body, a new run starts.
+
+Deliveries: every answer the runner gives (a run's outcome, joined or not, or a recorded one)
+asks the requester to say when it reached Cloudly (`Requester.on_delivered`); the runner keeps
+where the last run of each service was delivered (in memory: the exact `Mark`) and records it
+in the store (`delivered_at`, which survives a restart: a delivery known from before this
+process precedes every request). A restore request first waits until every answer sent before
+it is known delivered or lost (`deliveries_settled`), so the verdict is exact.
 
 Work that starts runs `start()` first (checks that refuse before anything is stored, and that
-may ask Corestore), then the job row moves (`start`, `resume`, `retry`;
-`agent.domain.job_machine`) and the work runs as a task of `run()`'s TaskGroup. The work belongs
-to the runner, not to the request: a caller that goes away (its session dropped) leaves the work
-running, and the repeated request joins it. `close()` cancels the work; its row stays `running`
-(a backup's next identical request after the restart resumes it; a restore's is recorded
-interrupted). A job's outcome is recorded before any caller sees it: `succeed` with
-`{"response", "report"}`, `fail` with `{"error": {code, message, retryable}}`.
+may ask Corestore; for a restore, its plan: the effects under their idempotency keys, new for a
+new run, the stored ones for a resumed run), then the job row moves (`start`, `resume`,
+`retry`; `agent.domain.job_machine`) and the work runs as a task of `run()`'s TaskGroup. The
+work belongs to the runner, not to the request: a caller that goes away (its session dropped)
+leaves the work running, and the repeated request joins it. `close()` cancels the work; its row
+stays `running` (the next identical request resumes it, after reconciling a restore). A job's
+outcome (`agent.domain.outcomes`: `Succeeded`, `Failed`) is recorded before any caller sees it.
+A bug in a job, in its work or in recording its outcome, fails that job (`internal`) and
+nothing else (`relay_job_crashed`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final, Protocol
 
 import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
-from agent.domain.job_machine import Answer, JobOp, answer, backup_meets, restore_meets
+from agent.domain.job_machine import (
+    Answer,
+    JobOp,
+    Meets,
+    answer,
+    backup_meets,
+    restore_meets,
+)
 from agent.domain.jobs import JobKey, StoredJob
+from agent.domain.outcomes import Failed, JobResult, JsonObject, RunPlan, Succeeded
 from agent.errors import AgentError, JobConflict, RestoreInProgress, ShuttingDown
 from agent.locks import KeyedLocks
+from agent.observe import NULL_OBSERVER, RelayObserver
 from agent.owner import TaskOwner
+from agent.protocol.delivery import EARLIER, Mark, delivered_before
 from agent.store import RevisionStore
 
-__all__ = ["INTERRUPTED", "JobRunner", "Outcome", "Work"]
+__all__ = ["INTERRUPTED", "JobRunner", "Reconcile", "Requester", "Start", "Started", "Work"]
 
 _log = structlog.get_logger("agent.relay.runner")
 
-Outcome = tuple[dict[str, Any], dict[str, Any]]
-"""What a job's work returns: the response's wire dict and the report recorded next to it."""
+Work = Callable[[JobKey, "RunPlan | None"], Awaitable[Succeeded]]
+"""A job's work, given its job's key (a restore's with the run number the store gave it) and a
+restore run's plan (the keys its effects carry); its success, or it raises the `AgentError`
+the job failed with."""
 
-Work = Callable[[JobKey], Awaitable[Outcome]]
-"""A job's work, given its job's key (a restore's with the run number the store gave it)."""
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """What starting a job gives: its work, and a restore run's plan (stored with its row)."""
+
+    work: Work
+    plan: RunPlan | None = None
+
+
+Start = Callable[["RunPlan | None"], Awaitable[Started]]
+"""Prepares a job's work once the rule says it runs, refusing before anything is stored; given
+the plan of the restore run it resumes (its keys stay), None for a new run."""
+
+Reconcile = Callable[[StoredJob], Awaitable["Succeeded | None"]]
+"""Asks Corestore, by a restore run's keys, whether every effect of the run was applied: its
+outcome then (to record), else None (and nothing half-done of it is left open)."""
+
+
+class Requester(Protocol):
+    """What the runner needs of the request it answers (`RequestContext` has it)."""
+
+    @property
+    def arrival(self) -> Mark:
+        """Where the request arrived on the session."""
+        ...
+
+    def on_delivered(self, callback: Callable[[Mark], None]) -> None:
+        """Have `callback` told once the answer reached Cloudly."""
+        ...
+
+    async def deliveries_settled(self) -> None:
+        """Wait until every answer sent before now is known delivered or lost."""
+        ...
+
 
 Scope = tuple[str, str, str, str, str]
 
-INTERRUPTED: Final = {
-    "error": {
-        "code": ShuttingDown.code,
-        "message": (
-            "the agent stopped while this restore ran; it is not resumed: a new request "
-            "restores anew"
-        ),
-        "retryable": True,
-    }
-}
-"""What a restore run interrupted by the agent stopping is recorded failed with (the schema's
-migration 3 writes the same for a run it finds `running`)."""
+INTERRUPTED: Final = Failed(
+    ShuttingDown.code,
+    "the agent stopped while this restore ran; it is not resumed: a new request restores anew",
+    True,
+)
+"""What a restore run left by a stopped agent is recorded with when another request of its
+service comes first (the schema's migration 3 wrote the same for a run it found `running`)."""
 
 _OPS: Final = {Answer.START: JobOp.START, Answer.RESUME: JobOp.RESUME, Answer.RETRY: JobOp.RETRY}
+
+
+@dataclass(frozen=True, slots=True)
+class _Answered:
+    """A job's outcome as its callers get it: the recorded revision (None: not recorded, so
+    there is nothing to be delivered), the response or the error."""
+
+    key: JobKey
+    revision: int | None
+    response: JsonObject | None = None
+    error: AgentError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,17 +140,34 @@ class _Running:
 
     key: JobKey
     digest: str
-    outcome: asyncio.Future[dict[str, Any]]
+    outcome: asyncio.Future[_Answered]
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivered:
+    """Where the answer a restore run gave at `revision` reached Cloudly."""
+
+    key: JobKey
+    revision: int
+    mark: Mark
 
 
 class JobRunner:
     """Runs relay jobs for the relay service; run it in the caller's TaskGroup."""
 
-    def __init__(self, store: RevisionStore, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        """`clock` bounds `close()`."""
+    def __init__(
+        self,
+        store: RevisionStore,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        observer: RelayObserver = NULL_OBSERVER,
+    ) -> None:
+        """`clock` bounds `close()`; `observer` hears how each request was answered."""
         self._store = store
+        self._observer = observer
         self._locks: KeyedLocks[Scope] = KeyedLocks()
         self._running: dict[Scope, _Running] = {}
+        self._delivered: dict[Scope, _Delivered] = {}  # per service: its last delivered run
         self._owner = TaskOwner("the relay job runner", clock=clock)
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -105,20 +187,24 @@ class JobRunner:
     # --- the request rule ---------------------------------------------------------------------
 
     async def submit(
-        self, key: JobKey, digest: str, start: Callable[[], Awaitable[Work]]
-    ) -> dict[str, Any]:
+        self,
+        key: JobKey,
+        digest: str,
+        start: Start,
+        *,
+        requester: Requester,
+        reconcile: Reconcile | None = None,
+    ) -> JsonObject:
         """The request's response: recorded, joined, or from work started now (module
-        docstring). A restore's `key` has run 0: a run that starts is numbered by the store."""
+        docstring). A restore's `key` has run 0: a run that starts is numbered by the store;
+        `reconcile` settles its service's last run if a stopped agent left it running."""
+        if key.kind == "restore":
+            await requester.deliveries_settled()
         async with self._locks.hold(key.scope):
             running = self._live(key.scope)
-            stored: StoredJob | None = None
             if key.kind == "restore":
-                if running is None:
-                    await self._settle_interrupted(key)
-                meets = restore_meets(
-                    running=running is not None,
-                    same_body=running is not None
-                    and (running.key.backup_id, running.digest) == (key.backup_id, digest),
+                stored, meets = await self._restore_meets(
+                    key, digest, running, requester.arrival, reconcile
                 )
             else:
                 stored = await self._store.get_job(key)
@@ -128,6 +214,7 @@ class JobRunner:
                     here=running is not None,
                 )
             verdict = answer(key.kind, meets)
+            self._observer.relay_answered(kind=key.kind, answer=verdict.value)
             if verdict is Answer.CONFLICT:
                 raise JobConflict(
                     kind=key.kind,
@@ -143,39 +230,97 @@ class JobRunner:
                     backup_id=running.key.backup_id,
                     run=running.key.run,
                 )
+            answered: _Answered | None = None
             if verdict is Answer.RECORDED:
                 assert stored is not None
                 assert stored.result is not None
-                _log.info("relay_job_replayed", **_fields(key), revision=stored.revision)
-                return dict(stored.result["response"])
-            if verdict is Answer.JOIN:
+                _log.info("relay_job_replayed", **_fields(stored.key), revision=stored.revision)
+                answered = _recorded(stored.key, stored.revision, stored.result)
+            elif verdict is Answer.JOIN:
                 assert running is not None
                 _log.info("relay_job_joined", **_fields(running.key))
                 outcome = running.outcome
             else:
+                if meets is Meets.UNOWNED_OTHER:
+                    assert stored is not None
+                    await self._interrupted(stored)
+                resumed = stored if verdict is Answer.RESUME else None
                 self._owner.check()
-                work = await start()
+                started = await start(None if resumed is None else resumed.plan)
                 self._owner.check()
-                stored = await self._move_to_running(key, stored, digest, _OPS[verdict])
-                outcome = self._spawn(stored, work)
-        return await asyncio.shield(outcome)
+                target = key if stored is None or meets is not Meets.UNOWNED else stored.key
+                moved = await self._move_to_running(
+                    target,
+                    None if verdict is Answer.START else stored,
+                    digest,
+                    _OPS[verdict],
+                    started.plan,
+                )
+                outcome = self._spawn(moved, started.work)
+        if answered is None:
+            answered = await asyncio.shield(outcome)  # the work is the runner's, not ours
+        if answered.revision is not None:
+            requester.on_delivered(
+                functools.partial(self._on_delivered, answered.key, answered.revision)
+            )
+        if answered.error is not None:
+            raise answered.error
+        assert answered.response is not None
+        return answered.response
 
-    async def _move_to_running(
-        self, key: JobKey, stored: StoredJob | None, digest: str, op: JobOp
-    ) -> StoredJob:
-        expected = 0 if stored is None else stored.revision
-        moved = await self._store.move_job(key, op=op, expected_revision=expected, digest=digest)
-        _log.info("relay_job_started", **_fields(moved.key), op=op.value, attempt=moved.attempts)
-        return moved
+    async def _restore_meets(
+        self,
+        key: JobKey,
+        digest: str,
+        running: _Running | None,
+        arrival: Mark,
+        reconcile: Reconcile | None,
+    ) -> tuple[StoredJob | None, Meets]:
+        """What a restore request meets, and the service's last run (reconciled first if a
+        stopped agent left it running). Call under the scope's lock."""
+        if running is not None:
+            same = (running.key.backup_id, running.digest) == (key.backup_id, digest)
+            return None, restore_meets(here=True, last=None, same_body=same, delivered=False)
+        last = await self._store.last_restore(key.cluster_id, key.node_id, key.service_id)
+        if last is not None and last.status == "running":
+            last = await self._reconciled(last, reconcile)
+        same = last is not None and (last.key.backup_id, last.request_digest) == (
+            key.backup_id,
+            digest,
+        )
+        if last is not None and last.status == "running" and last.plan is None:
+            same = False  # left by an agent that kept no plan: nothing to resume it by
+        delivered = last is not None and delivered_before(self._delivery_of(last), arrival)
+        meets = restore_meets(
+            here=False,
+            last=None if last is None else last.status,
+            same_body=same,
+            delivered=delivered,
+        )
+        return last, meets
 
-    async def _settle_interrupted(self, key: JobKey) -> None:
-        """Record the restore of `key`'s service the store holds `running` as interrupted, if
-        no work of this process runs it (call under the scope's lock)."""
-        if self._live(key.scope) is not None:
-            return
-        stored = await self._store.running_restore(key.cluster_id, key.node_id, key.service_id)
-        if stored is None:
-            return
+    async def _reconciled(self, last: StoredJob, reconcile: Reconcile | None) -> StoredJob:
+        """`last` (a restore left `running` with no work here), reconciled with Corestore by
+        its keys: recorded `succeeded` when every effect of it was applied, else as it was."""
+        if last.plan is None or reconcile is None:
+            return last
+        outcome = await reconcile(last)
+        if outcome is None:
+            _log.info("relay_restore_unapplied", **_fields(last.key), attempts=last.attempts)
+            return last
+        recorded = await self._store.move_job(
+            last.key,
+            op=JobOp.SUCCEED,
+            expected_revision=last.revision,
+            digest=last.request_digest,
+            result=outcome,
+        )
+        _log.warning("relay_restore_reconciled", **_fields(last.key), **outcome.report.log_fields())
+        return recorded
+
+    async def _interrupted(self, stored: StoredJob) -> None:
+        """Record the run a stopped agent left `running` as interrupted (another request of
+        the service takes over; call under the scope's lock)."""
         await self._store.move_job(
             stored.key,
             op=JobOp.FAIL,
@@ -185,20 +330,62 @@ class JobRunner:
         )
         _log.warning("relay_restore_interrupted", **_fields(stored.key), attempts=stored.attempts)
 
+    async def _move_to_running(
+        self,
+        key: JobKey,
+        stored: StoredJob | None,
+        digest: str,
+        op: JobOp,
+        plan: RunPlan | None,
+    ) -> StoredJob:
+        expected = 0 if stored is None else stored.revision
+        moved = await self._store.move_job(
+            key, op=op, expected_revision=expected, digest=digest, plan=plan
+        )
+        _log.info("relay_job_started", **_fields(moved.key), op=op.value, attempt=moved.attempts)
+        return moved
+
     def _live(self, scope: Scope) -> _Running | None:
         """The work of `scope` running in this process; work whose outcome is out (its task is
         just ending) no longer counts: a request then meets what it recorded."""
         running = self._running.get(scope)
         return None if running is None or running.outcome.done() else running
 
+    # --- deliveries ---------------------------------------------------------------------------
+
+    def _delivery_of(self, last: StoredJob) -> Mark | None:
+        """Where the answer of `last` (as recorded now) reached Cloudly: exactly, when this
+        process saw it; `EARLIER` when only the store knows; None when not known."""
+        seen = self._delivered.get(last.key.scope)
+        if seen is not None and (seen.key, seen.revision) == (last.key, last.revision):
+            return seen.mark
+        return EARLIER if last.delivered_at is not None else None
+
+    def _on_delivered(self, key: JobKey, revision: int, mark: Mark) -> None:
+        """The answer the job gave at `revision` reached Cloudly at `mark`: remember it (a
+        restore's, for its service's next request) and record it."""
+        if key.kind == "restore":
+            seen = self._delivered.get(key.scope)
+            if seen is None or (seen.key, seen.revision) != (key, revision) or mark < seen.mark:
+                self._delivered[key.scope] = _Delivered(key, revision, mark)
+        # Once the runner stops it is not recorded: after the restart the answer counts as not
+        # delivered, which only ever answers a repeat from the record.
+        with contextlib.suppress(ShuttingDown):
+            _ = self._owner.spawn(self._record_delivery(key, revision), name="relay-delivered")
+
+    async def _record_delivery(self, key: JobKey, revision: int) -> None:
+        try:
+            if await self._store.mark_delivered(key, revision=revision):
+                _log.debug("relay_job_delivered", **_fields(key), revision=revision)
+        except AgentError as exc:  # the next request then answers from the record: safe
+            _log.warning("relay_job_delivery_unrecorded", **_fields(key), code=exc.code)
+
     # --- the tasks ----------------------------------------------------------------------------
 
-    def _spawn(self, stored: StoredJob, work: Work) -> asyncio.Future[dict[str, Any]]:
-        outcome: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        # Retrieve the outcome here too: a job whose callers all left must not warn.
-        outcome.add_done_callback(lambda done: done.cancelled() or done.exception())
+    def _spawn(self, stored: StoredJob, work: Work) -> asyncio.Future[_Answered]:
+        outcome: asyncio.Future[_Answered] = asyncio.get_running_loop().create_future()
         key, scope = stored.key, stored.key.scope
-        task = self._owner.spawn(self._execute(stored, work, outcome), name=f"relay-{key.kind}")
+        task = self._owner.spawn(self._guarded(stored, work, outcome), name=f"relay-{key.kind}")
         running = _Running(key, stored.request_digest, outcome)
         self._running[scope] = running
 
@@ -209,53 +396,64 @@ class JobRunner:
         task.add_done_callback(forget)
         return outcome
 
+    async def _guarded(
+        self, stored: StoredJob, work: Work, outcome: asyncio.Future[_Answered]
+    ) -> None:
+        """`_execute`, and a bug of the runner's own (recording an outcome) fails this job,
+        `internal`: its callers are answered, and the owner's TaskGroup (the daemon) goes on."""
+        try:
+            await self._execute(stored, work, outcome)
+        except Exception:  # noqa: BLE001  # logged with its traceback; the job fails alone
+            _log.exception("relay_job_crashed", **_fields(stored.key))
+            if not outcome.done():
+                error = AgentError(
+                    f"the relay {stored.key.kind} failed unexpectedly; send it again"
+                )
+                outcome.set_result(_Answered(stored.key, None, error=error))
+
     async def _execute(
-        self, stored: StoredJob, work: Work, outcome: asyncio.Future[dict[str, Any]]
+        self, stored: StoredJob, work: Work, outcome: asyncio.Future[_Answered]
     ) -> None:
         key = stored.key
         try:
-            response, report = await work(key)
+            succeeded = await work(key, stored.plan)
         except asyncio.CancelledError:
             again = "resume" if key.kind == "backup" else "restore anew"
-            outcome.set_exception(
-                ShuttingDown(f"the agent stopped while the job ran; repeat the request to {again}")
+            error = ShuttingDown(
+                f"the agent stopped while the job ran; repeat the request to {again}"
             )
+            outcome.set_result(_Answered(key, None, error=error))
             raise
         except Exception as exc:  # noqa: BLE001  # recorded; a bug is logged with its traceback
-            error = (
+            failure = (
                 exc
                 if isinstance(exc, AgentError)
                 else AgentError(f"the relay {key.kind} failed unexpectedly ({type(exc).__name__})")
             )
-            if error is not exc:
+            if failure is not exc:
                 _log.exception("relay_job_crashed", **_fields(key))
             else:
-                _log.warning("relay_job_failed", **_fields(key), code=error.code, error=str(error))
-            recorded = {
-                "error": {
-                    "code": error.code,
-                    "message": error.message,
-                    "retryable": error.retryable,
-                }
-            }
-            await self._record(stored, JobOp.FAIL, recorded, outcome)
-            if not outcome.done():
-                outcome.set_exception(error)
+                _log.warning(
+                    "relay_job_failed", **_fields(key), code=failure.code, error=str(failure)
+                )
+            revision = await self._record(stored, JobOp.FAIL, Failed.of(failure))
+            outcome.set_result(_Answered(key, revision, error=failure))
             return
-        recorded = {"response": response, "report": report}
-        if await self._record(stored, JobOp.SUCCEED, recorded, outcome):
-            _log.info("relay_job_succeeded", **_fields(key), **report)
-            outcome.set_result(response)
+        revision = await self._record(stored, JobOp.SUCCEED, succeeded)
+        if revision is None:
+            unrecorded = AgentError(
+                f"the relay {key.kind} ran but its outcome could not be recorded; send it again"
+            )
+            outcome.set_result(_Answered(key, None, error=unrecorded))
+            return
+        _log.info("relay_job_succeeded", **_fields(key), **succeeded.report.log_fields())
+        outcome.set_result(_Answered(key, revision, response=succeeded.response))
 
-    async def _record(
-        self,
-        stored: StoredJob,
-        op: JobOp,
-        result: dict[str, Any],
-        outcome: asyncio.Future[dict[str, Any]],
-    ) -> bool:
+    async def _record(self, stored: StoredJob, op: JobOp, result: JobResult) -> int | None:
+        """Record the job's outcome; its revision, or None when the store refused (the row
+        stays `running`: the next request settles it)."""
         try:
-            await self._store.move_job(
+            moved = await self._store.move_job(
                 stored.key,
                 op=op,
                 expected_revision=stored.revision,
@@ -264,28 +462,27 @@ class JobRunner:
             )
         except AgentError as exc:
             _log.error("relay_job_unrecorded", **_fields(stored.key), code=exc.code)
-            outcome.set_exception(exc)
-            return False
-        return True
+            return None
+        return moved.revision
 
     async def _report_unfinished(self) -> None:
-        """At start-up: log the backups a previous process left `running` (they resume on
-        Cloudly's repeat) and record its restores left `running` as interrupted."""
+        """At start-up: log the jobs a previous process left `running`. A backup resumes on
+        Cloudly's identical repeat; a restore is reconciled with Corestore by its keys when
+        the next request of its service comes (then resumed, or recorded)."""
         try:
             unfinished = await self._store.list_jobs("running")
         except AgentError as exc:
             _log.warning("relay_jobs_unreadable", code=exc.code)
             return
         for stored in unfinished:
-            key = stored.key
-            if key.kind == "backup":
-                _log.info("relay_job_unfinished", **_fields(key), attempts=stored.attempts)
-                continue
-            try:
-                async with self._locks.hold(key.scope):
-                    await self._settle_interrupted(key)
-            except AgentError as exc:  # a request settles it when it comes
-                _log.warning("relay_restore_unsettled", **_fields(key), code=exc.code)
+            _log.info("relay_job_unfinished", **_fields(stored.key), attempts=stored.attempts)
+
+
+def _recorded(key: JobKey, revision: int, result: JobResult) -> _Answered:
+    """A recorded outcome answered again."""
+    if isinstance(result, Failed):
+        return _Answered(key, revision, error=result.error())
+    return _Answered(key, revision, response=result.response)
 
 
 def _fields(key: JobKey) -> dict[str, str | int]:

@@ -222,6 +222,7 @@ class IsolatedRestoreEngine:
                             grant,
                             self._settings,
                             self._clock,
+                            transfer.holding,
                             self._rng,
                         ),
                         lambda: transfer.source(open_source()),

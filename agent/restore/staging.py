@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from agent.chunking import Digests, rechunk
+from agent.chunking import ChunkBuffers, Digests, Draws, rechunk
 from agent.clock import Clock
 from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
@@ -79,6 +79,7 @@ class StagingWork:
     grant: Secret
     settings: EngineSettings
     clock: Clock  # its monotonic time paces the progress log, and resends wait on it
+    draws: Draws | None = None  # the transfer's share of the byte budget (its buffers)
     rng: Callable[[], float] = field(default=random.random)  # U(0, 1) draws for the waits
 
 
@@ -106,7 +107,12 @@ class _Transfer:
         self.skipped = 0
         self.broken: StreamBroken | None = None
         self.refused: AgentError | None = None  # the reader's own verdict on the bytes
-        self.queue: asyncio.Queue[tuple[int, bytes, str] | None] = asyncio.Queue(
+        # At most max_in_flight chunks queued, one being filled: each in its own buffer, drawn
+        # from the transfer's share of the byte budget and reused once Corestore took it.
+        self.buffers = ChunkBuffers(
+            work.settings.chunk_size, most=work.settings.max_in_flight + 1, draws=work.draws
+        )
+        self.queue: asyncio.Queue[tuple[int, bytes | memoryview, str] | None] = asyncio.Queue(
             maxsize=work.settings.max_in_flight
         )
         self._started = work.clock.monotonic()
@@ -123,6 +129,7 @@ class _Transfer:
             too_long=lambda: IntegrityError(
                 f"object {entry.path} arrived longer than its {entry.size} bytes"
             ),
+            buffers=self.buffers,
         )
         try:
             async for chunk in chunks:
@@ -132,6 +139,7 @@ class _Transfer:
                 if offset < self.verified_end:
                     self._check_verified(offset, len(chunk), digest)
                     self.skipped += len(chunk)
+                    self.buffers.put_back(chunk)
                     continue
                 await self.queue.put((offset, chunk, digest))
         except StreamBroken as exc:
@@ -143,6 +151,7 @@ class _Transfer:
             self.refused = exc
         finally:
             await chunks.aclose()
+            await source.aclose()  # closing the chunker does not close what it read
         await self.queue.put(None)
 
     def _check_verified(self, offset: int, length: int, digest: str) -> None:
@@ -157,6 +166,7 @@ class _Transfer:
         work = self.work
         while (item := await self.queue.get()) is not None:
             if self.refused is not None:
+                self.buffers.put_back(item[1])
                 continue  # drain what the reader queued before it refused the bytes
             offset, chunk, digest = item
             for attempt in range(1, work.settings.chunk_attempts + 1):
@@ -176,6 +186,7 @@ class _Transfer:
                         attempt=attempt,
                     )
                     await _before_resend(work, attempt)
+            self.buffers.put_back(chunk)
             await work.store.record_chunk(work.key, work.entry.path, offset, len(chunk), digest)
             self.sent += len(chunk)
             self.chunks_sent += 1
@@ -211,6 +222,9 @@ async def stage_object(work: StagingWork, open_source: Callable[[], ByteSource])
     await _align_records(work, verified)
 
     transfer = _Transfer(work, verified)
+    # The first buffer before the stream is read: a stream being read is emptied by its reader,
+    # so what it holds of the byte budget always comes back.
+    await transfer.buffers.prime()
     error: AgentError | None = None
     try:
         async with asyncio.TaskGroup() as group:
@@ -218,6 +232,10 @@ async def stage_object(work: StagingWork, open_source: Callable[[], ByteSource])
             await transfer.read(open_source())
     except* AgentError as caught:
         error = first_leaf(caught)
+    finally:
+        transfer.buffers.close()
+        while not transfer.queue.empty():
+            transfer.queue.get_nowait()
     error = error or transfer.refused
     if isinstance(error, IntegrityError):
         await _discard(work)

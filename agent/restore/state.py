@@ -36,8 +36,10 @@ if TYPE_CHECKING:
     from agent.corestore.models import VerificationAnswer
 
 __all__ = [
+    "ADOPTED_CODE",
     "STAGING_ENTRY",
     "CleanupEntry",
+    "adopted_state",
     "cleanup_complete",
     "cleanup_entry",
     "cleanup_pending",
@@ -53,6 +55,10 @@ __all__ = [
     "with_verification_result",
     "with_verification_started",
 ]
+
+ADOPTED_CODE: Final = "state-lost"
+"""The `lastErrorCode` of a state reconciliation adopted (`adopted_state`)."""
+UNKNOWN: Final = "unknown"
 
 STAGING_ENTRY: Final = None
 """The entry id `cleanup_entry`/`with_cleanup_entry` use for the staging archive."""
@@ -80,6 +86,44 @@ def initial_state(request: PrepareIsolatedRestoreRequest, now: int) -> State:
         completed_resource_mapping_ids=[],
         verification=IsolatedRestoreVerification(status="pending", results=[]),
         updated_at=now,
+    )
+
+
+def adopted_state(
+    *,
+    restore_id: str,
+    cluster_id: str,
+    node_id: str,
+    scratch_namespace_id: str,
+    staging_archive_id: str,
+    mappings: Iterable[ResourceMapping],
+    how: str,
+    now: int,
+) -> State:
+    """The state reconciliation makes for a restore Corestore holds that a salvaged or reset
+    state forgot: `cleanup-failed` (the store writes it), its cleanup planned over every
+    mapping and the staging archive, so Cloudly's next cleanup removes it all. The source
+    backup and service are not known any more (`unknown`)."""
+    state = IsolatedRestoreNodeState(
+        restore_id=restore_id,
+        cluster_id=cluster_id,
+        target_node_name=node_id,
+        source_backup_id=UNKNOWN,
+        source_service_id=UNKNOWN,
+        scratch_namespace_id=scratch_namespace_id,
+        staging_archive_id=staging_archive_id,
+        revision=0,
+        status="cleanup-failed",
+        completed_resource_mapping_ids=[],
+        verification=IsolatedRestoreVerification(status="pending", results=[]),
+        updated_at=now,
+    )
+    planned = with_cleanup_plan(state, mappings)
+    return with_error(
+        planned,
+        ADOPTED_CODE,
+        f"Corestore holds this restore, which the node's state forgot when it was {how}: its "
+        "scratch resources and staging archive wait for a cleanup",
     )
 
 

@@ -13,17 +13,19 @@ This module is the reconnect loop and one connection's lifecycle. `authenticatio
 sans-I/O `handshake` over the connection (and renews the identity; `probe()` runs it untagged);
 `cluster` holds what the session knows of its cluster; `faults` decides each loss (a loss or a
 bug, its cause, the wait), `outage` how loudly it is logged; `keepalive` pings (1011 when
-unanswered). Until the connect step (`connect_step=`, the connection as its caller) is done,
-the peer runs no handler: a request Cloudly sends meanwhile is answered `not-ready`
-(retryable); serving starts with `connected`, which `cloudly_connected` logs. A step that
-raises a session error (`EnrollmentFailed` among them) ends the attempt like any other loss.
-Time goes through the injected `Clock`, randomness through an injected source, so tests drive
-both without sleeping.
+unanswered), also as soon as an answer waits to be known delivered (each connection has its
+`DeliveryTracker`, numbered from 1: the ping rule, `agent.protocol.delivery`). Until the
+connect step (`connect_step=`, the connection as its caller) is done, the peer runs no handler:
+a request Cloudly sends meanwhile is answered `not-ready` (retryable); serving starts with
+`connected`, which `cloudly_connected` logs. A step that raises a session error
+(`EnrollmentFailed` among them) ends the attempt like any other loss. Time goes through the
+injected `Clock`, randomness through an injected source, so tests drive both without sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -39,9 +41,11 @@ from agent.errors import AgentError, InvalidState, SessionClosed
 from agent.log import scrub_text
 from agent.observe import NULL_OBSERVER, PeerObserver, SessionObserver
 from agent.protocol.handlers import ByteSink, ByteSource, Caller, Routes
+from agent.protocol.pool import WatchedPool
 from agent.secret import Secret
 from agent.session.authentication import Authentication
 from agent.session.cluster import ClusterKnowledge
+from agent.session.delivery import DeliveryTracker
 from agent.session.faults import Loss, Reconnects, session_loss
 from agent.session.keepalive import keep_alive
 from agent.session.outage import Outage, log_failure
@@ -79,8 +83,10 @@ class CloudlySession:
         rng: Callable[[], float] = random.random,
         ssl_context: ssl.SSLContext | None = None,
         observer: SessionObservers = NULL_OBSERVER,
+        pool: WatchedPool | None = None,
     ) -> None:
         self._settings = settings
+        self._pool = pool
         self._observer = observer
         self._outage = Outage()
         self._ever_connected = False
@@ -96,6 +102,7 @@ class CloudlySession:
         self.routes = Routes([self._cluster.route]) + (routes or Routes())
         self._connect_step = connect_step
         self._peer: Peer | None = None  # set only while authenticated and connected
+        self._connections = itertools.count(1)  # each connection's number (the ping rule's)
         self._connected_at: float | None = None
         self._stopping = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -108,6 +115,14 @@ class CloudlySession:
     def cluster_view(self) -> ClusterView | None:
         """The cluster view read last (kept across reconnects), None before the first read."""
         return self._cluster.view
+
+    def connection(self) -> Peer:
+        """The current connection, to call and stream on together: a call and the stream its
+        request or answer names must travel on one connection (a stream id means nothing on
+        another), so whoever needs both takes the connection once. Once it is gone its calls
+        and streams raise `SessionClosed` (never move to the next connection); raises
+        `SessionClosed` at once when not connected."""
+        return self._live_peer()
 
     async def call(
         self,
@@ -267,6 +282,7 @@ class CloudlySession:
         settings = self._settings
         transport = await self._connect()
         close_code, reason = CloseCode.INTERNAL_ERROR, "internal error"  # unless a loss below
+        deliveries = DeliveryTracker(next(self._connections), transport)
         try:
             peer = Peer(
                 transport,
@@ -276,6 +292,9 @@ class CloudlySession:
                 observer=self._observer,
                 stall_timeout=settings.stream_stall_timeout,
                 serving=False,  # until the connect step is done: `_go_live`
+                pool=self._pool,
+                first_frame_bytes=settings.max_frame_bytes,
+                deliveries=deliveries,
             )
             async with asyncio.TaskGroup() as group:
                 group.create_task(peer.run(), name="cloudly-peer")
@@ -286,6 +305,7 @@ class CloudlySession:
                     interval=settings.ping_interval,
                     pong_timeout=settings.ping_timeout,
                     on_pong=self._status.record_pong,
+                    deliveries=deliveries,
                 )
                 group.create_task(pings, name="cloudly-keepalive")
                 self._enter(SessionState.AUTHENTICATING)
@@ -303,6 +323,7 @@ class CloudlySession:
             raise
         finally:
             self._go_dead()
+            deliveries.lost()  # what no pong confirmed on this connection never will be
             if self._stopping.is_set():
                 close_code, reason = CloseCode.GOING_AWAY, "going away"
             await transport.close(close_code, reason)

@@ -1,9 +1,11 @@
 """The session's keepalive: a websocket ping every `interval` s, on the session's clock.
 
 Each pong's round trip goes to `on_pong` (the status records it, so readiness can say when
-Cloudly was last heard); a ping left unanswered for `pong_timeout` s declares the connection dead:
-`SessionClosed` 1011 (internal error), and the session reconnects. The library's own keepalive
-is off (`agent.session.transport`), so every wait runs on the injected `Clock`.
+Cloudly was last heard) and, with a `DeliveryTracker`, delivers every answer sent before its
+ping; a ping left unanswered for `pong_timeout` s declares the connection dead:
+`SessionClosed` 1011 (internal error), and the session reconnects (the answers that ping
+covered stay undelivered). The library's own keepalive is off (`agent.session.transport`), so
+every wait runs on the injected `Clock`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import NoReturn, Protocol
 
 from agent.clock import Clock
 from agent.errors import SessionClosed
-from agent.session.transport import CloseCode
+from agent.session.delivery import DeliveryTracker
+from agent.session.transport import CloseCode, Pong
 
 __all__ = ["Pinger", "keep_alive"]
 
@@ -22,8 +25,8 @@ __all__ = ["Pinger", "keep_alive"]
 class Pinger(Protocol):
     """A connection that can be pinged (`WebsocketTransport`)."""
 
-    async def ping(self) -> float:
-        """Send a ping; the seconds until its pong."""
+    async def ping(self) -> Pong:
+        """Send a ping; its pong (round trip, the peer's messages read before it)."""
         ...
 
 
@@ -34,11 +37,14 @@ async def keep_alive(
     interval: float,
     pong_timeout: float,
     on_pong: Callable[[float], None],
+    deliveries: DeliveryTracker | None = None,
 ) -> NoReturn:
-    """Ping every `interval` s and report each pong; raise `SessionClosed` 1011 when a pong is
-    later than `pong_timeout` s."""
+    """Ping every `interval` s and report each pong (to `deliveries` too: it delivers every
+    answer sent before its ping); raise `SessionClosed` 1011 when a pong is later than
+    `pong_timeout` s."""
     while True:
         await clock.sleep(interval)
+        number = deliveries.ping() if deliveries is not None else 0
         async with asyncio.TaskGroup() as group:
             pong = group.create_task(connection.ping())
             expiry = group.create_task(clock.sleep(pong_timeout))
@@ -50,4 +56,7 @@ async def keep_alive(
                 CloseCode.INTERNAL_ERROR,
                 f"Cloudly answered no keepalive ping within {pong_timeout:g} s",
             )
-        on_pong(pong.result())
+        answer = pong.result()
+        on_pong(answer.seconds)
+        if deliveries is not None:
+            deliveries.ponged(number, after=answer.after)

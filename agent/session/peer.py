@@ -28,6 +28,11 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
 - `stall_timeout` bounds every wait of a stream's source or sink (`agent.session.streams`): a
   stream its peer keeps alive without moving a chunk breaks after it instead of pinning the
   work that reads or writes it.
+- Deliveries (`deliveries=`, the connection's `DeliveryTracker`): each request arrives at a
+  `Mark` (the peer's messages read so far on this connection); the flush that writes a
+  handler's answer hands its delivery callbacks (`RequestContext.on_delivered`) to the tracker
+  and writes a ping right behind it, in the same step; the pong (or any later keepalive pong)
+  delivers it (`agent.protocol.delivery`, the ping rule).
 """
 
 from __future__ import annotations
@@ -56,8 +61,11 @@ from agent.protocol.connection import (
     StreamChanged,
     StreamEnded,
 )
+from agent.protocol.delivery import Mark
 from agent.protocol.handlers import ByteSink, ByteSource, Producer, Route, Routes
 from agent.protocol.ids import new_uni_id
+from agent.protocol.pool import WatchedPool
+from agent.session.delivery import DeliveryTracker, OnDelivered
 from agent.session.streams import HandlerContext, Signal, Sink, Source, marker_of
 
 __all__ = ["FrameTransport", "Peer"]
@@ -91,8 +99,19 @@ class Peer:
         observer: PeerObserver = NULL_OBSERVER,
         stall_timeout: float | None = None,
         serving: bool = True,
+        pool: WatchedPool | None = None,
+        first_frame_bytes: int = 16 * 1024 * 1024,
+        deliveries: DeliveryTracker | None = None,
     ) -> None:
-        self.connection = Connection(routes.methods, settings, new_id=new_id)
+        self.connection = Connection(
+            routes.methods, settings, new_id=new_id, pool=pool, first_frame_bytes=first_frame_bytes
+        )
+        self._pool = pool
+        self._deliveries = deliveries
+        self._number = 0 if deliveries is None else deliveries.connection
+        self._messages = 0  # the peer's messages read so far (a request's arrival)
+        self._arrival = Mark(self._number, 0)
+        self._answered: list[OnDelivered] = []  # callbacks of answers queued, not yet written
         self._stall_timeout = stall_timeout
         self._serving = serving
         self._observer = observer
@@ -115,22 +134,33 @@ class Peer:
         if self._group is not None:
             raise RuntimeError("Peer.run() is already running")
         closed = SessionClosed(None, "peer stopped")
+        # Bytes given back to the budget may let a held invitation go: ask the connection.
+        unlisten = None if self._pool is None else self._pool.on_room(self._room)
         async with asyncio.TaskGroup() as group:
             self._group = group
             self._spawn(self._run_timers())
             try:
                 while True:
                     frame = await self._transport.recv()
+                    self._messages += 1
+                    self._arrival = Mark(self._number, self._messages)
                     self.connection.receive_frame(frame, self.now())
                     await self.flush()
             except SessionClosed as exc:
                 closed = exc
             finally:
+                if unlisten is not None:
+                    unlisten()
                 self.connection.connection_lost(closed, self.now())
                 self._dispatch(self.connection.events_received())
                 for task in self._children:
                     task.cancel()
         raise closed
+
+    def _room(self) -> None:
+        """Bytes came back to the budget: ask the connection again if answers wait for it."""
+        if self.connection.invitations_held:
+            self._timer.fire()
 
     def start_serving(self) -> None:
         """Run the routes' handlers from now on (a peer made with `serving=False`)."""
@@ -227,12 +257,23 @@ class Peer:
         self._observer.stream_bytes(direction=direction, count=count)
 
     async def flush(self) -> None:
-        """Hand out the connection's events, then send its frames in order."""
+        """Hand out the connection's events, then send its frames in order; answers whose
+        delivery a handler waits to know are followed by a ping at once (the ping rule)."""
         self._dispatch(self.connection.events_received())
         async with self._send_lock:  # frames are taken under the lock, so none overtakes another
-            while frames := self.connection.data_to_send():
+            while True:
+                # Taken together: the callbacks belong to answers among these frames.
+                frames, answered = self.connection.data_to_send(), self._answered
+                self._answered = []
+                if not frames and not answered:
+                    break
                 for frame in frames:
                     await self._transport.send(frame)
+                if answered and self._deliveries is not None:
+                    self._deliveries.answered(answered)
+                    confirming = await self._deliveries.confirm()
+                    if confirming is not None:
+                        self._spawn(self._deliveries.settle(*confirming))
         deadline = self.connection.next_deadline()
         if deadline is not None and (self._timer_target is None or deadline < self._timer_target):
             self._timer.fire()
@@ -251,7 +292,7 @@ class Peer:
             elif isinstance(event, RequestReceived):
                 route = self._routes.get(event.method)
                 assert route is not None  # the connection refuses unrouted methods
-                task = self._spawn(self._serve(route, event))
+                task = self._spawn(self._serve(route, event, self._arrival))
                 if task is not None:
                     self._handlers[task] = event.request_id
                     task.add_done_callback(self._handlers.pop)
@@ -275,18 +316,23 @@ class Peer:
             self.connection.advance(self.now())
             await self._flush_quietly()
 
-    async def _serve(self, route: Route[Any, Any], event: RequestReceived) -> None:
-        """Run one route and end its request: response, or `error {text, data}`."""
+    async def _serve(self, route: Route[Any, Any], event: RequestReceived, arrival: Mark) -> None:
+        """Run one route and end its request: response, or `error {text, data}`; once it is on
+        the wire, the handler's delivery callbacks wait for the ping rule's verdict."""
         request_id, method = event.request_id, event.method
-        context = HandlerContext(self, event.method, event.request_id)
+        context = HandlerContext(
+            self, event.method, event.request_id, arrival=arrival, deliveries=self._deliveries
+        )
         began, code = self._clock.monotonic(), "internal"  # unless answered below
         try:
             response = (await route.handler(route.parse(event.request), context)).to_wire()
             started = self.connection.respond(request_id, response, self.now())
+            self._track(context)
             code = "ok"
         except AgentError as exc:
             log.info("request_refused", method=method, code=exc.code)
             self.connection.refuse(request_id, exc, self.now())
+            self._track(context)
             code = exc.code
         except Exception:
             log.exception("handler_failed", method=method)
@@ -303,7 +349,17 @@ class Peer:
         finally:
             seconds = self._clock.monotonic() - began
             self._observer.request_handled(method=method, code=code, seconds=seconds)
+            # The request's streams ended with it: a source its handler left open (it failed
+            # mid-stream) must not keep its wake-up for the life of the connection.
+            for stream_id in event.stream_ids:
+                self.unwatch(stream_id)
         await self._flush_quietly()
+
+    def _track(self, context: HandlerContext) -> None:
+        """The handler's answer is in the outbox now: its delivery callbacks go with it (the
+        flush that writes it hands them to the tracker and pings right behind it)."""
+        if context.delivery_callbacks and self.connection.state is ConnectionState.OPEN:
+            self._answered.extend(context.delivery_callbacks)
 
     async def _decode(self, event: ChunkToDecode) -> None:
         """Decode one received chunk in a worker thread and settle it with the connection."""
@@ -311,7 +367,10 @@ class Peer:
         try:
             outcome = await asyncio.to_thread(event.token.decode)
         except RemoteProtocolError as exc:
-            outcome = exc
+            # Without its traceback: kept in this frame, it would make a cycle through the
+            # decoder's frames that holds the refused frame's bytes until the cycle collector
+            # runs (a 15 MiB frame refused stayed resident that long).
+            outcome = exc.with_traceback(None)
         self.connection.settle_chunk(event.stream_id, event.token, outcome, self.now())
         await self._flush_quietly()
 

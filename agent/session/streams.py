@@ -30,7 +30,9 @@ from agent.errors import SessionClosed, StreamBroken
 from agent.observe import Direction
 from agent.protocol.chunks import CLOSING
 from agent.protocol.connection import Connection, StreamBroke
+from agent.protocol.delivery import Mark
 from agent.protocol.handlers import ByteSink, ByteSource, Producer
+from agent.session.delivery import DeliveryTracker, OnDelivered
 
 __all__ = ["HandlerContext", "Signal", "Sink", "Source", "StreamOwner", "marker_of"]
 
@@ -223,11 +225,34 @@ class Sink:
 class HandlerContext:
     """`RequestContext` of one request being served."""
 
-    def __init__(self, owner: StreamOwner, method: str, request_id: int) -> None:
+    def __init__(
+        self,
+        owner: StreamOwner,
+        method: str,
+        request_id: int,
+        *,
+        arrival: Mark,
+        deliveries: DeliveryTracker | None = None,
+    ) -> None:
         self.method = method
         self.producers: dict[str, Producer | None] = {}
+        self.delivery_callbacks: list[OnDelivered] = []
         self._owner = owner
         self._request_id = request_id
+        self._arrival = arrival
+        self._deliveries = deliveries
+
+    @property
+    def arrival(self) -> Mark:
+        return self._arrival
+
+    def on_delivered(self, callback: OnDelivered) -> None:
+        if self._deliveries is not None:
+            self.delivery_callbacks.append(callback)
+
+    async def deliveries_settled(self) -> None:
+        if self._deliveries is not None:
+            await self._deliveries.settled()
 
     def receive_stream(self, marker: StreamMarker) -> ByteSource:
         self._owner.connection.read_request_stream(self._request_id, marker.stream_id)

@@ -6,9 +6,16 @@ Thin adapter, both roles (the agent's client socket and the stand-in Cloudly's s
   frames are several MB of JSON and decoding them to `str` first would copy them for nothing.
 - `send(frame)` sends the UTF-8 JSON bytes as ONE text frame (`text=True`), as TypedSocket does.
 - The library's `ConnectionClosed` becomes `SessionClosed(code, reason)`, chained.
-- `ping()` sends one ping and returns the round trip once the pong came: the session runs
-  the keepalive itself (on its injected clock, recording each pong in the status), so the
-  library's own keepalive is switched off (`ping_interval=None`).
+- `ping()` sends one ping and returns its `Pong` once the pong came: the round trip, and how
+  many of the peer's messages the websocket read before it (`after`). The session runs the
+  keepalive itself (on its injected clock, recording each pong in the status, delivering
+  answers by the ping rule: `agent.protocol.delivery`), so the library's own keepalive is
+  switched off (`ping_interval=None`).
+- Message order: the agent's client connection (`connect_transport`) counts the peer's
+  messages as the websocket reads them, in the order they came on the wire, and notes the count
+  when a pong is read. `recv()` hands the messages out in that order, so the n-th one a reader
+  gets is the n-th counted: whether a request came before or after a pong is exact, not the
+  order the event loop happens to run the reader and the keepalive in.
 
 `connect_transport()` opens the agent's client connection and translates every way opening can
 fail (refused, DNS, TLS, handshake, timeout) into `SessionError`, chained (the session classifies
@@ -25,17 +32,23 @@ from __future__ import annotations
 import enum
 import logging
 import ssl
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from itertools import count
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.connection import Connection
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.frames import Frame, Opcode
 
-from agent.errors import ConfigError, SessionClosed, SessionError, UpgradeRefused
+from agent.errors import ConfigError, InvalidState, SessionClosed, SessionError, UpgradeRefused
 
 __all__ = [
     "CloseCode",
+    "PendingPong",
+    "Pong",
     "WebsocketTransport",
     "connect_transport",
     "quiet_websocket_logger",
@@ -68,11 +81,69 @@ def _close_details(exc: ConnectionClosed) -> tuple[int, str]:
     return int(frame.code), frame.reason
 
 
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """A ping's answer: its round trip, and how many of the peer's messages (text or binary,
+    counted at their first frame) the websocket read before it."""
+
+    seconds: float
+    after: int
+
+
+class PendingPong:
+    """A ping written, its pong still to come: `answer()` waits for it."""
+
+    def __init__(
+        self, counting: _CountingConnection, data: bytes, waiter: Awaitable[float]
+    ) -> None:
+        self._counting = counting
+        self._data = data
+        self._waiter = waiter
+
+    async def answer(self) -> Pong:
+        """The pong; `SessionClosed` if the connection closes first."""
+        try:
+            seconds = await self._waiter
+        except ConnectionClosed as exc:
+            raise SessionClosed(*_close_details(exc)) from exc
+        finally:
+            after = self._counting.pong_marks.pop(self._data, None)
+        assert after is not None  # noted when the pong was read, before the waiter woke
+        return Pong(seconds, after)
+
+
+class _CountingConnection(ClientConnection):
+    """The agent's client connection: counts the peer's messages in wire order and notes the
+    count at every pong (the websocket reads frames in order; a pong answers its ping and every
+    earlier one)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.messages_read = 0
+        self.pong_marks: dict[bytes, int] = {}
+
+    def process_event(self, event: Any) -> None:
+        # A message counts at its first frame: one the peer began before it read our ping is
+        # before the pong, whenever its last fragment comes.
+        if isinstance(event, Frame) and event.opcode in (Opcode.TEXT, Opcode.BINARY):
+            self.messages_read += 1
+        super().process_event(event)
+
+    def acknowledge_pings(self, data: bytes) -> None:
+        if data in self.pending_pings:
+            for pending in self.pending_pings:
+                self.pong_marks[pending] = self.messages_read
+                if pending == data:
+                    break
+        super().acknowledge_pings(data)
+
+
 class WebsocketTransport:
     """One websocket connection as a `FrameTransport`."""
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
+        self._pings = count(1)
 
     async def send(self, frame: bytes) -> None:
         """Send `frame` (UTF-8 JSON) as one text frame."""
@@ -90,14 +161,25 @@ class WebsocketTransport:
         assert isinstance(data, bytes)  # decode=False always yields bytes
         return data
 
-    async def ping(self) -> float:
-        """Send a ping; the seconds until its pong. Raises `SessionClosed` if the connection
+    async def ping(self) -> Pong:
+        """Send a ping; its `Pong` once answered. Raises `SessionClosed` if the connection
         closes first (bound the wait from outside)."""
+        return await (await self.start_ping()).answer()
+
+    async def start_ping(self) -> PendingPong:
+        """Write a ping now, behind every frame sent before (no frame can come between: the
+        write happens before anything is awaited); its pong, to await. Only the agent's client
+        connection (`connect_transport`) counts messages, so only it pings (`InvalidState`
+        otherwise); `SessionClosed` once the connection is gone."""
+        counting = self._connection
+        if not isinstance(counting, _CountingConnection):
+            raise InvalidState("only the agent's client connection counts messages and pings")
+        data = b"agent-%d" % next(self._pings)
         try:
-            pong = await self._connection.ping()
-            return await pong
+            waiter = await counting.ping(data)
         except ConnectionClosed as exc:
             raise SessionClosed(*_close_details(exc)) from exc
+        return PendingPong(counting, data, waiter)
 
     async def close(self, code: int = CloseCode.GOING_AWAY, reason: str = "") -> None:
         """Close the connection with `code` (bounded by the connection's close timeout)."""
@@ -147,6 +229,7 @@ async def connect_transport(
             # No proxy from the environment: where the agent connects is configuration only.
             proxy=None,
             logger=logger or quiet_websocket_logger(),
+            create_connection=_CountingConnection,
         )
     except InvalidURI as exc:
         raise SessionError(f"the Cloudly URL is not a websocket URL: {exc}") from exc

@@ -1,4 +1,4 @@
-"""File-system edges of the state database: private modes, moving a damaged file aside, size.
+"""File-system edges of the state database: private modes, damaged files set aside, size.
 
 The directory is 0700 and the database 0600 whatever the umask: the file is created by us with
 `O_CREAT` and mode 0600 before SQLite opens it, and SQLite gives its `-wal` and `-shm` files the
@@ -21,6 +21,7 @@ __all__ = [
     "ensure_private_directory",
     "ensure_private_file",
     "move_aside",
+    "moved_aside",
 ]
 
 DIR_MODE: Final = 0o700
@@ -49,14 +50,14 @@ def ensure_private_file(path: Path) -> None:
             sidecar.chmod(DB_MODE)
 
 
-def move_aside(path: Path, now: float) -> Path:
-    """Rename `path` to `<name>.corrupt-<UTC timestamp>` (its sidecars alike); return the name.
+def move_aside(path: Path, now: float, *, label: str = "corrupt") -> Path:
+    """Rename `path` to `<name>.<label>-<UTC timestamp>` (its sidecars alike); return the name.
 
     A numeric suffix keeps an earlier moved-aside file from being overwritten. The sidecars
     travel with it because an old WAL must never be replayed into a fresh database.
     """
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-    base = path.with_name(f"{path.name}.corrupt-{stamp}")
+    base = path.with_name(f"{path.name}.{label}-{stamp}")
     destination = base
     counter = 1
     while destination.exists():
@@ -68,6 +69,22 @@ def move_aside(path: Path, now: float) -> Path:
         if sidecar.exists():
             sidecar.rename(destination.with_name(destination.name + suffix))
     return destination
+
+
+def moved_aside(path: Path) -> list[Path]:
+    """The damaged databases an earlier start moved aside beside `path` (`<name>.corrupt-*`,
+    not their sidecars), oldest name first: until an operator salvages or resets the state,
+    each means records the agent lost."""
+    prefix = f"{path.name}.corrupt-"
+    try:
+        names = [entry.name for entry in path.parent.iterdir()]
+    except OSError:
+        return []
+    return [
+        path.with_name(name)
+        for name in sorted(names)
+        if name.startswith(prefix) and not name.endswith(SIDECAR_SUFFIXES)
+    ]
 
 
 def database_bytes(path: Path) -> int:

@@ -10,30 +10,40 @@ the row is read once to say why (`RevisionConflict` or `IllegalTransition`). The
 at most one `running` restore per service on a node (a unique partial index), so two restores
 of one service can never both be persisted as running.
 
-What a row holds is plain JSON written here only: the recorded outcome (`result`) and the
-request digest. Never a secret: the relay requests carry none, and `encode_result` refuses any
-value JSON cannot represent (a `Secret` among them).
+What a row holds is plain JSON written here only: the recorded outcome (`result`, an
+`agent.domain.outcomes.JobResult`), a restore run's plan and the request digest, and when its
+answer was known delivered (`mark_delivered`). Never a secret: the relay requests carry none,
+and `encode_result` refuses any value JSON cannot represent (a `Secret` among them).
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, Final
 
 import aiosqlite
 
 from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, JOB_TABLE, JobKind, JobOp, JobStatus
 from agent.domain.jobs import JobKey, StoredJob
+from agent.domain.outcomes import JobResult, RunPlan, result_from_json
 from agent.errors import IllegalTransition, InvalidState, RevisionConflict, StoreError
 from agent.store.transitions import status_moves
 
-__all__ = ["encode_result", "get_job", "list_jobs", "move_job", "running_restore"]
+__all__ = [
+    "encode_result",
+    "get_job",
+    "last_restore",
+    "list_jobs",
+    "mark_delivered",
+    "move_job",
+    "running_restore",
+]
 
 _COLUMNS: Final = (
     "cluster_id, node_id, kind, backup_id, service_id, run, revision, status, request_digest, "
-    "result_json, attempts, created_at, updated_at"
+    "result_json, attempts, created_at, updated_at, plan_json, delivered_at"
 )
 _KEY_WHERE: Final = (
     "cluster_id = :cluster_id AND node_id = :node_id AND kind = :kind "
@@ -43,30 +53,32 @@ _STATUS: Final[dict[str, JobStatus]] = {status: status for status in JOB_STATUSE
 _KIND: Final[dict[str, JobKind]] = {kind: kind for kind in JOB_KINDS}
 
 
-def encode_result(result: Mapping[str, Any] | None) -> str | None:
-    """`result` as JSON text; `InvalidState` for anything JSON cannot hold (a `Secret`)."""
+def encode_result(result: JobResult | RunPlan | None) -> str | None:
+    """`result` (or a plan) as JSON text; `InvalidState` for anything JSON cannot hold (a
+    `Secret` smuggled into a report)."""
     if result is None:
         return None
     try:
-        return json.dumps(result, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return json.dumps(result.to_json(), sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidState(f"a relay job result must be plain JSON: {exc}") from None
 
 
 def _to_job(row: Iterable[Any]) -> StoredJob:
     (cluster, node, kind, backup, service, run, revision, status, digest, result, attempts,
-     created, updated) = tuple(row)  # fmt: skip
+     created, updated, plan, delivered) = tuple(row)  # fmt: skip
     try:
-        decoded = None if result is None else json.loads(result)
         return StoredJob(
             JobKey(cluster, node, _KIND[kind], backup, service, run),
             revision,
             _STATUS[status],
             digest,
-            decoded,
+            None if result is None else result_from_json(json.loads(result)),
             attempts,
             created,
             updated,
+            plan=None if plan is None else RunPlan.from_json(json.loads(plan)),
+            delivered_at=delivered,
         )
     except (KeyError, ValueError, InvalidState) as exc:
         raise StoreError(f"a relay job row does not read back: {type(exc).__name__}") from exc
@@ -90,6 +102,32 @@ async def list_jobs(db: aiosqlite.Connection, status: JobStatus | None = None) -
         {"status": status},
     )
     return [_to_job(row) for row in rows]
+
+
+async def last_restore(
+    db: aiosqlite.Connection, cluster_id: str, node_id: str, service_id: str
+) -> StoredJob | None:
+    """The restore run of `service_id` on the node with the highest run number, or None
+    (retention always keeps it: `agent.store.forgetting`)."""
+    rows = await db.execute_fetchall(
+        f"SELECT {_COLUMNS} FROM relay_job "  # noqa: S608
+        "WHERE cluster_id = ? AND node_id = ? AND kind = 'restore' AND service_id = ? "
+        "ORDER BY run DESC LIMIT 1",
+        (cluster_id, node_id, service_id),
+    )
+    return next((_to_job(row) for row in rows), None)
+
+
+async def mark_delivered(db: aiosqlite.Connection, key: JobKey, *, revision: int, now: int) -> bool:
+    """Record that the answer the job gave at `revision` reached Cloudly; False when the job
+    moved on since (a newer outcome, or its work runs again) or it was recorded already."""
+    rows = await db.execute_fetchall(
+        f"UPDATE relay_job SET delivered_at = :now WHERE {_KEY_WHERE} "  # noqa: S608
+        "AND revision = :revision AND status != 'running' AND delivered_at IS NULL "
+        "RETURNING revision",
+        {**key.as_params(), "revision": revision, "now": now},
+    )
+    return bool(list(rows))
 
 
 async def running_restore(
@@ -117,7 +155,7 @@ VALUES (:cluster_id, :node_id, :kind, :backup_id, :service_id,
             WHERE cluster_id = :cluster_id AND node_id = :node_id AND kind = 'restore'
                   AND service_id = :service_id)
         ELSE 0 END,
-        1, :to_status, :digest, NULL, 1, :now, :now)
+        1, :to_status, :digest, NULL, 1, :now, :now, :plan_json, NULL)
 ON CONFLICT DO NOTHING
 RETURNING {_COLUMNS}
 """  # noqa: S608  # placeholders only; column names are constants
@@ -134,6 +172,8 @@ UPDATE relay_job
 SET revision = revision + 1,
     status = {moves.case},
     result_json = :result_json,
+    plan_json = COALESCE(:plan_json, plan_json),
+    delivered_at = NULL,
     attempts = attempts + {1 if restarts else 0},
     updated_at = :now
 WHERE {_KEY_WHERE} AND revision = :expected AND request_digest = :digest
@@ -154,9 +194,12 @@ async def move_job(
     expected_revision: int,
     digest: str,
     now: int,
-    result: Mapping[str, Any] | None = None,
+    result: JobResult | None = None,
+    plan: RunPlan | None = None,
 ) -> StoredJob:
-    """Apply `op` at `expected_revision` in one statement; the new row, or why not.
+    """Apply `op` at `expected_revision` in one statement; the new row, or why not. `plan`
+    (a restore run's, at `start`) is kept by every later move that gives none; every move
+    clears `delivered_at` (a new answer is not delivered yet).
 
     Raises `RevisionConflict` (the revision moved, or another body owns the key),
     `IllegalTransition` (revision current, `op` illegal in its status).
@@ -167,6 +210,7 @@ async def move_job(
         "digest": digest,
         "now": now,
         "result_json": encode_result(result),
+        "plan_json": encode_result(plan),
     }
     if op is JobOp.START and key.run != 0:
         raise InvalidState("a job is started with run 0: the store numbers a restore's run")

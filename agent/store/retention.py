@@ -102,6 +102,7 @@ class Retention:
                 await self.sweep()
             except AgentError as exc:  # the store failed or closed: the next pass tries again
                 _log.warning("retention_pass_failed", code=exc.code, error=str(exc))
+                self._observer.retention_failed()
             await self._clock.sleep(self._settings.interval_s)
 
     async def sweep(self) -> SweepOutcome:

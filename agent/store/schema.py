@@ -43,6 +43,14 @@ runs get an index of their own (a restore's `start` numbers its run by it). Rete
 a restore's rows in several transactions, its children first: every child table refers to its
 `restore_state` row `ON DELETE CASCADE`, so a parent's delete never leaves an orphan.
 
+Version 5 keeps what a repeat is judged by (docs/relay.md, "Jobs and repeats"). `plan_json`
+is a restore run's plan, fixed when it starts: its destructive effects on the node, each under
+the idempotency key Corestore applies once, and its outcome once all are applied
+(`agent.domain.outcomes.RunPlan`); a resumed run keeps it. `delivered_at` (epoch ms) is when
+the job's recorded answer was known to have reached Cloudly (the ping rule), NULL while it is
+not known; every move of the job clears it. Rows an older agent finished count as delivered
+(that agent answered every restore by running it), so nothing changes for them.
+
 SQL only, no Python values: the status list is written out, not generated, so that changing
 the state machine can never silently rewrite a released migration.
 """
@@ -240,7 +248,15 @@ CREATE INDEX relay_job_restore_runs ON relay_job (cluster_id, node_id, service_i
     WHERE kind = 'restore';
 """
 
-MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4)
+_V5: Final = """
+ALTER TABLE relay_job ADD COLUMN plan_json TEXT;
+
+ALTER TABLE relay_job ADD COLUMN delivered_at INTEGER;
+
+UPDATE relay_job SET delivered_at = updated_at WHERE status != 'running';
+"""
+
+MIGRATIONS: Final[tuple[str, ...]] = (_V1, _V2, _V3, _V4, _V5)
 """Ordered; index `i` upgrades version `i` to `i + 1`."""
 
 SCHEMA_VERSION: Final = len(MIGRATIONS)

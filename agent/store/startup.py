@@ -1,10 +1,16 @@
 """Opening the state database: private files, integrity check, pragmas, migrations.
 
 `open_database()` is the only way a connection is made. It runs `PRAGMA integrity_check`
-*before* anything else touches the file; a damaged database (integrity problems, or SQLite
-calling it corrupt / not a database) is closed, moved aside to `<name>.corrupt-<UTC timestamp>`
-with its `-wal`/`-shm`, logged, and reported by raising `StoreCorrupt` (with `movedTo`). Lock or
-I/O errors are not corruption: they raise `StoreError` and the file stays where it is.
+*before* anything else touches the file. A damaged database (integrity problems, or SQLite
+calling it corrupt / not a database) is closed and left exactly where it is, and
+`StoreCorrupt` is raised: start-up is refused (exit 65) at every start until an operator
+salvages or resets the state (`restore-agent state salvage|reset`, `agent/store/salvage.py`),
+so the agent never starts on an empty state because the old one was damaged. A database an
+earlier agent version moved aside (`<name>.corrupt-<UTC timestamp>`) with nothing in its place
+is refused the same way. A database a newer agent migrated is refused with `StoreNewer` (exit
+2) naming both schema versions. A disk that refuses the writes of opening (full, read-only,
+failing) raises `StateUnwritable` (`faults.py`); the composition root waits for it and tries
+again. Any other lock or I/O error is `StoreError`, and the file stays where it is.
 
 The file gives freed pages back (`auto_vacuum = INCREMENTAL`; retention then runs `PRAGMA
 incremental_vacuum`, `forgetting.py`). A new database is made so from its first page. A database
@@ -27,22 +33,30 @@ import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Final, NoReturn
+from typing import Final
 
 import aiosqlite
 import structlog
 
 from agent.clock import Clock, epoch_ms
-from agent.errors import StoreCorrupt, StoreError
+from agent.errors import StoreCorrupt, StoreError, StoreNewer
+from agent.observe import NULL_OBSERVER, StoreObserver
+from agent.store.faults import store_error
 from agent.store.files import (
     database_bytes,
     ensure_private_directory,
     ensure_private_file,
-    move_aside,
+    moved_aside,
 )
 from agent.store.schema import MIGRATIONS, VERSION_TABLE, split_statements
 
-__all__ = ["open_database"]
+__all__ = ["SALVAGE_HINT", "open_database"]
+
+SALVAGE_HINT: Final = (
+    "stop the agent and run `restore-agent state salvage --config PATH` (recovers every row "
+    "SQLite can still read into a new database, keeps the damaged file) or, to start empty on "
+    "purpose, `restore-agent state reset --config PATH --start-empty`"
+)
 
 _log = structlog.get_logger(__name__)
 
@@ -71,6 +85,7 @@ async def open_database(
     clock: Clock,
     migrations: Sequence[str] = MIGRATIONS,
     free_bytes: Callable[[Path], int] = _free_bytes,
+    observer: StoreObserver = NULL_OBSERVER,
 ) -> aiosqlite.Connection:
     """A checked, configured, migrated autocommit connection to `path` (created if missing),
     in `auto_vacuum = INCREMENTAL` unless the one `VACUUM` that switches an older file could
@@ -78,25 +93,29 @@ async def open_database(
 
     `migrations` is injectable so tests can prove the upgrade path; production uses
     `schema.MIGRATIONS`. `free_bytes(directory)` is the room left beside the file.
+    `observer` hears a `VACUUM` that was skipped or failed.
     """
     directory = path.parent
     if sqlite3.sqlite_version_info < _MIN_SQLITE:
         raise StoreError(f"SQLite {sqlite3.sqlite_version} is older than 3.35 (RETURNING)")
+    _refuse_a_replaced_database(path)
     try:
         ensure_private_directory(directory)
         ensure_private_file(path)
     except OSError as exc:
-        raise StoreError(f"cannot prepare the state database {path}: {exc.strerror}") from exc
+        raise store_error(exc, f"cannot prepare the state database {path}", directory) from exc
     quiet_sqlite_logger()
     db = await _connect(path, busy_timeout)
     async with _closed_on_failure(db, path):
         problem = await _integrity_problem(db)
         if problem is not None:
             await db.close()
-            _move_aside_and_raise(path, problem, clock.time())
+            raise _damaged(path, problem)
         await _configure(db, path)
         await _migrate(db, migrations, epoch_ms(clock))
-        await _switch_to_incremental_vacuum(db, path, free_bytes, clock)
+        vacuum = await _switch_to_incremental_vacuum(db, path, free_bytes, clock)
+        if vacuum is not None:
+            observer.vacuum_failed(reason=vacuum)
     return db
 
 
@@ -115,7 +134,7 @@ async def _connect(path: Path, busy_timeout: float) -> aiosqlite.Connection:
     try:
         db = await aiosqlite.connect(path, isolation_level=None)
     except sqlite3.Error as exc:
-        raise StoreError(f"cannot open the state database {path}: {exc}") from exc
+        raise store_error(exc, f"cannot open the state database {path}", path.parent) from exc
     async with _closed_on_failure(db, path):
         await db.execute_fetchall(f"PRAGMA busy_timeout = {round(busy_timeout * 1000)}")
     return db
@@ -123,12 +142,13 @@ async def _connect(path: Path, busy_timeout: float) -> aiosqlite.Connection:
 
 @contextlib.asynccontextmanager
 async def _closed_on_failure(db: aiosqlite.Connection, path: Path) -> AsyncIterator[None]:
-    """Close `db` if the block fails (cancellation too); SQLite's errors become `StoreError`."""
+    """Close `db` if the block fails (cancellation too); SQLite's errors become `StoreError`
+    (`StateUnwritable` for a disk that refused a write)."""
     try:
         yield
     except sqlite3.Error as exc:
         await db.close()
-        raise StoreError(f"cannot open the state database {path}: {exc}") from exc
+        raise store_error(exc, f"cannot open the state database {path}", path.parent) from exc
     except BaseException:
         await db.close()
         raise
@@ -145,26 +165,33 @@ async def _integrity_problem(db: aiosqlite.Connection) -> str | None:
     return None if rows == ["ok"] else "; ".join(rows[:3])
 
 
-def _move_aside_and_raise(path: Path, problem: str, now: float) -> NoReturn:
-    """Move the damaged `path` aside and raise the `StoreCorrupt` that reports it."""
-    try:
-        moved = move_aside(path, now)
-    except OSError as exc:
-        raise StoreError(
-            f"the state database {path} is damaged ({problem}) and cannot be moved aside: "
-            f"{exc.strerror}"
-        ) from exc
-    _log.error(
-        "state database failed its integrity check and was moved aside",
+def _damaged(path: Path, problem: str) -> StoreCorrupt:
+    """The refusal of a damaged `path`, which stays where it is."""
+    return StoreCorrupt(
+        f"the state database {path} is damaged ({problem}); the agent does not start on an "
+        f"empty state in its place: {SALVAGE_HINT}",
         path=str(path),
-        moved_to=str(moved),
         problem=problem,
     )
-    raise StoreCorrupt(
-        f"the state database {path} failed its integrity check ({problem}); "
-        f"moved aside to {moved.name}",
-        movedTo=str(moved),
-    )
+
+
+def _refuse_a_replaced_database(path: Path) -> None:
+    """`StoreCorrupt` when `path` holds nothing but an earlier agent moved a damaged database
+    aside beside it (it then started empty; this one does not)."""
+    try:
+        empty = path.stat().st_size == 0
+    except FileNotFoundError:
+        empty = True
+    except OSError:
+        return  # open_database's own steps report it
+    aside = moved_aside(path) if empty else []
+    if aside:
+        raise StoreCorrupt(
+            f"the state database {path} was moved aside as damaged to {aside[-1].name} by an "
+            f"earlier start, and nothing replaced it on purpose: {SALVAGE_HINT}",
+            path=str(aside[-1]),
+            problem="moved aside by an earlier start",
+        )
 
 
 async def _configure(db: aiosqlite.Connection, path: Path) -> None:
@@ -180,11 +207,12 @@ async def _configure(db: aiosqlite.Connection, path: Path) -> None:
 
 async def _switch_to_incremental_vacuum(
     db: aiosqlite.Connection, path: Path, free_bytes: Callable[[Path], int], clock: Clock
-) -> None:
-    """Rewrite an older file once into `auto_vacuum = INCREMENTAL` (module docstring)."""
+) -> str | None:
+    """Rewrite an older file once into `auto_vacuum = INCREMENTAL` (module docstring); None
+    when it is so, else `skipped` or `failed`."""
     rows = list(await db.execute_fetchall("PRAGMA auto_vacuum"))
     if int(rows[0][0]) == _INCREMENTAL:
-        return
+        return None
     before = database_bytes(path)
     free = free_bytes(path.parent)
     if free < 2 * before:
@@ -195,7 +223,7 @@ async def _switch_to_incremental_vacuum(
             free_bytes=free,
             hint="the file keeps its size (freed pages are reused); the next start tries again",
         )
-        return
+        return "skipped"
     started = clock.monotonic()
     try:
         await db.execute_fetchall("PRAGMA auto_vacuum = INCREMENTAL")
@@ -207,7 +235,7 @@ async def _switch_to_incremental_vacuum(
             error=str(exc),
             hint="the file keeps its size (freed pages are reused); the next start tries again",
         )
-        return
+        return "failed"
     _log.info(
         "state_database_vacuumed",
         path=str(path),
@@ -215,12 +243,17 @@ async def _switch_to_incremental_vacuum(
         bytes_after=database_bytes(path),
         seconds=round(clock.monotonic() - started, 3),
     )
+    return None
 
 
 def _check_schema_version(current: int, known: int) -> None:
     if current > known:
-        raise StoreError(
-            f"the state database has schema version {current}; this agent knows up to {known}"
+        raise StoreNewer(
+            f"the state database has schema version {current}, newer than this agent's "
+            f"{known}: a newer agent migrated it; install that newer agent again (the version "
+            "that wrote it) rather than this one, the database is left as it is",
+            found=current,
+            known=known,
         )
 
 

@@ -14,10 +14,15 @@ revision being equal means nothing changed in between.
 
 Start-up (`startup.open_database`): the directory is made 0700, the file 0600, and
 `PRAGMA integrity_check` runs *before* anything else touches the file. A damaged database is
-moved aside to `<name>.corrupt-<UTC timestamp>` (with its `-wal`/`-shm`), logged, and reported
-by raising `StoreCorrupt` (carrying `movedTo`); it is never reused. The caller decides what
-follows: calling `open()` again starts from an empty database, which forgets every restore in
-flight — an operator must know, hence the raise rather than a flag that is easy to ignore.
+left where it is and refused (`StoreCorrupt`) at every start until an operator salvages or
+resets it (`salvage.py`): an empty database never takes its place by itself.
+
+A disk that refuses a write (full, read-only, failing: `faults.py`) makes the call raise
+`StateUnwritable` (wire code `state-unwritable`, retryable) instead of `StoreError`. The store
+remembers it (`write_fault`), logs it once at error with its cause (`state_database_unwritable`)
+and tells its observer (`state_write_failed`); the next write that commits, or a `probe_write()`
+that gets through, clears it (`state_database_writable`, `state_writable`). Reads go on
+meanwhile: in WAL mode they need no room.
 
 What it stores: the node state (`IsolatedRestoreNodeState`, the frozen contract model) and the
 engine's `PreparedPlan`, as JSON written and read only by `codec.py`. Never persisted: a grant.
@@ -39,6 +44,7 @@ committed write and waits for none, so a status never queues behind staging's ch
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Collection, Iterable
 from contextlib import asynccontextmanager
@@ -47,11 +53,13 @@ from types import TracebackType
 from typing import Any, Final
 
 import aiosqlite
+import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
 from agent.contracts.isolatedrestore import IsolatedRestoreNodeState, ResourceMapping
 from agent.domain.job_machine import JobOp, JobStatus
 from agent.domain.jobs import JobKey, StoredJob
+from agent.domain.outcomes import JobResult, RunPlan
 from agent.domain.restore_machine import IN_FLIGHT, RESTORE_TABLE, Op
 from agent.domain.restores import PreparedPlan, RestoreKey, StoredState
 from agent.errors import (
@@ -60,6 +68,7 @@ from agent.errors import (
     InvalidState,
     RestoreNotFound,
     RevisionConflict,
+    StateUnwritable,
     StoreError,
 )
 from agent.observe import NULL_OBSERVER, StoreObserver
@@ -76,6 +85,7 @@ from agent.store.codec import (
     read_plan,
     to_stored,
 )
+from agent.store.faults import store_error
 from agent.store.files import database_bytes
 from agent.store.records import ChunkRecord, ManifestEntry, ObjectRecord, StatusSummary
 from agent.store.startup import open_database, open_reader
@@ -84,6 +94,8 @@ from agent.store.transitions import status_moves
 __all__ = ["DB_NAME", "RevisionStore"]
 
 DB_NAME: Final = "state.sqlite3"
+
+_log = structlog.get_logger("agent.store")
 
 _FOREIGN_KEY: Final = 787  # SQLITE_CONSTRAINT_FOREIGNKEY
 
@@ -163,6 +175,7 @@ class RevisionStore:
         self.integrity = integrity
         """What the start-up check found: `ok` (an existing file passed `integrity_check`) or
         `new` (no database yet, an empty one was made)."""
+        self._fault: StateUnwritable | None = None
 
     @classmethod
     async def open(
@@ -184,7 +197,7 @@ class RevisionStore:
         """
         path = directory / name
         existed = _has_content(path)
-        db = await open_database(path, busy_timeout=busy_timeout, clock=clock)
+        db = await open_database(path, busy_timeout=busy_timeout, clock=clock, observer=observer)
         try:
             reader = await open_reader(path, busy_timeout=busy_timeout)
         except BaseException:
@@ -197,6 +210,47 @@ class RevisionStore:
     def path(self) -> Path:
         """The database file."""
         return self._path
+
+    @property
+    def write_fault(self) -> StateUnwritable | None:
+        """The disk's last refusal of a write, until a write gets through again (None: the
+        last write committed)."""
+        return self._fault
+
+    async def probe_write(self) -> bool:
+        """One small real write (the header's `user_version`, rewritten as it is, through the
+        WAL): True when it committed, which clears `write_fault`."""
+        try:
+            async with self._connection(write=True) as db:
+                rows = list(await db.execute_fetchall("PRAGMA user_version"))
+                await db.execute_fetchall(f"PRAGMA user_version = {int(rows[0][0])}")
+        except StateUnwritable:
+            return False
+        self._wrote()
+        return True
+
+    def _refused(self, exc: StateUnwritable) -> None:
+        """Remember and report a write the disk refused (logged at error once per cause)."""
+        if self._fault is None or self._fault.cause != exc.cause:
+            _log.error(
+                "state_database_unwritable",
+                path=str(self._path),
+                cause=exc.cause,
+                error=str(exc),
+                free_bytes=_free_bytes(self._path.parent),
+                hint="make room on (or remount read-write) the file system of the state "
+                "directory; the agent is not ready meanwhile, answers state-unwritable "
+                "(retryable) and takes writes again by itself",
+            )
+        self._fault = exc
+        self._observer.state_write_failed(cause=exc.cause)
+
+    def _wrote(self) -> None:
+        """A write committed: a remembered refusal is over."""
+        if self._fault is not None:
+            _log.info("state_database_writable", path=str(self._path), cause=self._fault.cause)
+            self._fault = None
+            self._observer.state_writable()
 
     @property
     def is_open(self) -> bool:
@@ -304,7 +358,7 @@ class RevisionStore:
         plan: EncodedPlan | None,
     ) -> StoredState:
         update = _UPDATES.get(op)
-        async with self._connection() as db:
+        async with self._connection(write=True) as db:
             rows: Iterable[sqlite3.Row] = ()
             insert_to = RESTORE_TABLE.sources(op).get(None)
             if expected_revision == 0 and insert_to is not None and plan is not None:
@@ -469,7 +523,7 @@ class RevisionStore:
         check_count("offset", offset, minimum=0)
         check_count("length", length, minimum=1)
         check_sha256(sha256)
-        async with self._connection() as db, _missing_state_is_not_found(key):
+        async with self._connection(write=True) as db, _missing_state_is_not_found(key):
             await db.execute_fetchall(
                 "INSERT INTO staged_chunk (cluster_id, node_name, restore_id, object_path, "
                 "chunk_offset, length, sha256) VALUES (:cluster_id, :node_name, :restore_id, "
@@ -503,7 +557,7 @@ class RevisionStore:
         check_path(object_path)
         check_count("size", size, minimum=0)
         check_sha256(sha256)
-        async with self._connection() as db, _missing_state_is_not_found(key):
+        async with self._connection(write=True) as db, _missing_state_is_not_found(key):
             await db.execute_fetchall(
                 "INSERT INTO staged_object (cluster_id, node_name, restore_id, object_path, "
                 "size, sha256, written_at) VALUES (:cluster_id, :node_name, :restore_id, :path, "
@@ -562,6 +616,19 @@ class RevisionStore:
         async with self._connection() as db:
             return await job_table.running_restore(db, cluster_id, node_id, service_id)
 
+    async def last_restore(
+        self, cluster_id: str, node_id: str, service_id: str
+    ) -> StoredJob | None:
+        """The last restore run of `service_id` on `node_id` (the highest run), or None."""
+        async with self._connection() as db:
+            return await job_table.last_restore(db, cluster_id, node_id, service_id)
+
+    async def mark_delivered(self, key: JobKey, *, revision: int) -> bool:
+        """Record that the answer of the job at `revision` reached Cloudly (False: the job
+        moved on since, or it was recorded already)."""
+        async with self._connection() as db:
+            return await job_table.mark_delivered(db, key, revision=revision, now=self._now_ms())
+
     async def move_job(
         self,
         key: JobKey,
@@ -569,13 +636,15 @@ class RevisionStore:
         op: JobOp,
         expected_revision: int,
         digest: str,
-        result: dict[str, Any] | None = None,
+        result: JobResult | None = None,
+        plan: RunPlan | None = None,
     ) -> StoredJob:
         """Apply `op` to the relay job at `expected_revision` (one transaction), or raise
-        `RevisionConflict`/`IllegalTransition` and change nothing."""
+        `RevisionConflict`/`IllegalTransition` and change nothing. `plan`: a restore run's, when
+        it starts (kept by every later move)."""
         if not is_sha256(digest):
             raise InvalidState("a job digest must be 64 lower-case hex characters")
-        async with self._connection() as db:
+        async with self._connection(write=True) as db:
             return await job_table.move_job(
                 db,
                 key,
@@ -584,6 +653,7 @@ class RevisionStore:
                 digest=digest,
                 now=self._now_ms(),
                 result=result,
+                plan=plan,
             )
 
     # --- retention (agent/store/retention.py runs it; the SQL is forgetting.py's) ------------
@@ -592,7 +662,7 @@ class RevisionStore:
         """One bounded step of forgetting what finished before `cutoff_ms` (at most about
         `rows` rows, one transaction): `forgetting.forget_step`."""
         check_count("rows", rows, minimum=1)
-        async with self._connection() as db:
+        async with self._connection(write=True) as db:
             return await forgetting.forget_step(db, cutoff_ms=cutoff_ms, rows=rows)
 
     async def vacuum(self, *, pages: int) -> int:
@@ -617,12 +687,15 @@ class RevisionStore:
         return epoch_ms(self._clock)
 
     @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[aiosqlite.Connection]:
-        """The connection, exclusively; sqlite3 failures become `StoreError`."""
+    async def _connection(self, *, write: bool = False) -> AsyncIterator[aiosqlite.Connection]:
+        """The connection, exclusively; sqlite3 failures become `StoreError` (a write the disk
+        refused: `StateUnwritable`, remembered). `write`: the block writes, so a block that
+        changed rows proves the disk takes writes again."""
         async with self._lock:
             db = self._db
             if db is None:
                 raise StoreError("the revision store is closed")
+            before = db.total_changes
             try:
                 # A call cancelled inside a transaction may have left it open: close it before
                 # anything else runs on this connection.
@@ -630,7 +703,12 @@ class RevisionStore:
                     await db.rollback()
                 yield db
             except sqlite3.Error as exc:
-                raise StoreError(f"state database operation failed: {exc}") from exc
+                error = store_error(exc, "state database operation failed", self._path.parent)
+                if isinstance(error, StateUnwritable):
+                    self._refused(error)
+                raise error from exc
+            if write and db.total_changes != before:
+                self._wrote()
 
     @asynccontextmanager
     async def _reading(self) -> AsyncIterator[aiosqlite.Connection]:
@@ -645,7 +723,7 @@ class RevisionStore:
         try:
             yield self._reader
         except sqlite3.Error as exc:
-            raise StoreError(f"state database operation failed: {exc}") from exc
+            raise store_error(exc, "state database read failed", self._path.parent) from exc
         except ValueError as exc:  # aiosqlite's word for a connection closed meanwhile
             if self._reader is None:
                 raise StoreError("the revision store is closed") from exc
@@ -654,7 +732,7 @@ class RevisionStore:
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
         """`_connection()` inside `BEGIN IMMEDIATE ... COMMIT`, rolled back on any exception."""
-        async with self._connection() as db:
+        async with self._connection(write=True) as db:
             await db.execute_fetchall("BEGIN IMMEDIATE")
             try:
                 yield db
@@ -699,6 +777,13 @@ def _not_found(key: RestoreKey) -> RestoreNotFound:
         f"no isolated-restore state for restore {key.restore_id} on node {key.node_name} of "
         f"cluster {key.cluster_id}"
     )
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
 
 
 def _has_content(path: Path) -> bool:

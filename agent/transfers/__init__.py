@@ -4,7 +4,8 @@ A transfer is every byte path between Cloudly and one node's Corestore through t
 isolated-restore stage, a database-closure export or import). `limits`: `NodeLimits`, who moves
 and who waits (FIFO per node) and the token bucket of each node's rate, as data with `now`
 passed in (pure); `gate`: `TransferGate`, its asyncio face, shared by the engine and the relay
-(`slot()`, the paced `Transfer` streams, `view()` for the health endpoint).
+(`slot()`, the paced `Transfer` streams, `view()` for the health endpoint); `budget`: the one
+byte budget every transfer draws from (`ByteBudget`, a `Holding` per moving transfer).
 """
 
 from agent.transfers.gate import Transfer, TransferGate

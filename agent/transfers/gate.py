@@ -10,6 +10,10 @@ request's stream: `RequestContext.hold_stream`). The wait has no deadline, on pu
 times out because it waited its turn; a caller that goes away (its request cancelled) leaves
 the queue and the node's next ticket moves. Leaving the block ends the ticket, however it ends.
 
+The byte budget (`agent.transfers.budget`, one per agent): a transfer that moves gets its own
+`Holding` of it (`Transfer.holding`, None without a budget), given back whole when the block
+ends; the transfer draws its buffers through it.
+
 The byte rate (`max_bytes_per_s_per_node`): `Transfer.source()` / `Transfer.sink()` wrap a
 stream so that every chunk books its bytes first (`NodeLimits.reserve`) and waits its turn on
 the gate's clock; without a rate they return the stream itself (nothing on the hot path). A
@@ -29,6 +33,7 @@ import structlog
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.observe import NULL_OBSERVER, TransferObserver
 from agent.protocol.handlers import ByteSink, ByteSource
+from agent.transfers.budget import ByteBudget, Holding
 from agent.transfers.limits import NodeCounts, NodeLimits, Ticket, TransferKind, TransferView
 
 __all__ = ["Transfer", "TransferGate"]
@@ -45,8 +50,10 @@ class TransferGate:
         *,
         clock: Clock = SYSTEM_CLOCK,
         observer: TransferObserver = NULL_OBSERVER,
+        budget: ByteBudget | None = None,
     ) -> None:
         self._limits = limits
+        self.budget = budget
         self._clock = clock
         self._observer = observer
         self._waiters: dict[int, asyncio.Future[None]] = {}
@@ -74,7 +81,12 @@ class TransferGate:
                 await self._wait(ticket, on_queued)
             waited = clock.monotonic() - ticket.asked_at
             self._observer.transfer_waited(kind=kind, seconds=waited)
-            yield Transfer(self, ticket)
+            holding = None if self.budget is None else self.budget.holding()
+            try:
+                yield Transfer(self, ticket, holding)
+            finally:
+                if holding is not None:
+                    holding.close()
         finally:
             for started in limits.leave(ticket, clock.monotonic()):
                 waiter = self._waiters.get(started.number)
@@ -123,13 +135,15 @@ class TransferGate:
 
 
 class Transfer:
-    """A moving transfer: its ticket, and the node's byte rate for its streams."""
+    """A moving transfer: its ticket, its share of the byte budget (`holding`, None without
+    one), and the node's byte rate for its streams."""
 
-    __slots__ = ("_gate", "ticket")
+    __slots__ = ("_gate", "holding", "ticket")
 
-    def __init__(self, gate: TransferGate, ticket: Ticket) -> None:
+    def __init__(self, gate: TransferGate, ticket: Ticket, holding: Holding | None = None) -> None:
         self._gate = gate
         self.ticket = ticket
+        self.holding = holding
 
     @property
     def paced(self) -> bool:
@@ -168,10 +182,8 @@ class _PacedSource:
         return chunk
 
     async def aclose(self) -> None:
-        """Stop the stream underneath (when it can be stopped)."""
-        closer = getattr(self._source, "aclose", None) or getattr(self._chunks, "aclose", None)
-        if closer is not None:
-            await closer()
+        """Stop the stream underneath."""
+        await self._source.aclose()
 
 
 class _PacedSink:

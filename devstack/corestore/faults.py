@@ -8,6 +8,8 @@ not, so a test can tell how often the client tried. `hold_restores()` keeps reso
 sleeping; `hold_prepares()` likewise keeps prepare requests waiting (counted, unanswered) until
 `release_prepares()`, so a test observes the agent's `preparing` phase; `prepare_held` is set
 once a prepare request waits there (a test awaits it instead of guessing when it arrived).
+`hold_next(route)` does the same for the next request of any route, with its own `Hold`.
+`handled` counts requests handled, before their answer is sent.
 """
 
 from __future__ import annotations
@@ -20,9 +22,22 @@ from typing import Literal
 
 from agent.corestore.routes import RouteName
 
-__all__ = ["FaultKind", "FaultRule", "Faults"]
+__all__ = ["FaultKind", "FaultRule", "Faults", "Hold"]
 
-FaultKind = Literal["status", "reset", "delay", "truncate", "wrong-digest"]
+FaultKind = Literal["status", "reset", "delay", "truncate", "wrong-digest", "hold", "disk-full"]
+
+
+@dataclass(slots=True)
+class Hold:
+    """A request kept waiting (counted, unanswered) until `release()`: `arrived` is set once
+    it waits, so a test acts at that exact point and then lets it go on."""
+
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def release(self) -> None:
+        """Let the held request be handled."""
+        self.gate.set()
 
 
 @dataclass(slots=True)
@@ -36,6 +51,7 @@ class FaultRule:
     after: bool = False  # "reset": handle the request, then drop the answer
     seconds: float = 0.0  # "delay": wait this long (or until the server stops) first
     drop_bytes: int = 0  # "truncate": lose the last bytes of the body read
+    hold: Hold | None = None  # "hold": wait for its release first
     until: float | None = None  # applies to every request until this `time.monotonic()`
 
 
@@ -45,6 +61,9 @@ class Faults:
 
     rules: dict[RouteName, list[FaultRule]] = field(default_factory=dict)
     hits: Counter[RouteName] = field(default_factory=Counter)
+    handled: Counter[RouteName] = field(default_factory=Counter)
+    """Requests of each route handled (their effect applied), counted before the answer is
+    sent: a test that hooks it acts after the effect and before its answer arrives."""
     restore_gate: asyncio.Event = field(default_factory=asyncio.Event)
     prepare_gate: asyncio.Event = field(default_factory=asyncio.Event)
     prepare_held: asyncio.Event = field(default_factory=asyncio.Event)
@@ -82,6 +101,17 @@ class Faults:
     def wrong_digest_next(self, route: RouteName | str, times: int = 1) -> None:
         """Handle the request, then acknowledge another sha256 than the one it verified."""
         self._add(route, FaultRule("wrong-digest", times))
+
+    def hold_next(self, route: RouteName | str) -> Hold:
+        """Keep the next request of `route` waiting until the returned hold is released."""
+        hold = Hold()
+        self._add(route, FaultRule("hold", 1, hold=hold))
+        return hold
+
+    def disk_full_next(self, route: RouteName | str, times: int = 1) -> None:
+        """Fail the handling as a full disk does (ENOSPC): the server's own answer to that,
+        `507 storage-full`, goes back."""
+        self._add(route, FaultRule("disk-full", times))
 
     def hold_restores(self) -> None:
         """Keep every resource restore started from now on `running`."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.corestore.models import MappingBody, PrepareRestoreBody
+from agent.errors import CorestoreRefused
 from devstack.corestore.storage import (
     Storage,
     read_json,
@@ -160,6 +161,37 @@ class Scratch:
                     f"{len(held)} scratch resource(s) of the restore still exist",
                 )
             self._storage.forget(restore_id)
+
+    def listing(self, after: str | None, limit: int) -> dict[str, Any]:
+        """One page of `GET /v1/isolated-restores`: each prepared restore with the resources
+        it has on the disk and whether its staging archive exists; `next` the cursor."""
+        page: list[dict[str, Any]] = []
+        ids = self._storage.restore_ids(after, limit + 1)
+        for restore_id in ids[:limit]:
+            try:
+                body = self._storage.restore(restore_id)
+            except CorestoreRefused:
+                continue  # forgotten meanwhile
+            with self._lock:
+                resources = [
+                    {"mappingId": mapping.id, "state": status["state"]}
+                    for mapping in body.resource_mappings
+                    if (status := self._status(restore_id, body, mapping))["state"] != "absent"
+                ]
+            page.append(
+                {
+                    "restoreId": restore_id,
+                    "scratchNamespaceId": body.scratch_namespace_id,
+                    "stagingArchiveId": body.staging_archive_id,
+                    "resourceMappings": [m.to_wire() for m in body.resource_mappings],
+                    "resources": resources,
+                    "stagingArchive": self._storage.archive_exists(
+                        restore_id, body.staging_archive_id
+                    ),
+                }
+            )
+        more = len(ids) > limit
+        return {"restores": page, "next": ids[limit - 1] if more else None}
 
     def _status(
         self, restore_id: str, body: PrepareRestoreBody, mapping: MappingBody

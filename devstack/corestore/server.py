@@ -3,7 +3,8 @@
 One middleware does for every route what docs/corestore-api.md promises: count the hit, apply
 the test's faults, check the bearer (401) and the grant's presence and compact-JWS shape (403 —
 the signature, claims and expiry are NOT verified here; a real Corestore does), and turn a
-`CorestoreRefused` from the disk layer into `{error: {code, message}}`. Handlers only parse,
+`CorestoreRefused` from the disk layer into `{error: {code, message}}` (and a full disk,
+ENOSPC or EDQUOT from any handler, into `507 storage-full`). Handlers only parse,
 call `Storage`/`Scratch` in a worker thread and answer. Neither the bearer nor the grant is ever
 logged: aiohttp's access log is off and our own lines name the route and status only.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import json
 from collections.abc import Awaitable, Callable
@@ -33,7 +35,13 @@ from agent.errors import CorestoreRefused
 from agent.secret import Secret
 from devstack.corestore.faults import Faults
 from devstack.corestore.scratch import Scratch
-from devstack.corestore.service_routes import TRUNCATE, path_id, read_chunk, service_handlers
+from devstack.corestore.service_routes import (
+    TRUNCATE,
+    page_query,
+    path_id,
+    read_chunk,
+    service_handlers,
+)
 from devstack.corestore.services import Services
 from devstack.corestore.storage import Storage, refuse
 
@@ -174,17 +182,26 @@ def create_app(
             if problem is not None:
                 return _error(403, *problem)
         request[TRUNCATE] = rule.drop_bytes if rule is not None and kind == "truncate" else 0
+        if rule is not None and rule.hold is not None:
+            rule.hold.arrived.set()
+            await _until_either(rule.hold.gate, stopping)
         if route is RouteName.PREPARE_RESTORE and not faults.prepare_gate.is_set():
             faults.prepare_held.set()
             await _until_either(faults.prepare_gate, stopping)
         try:
-            response = await handler(request)
+            response = await (_full_disk(request) if kind == "disk-full" else handler(request))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            # What this Corestore answers when its disk is full (docs/corestore-api.md).
+            response = _error(507, routes.STORAGE_FULL_CODE, "no space left on the node's disk")
         except CorestoreRefused as exc:
             response = _error(exc.data["httpStatus"], exc.data["corestoreCode"], exc.message)
         except ValidationError as exc:
             first = exc.errors(include_url=False, include_input=False)[0]
             where = ".".join(str(part) for part in first["loc"]) or "body"
             response = _error(400, "invalid-request", f"{where}: {first['msg']}")
+        faults.handled[route] += 1
         if rule is not None and kind == "reset":
             return _abort(request)
         if kind == "wrong-digest" and isinstance(response, web.Response):
@@ -213,6 +230,12 @@ _INDEX: dict[tuple[str, str], RouteName] = {
 def _route_of(request: web.Request) -> RouteName | None:
     resource = request.match_info.route.resource
     return None if resource is None else _INDEX.get((request.method, resource.canonical))
+
+
+async def _full_disk(request: web.Request) -> web.Response:
+    """The handling of a request on a full disk (the `disk-full` fault)."""
+    del request
+    raise OSError(errno.ENOSPC, "No space left on device (fault injected)")
 
 
 def _abort(request: web.Request) -> web.Response:
@@ -266,7 +289,12 @@ class _Handlers:
             RouteName.VERIFY_RESOURCE: self.verify_resource,
             RouteName.DELETE_RESOURCE: self.delete_resource,
             RouteName.DELETE_RESTORE: self.delete_restore,
+            RouteName.RESTORE_LIST: self.list_restores,
         }
+
+    async def list_restores(self, request: web.Request) -> web.Response:
+        after, limit = page_query(request)
+        return web.json_response(await asyncio.to_thread(self._scratch.listing, after, limit))
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

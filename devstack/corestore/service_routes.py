@@ -12,7 +12,7 @@ from aiohttp import web
 
 from agent.corestore import routes
 from agent.corestore.models import CommitObjectBody
-from agent.corestore.routes import RouteName
+from agent.corestore.routes import LIST_PAGE_LIMIT, RouteName
 from agent.corestore.service_models import (
     ArchivePruneBody,
     ClosureImportBody,
@@ -23,7 +23,7 @@ from agent.corestore.shapes import MAX_CHUNK_SIZE, id_problem, sha256_problem
 from devstack.corestore.services import Services
 from devstack.corestore.storage import refuse
 
-__all__ = ["TRUNCATE", "path_id", "read_chunk", "service_handlers"]
+__all__ = ["TRUNCATE", "page_query", "path_id", "read_chunk", "service_handlers"]
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # How many bytes the "truncate" fault drops: of a chunk's body, or of a closure read's answer.
@@ -64,6 +64,17 @@ async def read_chunk(request: web.Request) -> tuple[str, bytes]:
     return sha256, data
 
 
+def page_query(request: web.Request) -> tuple[str | None, int]:
+    """A listing's `after` (an id, or None) and `limit` (1 .. LIST_PAGE_LIMIT, default it)."""
+    after = request.query.get("after")
+    if after is not None and id_problem(after):
+        raise refuse(400, "invalid-request", f"after {id_problem(after)}")
+    limit = _count(request, "limit", minimum=1) if "limit" in request.query else LIST_PAGE_LIMIT
+    if limit > LIST_PAGE_LIMIT:
+        raise refuse(400, "invalid-request", f"limit must be at most {LIST_PAGE_LIMIT}")
+    return after, limit
+
+
 def service_handlers(services: Services) -> dict[RouteName, _Handler]:
     """The handler of every service route."""
 
@@ -81,10 +92,14 @@ def service_handlers(services: Services) -> dict[RouteName, _Handler]:
         return web.json_response(await asyncio.to_thread(services.record, service_id, backup_id))
 
     async def restore(request: web.Request) -> web.Response:
-        service_id, backup_id = path_id(request, "serviceId"), path_id(request, "backupId")
+        service_id, key = path_id(request, "serviceId"), path_id(request, "restoreKey")
         body = ServiceRestoreBody.model_validate_json(await request.read())
-        answer = await asyncio.to_thread(services.restore, service_id, backup_id, body)
-        return web.json_response(answer)
+        answer, applied = await asyncio.to_thread(services.restore, service_id, key, body)
+        return web.json_response(answer, status=201 if applied else 200)
+
+    async def restore_status(request: web.Request) -> web.Response:
+        service_id, key = path_id(request, "serviceId"), path_id(request, "restoreKey")
+        return web.json_response(await asyncio.to_thread(services.restore_record, service_id, key))
 
     async def archive_list(request: web.Request) -> web.Response:
         return web.json_response(await asyncio.to_thread(services.listing))
@@ -131,14 +146,24 @@ def service_handlers(services: Services) -> dict[RouteName, _Handler]:
         )
         return web.json_response(answer)
 
+    async def import_status(request: web.Request) -> web.Response:
+        import_id = path_id(request, "importId")
+        return web.json_response(await asyncio.to_thread(services.import_status, import_id))
+
     async def abort(request: web.Request) -> web.Response:
         await asyncio.to_thread(services.abort_import, path_id(request, "importId"))
         return web.json_response({"deleted": True})
 
+    async def list_imports(request: web.Request) -> web.Response:
+        after, limit = page_query(request)
+        return web.json_response(await asyncio.to_thread(services.import_listing, after, limit))
+
     return {
+        RouteName.CLOSURE_IMPORT_LIST: list_imports,
         RouteName.SERVICE_BACKUP: backup,
         RouteName.BACKUP_RECORD: record,
         RouteName.SERVICE_RESTORE: restore,
+        RouteName.SERVICE_RESTORE_STATUS: restore_status,
         RouteName.ARCHIVE_LIST: archive_list,
         RouteName.ARCHIVE_PRUNE: archive_prune,
         RouteName.CLOSURE_DESCRIPTOR: descriptor,
@@ -147,4 +172,5 @@ def service_handlers(services: Services) -> dict[RouteName, _Handler]:
         RouteName.CLOSURE_IMPORT_CHUNK: put_chunk,
         RouteName.CLOSURE_IMPORT_COMMIT: commit,
         RouteName.CLOSURE_IMPORT_ABORT: abort,
+        RouteName.CLOSURE_IMPORT_STATUS: import_status,
     }

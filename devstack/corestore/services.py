@@ -11,7 +11,10 @@ Synchronous and thread-safe, like `storage.py`. Layout under `data_dir`:
     archive/<serviceId>/<backupId>/request.json the body it was made with (replays compare it)
     archive/<serviceId>/<backupId>/<type>...   the captured copies (the database as one file)
     imports/<importId>/meta.json, data         an open closure import and its verified bytes
-                                               (gone once committed or aborted)
+                                               (gone once aborted; once committed only
+                                               meta.json stays: the key's record)
+    restores/<serviceId>/<restoreKey>.json      an archive restore applied under its key
+    applied.jsonl                               every effect applied, in order (tests count)
 
 A backup is built in a temporary directory and renamed into the archive, so a crash never leaves
 half a backup; the same body again answers the same record, another body is 409
@@ -21,12 +24,21 @@ notice. The receipt binds service, backup, size and sha256 (this server's key; a
 signs it), and an import is opened only with a receipt this server issued. A commit re-hashes
 the import and replaces the service's database with one `os.replace`: the database is either
 as it was or the whole closure, never a mix.
+
+Destructive effects are keyed (docs/corestore-api.md, "Idempotency keys"): an import id is
+committed once; its record (`committed`, size, sha256) stays, a second commit answers the
+first's result and replaces nothing, and an abort of it is refused (`409 import-committed`).
+An archive restore is applied once per restore key: its record is written when the restore is
+done, and the same key again answers it, restoring nothing. `applied` lists every database
+replacement and archive restore this server made, in order (a journal on disk): what tests
+count.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import shutil
 import threading
@@ -45,9 +57,12 @@ from agent.corestore.service_models import (
 from devstack.corestore.ledger import Chunk, ChunkVerdict, judge_chunk, verified_bytes
 from devstack.corestore.storage import read_json, refuse, segment, sha256_file, write_json
 
-__all__ = ["RESOURCE_DIRECTORIES", "Services", "receipt_for"]
+__all__ = ["RELAY_ENTRIES", "RESOURCE_DIRECTORIES", "Services", "receipt_for"]
 
 RESOURCE_DIRECTORIES = ("objectstorage", "volume")
+RELAY_ENTRIES = frozenset({"services", "archive", "imports", "restores", "applied.jsonl"})
+"""The top-level names of the data directory this module keeps (the layout above): what an
+isolated restore's cleanup leaves alone."""
 _RECEIPT_KEY = b"reference-corestore-receipt-key"
 
 
@@ -69,6 +84,7 @@ class Services:
         self.root = data_dir
         self._lock = threading.RLock()
         self._import_locks: dict[str, threading.Lock] = {}
+        self._applied = data_dir / "applied.jsonl"
 
     # --- what tests and the demo set up (not routes) --------------------------------------------
 
@@ -107,9 +123,60 @@ class Services:
         return self._backup_dir(service_id, backup_id) / "database"
 
     def open_imports(self) -> list[str]:
-        """The ids of imports that exist (open or committed, not aborted)."""
+        """The ids of imports open now (not committed, not aborted)."""
+        return [i for i, meta in self._imports() if not meta["committed"]]
+
+    def committed_imports(self) -> list[str]:
+        """The ids of committed imports (their keys' records)."""
+        return [i for i, meta in self._imports() if meta["committed"]]
+
+    @property
+    def applied(self) -> list[tuple[str, str, str]]:
+        """Every effect this Corestore applied, in order (kept on disk, across restarts):
+        ("import", serviceId, importId) for a database a commit replaced, ("restore",
+        serviceId, restoreKey) for an archive restore."""
+        if not self._applied.exists():
+            return []
+        lines = self._applied.read_text().splitlines()
+        return [(str(k), str(s), str(i)) for k, s, i in map(json.loads, filter(None, lines))]
+
+    def applied_imports(self, service_id: str) -> int:
+        """How many times a commit replaced the service's database."""
+        return sum(
+            1 for kind, service, _ in self.applied if (kind, service) == ("import", service_id)
+        )
+
+    def _count_applied(self, kind: str, service_id: str, key: str) -> None:
+        with self._lock, self._applied.open("a") as journal:
+            journal.write(json.dumps([kind, service_id, key]) + "\n")
+
+    def _imports(self) -> list[tuple[str, dict[str, Any]]]:
         base = self.root / "imports"
-        return sorted(p.name for p in base.iterdir()) if base.exists() else []
+        if not base.exists():
+            return []
+        found = [(p.name, read_json(p / "meta.json")) for p in sorted(base.iterdir())]
+        return [(name, meta) for name, meta in found if meta is not None]
+
+    def import_listing(self, after: str | None, limit: int) -> dict[str, Any]:
+        """One page of `GET /v1/database-closure-imports`, by importId; `next` the cursor."""
+        base = self.root / "imports"
+        metas = [read_json(d / "meta.json") for d in base.iterdir()] if base.exists() else []
+        found = sorted(
+            (str(meta["importId"]), meta)
+            for meta in metas
+            if meta is not None and "importId" in meta
+        )
+        found = [(i, meta) for i, meta in found if after is None or i > after]
+        page = [
+            {
+                **self._status(import_id, meta),
+                "serviceId": meta["body"]["serviceId"],
+                "backupId": meta["body"]["backupId"],
+            }
+            for import_id, meta in found[:limit]
+        ]
+        more = len(found) > limit
+        return {"imports": page, "next": found[limit - 1][0] if more else None}
 
     # --- backup, record, restore ----------------------------------------------------------------
 
@@ -180,8 +247,37 @@ class Services:
             raise refuse(404, "backup-not-found", "the archive holds no such backup")
         return dict(record)
 
-    def restore(self, service_id: str, backup_id: str, body: ServiceRestoreBody) -> dict[str, Any]:
-        """Restore the named snapshots from the archive, in order; `{restored}`."""
+    def restore(
+        self, service_id: str, restore_key: str, body: ServiceRestoreBody
+    ) -> tuple[dict[str, Any], bool]:
+        """Restore the named snapshots from the archive, in order, once for `restore_key`;
+        `({restoreKey, backupId, restored}, applied now)`."""
+        wire = body.to_wire()
+        record_file = self._restore_record(service_id, restore_key)
+        with self._lock:
+            known = read_json(record_file)
+            if known is not None:
+                if known["body"] != wire:
+                    raise refuse(
+                        409, "restore-key-conflict", "the key was used with another restore"
+                    )
+                return dict(known["answer"]), False
+            restored = self._restore_snapshots(service_id, body.backup_id, body)
+            answer = {"restoreKey": restore_key, "backupId": body.backup_id, **restored}
+            write_json(record_file, {"body": wire, "answer": answer})
+            self._count_applied("restore", service_id, restore_key)
+        return answer, True
+
+    def restore_record(self, service_id: str, restore_key: str) -> dict[str, Any]:
+        """The restore applied under `restore_key`, or a 404 refusal."""
+        known = read_json(self._restore_record(service_id, restore_key))
+        if known is None:
+            raise refuse(404, "service-restore-not-found", "no restore was applied under the key")
+        return dict(known["answer"])
+
+    def _restore_snapshots(
+        self, service_id: str, backup_id: str, body: ServiceRestoreBody
+    ) -> dict[str, Any]:
         record = self.record(service_id, backup_id)
         by_id = {snapshot["snapshotId"]: snapshot for snapshot in record["snapshots"]}
         chosen: list[dict[str, Any]] = []
@@ -275,8 +371,14 @@ class Services:
 
     # --- closure import -------------------------------------------------------------------------
 
+    def import_status(self, import_id: str) -> dict[str, Any]:
+        """The import as it stands (open or committed), or a 404 refusal."""
+        with self._import_lock(import_id):
+            return self._status(import_id, self._meta(import_id))
+
     def open_import(self, import_id: str, body: ClosureImportBody) -> tuple[dict[str, Any], bool]:
-        """Open an import for the descriptor's bytes (receipt checked); `(status, created)`."""
+        """Open an import for the descriptor's bytes (receipt checked); `(status, created)`.
+        A committed import of the same body answers its status (`committed`)."""
         expected = receipt_for(body.service_id, body.backup_id, body.size, body.sha256)
         if body.receipt != expected:
             raise refuse(422, "receipt-invalid", "the receipt is not this Corestore's for them")
@@ -287,7 +389,7 @@ class Services:
                 raise refuse(409, "import-conflict", "the import was opened with another body")
             created = meta is None
             if meta is None:
-                meta = {"body": wire, "chunks": [], "committed": False}
+                meta = {"body": wire, "chunks": [], "committed": False, "importId": import_id}
                 write_json(self._import_dir(import_id) / "meta.json", meta)
         return self._status(import_id, meta), created
 
@@ -331,6 +433,8 @@ class Services:
             answer = {"importId": import_id, "size": size, "sha256": sha256}
             if (body["size"], body["sha256"]) != (size, sha256):
                 raise refuse(409, "import-mismatch", "size and sha256 differ from the import's")
+            if meta["committed"]:
+                return answer  # the key was committed once: the first commit's answer
             verified = verified_bytes([Chunk(**c) for c in meta["chunks"]])
             if verified < size:
                 raise refuse(409, "import-incomplete", f"{verified} of {size} bytes are verified")
@@ -343,17 +447,18 @@ class Services:
             target = self.database_path(body["serviceId"])
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(data, target)
-            # Nothing of a committed import is left: the database holds its bytes now.
-            shutil.rmtree(self._import_dir(import_id))
+            # Only the key's record is left of a committed import: the database holds its bytes.
+            meta["committed"] = True
+            write_json(self._import_dir(import_id) / "meta.json", meta)
+            self._count_applied("import", body["serviceId"], import_id)
         return answer
 
     def abort_import(self, import_id: str) -> None:
         """Remove an import, or a 404 refusal when there is none."""
         with self._import_lock(import_id):
-            directory = self._import_dir(import_id)
-            if not directory.exists():
-                raise refuse(404, "import-not-found", "no such closure import")
-            shutil.rmtree(directory)
+            if self._meta(import_id)["committed"]:
+                raise refuse(409, "import-committed", "a committed import's key is kept")
+            shutil.rmtree(self._import_dir(import_id))
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -370,12 +475,18 @@ class Services:
         return dict(meta)
 
     def _status(self, import_id: str, meta: dict[str, Any]) -> dict[str, Any]:
-        return {
+        status = {
             "importId": import_id,
             "state": "committed" if meta["committed"] else "open",
             "size": meta["body"]["size"],
             "verifiedBytes": verified_bytes([Chunk(**c) for c in meta["chunks"]]),
         }
+        if meta["committed"]:
+            status["sha256"] = meta["body"]["sha256"]
+        return status
+
+    def _restore_record(self, service_id: str, restore_key: str) -> Path:
+        return self.root / "restores" / segment(service_id) / f"{segment(restore_key)}.json"
 
     def _import_lock(self, import_id: str) -> threading.Lock:
         with self._lock:

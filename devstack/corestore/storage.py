@@ -4,6 +4,8 @@ Synchronous and thread-safe (the server calls it through `asyncio.to_thread`). L
 `data_dir` (ids are percent-encoded into one path segment):
 
     restores/<restoreId>.json                 the prepare body, as accepted (until forgotten)
+    restores/<restoreId>.id                   the restore id itself (the listing's; a long id's
+                                              file name is a hash)
     staging/<archive>/<object path>           object bytes, written at their offsets
     staging-meta/<archive>/archive.json       which restore owns the archive
     staging-meta/<archive>/ledger.jsonl       the chunk ledger of every object of the archive
@@ -200,6 +202,7 @@ class Storage:
                 raise refuse(409, "staging-archive-conflict", "another restore owns the archive")
             if known is None:
                 write_json(path, wire)
+                write_json(path.with_suffix(".id"), restore_id)
             meta = self._meta_dir(body.staging_archive_id) / "archive.json"
             if owner is None:  # also after a cleanup: an idempotent prepare re-creates it
                 write_json(meta, {"restoreId": restore_id})
@@ -239,7 +242,23 @@ class Storage:
                     409, "restore-not-empty", "the staging archive of the restore still exists"
                 )
             self._restore_path(restore_id).unlink()
+            self._restore_path(restore_id).with_suffix(".id").unlink(missing_ok=True)
             self._prepared.pop(restore_id, None)
+
+    def restore_ids(self, after: str | None, limit: int) -> list[str]:
+        """Up to `limit` prepared restore ids after `after`, in order (the listing's page)."""
+        with self._lock:
+            ids = sorted(
+                str(read_json(path))
+                for path in (self.root / "restores").glob("*.id")
+                if read_json(path) is not None
+            )
+        return [restore_id for restore_id in ids if after is None or restore_id > after][:limit]
+
+    def archive_exists(self, restore_id: str, archive: str) -> bool:
+        """Whether the restore's staging archive (its bytes or its ledger) is on the disk."""
+        with self._lock:
+            return self._archive_held(restore_id, archive)
 
     def mapping(self, restore_id: str, mapping_id: str) -> tuple[PrepareRestoreBody, MappingBody]:
         """The restore and one of its mappings, or a 404 refusal."""

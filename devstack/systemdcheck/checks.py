@@ -15,7 +15,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
-from devstack.systemdcheck import lifecycle, service
+from devstack.systemdcheck import lifecycle, service, state
+from devstack.systemdcheck.memory import memory
 from devstack.systemdcheck.node import CONFIG, DROP_IN, Node
 from devstack.systemdcheck.stack import Stack
 from devstack.systemdcheck.systemd import CheckFailed, run
@@ -31,6 +32,7 @@ CHECKS: Final[tuple[tuple[str, str, Check], ...]] = (
     ("status-token", "STATUS= after a refused machine token", service.status_token),
     ("restore", "an isolated restore through the unit, to cleaned", service.restore),
     ("relay", "a service backup and restore through the unit", service.relay),
+    ("memory", "16 stages over 4 nodes under MemoryHigh=/MemoryMax=: no OOM kill", memory),
     (
         "credentials",
         "the token: 0400, the dynamic user's, not in environ/argv",
@@ -40,6 +42,8 @@ CHECKS: Final[tuple[tuple[str, str, Check], ...]] = (
     ("journal-warning", "-p warning: the agent's warnings, no info", service.journal_warning),
     ("exit-2", "a broken config exits 2 and is not restarted", lifecycle.exit_2),
     ("journal-fatal", "-p warning shows the broken config's line", lifecycle.journal_fatal),
+    ("state-full", "a full state disk: up, not ready, no restart", state.state_full),
+    ("state-damaged", "a damaged state: exit 65, status, salvage", state.state_damaged),
     ("syscall-kill", "SystemCallErrorNumber=kill: no status=31/SYS", lifecycle.syscall_kill),
     ("stop-drain", "stop during a large stage: bounded, exit 0, resumes", lifecycle.stop_drain),
     ("watchdog", "SIGSTOP: Watchdog timeout, restart, connected", lifecycle.watchdog),

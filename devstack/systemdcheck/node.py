@@ -19,6 +19,7 @@ from typing import Any, Final
 
 import aiohttp
 
+from devstack.corestore.services import RELAY_ENTRIES
 from devstack.corestore.storage import Storage, sha256_file
 from devstack.demo_relay import SERVICE_ID, backup_and_restore
 from devstack.driver import MiB, RestoreDriver, RestorePlan, demo_plan
@@ -44,7 +45,7 @@ AGENT: Final = Path("/opt/restore-agent/venv/bin/restore-agent")
 HEALTH_SOCKET: Final = "/run/restore-agent/health.sock"
 DROP_IN: Final = Path(f"/etc/systemd/system/{UNIT}.d/50-syscall-kill.conf")
 CONNECTED: Final = "connected to Cloudly"
-UNREACHABLE: Final = "Cloudly unreachable, retrying: "
+UNREACHABLE: Final = "Cloudly unreachable since "
 SMALL: Final = 32 * MiB  # the volume image of a scenario restore
 _CLOSURE: Final = 8 * MiB  # the service database of a scenario backup
 
@@ -214,5 +215,5 @@ def _verify_on_disk(data_dir: Path, plan: RestorePlan) -> None:
 
 def _leftovers(data_dir: Path) -> list[str]:
     """Files of isolated restores on Corestore's disk (the relay's service data aside)."""
-    relay = ("services", "imports", "archive")
-    return [path for path in Storage(data_dir).files() if path.split("/")[0] not in relay]
+    files = Storage(data_dir).files()
+    return [path for path in files if path.split("/")[0] not in RELAY_ENTRIES]

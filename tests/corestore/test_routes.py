@@ -174,6 +174,7 @@ SERVICE_ROUTES = {
     RouteName.SERVICE_BACKUP,
     RouteName.BACKUP_RECORD,
     RouteName.SERVICE_RESTORE,
+    RouteName.SERVICE_RESTORE_STATUS,
     RouteName.ARCHIVE_LIST,
     RouteName.ARCHIVE_PRUNE,
     RouteName.CLOSURE_DESCRIPTOR,
@@ -182,6 +183,7 @@ SERVICE_ROUTES = {
     RouteName.CLOSURE_IMPORT_CHUNK,
     RouteName.CLOSURE_IMPORT_COMMIT,
     RouteName.CLOSURE_IMPORT_ABORT,
+    RouteName.CLOSURE_IMPORT_STATUS,
 }
 
 
@@ -191,11 +193,15 @@ def test_only_health_is_unauthenticated() -> None:
     assert unauthenticated == {RouteName.HEALTH}
 
 
+LISTING_ROUTES = {RouteName.RESTORE_LIST, RouteName.CLOSURE_IMPORT_LIST}
+
+
 def test_the_isolated_restore_routes_and_only_they_carry_the_grant() -> None:
     """The relay's service routes carry no restore grant (their requests have none); every
-    isolated-restore route does; health does not."""
+    isolated-restore route does; health does not, nor the reconciliation listings (node-wide:
+    no one restore's grant covers them, and they change nothing)."""
     without_grant = {n for n, s in ROUTES.items() if not s.grant}
-    assert without_grant == SERVICE_ROUTES | {RouteName.HEALTH}
+    assert without_grant == SERVICE_ROUTES | LISTING_ROUTES | {RouteName.HEALTH}
 
 
 def test_only_the_closure_read_answers_raw_bytes_up_to_a_chunk() -> None:

@@ -119,3 +119,72 @@ async def test_no_archive_is_none_and_a_dry_run_prune_removes_nothing(
     assert listing is not None
     assert pruned.result.dry_run is True
     assert len(listing.backups) == 2
+
+
+# --- idempotency keys: Corestore applies one key once --------------------------------------------
+
+
+async def _imported(client: CorestoreClient, import_id: str = "imp") -> DatabaseClosureDescriptor:
+    """A backup's closure imported under `import_id`, not committed yet; its descriptor."""
+    await client.service_backup("svc", "bk", service=SERVICE)
+    descriptor = await client.closure_descriptor("svc", "bk")
+    await client.open_closure_import(
+        import_id, service_id="svc", backup_id="bk", descriptor=descriptor
+    )
+    await client.put_closure_chunk(import_id, 0, DATABASE, hashlib.sha256(DATABASE).hexdigest())
+    return descriptor
+
+
+async def test_an_import_id_is_committed_once_and_its_record_stays(
+    client: CorestoreClient, services: Any
+) -> None:
+    """The second commit of a key answers the first's result and replaces nothing (the
+    service wrote its database since); the import's state says `committed`, with its bytes,
+    and it is never aborted (409 import-committed)."""
+    descriptor = await _imported(client)
+    first = await client.commit_closure_import("imp", descriptor.size, descriptor.sha256)
+    services.write_database("svc", [b"written since"])
+    second = await client.commit_closure_import("imp", descriptor.size, descriptor.sha256)
+    status = await client.closure_import_status("imp")
+    with pytest.raises(CorestoreRefused) as refused:
+        await client.abort_closure_import("imp")
+    assert second == first
+    assert services.database_path("svc").read_bytes() == b"written since"
+    assert services.applied_imports("svc") == 1
+    assert status is not None
+    assert (status.state, status.size, status.sha256) == (
+        "committed",
+        descriptor.size,
+        descriptor.sha256,
+    )
+    assert refused.value.data["corestoreCode"] == "import-committed"
+    assert services.committed_imports() == ["imp"]
+
+
+async def test_an_import_unknown_to_corestore_has_no_state(client: CorestoreClient) -> None:
+    assert await client.closure_import_status("never-opened") is None
+
+
+async def test_an_archive_restore_key_is_applied_once(
+    client: CorestoreClient, services: Any
+) -> None:
+    """The same key again answers the restore it made and copies nothing (the bucket keeps
+    what the service wrote since); the key's state is its record; another body under the key
+    is 409 restore-key-conflict; a key never used has no state."""
+    record = await client.service_backup("svc", "bk", service=SERVICE)
+    bucket = [s.snapshot_id for s in record.snapshots if s.type == "objectstorage"]
+    services.write_file("svc", "objectstorage", "a.txt", b"changed")
+    first = await client.service_restore("svc", "restore-k", "bk", bucket, clear=False)
+    services.write_file("svc", "objectstorage", "a.txt", b"written since")
+    again = await client.service_restore("svc", "restore-k", "bk", bucket, clear=False)
+    status = await client.service_restore_status("svc", "restore-k")
+    with pytest.raises(CorestoreRefused) as refused:
+        await client.service_restore("svc", "restore-k", "bk", bucket, clear=True)
+    assert again == first == status
+    assert [s.snapshot_id for s in first.restored] == bucket
+    assert (services.service_dir("svc") / "objectstorage" / "a.txt").read_bytes() == (
+        b"written since"
+    )
+    assert [kind for kind, _, _ in services.applied] == ["restore"]
+    assert refused.value.data["corestoreCode"] == "restore-key-conflict"
+    assert await client.service_restore_status("svc", "other-key") is None

@@ -92,18 +92,38 @@ def test_a_backup_meets_the_job_of_its_key(
     assert backup_meets(status, same_body=same_body, here=here) is meets
 
 
-def test_a_restore_meets_only_the_run_that_works_now() -> None:
-    """What a service's earlier restores did is no part of a restore request's answer."""
-    assert restore_meets(running=False, same_body=False) is Meets.NOTHING
-    assert restore_meets(running=True, same_body=True) is Meets.RUNNING_SAME
-    assert restore_meets(running=True, same_body=False) is Meets.RUNNING_OTHER
+@pytest.mark.parametrize(
+    ("here", "last", "same_body", "delivered", "meets"),
+    [
+        (True, None, True, False, Meets.RUNNING_SAME),
+        (True, None, False, False, Meets.RUNNING_OTHER),
+        (False, None, False, False, Meets.NOTHING),
+        (False, "running", True, False, Meets.UNOWNED),
+        (False, "running", False, False, Meets.UNOWNED_OTHER),
+        (False, "succeeded", True, False, Meets.UNDELIVERED),
+        (False, "failed", True, False, Meets.UNDELIVERED),
+        (False, "succeeded", True, True, Meets.ANSWERED),
+        (False, "succeeded", False, False, Meets.ANSWERED),
+        (False, "failed", False, True, Meets.ANSWERED),
+    ],
+)
+def test_a_restore_meets_the_run_that_works_now_else_the_services_last_run(
+    here: bool, last: JobStatus | None, same_body: bool, delivered: bool, meets: Meets
+) -> None:
+    """Work running here comes first; then the last run: left running, or ended with its
+    answer delivered before this request came, or not."""
+    assert restore_meets(here=here, last=last, same_body=same_body, delivered=delivered) is meets
 
 
-def test_a_restore_is_never_answered_from_a_record_nor_refused_as_a_conflict() -> None:
-    """Every restore runs, joins a running identical one, or is refused busy (retryable): no
-    recorded answer, no resume or retry of an old run, no `job-conflict`."""
-    answers = {to for (kind, _), to in REQUESTS.items() if kind == "restore"}
-    assert answers == {Answer.START, Answer.JOIN, Answer.BUSY}
+def test_a_restore_is_answered_from_its_record_only_while_the_answer_may_be_lost() -> None:
+    """The one recorded answer a restore gets is that of an identical last run whose answer
+    was not delivered first; a delivered one, or another body, runs anew; a restore is never a
+    `job-conflict`, and a run left by a stopped agent is resumed only by the same body."""
+    restore = {meets: to for (kind, meets), to in REQUESTS.items() if kind == "restore"}
+    assert [meets for meets, to in restore.items() if to is Answer.RECORDED] == [Meets.UNDELIVERED]
+    assert restore[Meets.ANSWERED] is Answer.START
+    assert [meets for meets, to in restore.items() if to is Answer.RESUME] == [Meets.UNOWNED]
+    assert Answer.CONFLICT not in restore.values()
 
 
 def test_a_backup_is_never_busy() -> None:

@@ -71,10 +71,13 @@ def test_the_table_is_read_only() -> None:
         TRANSITIONS[(None, Op.EXECUTE)] = "ready"  # type: ignore[index]
 
 
-def test_prepare_is_the_only_move_from_absent() -> None:
-    """A state comes into existence only by prepare, as preparing."""
+def test_prepare_and_adopt_are_the_only_moves_from_absent() -> None:
+    """A state comes into existence by Cloudly's prepare, as preparing, or by reconciliation
+    adopting what Corestore holds of a restore a salvaged or reset state forgot, as
+    cleanup-failed (so only a cleanup leaves it)."""
     assert sources(Op.PREPARE) == {None: "preparing"}
-    assert [op for status, op in TRANSITIONS if status is None] == [Op.PREPARE]
+    assert sources(Op.ADOPT) == {None: "cleanup-failed"}
+    assert [op for status, op in TRANSITIONS if status is None] == [Op.PREPARE, Op.ADOPT]
 
 
 def test_preparing_settles_to_prepared_or_failed() -> None:

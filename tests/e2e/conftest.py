@@ -4,7 +4,9 @@ Test modules cannot import this file (importlib mode), so everything travels as 
 
 - `stack`: a `Stack` — the reference Corestore (127.0.0.1, port 0, under tmp_path) whose hit
   counter signals every request (`stack.wait_hits(route, n)`), a `StandInCloudly` serving one
-  cluster whose node points at it (stream chunk form from the `chunk_form` fixture), and ways to
+  cluster whose node points at it (stream chunk form from the `chunk_form` fixture), hooks on
+  Corestore's requests as they arrive (`stack.on_hit`) and once handled (`stack.on_handled`:
+  the effect applied, its answer not yet sent), and ways to
   run the real agent against them: in-process (`async with stack.agent():`, `agent.app.run`
   with its websocket session) or as a subprocess (`await stack.spawn()`, `python -m agent run`).
   The agent gets its Corestore bearer as production does: sealed to its own key by the stand-in
@@ -130,6 +132,7 @@ class Stack:
     authority: CredentialAuthority
     hits: SignallingCounter
     state_dir: Path
+    handled: SignallingCounter = field(default_factory=lambda: SignallingCounter(Counter()))
     processes: list[AgentProcess] = field(default_factory=list)
     health: str | None = None  # the in-process agent's health endpoint, once it listens
 
@@ -168,13 +171,22 @@ class Stack:
 
     @asynccontextmanager
     async def agent(
-        self, *, streams: dict[str, Any] | None = None, **corestore: Any
+        self,
+        *,
+        streams: dict[str, Any] | None = None,
+        memory: dict[str, Any] | None = None,
+        cloudly: dict[str, Any] | None = None,
+        **corestore: Any,
     ) -> AsyncIterator[AgentStatus]:
         """The real agent in-process (`agent.app.run`), connected; stopped in order on exit.
-        `streams` is its `[streams]` section (the default when None)."""
+        `streams` and `memory` are its `[streams]` and `[memory]` sections (the defaults when
+        None); `cloudly` keys are added to its `[cloudly]` section."""
         data = self.config_data(**corestore)
         if streams is not None:
             data["streams"] = streams
+        if memory is not None:
+            data["memory"] = memory
+        data["cloudly"].update(cloudly or {})
         config = Config.model_validate(data)
         status, stop = AgentStatus(), asyncio.Event()
         async with asyncio.TaskGroup() as group:
@@ -222,6 +234,11 @@ class Stack:
     def on_hit(self, route: RouteName, count: int, action: Callable[[], object]) -> None:
         """Run `action` when Corestore counts request number `count` of `route`."""
         self.hits.on_hit(route, count, action)
+
+    def on_handled(self, route: RouteName, count: int, action: Callable[[], object]) -> None:
+        """Run `action` once Corestore handled request number `count` of `route` (its effect
+        applied), before its answer is sent."""
+        self.handled.on_hit(route, count, action)
 
     async def wait_hits(self, route: RouteName, count: int) -> None:
         """Wait until the reference Corestore received `count` requests of `route`."""
@@ -327,6 +344,8 @@ async def stack(tmp_path: Path, chunk_form: str) -> AsyncIterator[Stack]:
     corestore = await start(data_dir=tmp_path / "corestore", bearer=BEARER)
     hits = SignallingCounter(corestore.faults.hits)
     corestore.faults.hits = hits
+    handled = SignallingCounter(corestore.faults.handled)
+    corestore.faults.handled = handled
     document = cluster_document(CLUSTER, {NODE: corestore.url})
     settings = stand_in_settings("base64" if chunk_form == "base64" else "buffer")
     authority = CredentialAuthority(CLUSTER, {NODE: BEARER})
@@ -338,7 +357,9 @@ async def stack(tmp_path: Path, chunk_form: str) -> AsyncIterator[Stack]:
         credentials=authority,
     )
     await cloudly.start()
-    stack = Stack(tmp_path, corestore, cloudly, authority, hits, tmp_path / "state")
+    stack = Stack(
+        tmp_path, corestore, cloudly, authority, hits, tmp_path / "state", handled=handled
+    )
     try:
         yield stack
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,7 @@ async def test_restores_and_the_status_command_show_each_restore_without_a_secre
         "objects": {"done": len(plan.objects), "total": len(plan.objects)},
     }
     assert table_exit == json_exit == 0
-    assert table.startswith("agent:    ready\nsession:  connected for ")
+    assert re.match(r"agent:    ready \(version .+, up \d+ s\)\nsession:  connected for ", table)
     key = f"{plan.cluster_id}/{plan.node}/{plan.restore_id}"
     [line] = [line for line in table.splitlines() if line.startswith(key)]
     assert line.split()[1:4] == ["staging", str(driver.revision), "100%"]
@@ -176,3 +177,61 @@ async def test_the_status_command_shows_relay_jobs_as_the_endpoint_does(
         "succeeded",
     ]
     assert as_json["jobs"] == [{**row, "ageSeconds": as_json["jobs"][0]["ageSeconds"]}]
+
+
+async def test_every_panel_and_alert_names_a_metric_a_running_agent_exports(
+    stack: Any, plan: RestorePlan
+) -> None:
+    """The dashboard and the alert rules against real scrapes of a running agent: mid-stage
+    (a transfer moves), after it, and with Cloudly gone (the outage's gauges). Every series a
+    panel, a dashboard variable or an alert names is in one of them, with the labels it
+    matches on."""
+    from tests.test_ops_rules import (  # the parser the unit checks share
+        SCRAPE_SERIES,
+        TARGET_LABELS,
+        every_expression,
+        exposition_series,
+        matched_labels,
+        metric_names,
+        template_metrics,
+    )
+
+    stack.on_hit(RouteName.PUT_CHUNK, 5, lambda: stack.faults.delay_next(RouteName.PUT_CHUNK, 1))
+    driver = stack.driver(plan)
+    scrapes = []
+    async with stack.agent(chunk_size=64 * 1024, cloudly={"ping_interval_s": 0.2}) as status:
+        await status.wait_until(lambda s: s.last_pong_at is not None)  # the keepalive's gauge
+        await driver.prepare()
+        staging = asyncio.create_task(driver.stage_all())
+        await stack.wait_hits(RouteName.PUT_CHUNK, 5)
+        scrapes.append((await _get(stack, "/metrics"))[1])
+        await staging
+        scrapes.append((await _get(stack, "/metrics"))[1])
+        await stack.cloudly.stop()
+        for _ in range(200):  # the loss is seen within a few event-loop turns
+            text = (await _get(stack, "/metrics"))[1]
+            if "restore_agent_cloudly_unreachable_since_timestamp_seconds " in text:
+                break
+            await asyncio.sleep(0.05)
+        scrapes.append(text)
+    exposed: dict[str, set[str]] = {}
+    for text in scrapes:
+        for name, labels in exposition_series(text).items():
+            exposed.setdefault(name, set()).update(labels)
+    missing = {
+        (where, name)
+        for where, expression in every_expression()
+        for name in metric_names(expression)
+        if name not in exposed and name not in SCRAPE_SERIES
+    } | {("variable", name) for name in template_metrics() - set(exposed)}
+    assert missing == set()
+    unknown = {
+        (where, name, label)
+        for where, expression in every_expression()
+        for name, labels in matched_labels(expression).items()
+        if name in exposed
+        for label in labels - exposed[name] - TARGET_LABELS
+    }
+    assert unknown == set()
+    assert "restore_agent_transfers_moving" in exposed
+    assert "restore_agent_transfer_wait_duration_seconds_bucket" in exposed

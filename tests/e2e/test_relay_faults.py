@@ -22,7 +22,8 @@ import pytest
 
 from agent.corestore.routes import RouteName
 from agent.corestore.service_models import ServiceBackupBody
-from agent.errors import CallFailed
+from agent.domain.outcomes import Failed
+from agent.errors import CallFailed, SessionClosed
 from agent.store import RevisionStore
 from devstack.cloudly import ABSENT, Tamper, cluster_document
 
@@ -428,3 +429,35 @@ async def test_while_a_restore_runs_another_is_busy_and_the_identical_one_joins(
     assert stack.cloudly.count("closure-served") == 1
     assert '"event": "relay_job_joined"' in captured_logs.getvalue()
     assert [job.key.run for job in await _jobs(stack, "restore")] == [1]
+
+
+async def test_a_reconnect_between_a_closures_call_and_its_stream_fails_the_run_retryable(
+    stack: Any, services: Any
+) -> None:
+    """Cloudly answered the closure call on one connection; while Corestore opens the import
+    the session drops and the agent reconnects. The stream belongs to the first connection: the
+    run fails `transfer-interrupted` (retryable) at once. It never asks the new connection for
+    a stream it does not know (the run then hung until the stall deadline, or ended
+    `stream-not-served`, not retryable). Cloudly's repeat, sent on the new connection, gets
+    that outcome (it joins the run, or the run's answer was never delivered)."""
+    async with stack.agent():
+        backup = await _backup(stack)
+        hold = stack.faults.hold_next(RouteName.CLOSURE_IMPORT)
+        first = asyncio.ensure_future(_restore(stack, backup["snapshots"]))
+        await hold.arrived.wait()
+        await stack.cloudly.drop_connections()
+        with pytest.raises(SessionClosed):
+            await first
+        await stack.cloudly.wait_for("cluster-config-read", 2)
+        repeat = asyncio.ensure_future(_refused(_restore(stack, backup["snapshots"])))
+        hold.release()
+        async with asyncio.timeout(20):  # a guard: the run hung on the unknown stream
+            data = await repeat
+    job = await _job(stack, "restore")
+    assert (data["code"], data["retryable"]) == ("transfer-interrupted", True)
+    assert (job.key.run, job.status, job.result) == (
+        1,
+        "failed",
+        Failed("transfer-interrupted", job.result.message, retryable=True),
+    )
+    assert stack.cloudly.count("closure-served") == 1

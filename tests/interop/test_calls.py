@@ -7,6 +7,7 @@ library produces or accepts.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from agent.contracts.base import NonNegativeSafeInt, WireModel
 from agent.errors import CallFailed, RevisionConflict
 from agent.protocol.connection import UNKNOWN_METHOD_TEXT
+from agent.protocol.delivery import Mark
 from agent.protocol.handlers import RequestContext, Route
 
 if TYPE_CHECKING:
@@ -172,3 +174,36 @@ async def test_retry_answer_makes_the_agent_resend_the_identical_frame(
     sent = [f["frame"] for f in frames if f["dir"] == "in" and f["frame"]["method"] == "retryOnce"]
     assert len(sent) == 2
     assert sent[0] == sent[1]
+
+
+async def test_an_answer_to_the_library_is_confirmed_by_its_websockets_pong(
+    cloudly: NodeCloudly, agent: AgentUnderTest
+) -> None:
+    """The ping rule against Node's `ws`: the agent writes a ping right behind its answer, the
+    library's websocket answers it (it pongs on its own), and the handler hears the answer was
+    delivered, on this connection, no earlier than the request arrived."""
+    delivered: list[Mark] = []
+    arrivals: list[Mark] = []
+    heard = asyncio.Event()
+
+    def on_delivered(mark: Mark) -> None:
+        delivered.append(mark)
+        heard.set()
+
+    async def describe_and_watch(request: DescribeNode, ctx: RequestContext) -> NodeDescription:
+        arrivals.append(ctx.arrival)
+        ctx.on_delivered(on_delivered)
+        return await describe_node(request, ctx)
+
+    agent.serve(Route("describeNode", DescribeNode, describe_and_watch))
+    async with agent.running():
+        reply = await cloudly.command(
+            "fire", method="describeNode", request={"nodeId": "node-1", "sinceRevision": 1}
+        )
+        async with asyncio.timeout(10):  # a guard: the pong follows the reply at once
+            await heard.wait()
+    assert reply["ok"] is True, reply
+    [arrival] = arrivals
+    [mark] = delivered
+    assert mark.connection == arrival.connection
+    assert mark.message >= arrival.message  # read after the request it answers, at the least

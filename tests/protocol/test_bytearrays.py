@@ -9,6 +9,7 @@ import importlib.util
 import shutil
 import sysconfig
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -42,7 +43,30 @@ needs_native = pytest.mark.skipif(
 )
 
 
+BACKENDS = ("native", "simdjson", "orjson")
+
+
+@pytest.fixture(scope="class", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The Buffer-form decoder the class's tests run on: each backend an install may have
+    (without the native codec: simdjson; without simdjson too: the pure path alone)."""
+    name: str = request.param
+    if name == "native" and native is None:
+        pytest.skip("agent._bufferform is not built (no C compiler at install time)")
+    if name == "simdjson" and bytearrays.simdjson is None:
+        pytest.skip("pysimdjson is not installed")
+    with pytest.MonkeyPatch.context() as patch:
+        if name != "native":
+            patch.setattr(bytearrays, "_native", None)
+        if name == "orjson":
+            patch.setattr(bytearrays, "simdjson", None)
+        yield name
+
+
+@pytest.mark.usefixtures("backend")
 class TestBufferForm:
+    """The decoder's contract, on every backend: the same bytes, the same refusals."""
+
     @given(st.binary(max_size=5000))
     def test_canonical_arrays_decode_to_their_bytes(self, data: bytes) -> None:
         """`JSON.stringify`'s array of any bytes decodes to exactly those bytes."""
@@ -79,8 +103,8 @@ class TestBufferForm:
     @pytest.mark.parametrize(
         "text",
         [b"[256]", b"[1000]", b"[01]", b"[00]", b"[1.0]", b"[1e2]", b"[-1]", b"[1,]", b"[,1]",
-         b"[1 2]", b"[1,,2]", b"[null]", b'["1"]', b"[[1]]", b"[1]]", b"[1", b"1", b"", b"{}",
-         b"[1]x", b"[\xc2\xa01]", b"[1\x00]"],
+         b"[1 2]", b"[1,,2]", b"[null]", b'["1"]', b"[[1]]", b"[[1,2],[3]]", b"[1,[2]]",
+         b"[[]]", b"[1]]", b"[1", b"1", b"", b"{}", b"[1]x", b"[\xc2\xa01]", b"[1\x00]"],
     )  # fmt: skip
     def test_non_arrays_of_bytes_are_refused(self, text: bytes) -> None:
         """Out-of-range, non-integer, malformed or trailing text is a `RemoteProtocolError`."""

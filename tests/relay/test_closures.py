@@ -1,154 +1,256 @@
-"""The closure backup's bounds: progress, never size (`closures.send_closure`, injected clock).
+"""The closure directions against the reference Corestore, with a Cloudly the test plays.
 
-Cloudly is a fake `CloudlyCalls` that keeps the protocol's promises on the test's clock: a call
-with a deadline fails `CallTimeout` once the clock passes it; its sink either drains (writes go
-through) or never does, and then a write raises `StreamBroken` once the stall deadline passed,
-as `agent.session.streams.Sink` does. Corestore is a fake export whose every read takes a
-second of the clock. Nothing sleeps in real time.
+The job's own cancellation always wins: a closure that fails while the job is being cancelled
+ends cancelled, whatever its call to Cloudly does while it winds down. The import is keyed: a
+commit whose answer was lost is confirmed by the import's state, never sent twice, and a run a
+stopped agent left is reconciled by its keys (applied, or not: its open import dropped).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent.clock import SYSTEM_CLOCK
 from agent.contracts.base import StreamMarker
 from agent.contracts.relay import DatabaseClosureDescriptor
-from agent.errors import CallTimeout, StreamBroken
-from agent.relay.closures import send_closure
-from tests.clock import ManualClock, advancing
+from agent.corestore import CorestoreClient, CorestoreTimeouts
+from agent.corestore.routes import RouteName
+from agent.domain.jobs import JobKey, StoredJob
+from agent.domain.outcomes import ClosureFacts, JobReport, RestoreEffects, RunPlan, Succeeded
+from agent.errors import IntegrityError
+from agent.relay.closures import receive_closure, send_closure
+from agent.relay.service import reconcile_restore
+from agent.retry import Backoff, RetryPolicy
+from agent.secret import Secret
+from devstack.corestore import CorestoreHandle, start
 
-CLOSURE = hashlib.shake_256(b"closure").digest(6 * 1000)
-STALL = 300.0
-
-
-class Export:
-    """Corestore's export of `CLOSURE`: every ranged read takes one second of `clock`."""
-
-    def __init__(self, clock: ManualClock) -> None:
-        self._clock = clock
-
-    async def closure_descriptor(self, service_id: str, backup_id: str) -> Any:
-        return DatabaseClosureDescriptor.from_wire(
-            {
-                "size": len(CLOSURE),
-                "sha256": hashlib.sha256(CLOSURE).hexdigest(),
-                "receipt": {"issuer": "test"},
-            }
-        )
-
-    async def read_closure(self, service_id: str, backup_id: str, offset: int, n: int) -> bytes:
-        await self._clock.sleep(1.0)
-        return CLOSURE[offset : offset + n]
+BEARER = "closure-tests-bearer-5d1e"
+SERVICE_ID, BACKUP_ID, NODE = "svc-1", "bk-1", "node-1"
+DATABASE = hashlib.shake_256(b"closure tests").digest(100_000)
 
 
-class Sink:
-    """The stream to Cloudly: drains, or never does (then a write stalls out)."""
+@pytest.fixture
+async def corestore(tmp_path: Path) -> AsyncIterator[CorestoreHandle]:
+    async with await start(data_dir=tmp_path / "corestore", bearer=BEARER) as handle:
+        handle.services.write_database(SERVICE_ID, [DATABASE])
+        yield handle
 
-    def __init__(self, clock: ManualClock, *, drains: bool) -> None:
-        self._clock, self._drains = clock, drains
-        self.received = bytearray()
-        self.closed = self.aborted = False
+
+@pytest.fixture
+async def client(corestore: CorestoreHandle) -> AsyncIterator[CorestoreClient]:
+    async with CorestoreClient(
+        corestore.url,
+        Secret(BEARER),
+        timeouts=CorestoreTimeouts(connect=5.0, control=5.0, transfer=5.0),
+        retry=RetryPolicy(attempts=1, backoff=Backoff(base=0.1, cap=1.0, factor=2.0)),
+    ) as opened:
+        await opened.service_backup(SERVICE_ID, BACKUP_ID, service={"id": SERVICE_ID})
+        yield opened
+
+
+class _BrokenSink:
+    """A sink whose first write fails: the transfer ends early."""
 
     async def write(self, data: bytes) -> None:
-        if not self._drains:
-            try:
-                async with self._clock.timeout(STALL):
-                    await asyncio.Event().wait()
-            except TimeoutError:
-                raise StreamBroken("no room in the stream window within 300 s") from None
-        self.received += data
+        raise IntegrityError("the test refused the bytes")
 
     async def close(self) -> None:
-        self.closed = True
+        raise AssertionError("never reached")
 
     async def abort(self) -> None:
-        self.aborted = True
+        return None
 
 
-class Cloudly:
-    """Cloudly's side of `backupServiceDatabaseClosure`: answers once the stream is closed
-    (`answers=True`), or never."""
+class _SlowToCancel:
+    """A Cloudly whose call, once cancelled, takes a while to wind down (as a call whose
+    session is busy flushing does)."""
 
-    def __init__(self, clock: ManualClock, *, drains: bool = True, answers: bool = True) -> None:
-        self._clock, self._answers = clock, answers
-        self.sink = Sink(clock, drains=drains)
-        self.timeouts: list[float | None] = []
-
-    def open_send_stream(self) -> tuple[StreamMarker, Any]:
-        return StreamMarker(is_virtual_stream=True, stream_id="s1"), self.sink
-
-    def receive_stream(self, marker: StreamMarker) -> Any:
-        raise AssertionError("the backup reads no stream")
+    def __init__(self) -> None:
+        self.winding_down = asyncio.Event()
+        self.wound_down = asyncio.Event()
 
     async def call(
         self,
         method: str,
         request: Mapping[str, Any],
         *,
-        timeout: float | None,  # noqa: ASYNC109  # the protocol's deadline, kept here
+        timeout: float | None,  # noqa: ASYNC109  # the fake's signature is the session's
     ) -> dict[str, Any]:
-        self.timeouts.append(timeout)
         try:
-            async with self._clock.timeout(timeout):
-                while not (self.sink.closed and self._answers):
-                    await self._clock.sleep(0.5)
-        except TimeoutError:
-            raise CallTimeout(method, timeout or 0.0) from None
-        return {"accepted": True}
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.winding_down.set()
+            await self.wound_down.wait()
+            raise
+        raise AssertionError("never answered")
+
+    def open_send_stream(self) -> tuple[StreamMarker, Any]:
+        marker = StreamMarker(is_virtual_stream=True, stream_id="uni_test")
+        return marker, _BrokenSink()
+
+    def receive_stream(self, marker: StreamMarker) -> Any:
+        raise AssertionError("a backup reads no stream")
 
 
-async def backup(cloudly: Cloudly, clock: ManualClock) -> DatabaseClosureDescriptor:
-    return await send_closure(
-        client=Export(clock),  # type: ignore[arg-type]  # the two export routes only
-        cloudly=cloudly,
-        service_id="svc",
-        backup_id="bk",
-        node_id="node",
-        chunk_size=1000,
-        answer_timeout=3.0,
-        clock=clock,
+async def test_a_backup_closure_cancelled_while_its_call_winds_down_ends_cancelled(
+    client: CorestoreClient,
+) -> None:
+    """The transfer fails and its call to Cloudly is being cancelled when the job itself is
+    cancelled (the agent stops): the closure ends cancelled, not with the transfer's error
+    (which swallowed the job's cancellation)."""
+    cloudly = _SlowToCancel()
+    closure = asyncio.create_task(
+        send_closure(
+            client=client,
+            cloudly=cloudly,
+            service_id=SERVICE_ID,
+            backup_id=BACKUP_ID,
+            node_id=NODE,
+            chunk_size=64 * 1024,
+            answer_timeout=60,
+            clock=SYSTEM_CLOCK,
+            progress=lambda done, total: None,
+        )
+    )
+    await cloudly.winding_down.wait()
+    closure.cancel()
+    cloudly.wound_down.set()
+    await asyncio.wait({closure})
+    assert closure.cancelled()
+
+
+# --- the import under its key: a commit whose answer was lost, a run reconciled ----------------
+
+
+class _Source:
+    """The closure's bytes as Cloudly's stream (a `ByteSource`)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self.closed = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._pieces()
+
+    async def _pieces(self) -> AsyncIterator[bytes]:
+        for offset in range(0, len(self._data), 30_000):
+            yield self._data[offset : offset + 30_000]
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class _ServingCloudly:
+    """A Cloudly that serves the backup's closure as it holds it (the descriptor Corestore
+    issued, and the bytes)."""
+
+    def __init__(self, descriptor: dict[str, Any], data: bytes) -> None:
+        self._descriptor, self._data = descriptor, data
+
+    async def call(
+        self,
+        method: str,
+        request: Mapping[str, Any],
+        *,
+        timeout: float | None,  # noqa: ASYNC109  # the fake's signature is the session's
+    ) -> dict[str, Any]:
+        marker = StreamMarker(is_virtual_stream=True, stream_id="uni_closure")
+        return {"descriptor": self._descriptor, "closure": marker.to_wire()}
+
+    def open_send_stream(self) -> tuple[StreamMarker, Any]:
+        raise AssertionError("a restore sends no stream")
+
+    def receive_stream(self, marker: StreamMarker) -> _Source:
+        return _Source(self._data)
+
+
+async def _receive(client: CorestoreClient, import_id: str) -> DatabaseClosureDescriptor:
+    descriptor = await client.closure_descriptor(SERVICE_ID, BACKUP_ID)
+    return await receive_closure(
+        client=client,
+        cloudly=_ServingCloudly(descriptor.to_wire(), DATABASE),
+        service_id=SERVICE_ID,
+        backup_id=BACKUP_ID,
+        node_id=NODE,
+        import_id=import_id,
+        chunk_size=64 * 1024,
+        answer_timeout=60,
         progress=lambda done, total: None,
     )
 
 
-async def test_a_closure_slower_than_every_call_bound_is_backed_up() -> None:
-    """Six reads of one second each take longer than the 3 s answer bound: the closure is
-    backed up, because the call carries no deadline while its stream moves."""
-    clock = ManualClock()
-    cloudly = Cloudly(clock)
-    async with advancing(clock), asyncio.timeout(10):
-        descriptor = await backup(cloudly, clock)
-    assert descriptor.size == len(CLOSURE)
-    assert bytes(cloudly.sink.received) == CLOSURE
-    assert cloudly.timeouts == [None]
-    assert clock.monotonic() >= 7.0  # six reads and the probe at the end
+async def test_a_commit_whose_answer_was_lost_is_confirmed_by_the_imports_state(
+    corestore: CorestoreHandle, client: CorestoreClient
+) -> None:
+    """Corestore commits and the connection drops before its answer: the commit is never sent
+    twice; the import's state (`committed`, these bytes) says it happened, and the closure
+    counts as imported, once."""
+    corestore.services.write_database(SERVICE_ID, [b"before"])
+    corestore.faults.reset_next(RouteName.CLOSURE_IMPORT_COMMIT, after=True)
+    descriptor = await _receive(client, "closure-k1")
+    assert descriptor.sha256 == hashlib.sha256(DATABASE).hexdigest()
+    assert corestore.faults.hits[RouteName.CLOSURE_IMPORT_COMMIT] == 1
+    assert corestore.services.applied_imports(SERVICE_ID) == 1
+    assert corestore.services.database_path(SERVICE_ID).read_bytes() == DATABASE
 
 
-async def test_a_cloudly_that_never_drains_the_closure_ends_transfer_interrupted() -> None:
-    """Cloudly takes the call and never reads: the write stalls out after the stall deadline
-    and the backup ends `transfer-interrupted` (retryable), not `internal`: no call deadline
-    fires first (with the default 300 s both for the stall and the old call bound, it did)."""
-    clock = ManualClock()
-    cloudly = Cloudly(clock, drains=False)
-    async with advancing(clock), asyncio.timeout(10):
-        with pytest.raises(StreamBroken) as broken:
-            await backup(cloudly, clock)
-    assert (broken.value.code, broken.value.retryable) == ("transfer-interrupted", True)
-    assert cloudly.sink.aborted
+def _left_running(effects: RestoreEffects) -> StoredJob:
+    """A restore run a stopped agent left running, with its plan."""
+    planned = Succeeded({"restored": [{"planned": True}]}, JobReport(resource_types=("database",)))
+    key = JobKey("cluster-1", NODE, "restore", BACKUP_ID, SERVICE_ID, 1)
+    return StoredJob(key, 1, "running", "a" * 64, None, 1, 0, 0, plan=RunPlan(effects, planned))
 
 
-async def test_a_cloudly_that_never_answers_after_the_stream_ends_is_transfer_interrupted() -> None:
-    """The closing bit is acknowledged but no answer comes: after the answer bound (3 s past
-    the stream's end, not past its start) the backup ends `transfer-interrupted`."""
-    clock = ManualClock()
-    cloudly = Cloudly(clock, answers=False)
-    async with advancing(clock), asyncio.timeout(10):
-        with pytest.raises(StreamBroken, match="within 3 s after its stream ended") as broken:
-            await backup(cloudly, clock)
-    assert broken.value.code == "transfer-interrupted"
-    assert 10.0 <= clock.monotonic() < 11.0  # seven seconds of reads, then the 3 s bound
+async def test_a_run_whose_import_was_committed_is_reconciled_as_applied(
+    corestore: CorestoreHandle, client: CorestoreClient
+) -> None:
+    """Every effect applied under the run's keys: its planned outcome, with the closure as
+    Corestore committed it."""
+    await _receive(client, "closure-k1")
+    outcome = await reconcile_restore(client, _left_running(RestoreEffects("closure-k1")))
+    assert outcome is not None
+    assert outcome.response == {"restored": [{"planned": True}]}
+    assert outcome.report.closure == ClosureFacts(
+        len(DATABASE), hashlib.sha256(DATABASE).hexdigest()
+    )
+
+
+async def test_a_run_whose_import_was_left_open_is_not_applied_and_its_import_is_dropped(
+    corestore: CorestoreHandle, client: CorestoreClient
+) -> None:
+    """Killed mid-import: not applied, and the half-written import is gone (a resume imports
+    the closure whole)."""
+    descriptor = await client.closure_descriptor(SERVICE_ID, BACKUP_ID)
+    await client.open_closure_import(
+        "closure-k1", service_id=SERVICE_ID, backup_id=BACKUP_ID, descriptor=descriptor
+    )
+    outcome = await reconcile_restore(client, _left_running(RestoreEffects("closure-k1")))
+    assert outcome is None
+    assert corestore.services.open_imports() == []
+
+
+async def test_a_run_whose_archive_restore_was_not_applied_is_not_applied(
+    corestore: CorestoreHandle, client: CorestoreClient
+) -> None:
+    """The database committed, the archive restore not: not every effect applied."""
+    await _receive(client, "closure-k1")
+    run = _left_running(RestoreEffects("closure-k1", archive_restore="restore-k1"))
+    assert await reconcile_restore(client, run) is None
+
+
+async def test_an_import_committed_while_it_was_asked_is_not_aborted_but_applied(
+    corestore: CorestoreHandle, client: CorestoreClient
+) -> None:
+    """Corestore answered the state before a commit in progress ended (404 here), and refuses
+    the abort once committed: the run counts as applied, its key is kept."""
+    await _receive(client, "closure-k1")
+    corestore.faults.fail_next(RouteName.CLOSURE_IMPORT_STATUS, status=404, code="import-not-found")
+    outcome = await reconcile_restore(client, _left_running(RestoreEffects("closure-k1")))
+    assert outcome is not None
+    assert corestore.services.committed_imports() == ["closure-k1"]

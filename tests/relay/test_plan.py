@@ -10,6 +10,7 @@ import pytest
 from agent.contracts.cluster import read_cluster_view
 from agent.contracts.relay import RestoreClusterServiceRequest
 from agent.corestore.service_models import ServiceBackupRecord
+from agent.domain.outcomes import JobReport
 from agent.errors import InvalidRequest, NodeWithoutCorestore, PartialRestoreRefused
 from agent.relay.plan import locate_node, plan_restore
 
@@ -127,14 +128,13 @@ def test_the_partial_restore_rule_table(
 def test_a_partial_restore_reports_its_types_and_that_it_was_partial() -> None:
     """The recorded report of a partial restore names its types and `partial: true`."""
     plan = plan_restore(_request(ALL, ["objectstorage", "database"]), _record(ALL, [MISSED_VOLUME]))
-    assert plan.report() == {"resourceTypes": ["database", "objectstorage"], "partial": True}
+    assert plan.report() == JobReport(resource_types=("database", "objectstorage"), partial=True)
 
 
 def test_a_full_restore_reports_no_partial_flag() -> None:
     """A restore of a complete backup reports its types only."""
-    assert plan_restore(_request(ALL, None), _record(ALL, [])).report() == {
-        "resourceTypes": ["database", "objectstorage", "volume"]
-    }
+    report = plan_restore(_request(ALL, None), _record(ALL, [])).report()
+    assert report.to_json() == {"resourceTypes": ["database", "objectstorage", "volume"]}
 
 
 def test_snapshots_restore_database_first_then_object_storage_then_volume() -> None:

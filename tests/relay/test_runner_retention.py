@@ -5,27 +5,14 @@ from __future__ import annotations
 
 from agent.clock import SYSTEM_CLOCK, epoch_ms
 from agent.domain.jobs import JobKey
-from agent.relay.runner import JobRunner, Outcome, Work
+from agent.relay.runner import JobRunner
 from agent.store import RevisionStore
 from agent.store.retention import DAY_S
+from tests.relay._runners import Session, Works
 
 RESTORE = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
 BACKUP = JobKey("cluster-1", "node-1", "backup", "bk-1", "svc-1")
 A = "a" * 64
-
-
-class Works:
-    """Work that ends at once and records each run's key."""
-
-    def __init__(self) -> None:
-        self.runs: list[JobKey] = []
-
-    async def start(self) -> Work:
-        async def work(job: JobKey) -> Outcome:
-            self.runs.append(job)
-            return {"snapshots": [{"type": "database", "snapshotId": "s-1"}]}, {}
-
-        return work
 
 
 async def _forget_everything_finished(store: RevisionStore) -> None:
@@ -40,10 +27,10 @@ async def test_a_backup_repeated_after_its_record_was_forgotten_runs_again(
 ) -> None:
     """No record to answer from: the work runs again (Corestore's backup PUT answers the same
     record for the same body), and the answer is the same."""
-    works = Works()
-    first = await runner.submit(BACKUP, A, works.start)
+    works, session = Works(), Session()
+    first = await runner.submit(BACKUP, A, works.start, requester=session.request())
     await _forget_everything_finished(store)
-    second = await runner.submit(BACKUP, A, works.start)
+    second = await runner.submit(BACKUP, A, works.start, requester=session.request())
     assert (first, len(works.runs)) == (second, 2)
 
 
@@ -51,10 +38,10 @@ async def test_a_restore_after_its_service_runs_were_forgotten_is_numbered_after
     runner: JobRunner, store: RevisionStore
 ) -> None:
     """Run 1 is forgotten, run 2 (the service's latest) is kept: the next is run 3."""
-    works = Works()
-    await runner.submit(RESTORE, A, works.start)
-    await runner.submit(RESTORE, A, works.start)
+    works, session = Works(), Session()
+    await runner.submit(RESTORE, A, works.start, requester=session.request())
+    await runner.submit(RESTORE, A, works.start, requester=session.request())
     await _forget_everything_finished(store)
-    await runner.submit(RESTORE, A, works.start)
-    assert [job.run for job in works.runs] == [1, 2, 3]
+    await runner.submit(RESTORE, A, works.start, requester=session.request())
+    assert [job.run for job in works.keys] == [1, 2, 3]
     assert sorted(job.key.run for job in await store.list_jobs()) == [2, 3]

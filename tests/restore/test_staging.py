@@ -245,6 +245,9 @@ class _Watching:
             self.ahead.append(start - sum(record.length for record in records))
             yield data[start : start + self.piece]
 
+    async def aclose(self) -> None:
+        return None
+
 
 async def test_reading_runs_at_most_max_in_flight_chunks_ahead_of_corestore(
     world: Any,
@@ -284,3 +287,16 @@ async def test_staging_progress_is_logged_at_most_once_per_interval(world: Any, 
         DUMP,
     )
     assert progress[-1]["mb_per_s"] >= 0
+
+
+async def test_a_stage_that_fails_closes_its_stream(world: Any, source_factory: Any) -> None:
+    """Corestore down mid-object: the stage fails, and the stream it read is closed (left
+    open, its reader's wake-up stayed registered on the connection for the connection's life,
+    one per failed stage)."""
+    prepared = await world.prepare()
+    source = source_factory(world.objects[DUMP])
+    world.corestore.faults.fail_next(RouteName.PUT_CHUNK, status=503, times=2)
+    with pytest.raises(CorestoreUnavailable):
+        await _stage_raw(world, prepared["revision"], source, DUMP)
+    assert source.opened
+    assert source.closed

@@ -7,7 +7,10 @@ import asyncio
 import pytest
 
 from agent.errors import SessionClosed
+from agent.protocol.delivery import Mark
+from agent.session.delivery import DeliveryTracker
 from agent.session.keepalive import keep_alive
+from agent.session.transport import Pong
 from tests.clock import ManualClock, advancing
 
 
@@ -18,11 +21,11 @@ class _Cloudly:
         self.pings = 0
         self._answers = answers
 
-    async def ping(self) -> float:
+    async def ping(self) -> Pong:
         self.pings += 1
         if self.pings > self._answers:
             await asyncio.Event().wait()  # never answered
-        return 0.25
+        return Pong(0.25, after=10 * self.pings)
 
 
 async def _run(cloudly: _Cloudly, clock: ManualClock, pongs: list[float]) -> SessionClosed:
@@ -50,3 +53,45 @@ async def test_a_ping_unanswered_for_the_pong_timeout_ends_the_connection_with_1
     assert str(closed) == (
         "session closed with code 1011: Cloudly answered no keepalive ping within 30 s"
     )
+
+
+async def test_a_keepalive_pong_delivers_every_answer_sent_before_its_ping() -> None:
+    """An answer the peer wrote (its own confirming ping not answered yet) is delivered by the
+    next keepalive pong too, where that pong was read."""
+    clock, cloudly = ManualClock(), _Cloudly(answers=1)
+    deliveries = DeliveryTracker(connection=4)
+    delivered: list[Mark] = []
+    deliveries.answered([delivered.append])
+    async with advancing(clock):
+        with pytest.raises(SessionClosed):
+            await keep_alive(
+                cloudly,
+                clock=clock,
+                interval=10.0,
+                pong_timeout=30.0,
+                on_pong=lambda seconds: None,
+                deliveries=deliveries,
+            )
+    assert delivered == [Mark(4, 10)]
+
+
+async def test_a_ping_left_unanswered_leaves_its_answers_undelivered() -> None:
+    """The pong never comes: the connection ends 1011 and the answer is decided lost when the
+    session declares the connection lost; its callback never runs."""
+    clock, cloudly = ManualClock(), _Cloudly(answers=0)
+    deliveries = DeliveryTracker(connection=1)
+    delivered: list[Mark] = []
+    deliveries.answered([delivered.append])
+    async with advancing(clock):
+        with pytest.raises(SessionClosed):
+            await keep_alive(
+                cloudly,
+                clock=clock,
+                interval=10.0,
+                pong_timeout=30.0,
+                on_pong=lambda seconds: None,
+                deliveries=deliveries,
+            )
+    deliveries.lost()
+    await deliveries.settled()
+    assert (cloudly.pings, delivered) == (1, [])

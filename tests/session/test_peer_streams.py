@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 from typing import Any
@@ -306,3 +307,31 @@ async def test_a_bad_chunk_breaks_the_stream_before_the_next_frame_is_answered()
         theirs.close()
         with pytest.raises(SessionClosed):
             await run
+
+
+async def test_a_handler_that_fails_mid_stream_leaves_no_wakeup_behind() -> None:
+    """A handler reads part of its request's stream and fails without closing it: once the
+    request is answered the stream is over, and its wake-up is no longer registered (it was
+    kept for the life of the connection, one per failed request)."""
+    read_some = asyncio.Event()
+
+    async def fail_midway(request: Upload, ctx: RequestContext) -> Size:
+        source = ctx.receive_stream(request.data)
+        async for _ in source:
+            read_some.set()
+            raise StreamBroken("the handler gave up on its stream")
+        raise AssertionError("the stream ended before a chunk")
+
+    routes = Routes([Route("upload", Upload, fail_midway)])
+    async with peers(Routes(), routes) as (left, right, _, _):
+        for _ in range(3):
+            marker, sink = left.open_send_stream()
+            call = asyncio.create_task(left.call("upload", {"data": marker.to_wire()}, timeout=5))
+            await sink.write(b"x" * 1000)
+            await read_some.wait()
+            with pytest.raises(Exception):  # noqa: B017  # the handler's failure, any code
+                await call
+            read_some.clear()
+            with contextlib.suppress(StreamBroken):
+                await sink.abort()
+        assert right._signals == {}

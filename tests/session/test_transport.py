@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import hashlib
 import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -210,3 +213,100 @@ def test_unreadable_ca_file_is_a_config_error(tmp_path: Path) -> None:
     """A configured CA file that cannot be loaded stops start-up naming `cloudly.ca_file`."""
     with pytest.raises(ConfigError, match=r"cloudly\.ca_file"):
         tls_context("wss://cloudly.example", tmp_path / "missing.pem")
+
+
+# --- message order and pongs: a raw server that writes frames exactly as the test says ----------
+
+
+def _frame(opcode: int, payload: bytes) -> bytes:
+    """One unmasked server frame (payloads under 126 bytes)."""
+    assert len(payload) < 126
+    return bytes([0x80 | opcode, len(payload)]) + payload
+
+
+def _text(payload: bytes) -> bytes:
+    return _frame(0x1, payload)
+
+
+async def _read_client_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One masked client frame: (opcode, unmasked payload)."""
+    head = await reader.readexactly(2)
+    length = head[1] & 0x7F
+    if length == 126:
+        length = int.from_bytes(await reader.readexactly(2), "big")
+    mask = await reader.readexactly(4)
+    data = await reader.readexactly(length)
+    return head[0] & 0x0F, bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
+@pytest.fixture
+async def raw_server() -> AsyncIterator[Callable[..., Awaitable[int]]]:
+    """A websocket server written by hand: after the handshake it writes `greeting` (raw frame
+    bytes, in one write), then answers each ping with `answer(payload)` (raw bytes, one
+    write). The test decides exactly which frames come before a pong on the wire."""
+    servers: list[asyncio.Server] = []
+
+    async def start(greeting: bytes, answer: Callable[[bytes], bytes]) -> int:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            request = await reader.readuntil(b"\r\n\r\n")
+            key = next(
+                line.split(b":", 1)[1].strip()
+                for line in request.split(b"\r\n")
+                if line.lower().startswith(b"sec-websocket-key:")
+            )
+            accept = base64.b64encode(
+                hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()  # noqa: S324
+            )
+            writer.write(
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n" + greeting
+            )
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:
+                    opcode, payload = await _read_client_frame(reader)
+                    if opcode == 0x9:
+                        writer.write(answer(payload))
+                    elif opcode == 0x8:
+                        break
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
+
+    yield start
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_pong_counts_the_messages_the_websocket_read_before_it(
+    raw_server: Callable[..., Awaitable[int]],
+) -> None:
+    """Two messages, then the pong and a third message in one write: the pong came after two,
+    though the reader has taken none of them yet, and the third, already read by the
+    websocket too, counts after it."""
+    port = await raw_server(
+        _text(b"one") + _text(b"two"), lambda payload: _frame(0xA, payload) + _text(b"three")
+    )
+    transport = await _open(port)
+    try:
+        pong = await transport.ping()
+        assert pong.after == 2
+        assert [await transport.recv() for _ in range(3)] == [b"one", b"two", b"three"]
+        assert (await transport.ping()).after == 3
+    finally:
+        await transport.close()
+
+
+async def test_a_message_the_peer_wrote_before_its_pong_counts_before_it(
+    raw_server: Callable[..., Awaitable[int]],
+) -> None:
+    """A message and the pong in one write, the message first: the pong came after it."""
+    port = await raw_server(b"", lambda payload: _text(b"first") + _frame(0xA, payload))
+    transport = await _open(port)
+    try:
+        assert (await transport.ping()).after == 1
+        assert await transport.recv() == b"first"
+    finally:
+        await transport.close()

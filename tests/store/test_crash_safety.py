@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from agent.domain.restores import RestoreKey
 from agent.store import DB_NAME, RevisionStore
+from tests.processes import agent_environ
 
 KEY = RestoreKey("cluster-1", "node-1", "restore-1")
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ asyncio.run(main())
 
 async def _run_and_kill(script: Path, state_dir: Path, start: int) -> int:
     """Run the child for MUTATIONS_BEFORE_KILL commits, SIGKILL it, return the last reported."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = agent_environ()
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         str(script),

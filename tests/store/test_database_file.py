@@ -182,23 +182,24 @@ def test_migrations_split_into_complete_statements() -> None:
     ]
 
 
-async def test_a_file_that_is_no_database_is_moved_aside_and_reported(
+async def test_a_file_that_is_no_database_is_refused_and_left_in_place(
     state_dir: Path, clock: ManualClock
 ) -> None:
-    """Garbage is never reused: it moves to <name>.corrupt-<timestamp> and StoreCorrupt says so."""
+    """Garbage is never replaced by an empty database: StoreCorrupt names the file and the
+    way out, and the file stays exactly where and what it was."""
     _make_dir(state_dir)
     garbage = b"this is not a database " * 400
     _write(state_dir / DB_NAME, garbage)
     with pytest.raises(StoreCorrupt) as raised:
         await RevisionStore.open(state_dir, clock=clock)
-    moved = state_dir / f"{DB_NAME}.corrupt-{STAMP}"
-    assert raised.value.data == {"movedTo": str(moved)}
+    assert raised.value.path == str(state_dir / DB_NAME)
     assert not raised.value.retryable
-    assert moved.read_bytes() == garbage
-    assert not (state_dir / DB_NAME).exists()
+    assert "restore-agent state salvage" in str(raised.value)
+    assert (state_dir / DB_NAME).read_bytes() == garbage
+    assert not [name for name in os.listdir(state_dir) if name.startswith(f"{DB_NAME}.")]
 
 
-async def test_a_database_with_a_damaged_page_is_moved_aside(
+async def test_a_database_with_a_damaged_page_is_refused(
     state_dir: Path, clock: ManualClock
 ) -> None:
     """SQLite reporting the image malformed during the check counts as corrupt."""
@@ -216,9 +217,10 @@ async def test_a_database_with_a_damaged_page_is_moved_aside(
     with path.open("r+b") as raw:
         raw.seek(4096 * 4)
         raw.write(b"\xff" * 64)
+    damaged = path.read_bytes()
     with pytest.raises(StoreCorrupt):
         await RevisionStore.open(state_dir, clock=clock)
-    assert (state_dir / f"{DB_NAME}.corrupt-{STAMP}").exists()
+    assert path.read_bytes() == damaged
 
 
 async def test_integrity_errors_in_a_readable_database_are_corruption(
@@ -242,27 +244,39 @@ async def test_integrity_errors_in_a_readable_database_are_corruption(
         await RevisionStore.open(state_dir, clock=clock)
 
 
-async def test_after_moving_aside_the_next_open_starts_empty(
+async def test_a_damaged_database_keeps_refusing_at_every_start(
     state_dir: Path, clock: ManualClock
 ) -> None:
-    """The moved-aside file is kept; a fresh database takes its place."""
+    """The next start does not start empty: it refuses the same way until an operator acts
+    (before, the first start moved the file aside and the second made an empty database)."""
     _make_dir(state_dir)
     _write(state_dir / DB_NAME, b"garbage" * 1000)
-    with pytest.raises(StoreCorrupt):
-        await RevisionStore.open(state_dir, clock=clock)
-    async with await RevisionStore.open(state_dir, clock=clock) as fresh:
-        assert await fresh.get(KEY) is None
-    assert (state_dir / f"{DB_NAME}.corrupt-{STAMP}").exists()
-
-
-async def test_a_second_corruption_in_the_same_second_keeps_the_first(
-    state_dir: Path,
-) -> None:
-    """Moving aside never overwrites an earlier moved-aside file."""
-    _make_dir(state_dir)
-    for content in (b"first" * 1000, b"second" * 1000):
-        _write(state_dir / DB_NAME, content)
+    for _ in range(3):
         with pytest.raises(StoreCorrupt):
-            await RevisionStore.open(state_dir, clock=ManualClock(start=1_700_000_000.0))
-    assert (state_dir / f"{DB_NAME}.corrupt-{STAMP}").read_bytes() == b"first" * 1000
-    assert (state_dir / f"{DB_NAME}.corrupt-{STAMP}.1").read_bytes() == b"second" * 1000
+            await RevisionStore.open(state_dir, clock=clock)
+    assert (state_dir / DB_NAME).read_bytes() == b"garbage" * 1000
+
+
+async def test_a_database_an_earlier_agent_moved_aside_keeps_refusing(
+    state_dir: Path, clock: ManualClock
+) -> None:
+    """An earlier agent version moved a damaged database aside (`.corrupt-<stamp>`) and left
+    nothing in its place: this one does not make an empty database there either."""
+    _make_dir(state_dir)
+    _write(state_dir / f"{DB_NAME}.corrupt-{STAMP}", b"garbage" * 1000)
+    with pytest.raises(StoreCorrupt, match=f"{DB_NAME}.corrupt-{STAMP}") as raised:
+        await RevisionStore.open(state_dir, clock=clock)
+    assert raised.value.problem == "moved aside by an earlier start"
+    assert not (state_dir / DB_NAME).exists()
+
+
+async def test_a_database_moved_aside_and_acknowledged_no_longer_refuses(
+    state_dir: Path, clock: ManualClock
+) -> None:
+    """A file salvage or reset kept aside (`damaged-`, `salvaged-`, `reset-`) is no reason to
+    refuse: an operator acted."""
+    _make_dir(state_dir)
+    for label in ("damaged", "salvaged", "reset"):
+        _write(state_dir / f"{DB_NAME}.{label}-{STAMP}", b"garbage" * 1000)
+    async with await RevisionStore.open(state_dir, clock=clock) as fresh:
+        assert fresh.integrity == "new"

@@ -11,6 +11,7 @@ import pytest
 
 from agent.domain.job_machine import JobOp
 from agent.domain.jobs import JobKey
+from agent.domain.outcomes import result_from_json
 from agent.errors import RevisionConflict
 from agent.relay.runner import INTERRUPTED
 from agent.store import DB_NAME, RevisionStore
@@ -90,7 +91,7 @@ async def test_a_restore_left_running_is_recorded_interrupted(migrated: Revision
         running = await store.running_restore("c1", "n1", "svc-2")
     assert by_key[("restore", "bk-1", "svc-2")].result == INTERRUPTED
     assert by_key[("restore", "bk-2", "svc-2")].result == INTERRUPTED
-    assert by_key[("restore", "bk-1", "svc-1")].result == json.loads(RESULT)
+    assert by_key[("restore", "bk-1", "svc-1")].result == result_from_json(json.loads(RESULT))
     assert running is None
 
 

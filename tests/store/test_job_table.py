@@ -9,6 +9,7 @@ import pytest
 
 from agent.domain.job_machine import JobOp
 from agent.domain.jobs import JobKey
+from agent.domain.outcomes import Failed, JobReport, Succeeded
 from agent.errors import IllegalTransition, InvalidState, RevisionConflict
 from agent.secret import Secret
 from agent.store import RevisionStore
@@ -27,7 +28,7 @@ async def test_start_creates_a_running_job_at_revision_one(store: RevisionStore)
 async def test_succeed_records_the_result(store: RevisionStore) -> None:
     """`succeed` stores the outcome with the next revision; `get_job` reads it back."""
     await store.move_job(KEY, op=JobOp.START, expected_revision=0, digest=DIGEST)
-    result = {"response": {"snapshots": []}, "report": {"snapshots": 0}}
+    result = Succeeded({"snapshots": []}, JobReport(snapshots=0))
     job = await store.move_job(
         KEY, op=JobOp.SUCCEED, expected_revision=1, digest=DIGEST, result=result
     )
@@ -66,7 +67,7 @@ async def test_retry_after_a_failure_runs_again_and_forgets_the_old_error(
 ) -> None:
     """`failed` -> `retry` -> `running`: a new attempt, the recorded error dropped."""
     await store.move_job(KEY, op=JobOp.START, expected_revision=0, digest=DIGEST)
-    error = {"error": {"code": "corestore-unavailable", "message": "x", "retryable": True}}
+    error = Failed("corestore-unavailable", "x", retryable=True)
     await store.move_job(KEY, op=JobOp.FAIL, expected_revision=1, digest=DIGEST, result=error)
     job = await store.move_job(KEY, op=JobOp.RETRY, expected_revision=2, digest=DIGEST)
     assert (job.status, job.attempts, job.result) == ("running", 2, None)
@@ -91,7 +92,7 @@ async def test_a_result_holding_a_secret_is_never_written(store: RevisionStore) 
             op=JobOp.SUCCEED,
             expected_revision=1,
             digest=DIGEST,
-            result={"response": {"token": Secret("s3cret")}},
+            result=Succeeded({"token": Secret("s3cret")}),  # type: ignore[dict-item]
         )
     job = await store.get_job(KEY)
     assert job is not None
@@ -107,7 +108,7 @@ def test_a_key_names_one_of_the_two_kinds() -> None:
 # --- restores: one row per run ------------------------------------------------------------------
 
 RESTORE = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
-FAILED = {"error": {"code": "corestore-unavailable", "message": "x", "retryable": True}}
+FAILED = Failed("corestore-unavailable", "x", retryable=True)
 
 
 async def _finished_run(store: RevisionStore, key: JobKey, digest: str = DIGEST) -> JobKey:

@@ -13,6 +13,7 @@ import structlog
 
 from agent.domain.job_machine import JobOp
 from agent.domain.jobs import JobKey
+from agent.domain.outcomes import Failed, Succeeded
 from agent.domain.restore_machine import Op
 from agent.domain.restores import PreparedPlan, RestoreKey
 from agent.errors import RestoreNotFound, StoreError
@@ -75,7 +76,10 @@ async def _restore(
 async def _job(store: RevisionStore, key: JobKey, finish: JobOp | None = JobOp.SUCCEED) -> JobKey:
     started = await store.move_job(key, op=JobOp.START, expected_revision=0, digest=DIGEST)
     if finish is not None:
-        await store.move_job(started.key, op=finish, expected_revision=1, digest=DIGEST, result={})
+        result = Succeeded({}) if finish is JobOp.SUCCEED else Failed("x", "x", retryable=True)
+        await store.move_job(
+            started.key, op=finish, expected_revision=1, digest=DIGEST, result=result
+        )
     return started.key
 
 
@@ -210,6 +214,7 @@ class Heard:
     def __init__(self) -> None:
         self.deleted: list[tuple[str, int]] = []
         self.freed: list[int] = []
+        self.failed = 0
         self.passed = asyncio.Event()
 
     def retention_deleted(self, *, what: str, count: int) -> None:
@@ -218,6 +223,9 @@ class Heard:
 
     def retention_freed(self, *, count: int) -> None:
         self.freed.append(count)
+
+    def retention_failed(self) -> None:
+        self.failed += 1
 
 
 async def test_a_pass_reports_what_it_forgot_and_freed(
@@ -257,8 +265,10 @@ async def test_the_first_pass_comes_after_its_delay_and_the_next_an_interval_lat
 async def test_a_pass_that_fails_is_logged_and_the_next_one_comes_at_its_time(
     store: RevisionStore, clock: ManualClock
 ) -> None:
-    """The store closed under it: the pass is logged, the task lives on until the next one."""
-    retention = Retention(store, AGE, clock=clock)
+    """The store closed under it: the pass is logged and counted (a metric), the task lives
+    on until the next one."""
+    heard = Heard()
+    retention = Retention(store, AGE, clock=clock, observer=heard)  # type: ignore[arg-type]
     task = asyncio.create_task(retention.run())
     try:
         await store.aclose()
@@ -270,3 +280,4 @@ async def test_a_pass_that_fails_is_logged_and_the_next_one_comes_at_its_time(
         await asyncio.gather(task, return_exceptions=True)
     assert then == 3600.0
     assert [(e["event"], e["code"]) for e in logs] == [("retention_pass_failed", StoreError.code)]
+    assert heard.failed == 1

@@ -76,11 +76,24 @@ async def test_an_older_database_is_rewritten_once_keeping_its_rows(
 async def test_without_room_for_a_copy_an_older_database_opens_as_it_was(
     state_dir: Path, clock: ManualClock
 ) -> None:
-    """Less free space than twice the file: no `VACUUM`, the mode stays, the rows serve."""
+    """Less free space than twice the file: no `VACUUM`, the mode stays, the rows serve, and
+    the observer hears it (the metric `..._vacuum_failures_total{reason="skipped"}`)."""
     path = _older_database(state_dir)
-    db = await open_database(path, busy_timeout=1, clock=clock, free_bytes=lambda _: 0)
+    heard: list[str] = []
+
+    class Observer:
+        def vacuum_failed(self, *, reason: str) -> None:
+            heard.append(reason)
+
+    db = await open_database(
+        path,
+        busy_timeout=1,
+        clock=clock,
+        free_bytes=lambda _: 0,
+        observer=Observer(),  # type: ignore[arg-type]
+    )
     try:
         rows = list(await db.execute_fetchall("SELECT revision FROM restore_state"))
     finally:
         await db.close()
-    assert (_auto_vacuum(path), rows) == (0, [(2,)])
+    assert (_auto_vacuum(path), rows, heard) == (0, [(2,)], ["skipped"])

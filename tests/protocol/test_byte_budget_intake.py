@@ -1,0 +1,173 @@
+"""The connection draws from the agent's byte budget for the chunk frames it receives: an
+invitation waits for room instead of failing, what the streams hold never passes the budget,
+and every byte comes back once its stream's reader is done with it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from agent.protocol.connection import ChunkToDecode, Connection, ConnectionSettings, StreamSettings
+from agent.transfers.budget import BudgetLedger
+from tests.protocol.test_connection import chunk_frame, feedback_frame, marker, request, requests
+
+FRAME = 3000  # bytes of a test chunk frame (padded to this size)
+
+
+class Ledger:
+    """A `BytePool` over the real ledger, remembering the most it ever held."""
+
+    def __init__(self, limit: int, reserve: int = 0) -> None:
+        self.ledger = BudgetLedger(limit, reserve=reserve)
+        self.most = 0
+
+    @property
+    def reserve(self) -> int:
+        return self.ledger.reserve
+
+    @property
+    def held(self) -> int:
+        return self.ledger.held
+
+    def try_take(self, size: int, *, keep: int = 0) -> bool:
+        taken = self.ledger.try_take(size, keep=keep)
+        self.most = max(self.most, self.ledger.held)
+        return taken
+
+    def give(self, size: int) -> None:
+        self.ledger.give(size)
+
+
+def budgeted(pool: Ledger, **changes: Any) -> Connection:
+    settings = ConnectionSettings(
+        streams=StreamSettings(window=4, window_bytes=4 * FRAME, inline_decode_max=0),
+        receive_budget=None,
+        **changes,
+    )
+    return Connection(("echo",), settings, pool=pool, first_frame_bytes=FRAME)
+
+
+def padded_chunk(stream_id: str, cycle_id: str, value: int) -> bytes:
+    """A chunk frame of exactly `FRAME` bytes (one byte `value`, its cycle id padded)."""
+    frame = chunk_frame(stream_id, cycle_id, f"[{value}]".encode())
+    return chunk_frame(stream_id, cycle_id + "x" * (FRAME - len(frame)), f"[{value}]".encode())
+
+
+def closing_frame(stream_id: str) -> bytes:
+    package = {"streamId": stream_id, "cycleId": f"{stream_id}-end", "cycle": "request"}
+    package |= {"mainPurpose": "chunk", "chunkData": "#############CLOSING BIT#############"}
+    return orjson.dumps({"method": "##VirtualStream##", "request": package, "response": None})
+
+
+def answers(conn: Connection) -> list[dict[str, Any]]:
+    return [orjson.loads(frame)["response"] for frame in conn.data_to_send()]
+
+
+def open_read(conn: Connection, stream_id: str = "s1") -> None:
+    conn.receive_frame(request("echo", {"a": marker(stream_id)}), 0.0)
+    [event] = requests(conn)
+    conn.read_request_stream(event.request_id, stream_id)
+
+
+def decode_all(conn: Connection, now: float) -> None:
+    for event in conn.events_received():
+        if isinstance(event, ChunkToDecode):
+            conn.settle_chunk(event.stream_id, event.token, event.token.decode(), now)
+
+
+def test_an_invitation_waits_for_room_in_the_budget_instead_of_failing() -> None:
+    """With the budget full, the probe's answer is held, not refused; once bytes come back
+    it goes out, inviting the chunk."""
+    pool = Ledger(limit=10 * FRAME)
+    assert pool.try_take(9 * FRAME)  # other transfers hold nearly all of it
+    conn = budgeted(pool)
+    open_read(conn)
+    conn.receive_frame(feedback_frame("s1", "f1"), 0.0)
+    assert answers(conn) == []  # held: the frame it would invite has no room
+    assert conn.stream_outcome("s1") is None
+    pool.give(5 * FRAME)
+    conn.advance(1.0)  # what the driver does when the budget says there is room
+    [answer] = answers(conn)
+    assert answer["backpressure"] is False
+    assert conn.stream_outcome("s1") is None
+
+
+def test_a_stream_nobody_reads_yet_is_answered_backpressure() -> None:
+    """With a byte budget, nothing is invited for a stream before its handler reads it."""
+    pool = Ledger(limit=10 * FRAME)
+    conn = budgeted(pool)
+    conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
+    [event] = requests(conn)
+    conn.receive_frame(feedback_frame("s1", "f1"), 0.0)
+    [answer] = answers(conn)
+    assert answer["backpressure"] is True
+    conn.read_request_stream(event.request_id, "s1")
+    conn.receive_frame(feedback_frame("s1", "f2"), 0.1)
+    [answer] = answers(conn)
+    assert answer["backpressure"] is False
+    assert pool.held > 0  # the invited frame is reserved
+
+
+def test_the_streams_never_hold_more_than_the_budget_and_give_it_all_back() -> None:
+    """Two streams, chunks invited, decoded and taken in turn: the budget is never passed,
+    and once both ended and their readers took everything, nothing is drawn."""
+    pool = Ledger(limit=12 * FRAME)
+    conn = budgeted(pool)
+    open_read(conn, "s1")
+    open_read(conn, "s2")
+    taken: dict[str, list[bytes]] = {"s1": [], "s2": []}
+    now = 0.0
+    for stream_id in ("s1", "s2"):
+        conn.receive_frame(feedback_frame(stream_id, f"{stream_id}-f"), now)
+    for index in range(20):
+        for stream_id in ("s1", "s2"):
+            now += 0.01
+            conn.receive_frame(padded_chunk(stream_id, f"{stream_id}-{index}", index), now)
+            assert pool.held <= pool.ledger.limit
+            if index % 3 == 2:  # the decoder and the reader lag now and then
+                continue
+            decode_all(conn, now)
+            while (item := conn.take(stream_id, now)) is not None:
+                taken[stream_id].append(item)
+        answers(conn)
+        conn.advance(now)
+    decode_all(conn, now)
+    for stream_id in ("s1", "s2"):
+        conn.receive_frame(closing_frame(stream_id), now)
+        while (item := conn.take(stream_id, now)) is not None and isinstance(item, bytes):
+            taken[stream_id].append(item)
+    assert [len(chunks) for chunks in taken.values()] == [20, 20]
+    assert pool.most <= pool.ledger.limit
+    assert pool.held == 0
+
+
+def test_a_chunk_nobody_invited_breaks_its_stream_when_the_budget_is_full() -> None:
+    """A frame sent past the invitations, with no room left, is dropped and its stream
+    breaks: the budget is not passed."""
+    pool = Ledger(limit=10 * FRAME)
+    conn = budgeted(pool)
+    open_read(conn)
+    assert pool.try_take(10 * FRAME)
+    conn.receive_frame(padded_chunk("s1", "c1", 1), 0.0)
+    outcome = conn.stream_outcome("s1")
+    assert outcome is not None
+    assert "byte budget" in outcome.reason
+    assert pool.held == 10 * FRAME
+
+
+def test_a_taken_chunk_stays_drawn_until_its_reader_asks_for_the_next() -> None:
+    """The reader copies a chunk into a buffer of its own before it takes the next: until
+    then the chunk's bytes stay drawn, then they come back."""
+    pool = Ledger(limit=10 * FRAME)
+    conn = budgeted(pool)
+    open_read(conn)
+    conn.receive_frame(feedback_frame("s1", "f1"), 0.0)
+    conn.receive_frame(padded_chunk("s1", "c1", 9), 0.0)
+    decode_all(conn, 0.0)
+    answers(conn)
+    reserved_next = pool.held - 1  # the answer to c1 invited the next frame
+    assert conn.take("s1", 0.0) == b"\x09"
+    assert pool.held == reserved_next + 1
+    assert conn.take("s1", 0.0) is None
+    assert pool.held == reserved_next

@@ -1,0 +1,71 @@
+"""`JobRunner`'s crash guard: a bug in one job (its work, or recording its outcome) fails that
+job with `internal` and nothing else: its callers are answered, the runner keeps running and
+takes the next job."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from agent.domain.job_machine import JobOp
+from agent.domain.jobs import JobKey
+from agent.domain.outcomes import RunPlan, Succeeded
+from agent.errors import AgentError
+from agent.relay.runner import JobRunner, Started
+from agent.store import RevisionStore
+from tests.relay._runners import Session
+
+RESTORE = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
+BACKUP = JobKey("cluster-1", "node-1", "backup", "bk-1", "svc-1")
+A = "a" * 64
+
+
+class _BuggyRecording:
+    """The store, except that recording the first outcome raises a bug (no `AgentError`)."""
+
+    def __init__(self, store: RevisionStore) -> None:
+        self._store = store
+        self.bugs = 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def move_job(self, key: JobKey, *, op: JobOp, **kw: Any) -> Any:
+        if op in (JobOp.SUCCEED, JobOp.FAIL) and self.bugs:
+            self.bugs -= 1
+            raise RuntimeError("a bug while recording the outcome")
+        return await self._store.move_job(key, op=op, **kw)
+
+
+async def _start(resumed: RunPlan | None) -> Started:
+    async def work(job: JobKey, plan: RunPlan | None) -> Succeeded:
+        return Succeeded({"restored": []})
+
+    return Started(work)
+
+
+async def test_a_bug_while_recording_an_outcome_fails_that_job_and_nothing_else(
+    store: RevisionStore,
+) -> None:
+    """Recording the outcome raises a bug: the caller gets `internal` (it waited forever), the
+    runner keeps running (its TaskGroup ended, and the daemon with it) and the next job runs
+    and is recorded."""
+    runner = JobRunner(_BuggyRecording(store))  # type: ignore[arg-type]
+    run = asyncio.create_task(runner.run())
+    await runner.started()
+    try:
+        with pytest.raises(AgentError) as failed:
+            async with asyncio.timeout(5):  # a guard against the hang this test is about
+                await runner.submit(RESTORE, A, _start, requester=Session().request())
+        assert not run.done()
+        answer = await runner.submit(BACKUP, A, _start, requester=Session().request())
+    finally:
+        await runner.close(5)
+    await run
+    assert (failed.value.code, failed.value.retryable) == ("internal", True)
+    assert answer == {"restored": []}
+    backup = await store.get_job(BACKUP)
+    assert backup is not None
+    assert backup.status == "succeeded"
