@@ -121,6 +121,7 @@ def session_settings(config: Config) -> SessionSettings:
             ),
             max_concurrent_requests=cloudly.max_concurrent_requests,
             receive_budget=streams.receive_budget_bytes,
+            receive_budget_max=streams.receive_budget_max_bytes,
         ),
         stream_stall_timeout=streams.stall_timeout_s,
     )
@@ -328,7 +329,7 @@ async def _serve(
     clients = CorestoreClients(
         credentials=credentials,
         timeouts=CorestoreTimeouts.from_config(corestore),
-        retry=RetryPolicy(attempts=corestore.retries + 1),
+        retry=RetryPolicy(attempts=corestore.retries + 1, tolerance=corestore.outage_tolerance_s),
         observer=observer,
     )
     resources.push_async_callback(_step, "close the Corestore clients", clients.close, close_s)
@@ -347,7 +348,7 @@ async def _serve(
         cluster_view=lambda: session.cluster_view,
         # Read by a closure when it starts: its call and its stream on one connection.
         cloudly=lambda: session.connection(),
-        settings=RelaySettings.from_config(corestore),
+        settings=RelaySettings.from_config(corestore, config.cloudly),
         transfers=transfers,
         observer=metrics,
     )

@@ -279,6 +279,8 @@ class CorestoreConfig(_Section):
     # One chunk PUT, object commit (Corestore re-hashes the object) or resource verification.
     transfer_timeout_s: Seconds = 300.0
     retries: Annotated[int, Field(ge=0, le=10)] = 3
+    # How long an outage of a node's Corestore its idempotent calls ride out (0: `retries`).
+    outage_tolerance_s: NonNegativeSeconds = 120.0
     restore_poll_interval_s: PollSeconds = 1.0
     # Transfers (stages, closure exports and imports) moving bytes to or from one node's
     # Corestore at once; more wait their turn, first come first served, per node.
@@ -325,6 +327,10 @@ class StreamsConfig(_Section):
     # Bytes of chunk frames the agent's answers invite at once, all the streams it receives
     # together: more wait their turn, so a request (a status call) never queues behind more.
     receive_budget_bytes: Annotated[int, Field(ge=MiB, le=1024 * MiB)] = _RECEIVE_BUDGET
+    # ... and what it may grow to with the measured bandwidth-delay product (a far Cloudly).
+    receive_budget_max_bytes: Annotated[int, Field(ge=MiB, le=4096 * MiB)] = (
+        _CONNECTION.receive_budget_max or 64 * MiB
+    )
 
 
 class MemoryConfig(_Section):

@@ -35,7 +35,9 @@ re-decides it.
     ├── TransferError                internal        yes         bytes in flight
     │   ├── StreamBroken             transfer-interrupted yes    (VirtualStream died or went
     │   │   │                                                      silent mid-way: resend it)
-    │   │   └── StreamNotServed      stream-not-served   no      (the peer cannot serve `read`)
+    │   │   ├── StreamNotServed      stream-not-served   no      (the peer cannot serve `read`)
+    │   │   └── StreamMalformed      invalid-request     no      (a chunk that is no chunk: the
+    │   │                                                          same bytes fail again)
     │   ├── ClosureNotAccepted       closure-not-accepted yes    (Cloudly answered accepted: false)
     │   └── IntegrityError           integrity-mismatch  yes     sender or storage (size/sha256)
     ├── CorestoreError                                           the node's Corestore
@@ -117,6 +119,7 @@ __all__ = [
     "StoreError",
     "StoreNewer",
     "StreamBroken",
+    "StreamMalformed",
     "StreamNotServed",
     "TransferError",
     "UnknownNode",
@@ -321,6 +324,15 @@ class StreamNotServed(StreamBroken):
     """
 
     code = "stream-not-served"
+    retryable = False
+
+
+class StreamMalformed(StreamBroken):
+    """The peer sent a chunk that does not decode (no binary form, a value past 255): the
+    stream broke there. Sent again, the same bytes fail the same way, so the request it carried
+    is refused `invalid-request`, not retryable, rather than `transfer-interrupted`."""
+
+    code = "invalid-request"
     retryable = False
 
 

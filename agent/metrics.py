@@ -57,6 +57,10 @@ the library's process and platform collectors are registered on it too.
                                                           each HTTP attempt (histogram)
     restore_agent_corestore_credential_rejections_total   Corestore refused a node's control
                                                           credential, also after a refetch
+    restore_agent_corestore_unavailable_since_seconds{node}
+                                                          since when (epoch seconds) the node's
+                                                          Corestore gave no usable answer; 0
+                                                          while it answers
     restore_agent_corestore_storage_full{node}            1 while the node's Corestore says
                                                           its disk is full
     restore_agent_store_mutation_duration_seconds{op,outcome}
@@ -311,6 +315,13 @@ class Metrics:
             "fetched again (or with none other to try).",
             registry=r,
         )
+        self._corestore_down = Gauge(
+            f"{_NS}_corestore_unavailable_since_seconds",
+            "Since when (epoch seconds) the node's Corestore gave no usable answer (no answer, "
+            "or 5xx, 408, 429); 0 while it answers.",
+            ["node"],
+            registry=r,
+        )
         self._mutations = Histogram(
             f"{_NS}_store_mutation_duration_seconds",
             "One compare-and-swap of the revision store, by operation and outcome.",
@@ -536,6 +547,10 @@ class Metrics:
     def credential_rejected(self) -> None:
         """Count a control credential Corestore refused for good."""
         self._credential_rejections.inc()
+
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
+        """Set since when the node's Corestore is unavailable (0: it answers)."""
+        self._corestore_down.labels(node=node).set(since or 0)
 
     def corestore_resend(self, *, route: str) -> None:
         """A resend of the chunk route is a chunk retry."""

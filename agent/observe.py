@@ -131,6 +131,10 @@ class CorestoreObserver(Protocol):
         """Corestore refused the node's control credential for good: also after it was fetched
         again, or with no other to try (`CorestoreCredentialRejected`)."""
 
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
+        """`node`'s Corestore gives no usable answer since `since` (epoch seconds), or answers
+        again (None)."""
+
     def corestore_full(self, *, node: str, full: bool) -> None:
         """The Corestore of `node` answered that its disk is full (`full`), or took a write
         again after it had (`not full`)."""
@@ -233,6 +237,9 @@ class NullObserver:
         """Nothing."""
 
     def credential_rejected(self) -> None:
+        """Nothing."""
+
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
         """Nothing."""
 
     def corestore_full(self, *, node: str, full: bool) -> None:
@@ -362,6 +369,10 @@ class Tee:
     def corestore_full(self, *, node: str, full: bool) -> None:
         """To each part."""
         self._each("corestore_full", node=node, full=full)
+
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
+        """To each part."""
+        self._each("corestore_unavailable", node=node, since=since)
 
     def loop_lag(self, *, seconds: float) -> None:
         """To each part."""

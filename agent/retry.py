@@ -4,11 +4,15 @@ Who retries what (one layer each, so a budget is never multiplied by another):
 
 - the Cloudly session reconnects for ever, waiting `Backoff.delay(n)` after the n-th consecutive
   failed attempt (`agent.session.client`);
-- the Corestore client resends one *idempotent* call while Corestore is unavailable, at most
-  `RetryPolicy.attempts` sends in all (`agent.corestore.transport`; `[corestore] retries` + 1
-  in the configuration). Nothing above it resends
-  the same call again: the engine's work fails its step when the client gives up, and Cloudly's
-  replay (or the next cleanup request) resumes it.
+- the Corestore client resends one *idempotent* call while Corestore is unavailable:
+  `RetryPolicy.attempts` sends at least (`[corestore] retries` + 1 in the configuration), and
+  more for as long as the node's outage is younger than `RetryPolicy.tolerance` seconds
+  (`[corestore] outage_tolerance_s`; `retrying(patience=...)`), so a blip of a minute or two is
+  ridden out (`agent.corestore.transport`). Nothing above it resends the same call for
+  availability: the engine's work fails its step when the client gives up, and Cloudly's
+  replay (or the next cleanup request) resumes it. Where a step is sent again for another
+  reason (a commit whose outcome was unknown, a chunk Corestore refused for its digest), it
+  waits `Backoff.delay` first, as every resend does.
 
 Full jitter (delay = U(0, min(cap, base * factor**n))) spreads a fleet of agents that lost the
 same peer at the same moment over the whole window instead of retrying in lockstep.
@@ -73,14 +77,19 @@ def _draw(fraction: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """`attempts` tries in all (1 means no retry), waiting by `backoff` in between."""
+    """`attempts` tries at least (1 means no retry), waiting by `backoff` in between; then more
+    for as long as the caller's patience lasts, which is `tolerance` seconds of an outage (0:
+    none, `attempts` is all)."""
 
     attempts: int = 4
     backoff: Backoff = field(default_factory=lambda: Backoff(base=0.25, cap=5.0))
+    tolerance: float = 0.0
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             raise ValueError("attempts must be at least 1")
+        if self.tolerance < 0:
+            raise ValueError("tolerance must not be negative")
 
 
 async def retrying(
@@ -91,16 +100,20 @@ async def retrying(
     clock: Clock,
     rng: Callable[[], float],
     what: str,
+    patience: Callable[[], bool] | None = None,
 ) -> _T:
-    """`await step()`, again after a backoff while it raises `retry_on`, `policy.attempts` in all.
+    """`await step()`, again after a backoff while it raises `retry_on`: `policy.attempts` in
+    all, and beyond that for as long as `patience()` says so (asked after each failure).
 
     The last attempt's error propagates. `what` names the step in the log (never a secret).
     """
-    for attempt in range(1, policy.attempts + 1):
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return await step()
         except retry_on as exc:
-            if attempt >= policy.attempts:
+            if attempt >= policy.attempts and (patience is None or not patience()):
                 raise
             delay = policy.backoff.delay(attempt, rng())
             _log.warning(
@@ -112,4 +125,3 @@ async def retrying(
                 error=type(exc).__name__,
             )
             await clock.sleep(delay)
-    raise AssertionError("unreachable: the last attempt returns or raises")

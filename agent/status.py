@@ -21,8 +21,10 @@ never connected), when the session last connected, and how many attempts failed 
 Conditions are named facts about the node an operator should see, each under a stable key with
 a sentence and the time it began (`set_condition`, `clear_condition`): `state-unwritable` (the
 node's state disk refuses writes: the agent is not ready while it holds), `corestore-full`
-(a node's Corestore answered that its disk is full), `state-recovered` (the state was salvaged
-or reset; reconciliation with the nodes' Corestore is due). `StatusHooks` sets them from the
+(a node's Corestore answered that its disk is full), `corestore-unavailable` (a node's
+Corestore has given no usable answer since the time named: its calls ride it out up to
+`[corestore] outage_tolerance_s`), `state-recovered` (the state was salvaged or reset;
+reconciliation with the nodes' Corestore is due). `StatusHooks` sets them from the
 parts' observer hooks (`agent.observe`).
 """
 
@@ -391,12 +393,14 @@ class AgentStatus:
         self._pong_latency = latency
         self._notify()
 
-    def set_condition(self, key: str, text: str) -> None:
-        """Name a condition (a new text keeps the time it began)."""
+    def set_condition(self, key: str, text: str, *, since: float | None = None) -> None:
+        """Name a condition (a new text keeps the time it began; `since` says it, when the
+        condition began before it was named)."""
         current = self._conditions.get(key)
         if current is not None and current.text == text:
             return
-        since = current.since if current is not None else self._clock()
+        if since is None:
+            since = current.since if current is not None else self._clock()
         self._conditions[key] = Condition(text, since)
         self._notify()
 
@@ -433,12 +437,13 @@ class AgentStatus:
 
 class StatusHooks:
     """The observer hooks (`agent.observe`) that name conditions on an `AgentStatus`: the state
-    disk refusing writes, a node's Corestore full, a salvaged or reset state still being
-    reconciled. The composition root hands them out beside the metrics (`observe.Tee`)."""
+    disk refusing writes, a node's Corestore full or unavailable, a salvaged or reset state still
+    being reconciled. The composition root hands them out beside the metrics (`observe.Tee`)."""
 
     def __init__(self, status: AgentStatus) -> None:
         self._status = status
         self._full: set[str] = set()
+        self._down: dict[str, float] = {}  # node -> since when its Corestore is unavailable
         self._recovered: tuple[str, float] | None = None
         self.unwritable_cause: str | None = None
         """The cause of the state disk's last refusal while it holds (None: writable)."""
@@ -468,6 +473,24 @@ class StatusHooks:
             )
         else:
             self._status.clear_condition("corestore-full")
+
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
+        """`corestore-unavailable` names every node whose Corestore gives no usable answer, and
+        since when; it begins when the first of them did."""
+        if since is None:
+            self._down.pop(node, None)
+        else:
+            self._down[node] = since
+        if not self._down:
+            self._status.clear_condition("corestore-unavailable")
+            return
+        nodes = ", ".join(f"{n} since {utc_text(at)}" for n, at in sorted(self._down.items()))
+        self._status.set_condition(
+            "corestore-unavailable",
+            f"the Corestore of {nodes} gives no usable answer (no answer, or 5xx, 408, 429); "
+            "its calls ride the outage out up to [corestore] outage_tolerance_s",
+            since=min(self._down.values()),
+        )
 
     def state_recovered(self, *, how: str, at: float) -> None:
         """Remember how the state was recovered (named while reconciliation is pending)."""

@@ -239,12 +239,14 @@ async def agent_process(
     checkout: Path = ROOT,
     corestore: Mapping[str, int] | None = None,
     streams: Mapping[str, int] | None = None,
+    url: str | None = None,
 ) -> AsyncIterator[AgentProcess]:
     """Start `python -m <module...> --config F` against `cloudly`; wait until it is connected.
-    `checkout`: run another checkout's code with its own `.venv` (an old agent, side by side)."""
+    `checkout`: run another checkout's code with its own `.venv` (an old agent, side by side).
+    `url`: where the agent dials Cloudly, when not `cloudly.url` (a delay line in between)."""
     config = write_config(
         directory,
-        cloudly.url,
+        url or cloudly.url,
         chunk_mib,
         window,
         chunk_form,

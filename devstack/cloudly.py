@@ -36,6 +36,11 @@ observable is recorded in `events` (connections with the extensions offered and 
 they ended with, identities, tags, reads) and `wait_for()` waits on them without sleeping;
 `wait_for_agent()` waits for an agent's session (a `check-config --connect` probe is none).
 Secrets (token, JWTs) are never recorded. Pass `ssl_context` to serve wss:// (https:// URL).
+
+A stream the stand-in drives (a stage, a closure it serves) keeps one data cycle in flight, as
+typedrequest 3.3.0 does, unless `peer_settings.streams.cycles` says otherwise: the agent invites
+one frame per answer within its byte budget (`[memory] budget_bytes`), and a frame past that
+which finds no room breaks the stream (docs/benchmarks.md, "What Cloudly can do").
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ import secrets
 import ssl
 import tempfile
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -292,7 +297,10 @@ class StandInCloudly:
         self.identity_lifetime_s = identity_lifetime_s
         self.accept_tags = accept_tags
         self._clock = clock
-        self._peer_settings = peer_settings or ConnectionSettings()
+        settings = peer_settings or ConnectionSettings()
+        if settings.streams.cycles is None:  # Cloudly initiates like typedrequest 3.3.0
+            settings = replace(settings, streams=replace(settings.streams, cycles=1))
+        self._peer_settings = settings
         # method -> how to change the stand-in's answer before it is sent (a test makes Cloudly
         # answer in a shape it would not, e.g. without `services`)
         self.answer_edits: dict[str, AnswerEdit] = {}

@@ -46,6 +46,33 @@ def test_a_full_corestore_is_named_per_node_but_is_no_readiness_reason() -> None
     assert "corestore-full" not in status.snapshot().conditions
 
 
+def test_a_corestore_that_gives_no_answer_is_named_per_node_with_since_when() -> None:
+    """`corestore-unavailable` names each node with the time its outage began (UTC), begins
+    when the first did, is no readiness reason (the other nodes are served), and goes once
+    every node answers again."""
+    status, hooks = _status()
+    hooks.corestore_unavailable(node="node-2", since=1_700_000_030.0)
+    hooks.corestore_unavailable(node="node-1", since=1_700_000_010.0)
+    snapshot = status.snapshot()
+    condition = snapshot.conditions["corestore-unavailable"]
+    assert condition.text.startswith(
+        "the Corestore of node-1 since 2023-11-14 22:13:30 UTC, node-2 since "
+        "2023-11-14 22:13:50 UTC gives no usable answer"
+    )
+    assert condition.since == 1_700_000_010.0
+    assert "corestore-unavailable" not in readiness(
+        snapshot, store_open=True, now=0.0, stale_after=30
+    )
+    hooks.corestore_unavailable(node="node-1", since=None)
+    assert (
+        status.snapshot()
+        .conditions["corestore-unavailable"]
+        .text.startswith("the Corestore of node-2 since")
+    )
+    hooks.corestore_unavailable(node="node-2", since=None)
+    assert "corestore-unavailable" not in status.snapshot().conditions
+
+
 def test_a_salvaged_state_is_a_condition_while_reconciliation_is_due() -> None:
     status, hooks = _status()
     hooks.state_recovered(how="salvaged", at=1_700_000_000.0)

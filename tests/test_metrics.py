@@ -112,6 +112,16 @@ def test_a_credential_rejection_is_counted() -> None:
     assert _value(metrics, "restore_agent_corestore_credential_rejections_total") == 2
 
 
+def test_since_when_a_nodes_corestore_is_unavailable_is_a_gauge() -> None:
+    """Set to the outage's start (epoch seconds) while it lasts, back to 0 once it answers."""
+    metrics = Metrics()
+    metrics.corestore_unavailable(node="node-1", since=1_700_000_000.0)
+    name = "restore_agent_corestore_unavailable_since_seconds"
+    assert _value(metrics, name, node="node-1") == 1_700_000_000.0
+    metrics.corestore_unavailable(node="node-1", since=None)
+    assert _value(metrics, name, node="node-1") == 0
+
+
 def test_what_retention_forgot_is_counted_by_kind() -> None:
     """`retention_deleted_total{what}` adds up each report; both kinds exist from the start."""
     metrics = Metrics()

@@ -111,6 +111,7 @@ class CorestoreClient:
             clock=clock,
             rng=rng,
             observer=observer,
+            node=credential.node_id or "",
         )
 
     def __repr__(self) -> str:
@@ -120,6 +121,12 @@ class CorestoreClient:
     def endpoint(self) -> str:
         """The node's Corestore origin, as given."""
         return self._endpoint
+
+    @property
+    def unavailable_since(self) -> float | None:
+        """Since when (epoch seconds) this node's Corestore gave no usable answer; None while
+        it answers."""
+        return self._transport.unavailable_since
 
     @property
     def credential(self) -> NodeCredential:
@@ -464,8 +471,7 @@ class CorestoreClient:
         )
 
     def _refuses_credential(self, request: RouteRequest, reply: Reply) -> bool:
-        code = reply.error_code() if reply.status >= 300 else None
-        return routes.is_credential_refusal(request.spec, reply.status, code)
+        return routes.is_credential_refusal(request.spec, reply.status, reply.error_code())
 
     async def _ok(self, request: RouteRequest, model: type[_M]) -> _M:
         reply, credential = await self._send(request)
@@ -502,8 +508,7 @@ class CorestoreClient:
         return DeleteOutcome.DELETED
 
     def _judge(self, request: RouteRequest, reply: Reply, credential: Secret | None) -> AnswerKind:
-        code = reply.error_code() if reply.status >= 300 else None
-        kind = routes.classify_answer(request.spec, reply.status, code)
+        kind = reply.kind  # classified once, by the transport
         if kind is AnswerKind.INTEGRITY:
             refused = self._refused(request, reply, credential)
             raise IntegrityError(str(refused), **refused.data) from refused
@@ -512,7 +517,7 @@ class CorestoreClient:
     def _refused(
         self, request: RouteRequest, reply: Reply, credential: Secret | None
     ) -> CorestoreRefused:
-        error = routes.parse_error(reply.body)
+        error = reply.error
         code = sanitize_code(error[0] if error else None)
         secrets = [secret for secret in (credential, request.grant) if secret is not None]
         text = sanitize_text(error[1], secrets) if error else "no error body"

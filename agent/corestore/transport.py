@@ -4,13 +4,21 @@
 (the client asks its node's credential per call; the transport holds none) and returns its
 `Reply`, mapping every
 transport failure (connection refused or reset, timeout) and every 5xx/408/429 answer to
-`CorestoreUnavailable` (chained from the aiohttp or timeout error). It resends only requests
-whose route is idempotent, while Corestore is unavailable, by the agent's one retry policy
+`CorestoreUnavailable` (chained from the aiohttp or timeout error). Every answer is classified
+here, once (`Reply.kind`, and Corestore's error code and text, parsed only for a status >= 300):
+the client reads that and parses nothing again. It resends only requests whose route is
+idempotent, while Corestore is unavailable, by the agent's one retry policy
 (`agent.retry.retrying`: full-jitter exponential backoff, waits on the injected `Clock`, draws
-from the injected `rng`). This is the only place a Corestore call is resent for availability:
-the engine above it never wraps a call in a second loop (the client's one resend after a
-refused credential is not for availability). What a 2xx or 4xx answer means is the client's
-business (`client.py`).
+from the injected `rng`): `attempts` sends at least, and more while the node's outage
+(`outage.Outage`: since the first attempt without a usable answer) is younger than the
+policy's `tolerance`, so a Corestore that restarts or blips for a minute or two is ridden out.
+Its start and end are logged (`corestore_unavailable`, `corestore_available_again`), a call
+giving up on an outage older than the tolerance logs an error once per outage
+(`corestore_outage_outlasted_tolerance`), and the observer hears each
+(`corestore_unavailable(node, since)`: status and metrics say since when). This is the only
+place a Corestore call is resent for availability: the engine above it never wraps a call in a
+second loop (the client's one resend after a refused credential is not for availability). What
+a 2xx or 4xx answer means is the client's business (`client.py`).
 
 Frames that raise hold no revealed secret and no raw answer text as a local variable, because
 traceback renderers that show locals (structlog's default) would print them: the headers are
@@ -28,12 +36,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import aiohttp
+import structlog
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
 from yarl import URL
 
 from agent.clock import Clock
 from agent.corestore import routes
+from agent.corestore.outage import Outage
 from agent.corestore.routes import AnswerKind, RouteRequest
 from agent.corestore.sanitize import sanitize_code, sanitize_text
 from agent.errors import (
@@ -53,6 +63,8 @@ if TYPE_CHECKING:
     from agent.config import CorestoreConfig
 
 __all__ = ["CorestoreTimeouts", "HttpTransport", "Reply", "check_credential"]
+
+_log = structlog.get_logger("agent.corestore.transport")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,15 +135,25 @@ def _scrub(exc: BaseException) -> BaseException:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """One HTTP answer. The body is foreign text (it may echo anything): kept out of `repr`."""
+    """One HTTP answer, classified once: its `kind` for the route, and for a status >= 300
+    Corestore's `(code, message)` when the body is its error shape (None otherwise). The body and
+    the error are foreign text (they may echo anything): kept out of `repr`."""
 
     status: int
     body: bytes = field(repr=False)
+    kind: AnswerKind = AnswerKind.OK
+    error: tuple[str, str] | None = field(default=None, repr=False)
+
+    @classmethod
+    def classify(cls, spec: routes.RouteSpec, status: int, body: bytes) -> Reply:
+        """The answer `status` with `body` to a call of `spec`: parsed and judged once."""
+        error = routes.parse_error(body) if status >= 300 else None
+        kind = routes.classify_answer(spec, status, error[0] if error else None)
+        return cls(status, body, kind, error)
 
     def error_code(self) -> str | None:
         """Corestore's error code, unsanitised (compare it, never print it)."""
-        error = routes.parse_error(self.body)
-        return error[0] if error else None
+        return self.error[0] if self.error else None
 
 
 class HttpTransport:
@@ -146,9 +168,14 @@ class HttpTransport:
         clock: Clock,
         rng: Callable[[], float],
         observer: CorestoreObserver = NULL_OBSERVER,
+        node: str = "",
     ) -> None:
+        """`node` names the node whose Corestore this is, in logs and to the observer (the
+        endpoint when empty)."""
         self._origin = _canonical_origin(endpoint)
         self._observer = observer
+        self._node = node or endpoint
+        self._outage = Outage()
         self._endpoint = endpoint
         self._timeouts = timeouts
         self._retry = retry
@@ -171,7 +198,8 @@ class HttpTransport:
             if credential is None:
                 raise LocalProtocolError(f"{request.spec.name} needs the control credential")
             check_credential(credential)
-        attempts = self._retry.attempts if request.spec.idempotent else 1
+        idempotent = request.spec.idempotent
+        attempts = self._retry.attempts if idempotent else 1
         sent = 0
 
         async def attempt() -> Reply:
@@ -189,11 +217,51 @@ class HttpTransport:
                 clock=self._clock,
                 rng=self._rng,
                 what=f"corestore {request.spec.name} at {self._endpoint}",
+                patience=self._patient if idempotent else None,
             )
         except CorestoreUnavailable as exc:
-            raise CorestoreUnavailable(
-                f"{exc} (attempt {attempts} of {attempts})", **exc.data
-            ) from exc
+            self._gave_up(request.spec.name)
+            raise CorestoreUnavailable(f"{exc} (attempt {sent} of {sent})", **exc.data) from exc
+
+    @property
+    def unavailable_since(self) -> float | None:
+        """Since when (epoch seconds) this Corestore gave no usable answer; None: it answers."""
+        return self._outage.since_wall
+
+    def _patient(self) -> bool:
+        """Whether an idempotent call may still be resent: the outage is younger than the
+        policy's tolerance."""
+        return self._outage.age(self._clock.monotonic()) < self._retry.tolerance
+
+    def _unavailable(self) -> None:
+        if self._outage.failed(monotonic=self._clock.monotonic(), wall=self._clock.time()):
+            _log.warning("corestore_unavailable", node=self._node, endpoint=self._endpoint)
+            self._observer.corestore_unavailable(node=self._node, since=self._outage.since_wall)
+
+    def _available(self) -> None:
+        lasted = self._outage.answered(monotonic=self._clock.monotonic())
+        if lasted is not None:
+            _log.info(
+                "corestore_available_again",
+                node=self._node,
+                endpoint=self._endpoint,
+                unavailable_s=round(lasted, 3),
+            )
+            self._observer.corestore_unavailable(node=self._node, since=None)
+
+    def _gave_up(self, route: str) -> None:
+        outage = self._outage
+        if outage.since is None or outage.outlasted or self._patient():
+            return
+        outage.outlasted = True
+        _log.error(
+            "corestore_outage_outlasted_tolerance",
+            node=self._node,
+            endpoint=self._endpoint,
+            route=route,
+            unavailable_s=round(outage.age(self._clock.monotonic()), 3),
+            tolerance_s=self._retry.tolerance,
+        )
 
     async def _observed(self, request: RouteRequest, credential: Secret | None) -> Reply:
         """One attempt, its latency and answer kind reported to the observer: the kind of the
@@ -201,22 +269,29 @@ class HttpTransport:
         spec = request.spec
         started, outcome = self._clock.monotonic(), "error"
         try:
-            reply = await self._attempt(request, credential)
-            kind = routes.classify_answer(spec, reply.status, reply.error_code())
-            outcome = kind.value
-            if kind is AnswerKind.STORAGE_FULL:
+            try:
+                reply = await self._attempt(request, credential)
+            except CorestoreUnavailable:
+                self._unavailable()
+                raise
+            outcome = reply.kind.value
+            if reply.kind is AnswerKind.STORAGE_FULL:
                 # Not a CorestoreUnavailable: a full disk does not empty between two resends.
+                # Corestore answered, so it is available.
+                self._available()
                 raise CorestoreFull(
                     f"Corestore at {self._endpoint} answered {spec.name} with {reply.status} "
                     f"{sanitize_code(reply.error_code())}: its disk is full",
                     httpStatus=reply.status,
                 )
-            if kind is AnswerKind.UNAVAILABLE:
+            if reply.kind is AnswerKind.UNAVAILABLE:
+                self._unavailable()
                 raise CorestoreUnavailable(
                     f"Corestore at {self._endpoint} answered {spec.name} with {reply.status} "
                     f"{sanitize_code(reply.error_code())}",
                     httpStatus=reply.status,
                 )
+            self._available()
             return reply
         finally:
             seconds = self._clock.monotonic() - started
@@ -256,7 +331,7 @@ class HttpTransport:
                 allow_redirects=False,
             ) as response,
         ):
-            return Reply(response.status, await _read(response, request))
+            return Reply.classify(request.spec, response.status, await _read(response, request))
 
     def _http(self) -> aiohttp.ClientSession:
         if self._closed:

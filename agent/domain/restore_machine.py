@@ -21,6 +21,8 @@ again (as SQL built from the same table) inside the compare-and-swap that persis
     verifying        progress            verifying       verification results so far
     verifying        verify-passed       ready
     verifying        verify-failed       failed
+    failed           resume-prepare      preparing       guard: the failure is retryable
+    failed           resume-execute      restoring       guard: the failure is retryable
     prepared         cleanup             cleaning
     staging          cleanup             cleaning
     ready            cleanup             cleaning
@@ -37,6 +39,17 @@ own progress writes, and `adopt` is reconciliation's (`agent/reconcile.py`): aft
 salvaged or reset, a restore Corestore still holds that the state does not know becomes a
 `cleanup-failed` state, which Cloudly's next cleanup cleans like any other. Every one of them
 is a mutation and advances the revision by one.
+
+What resumes a `failed` restore: Cloudly's exact replay of the request whose work failed (the
+state's request digest is still that request's: the engine's progress writes keep it). When
+the failure is one that may pass (`lastErrorCode` is the code of a retryable Corestore or
+transfer error: `corestore-unavailable`, `credential-unavailable`,
+`corestore-credential-rejected`, `integrity-mismatch`, `transfer-interrupted`, ...), an exact
+replay of prepare moves it back to `preparing` (`resume-prepare`) and one of execute to
+`restoring` (`resume-execute`), and the work runs again from where it stopped (restored
+mappings and verification results are kept). A failure that will not pass (`corestore-refused`,
+`restore-failed`: Corestore's own verdict on a resource, `verification-failed`) is answered as
+it stands, and only a cleanup leaves it.
 
 What `preparing` means: the prepare request's own transient phase. The engine persists
 `preparing` (revision 1, the prepare's answer) *before* it asks Corestore to prepare, as a
@@ -80,6 +93,8 @@ class Op(enum.StrEnum):
     PREPARE = "prepare"
     PREPARE_SUCCEEDED = "prepare-succeeded"
     PREPARE_FAILED = "prepare-failed"
+    RESUME_PREPARE = "resume-prepare"
+    RESUME_EXECUTE = "resume-execute"
     STAGE = "stage"
     EXECUTE = "execute"
     PROGRESS = "progress"
@@ -116,6 +131,8 @@ RESTORE_TABLE: Final = TransitionTable[NodeStatus, Op](
         ("verifying", Op.PROGRESS): "verifying",
         ("verifying", Op.VERIFY_PASSED): "ready",
         ("verifying", Op.VERIFY_FAILED): "failed",
+        ("failed", Op.RESUME_PREPARE): "preparing",
+        ("failed", Op.RESUME_EXECUTE): "restoring",
         **{(status, Op.CLEANUP): "cleaning" for status in _CLEANABLE},
         ("cleaning", Op.PROGRESS): "cleaning",
         ("cleaning", Op.CLEANUP_SUCCEEDED): "cleaned",
@@ -124,9 +141,14 @@ RESTORE_TABLE: Final = TransitionTable[NodeStatus, Op](
     },
     guarded={("prepared", Op.EXECUTE), ("staging", Op.EXECUTE)},
     guard="staging complete",
+    guards={
+        ("failed", Op.RESUME_PREPARE): "the failure is retryable",
+        ("failed", Op.RESUME_EXECUTE): "the failure is retryable",
+    },
 )
 """(status or None for absent, operation) -> next status; anything missing is illegal. The
-guarded moves (the two `execute`s) are legal only once every manifest object is written."""
+two `execute`s are legal only once every manifest object is written; the two resumes only when
+the failure may pass (`lastErrorCode` retryable)."""
 
 IN_FLIGHT: Final[frozenset[NodeStatus]] = frozenset(
     {"preparing", "restoring", "verifying", "cleaning"}

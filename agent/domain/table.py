@@ -3,7 +3,8 @@
 A table maps `(status, operation)` to the next status; `None` as the status is "no record yet"
 (revision 0). Anything the table does not list is illegal: `decide()` raises
 `IllegalTransition` and changes nothing. Some moves may be *guarded*: legal only when a fact
-only the caller knows holds (the isolated restore's "staging complete"), passed in as `guard`.
+only the caller knows holds (the isolated restore's "staging complete", "the failure is
+retryable"), passed in as `guard`; each guarded move names its fact in the rendered table.
 
 The same table is read three ways: in Python before any work (`decide`), in SQL by the store's
 compare-and-swap (`sources`, turned into a `CASE` by `agent/store/transitions.py`), and as
@@ -34,17 +35,20 @@ class TransitionTable(Generic[S, Op]):
         *,
         guarded: Iterable[tuple[S | None, Op]] = (),
         guard: str = "",
+        guards: Mapping[tuple[S | None, Op], str] | None = None,
     ) -> None:
         """`guarded` lists the moves legal only when the caller's `guard` fact holds; `guard`
-        names that fact in the rendered table."""
+        names that fact in the rendered table. `guards` adds moves guarded by other facts,
+        each with its own name."""
         self.moves: Mapping[tuple[S | None, Op], S] = MappingProxyType(dict(moves))
         """The table itself."""
-        self.guarded: frozenset[tuple[S | None, Op]] = frozenset(guarded)
-        """The moves that need the guard."""
+        names = dict.fromkeys(guarded, guard) | dict(guards or {})
+        self.guarded: frozenset[tuple[S | None, Op]] = frozenset(names)
+        """The moves that need their guard."""
         unknown = self.guarded - self.moves.keys()
         if unknown:
             raise ValueError(f"guarded moves missing from the table: {sorted(map(str, unknown))}")
-        self._guard = guard
+        self._guards = names
 
     def target(self, status: S | None, op: Op, *, revision: int) -> S:
         """The table's answer for `op` in `status`, ignoring guards; `IllegalTransition` if none.
@@ -77,6 +81,7 @@ class TransitionTable(Generic[S, Op]):
         """The table as Markdown rows, in table order (the docs embed exactly this)."""
         lines = ["| from | operation | to |", "|---|---|---|"]
         for (status, op), to in self.moves.items():
-            guard = f" ({self._guard})" if (status, op) in self.guarded else ""
+            name = self._guards.get((status, op))
+            guard = f" ({name})" if name is not None else ""
             lines.append(f"| {status or '(absent)'} | `{op.value}`{guard} | {to} |")
         return "\n".join(lines)

@@ -27,10 +27,11 @@ class PendingCall:
     method: str
     frame: Envelope
     wire: bytes  # the frame encoded once: every resend is byte-identical
-    timeout: float
-    deadline: float
+    timeout: float | None
+    deadline: float | None  # None: the caller bounds the call itself (a transfer, by progress)
     sends: int = 1
     resend_at: float | None = None
+    sent_at: float = 0.0  # when it was first sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +82,15 @@ class CallTable:
         return len(self._calls)
 
     def start(
-        self, method: str, request: Mapping[str, Any], *, now: float, timeout: float
+        self, method: str, request: Mapping[str, Any], *, now: float, timeout: float | None
     ) -> PendingCall:
-        """Register a call; the returned `wire` is what to send.
+        """Register a call; the returned `wire` is what to send. `timeout` None: the call has
+        no deadline here (its caller bounds it, as a closure call is bounded by its stream's
+        progress).
 
         Raises `TypeError` when `request` holds something JSON cannot carry (a `Secret`).
         """
-        if timeout <= 0:
+        if timeout is not None and timeout <= 0:
             raise InvalidState(f"call timeout must be positive, got {timeout!r}")
         call_id = self.new_id()
         if call_id in self._calls:
@@ -98,7 +101,10 @@ class CallTable:
             response=None,
             correlation=Correlation(call_id, "request"),
         )
-        call = PendingCall(call_id, method, frame, encode_envelope(frame), timeout, now + timeout)
+        deadline = None if timeout is None else now + timeout
+        call = PendingCall(
+            call_id, method, frame, encode_envelope(frame), timeout, deadline, sent_at=now
+        )
         self._calls[call_id] = call
         return call
 
@@ -132,10 +138,16 @@ class CallTable:
 
     def expire(self, now: float) -> list[Failed]:
         """Calls whose deadline has passed, removed."""
-        expired = [call for call in self._calls.values() if now >= call.deadline]
+        expired = [
+            call
+            for call in self._calls.values()
+            if call.deadline is not None and now >= call.deadline
+        ]
         for call in expired:
             del self._calls[call.call_id]
-        return [Failed(call.call_id, CallTimeout(call.method, call.timeout)) for call in expired]
+        return [
+            Failed(call.call_id, CallTimeout(call.method, call.timeout or 0.0)) for call in expired
+        ]
 
     def due_resends(self, now: float) -> list[PendingCall]:
         """Calls whose advised resend time has come (each is handed out once per `retry`)."""
@@ -150,9 +162,22 @@ class CallTable:
 
     def next_deadline(self) -> float | None:
         """The earliest deadline or advised resend time, if any call is pending."""
-        times = [call.deadline for call in self._calls.values()]
+        times = [call.deadline for call in self._calls.values() if call.deadline is not None]
         times += [call.resend_at for call in self._calls.values() if call.resend_at is not None]
         return min(times, default=None)
+
+    def method_of(self, call_id: str) -> str | None:
+        """The method of pending call `call_id` (None: no such call)."""
+        call = self._calls.get(call_id)
+        return None if call is None else call.method
+
+    def round_trip(self, call_id: str, now: float) -> float | None:
+        """Seconds since call `call_id` was sent, if it is pending and was sent once (a resent
+        call's answer says nothing of the link)."""
+        call = self._calls.get(call_id)
+        if call is None or call.sends != 1:
+            return None
+        return now - call.sent_at
 
     def cancel(self, call_id: str) -> None:
         """Forget a call (its caller gave up); a later reply is `Unmatched`."""

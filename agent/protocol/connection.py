@@ -121,8 +121,8 @@ from agent.protocol.pool import BytePool
 from agent.protocol.receive_budget import ReceiveBudget
 from agent.protocol.settings import ConnectionSettings, StreamSettings
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
-from agent.protocol.stream_registry import StreamRegistry
-from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role
+from agent.protocol.stream_registry import StreamRegistry, outcome_of
+from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role, StreamAnswer
 
 __all__ = [
     "MAX_CHUNK",
@@ -198,10 +198,12 @@ class Connection:
         self._methods = frozenset(methods)
         self._new_id = new_id
         self._calls = CallTable(new_id=new_id, max_attempts=self.settings.max_retry_attempts)
-        self._streams = StreamRegistry(self.settings.streams, new_id)
+        self._rtt: float | None = None  # the smallest call round trip: the path's
+        self._streams = StreamRegistry(self.settings.streams, new_id, lambda: self._rtt)
         self._budget = ReceiveBudget(
             self.settings.receive_budget,
             expiry=self.settings.streams.park_timeout,
+            ceiling=self.settings.receive_budget_max,
             gate=None if pool is None else self._reserve_frame,
         )
         self._requests: dict[int, _Request] = {}
@@ -258,12 +260,11 @@ class Connection:
         if stream is not None:
             if not stream.done:
                 return None
-            return _outcome(stream)
+            return outcome_of(stream)
         past = self._streams.past(stream_id)
         if past is None:
             return StreamBroke(stream_id, "the connection knows no such stream")
-        reason, not_served = past
-        return StreamBroke(stream_id, reason, not_served) if reason else StreamEnded(stream_id)
+        return past
 
     # --- what goes in: frames, the transport's end and time ------------------------------------
 
@@ -298,9 +299,8 @@ class Connection:
         for call in self._calls.due_resends(now):
             log.info("call_resent", method=call.method, attempt=call.sends)
             self._outbox.append(call.wire)
-        for stream_id, answer in self._streams.expire(now):
-            if answer is not None:
-                self._outbox.append(encode_envelope(answer))
+        for stream_id, answers in self._streams.expire(now):
+            self._outbox.extend(encode_envelope(answer.envelope) for answer in answers)
             responder = self._streams.responders.get(stream_id)
             if responder is None:
                 continue  # finished and forgotten: it was over, and said so, before
@@ -397,7 +397,7 @@ class Connection:
         stream = self._streams.responders.get(stream_id)
         if stream is None:  # pragma: no cover - kept with its request
             raise StreamBroken(f"stream {stream_id} is gone")
-        stream.held = False
+        stream.read_now()
         self._reading.add(stream_id)
 
     def hold_request_stream(self, request_id: int, stream_id: str) -> None:
@@ -413,7 +413,7 @@ class Connection:
             )
         stream = self._streams.responders.get(stream_id)
         if stream is not None:
-            stream.held = True
+            stream.hold()
 
     def open_reply_stream(self, request_id: int, now: float) -> str:
         """A new stream for the response of request `request_id`, which we will answer `read`
@@ -428,8 +428,11 @@ class Connection:
 
     # --- calls we make ---------------------------------------------------------------------------
 
-    def call(self, method: str, request: Mapping[str, Any], *, now: float, timeout: float) -> str:
-        """Queue a call of `method`; returns its id (its outcome arrives as an event).
+    def call(
+        self, method: str, request: Mapping[str, Any], *, now: float, timeout: float | None
+    ) -> str:
+        """Queue a call of `method`; returns its id (its outcome arrives as an event). `timeout`
+        None: no deadline here; the caller bounds the call (`CallTable.start`).
 
         Streams we opened with `open_send_stream()` whose markers are in `request` start once
         the request is queued (their frames queue after it). Raises `TypeError` when `request`
@@ -491,7 +494,7 @@ class Connection:
         self._check_open()
         stream = self._live(stream_id)
         if isinstance(stream, ResponderStream):
-            self._send_answer(stream.close())
+            self._send_replies(stream.close())
         else:
             stream.close()
             self._pump(stream, now)
@@ -584,13 +587,13 @@ class Connection:
         past = self._streams.past(stream_id)
         if past is None:
             raise StreamBroken(f"stream {stream_id} broke: the stream is gone")
-        if not past[0]:
+        if isinstance(past, StreamEnded):
             raise InvalidState(f"stream {stream_id} is over")
-        raise StreamBroke(stream_id, *past).error()
+        raise past.error()
 
     def _write(self, stream: _Stream, piece: bytes | bytearray | memoryview, now: float) -> None:
         if isinstance(stream, ResponderStream):
-            self._send_answer(stream.offer(piece))
+            self._send_replies(stream.offer(piece))
         else:
             stream.write(piece)
             self._pump(stream, now)
@@ -600,19 +603,20 @@ class Connection:
         it changed (two in a row are one)."""
         if stream.done and not stream.end_reported:
             stream.end_reported = True
-            self._events.append(_outcome(stream))
+            self._events.append(outcome_of(stream))
             return
         events = self._events
         last = events[-1] if events else None
         if not (type(last) is StreamChanged and last.stream_id == stream.stream_id):
             events.append(StreamChanged(stream.stream_id))
 
-    def _send_answer(self, answer: Envelope | None) -> None:
-        if answer is not None and self._closed is None:
-            self._outbox.append(encode_envelope(answer))
+    def _send_replies(self, answers: list[StreamAnswer]) -> None:
+        """Answers that invite nothing (to `read`s, on a stream we send), in order."""
+        if self._closed is None:
+            self._outbox.extend(encode_envelope(answer.envelope) for answer in answers)
 
     def _abort_responder(self, stream: ResponderStream, reason: str, now: float) -> None:
-        self._send_answer(stream.abort(reason, now))
+        self._send_replies(stream.abort(reason, now))
         self._touch(stream)
 
     def _release(self, stream: ResponderStream, now: float) -> None:
@@ -623,31 +627,23 @@ class Connection:
             self._answer_stream(stream, answer, now)
         if stream.done:
             self._send_answers(self._budget.forget(stream.stream_id, now))
-        if stream.received:
+        received = stream.take_to_decode()
+        if received:
             if self._pool is not None:
-                decoding = sum(chunk.size for chunk in stream.received)
+                decoding = sum(chunk.size for chunk in received)
                 self._decoding[stream.stream_id] = (
                     self._decoding.get(stream.stream_id, 0) + decoding
                 )
-            self._events.extend(ChunkToDecode(stream.stream_id, c) for c in stream.received)
-            stream.received.clear()
+            self._events.extend(ChunkToDecode(stream.stream_id, c) for c in received)
         self._settle_charge(stream)
 
-    def _answer_stream(self, stream: ResponderStream, answer: Envelope, now: float) -> None:
+    def _answer_stream(self, stream: ResponderStream, answer: StreamAnswer, now: float) -> None:
         """Send an answer on a stream we answer for; one that invites the initiator's next
         chunk waits for room in the connection's receive budget (`receive_budget`)."""
-        package = answer.response
-        inviting = (
-            stream.role is Role.RECEIVE
-            and not stream.done
-            and isinstance(package, dict)
-            and package.get("mainPurpose") == "feedback"
-            and package.get("backpressure") is False
-        )
-        if inviting:
-            self._send_answers(self._budget.admit(stream.stream_id, answer, now))
+        if answer.invites:
+            self._send_answers(self._budget.admit(stream.stream_id, answer.envelope, now))
         else:
-            self._outbox.append(encode_envelope(answer))
+            self._outbox.append(encode_envelope(answer.envelope))
 
     def _send_answers(self, answers: list[Envelope]) -> None:
         self._outbox.extend(encode_envelope(answer) for answer in answers)
@@ -716,12 +712,19 @@ class Connection:
                 return
             # With a byte budget, a stream is invited only once its reader reads: the reader
             # holds a buffer by then, so what the stream draws always comes back.
-            registered.held = self._pool is not None
+            if self._pool is not None:
+                registered.hold()
         self._request_ids += 1
         self._requests[self._request_ids] = _Request(env, stream_ids)
         self._events.append(RequestReceived(self._request_ids, env.method, env.request, stream_ids))
 
     def _on_response(self, env: Envelope, now: float) -> None:
+        assert env.correlation is not None
+        round_trip = self._calls.round_trip(env.correlation.id, now)
+        if round_trip is not None and env.method == self._calls.method_of(env.correlation.id):
+            if self._rtt is None or round_trip < self._rtt:
+                self._rtt = round_trip
+            self._budget.round_trip(round_trip)
         outcome = self._calls.on_response(env, now=now)
         if isinstance(outcome, Unmatched):
             log.info("response_unmatched", method=env.method, correlation_id=outcome.call_id)
@@ -834,12 +837,14 @@ class Connection:
         if responder is not None and isinstance(env.request, dict):
             purpose = env.request.get("mainPurpose")
             if purpose in ("chunk", "feedback"):
-                self._budget.arrived(responder.stream_id, size=size, chunk=purpose == "chunk")
+                self._budget.arrived(
+                    responder.stream_id, size=size, chunk=purpose == "chunk", now=now
+                )
         if result.reply is not None:
             if responder is not None:
                 self._answer_stream(responder, result.reply, now)
             else:
-                self._outbox.append(encode_envelope(result.reply))
+                self._outbox.append(encode_envelope(result.reply.envelope))
         if result.stream_id is None:
             return
         if responder is not None:
@@ -855,10 +860,3 @@ class Connection:
 def _need(frame_bytes: int) -> int:
     """What a chunk frame of `frame_bytes` may hold of the byte budget until it is decoded."""
     return frame_bytes * _NEED_NUM // _NEED_DEN
-
-
-def _outcome(stream: _Stream) -> StreamEnded | StreamBroke:
-    """How `stream`, being over, ended."""
-    if stream.broken:
-        return StreamBroke(stream.stream_id, stream.broken_reason, stream.not_served)
-    return StreamEnded(stream.stream_id)

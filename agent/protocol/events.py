@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent.errors import StreamBroken, StreamNotServed
+from agent.errors import StreamBroken, StreamMalformed, StreamNotServed
 from agent.protocol.calls import Completed, Failed
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "StreamBroke",
     "StreamChanged",
     "StreamEnded",
+    "broken_error",
 ]
 
 
@@ -60,16 +61,24 @@ class StreamEnded:
 @dataclass(frozen=True, slots=True)
 class StreamBroke:
     """Stream `stream_id` is over without its end, for `reason`; `not_served` when the peer
-    answered our `read` by echoing it (it cannot serve a stream in a response)."""
+    answered our `read` by echoing it (it cannot serve a stream in a response), `malformed`
+    when it broke at a chunk that does not decode (the same bytes would fail again)."""
 
     stream_id: str
     reason: str
     not_served: bool = False
+    malformed: bool = False
 
     def error(self) -> StreamBroken:
-        """The error a reader or writer of the stream gets: `StreamNotServed` or `StreamBroken`."""
-        kind = StreamNotServed if self.not_served else StreamBroken
-        return kind(f"stream {self.stream_id} broke: {self.reason}")
+        """The error a reader or writer of the stream gets: `StreamNotServed`,
+        `StreamMalformed` or `StreamBroken`."""
+        return broken_error(self.stream_id, self.reason, self.not_served, self.malformed)
+
+
+def broken_error(stream_id: str, reason: str, not_served: bool, malformed: bool) -> StreamBroken:
+    """The error of a stream that broke for `reason`, typed by what its peer did."""
+    kind = StreamNotServed if not_served else StreamMalformed if malformed else StreamBroken
+    return kind(f"stream {stream_id} broke: {reason}")
 
 
 class ChunkToken(Protocol):

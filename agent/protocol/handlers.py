@@ -81,9 +81,10 @@ class Caller(Protocol):
         method: str,
         request: Mapping[str, Any],
         *,
-        timeout: float,  # noqa: ASYNC109  # a protocol deadline, passed on
+        timeout: float | None,  # noqa: ASYNC109  # a protocol deadline, passed on
     ) -> dict[str, Any]:
-        """Call `method`; raises `CallFailed`, `CallTimeout` or `SessionClosed`."""
+        """Call `method`; raises `CallFailed`, `CallTimeout` or `SessionClosed`. `timeout`
+        None: no deadline of its own (the caller bounds it, by a transfer's progress)."""
         ...
 
 

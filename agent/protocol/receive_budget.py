@@ -19,6 +19,25 @@ answers, a stream that is over) are never held.
 Held answers are bounded by the number of streams (one in flight each); nothing here holds a
 payload, only the small answer envelopes.
 
+Sized from the measured round trip. A fixed budget is a ceiling on the streams' throughput
+together of about one budget per round trip: fine next to Cloudly (a few milliseconds), but 8
+MiB per 200 ms is 42 MB/s of frames, ~11 MB/s of payload in the Buffer form, whatever the link
+could carry (measured: four stages at 200 ms moved 9.5 MB/s under it, 18.5 MB/s with a 64 MiB
+budget and 17.3 MB/s sized as below; docs/benchmarks.md, "Far links"). So with a `ceiling` the
+budget follows the link's bandwidth-delay product: the round trip is the smallest ever seen on
+the connection (its calls' round trips, told by the connection through `round_trip()`, and each
+invitation's: answer out -> that stream's next chunk in), the delivery rate the largest of the
+last `RATE_SPAN` seconds (each invitation used up is a sample: the chunk bytes arrived since it
+went out, over that time), and the budget is twice their product, never below `limit` (what it
+was tuned for next to Cloudly) nor above `ceiling` (memory at the peer and in the kernel's
+buffers, and what a request may queue behind). The smallest ever, not a recent one: once bytes
+queue on the link every later sample carries the queue, and a budget sized from those would grow
+the queue it measures; the authentication's calls cross an idle link. While the budget is what
+holds the streams back the rate it delivers is `budget / rtt`, so it doubles per round trip
+until the link (or the peer, or the agent) is the bound, and a request waits behind about two
+round trips of bytes. Near Cloudly twice the product is far below `limit`: nothing changes
+there.
+
 `gate` (the connection's draw from the agent's byte budget, `agent.protocol.pool`): asked last,
 before an answer goes; an answer it refuses is held like one past `limit`, first in line.
 """
@@ -32,10 +51,13 @@ from typing import Final
 
 from agent.protocol.envelope import Envelope
 
-__all__ = ["DEFAULT_ESTIMATE", "SIZE_MEMORY", "ReceiveBudget"]
+__all__ = ["DEFAULT_ESTIMATE", "RATE_SPAN", "SIZE_MEMORY", "ReceiveBudget"]
 
 DEFAULT_ESTIMATE: Final = 1 << 20
 """What an invitation counts before its stream sent any chunk (one 1 MiB chunk's payload)."""
+
+RATE_SPAN: Final = 10.0
+"""Seconds a delivery-rate sample counts towards the maximum."""
 
 SIZE_MEMORY: Final = 4096
 """How many streams' last frame sizes are remembered (the least recently updated go first):
@@ -46,7 +68,9 @@ connection reports here."""
 @dataclass(slots=True)
 class _Invitation:
     size: int
+    sent: float
     expires: float
+    arrived: int  # chunk bytes arrived before it went out
 
 
 @dataclass(slots=True)
@@ -55,8 +79,12 @@ class ReceiveBudget:
 
     limit: int | None  # bytes; None: no bound
     expiry: float  # seconds an unused invitation counts
+    ceiling: int | None = None  # bytes it may grow to from the measured round trip; None: never
     gate: Callable[[str], bool] | None = None  # may `stream_id` be invited now (byte budget)
     _invited: dict[str, _Invitation] = field(default_factory=dict)
+    _rtt: float | None = None  # the smallest round trip seen
+    _arrived: int = 0  # chunk frame bytes arrived so far
+    _rates: deque[tuple[float, float]] = field(default_factory=deque)  # (when, bytes per s)
     _held: deque[tuple[str, Envelope]] = field(default_factory=deque)
     _last_size: dict[str, int] = field(default_factory=dict)
     _used: int = 0
@@ -71,8 +99,10 @@ class ReceiveBudget:
         """Answers waiting for room in the budget."""
         return len(self._held)
 
-    def arrived(self, stream_id: str, *, size: int, chunk: bool) -> None:
-        """A chunk (`chunk`) or a probe of `stream_id` arrived: its invitation is used up."""
+    def arrived(self, stream_id: str, *, size: int, chunk: bool, now: float | None = None) -> None:
+        """A chunk (`chunk`) or a probe of `stream_id` arrived: its invitation is used up. With
+        `now`, a chunk counts towards the delivery rate, and the round trip since its
+        invitation went out is a sample."""
         if chunk:
             self._last_size.pop(stream_id, None)
             self._last_size[stream_id] = size
@@ -81,6 +111,35 @@ class ReceiveBudget:
         invitation = self._invited.pop(stream_id, None)
         if invitation is not None:
             self._used -= invitation.size
+        if chunk and now is not None and self.ceiling is not None:
+            self._arrived += size
+            if invitation is not None:
+                took = now - invitation.sent
+                self.round_trip(took)
+                if took > 0:
+                    self._rates.append((now, (self._arrived - invitation.arrived) / took))
+            self._forget_before(now - RATE_SPAN)
+
+    def round_trip(self, seconds: float) -> None:
+        """A round trip seen on the connection (a call's, an invitation's)."""
+        if self._rtt is None or seconds < self._rtt:
+            self._rtt = seconds
+
+    def limit_at(self, now: float) -> int | None:
+        """The budget now: `limit`, or twice the measured bandwidth-delay product, up to
+        `ceiling` (module docstring)."""
+        if self.limit is None or self.ceiling is None or self.ceiling <= self.limit:
+            return self.limit
+        self._forget_before(now - RATE_SPAN)
+        rtt = self._rtt
+        if rtt is None or not self._rates:
+            return self.limit
+        product = 2 * max(sample for _, sample in self._rates) * rtt
+        return int(min(self.ceiling, max(self.limit, product)))
+
+    def _forget_before(self, horizon: float) -> None:
+        while self._rates and self._rates[0][0] <= horizon:
+            self._rates.popleft()
 
     def admit(self, stream_id: str, answer: Envelope, now: float) -> list[Envelope]:
         """An answer that invites one more frame of `stream_id`: the answers to send now (it,
@@ -93,11 +152,12 @@ class ReceiveBudget:
     def release(self, now: float) -> list[Envelope]:
         """Held answers that fit now, oldest first (none overtakes an earlier one)."""
         self._expire(now)
+        limit = self.limit_at(now)
         sent: list[Envelope] = []
         while self._held:
             stream_id, answer = self._held[0]
             size = self._last_size.get(stream_id, DEFAULT_ESTIMATE)
-            if self._invited and self.limit is not None and self._used + size > self.limit:
+            if self._invited and limit is not None and self._used + size > limit:
                 break
             if self.gate is not None and not self.gate(stream_id):
                 break
@@ -129,12 +189,13 @@ class ReceiveBudget:
         self._held.clear()
         self._last_size.clear()
         self._used = 0
+        self._rates.clear()
 
     def _invite(self, stream_id: str, size: int, now: float) -> None:
         previous = self._invited.pop(stream_id, None)
         if previous is not None:
             self._used -= previous.size
-        self._invited[stream_id] = _Invitation(size, now + self.expiry)
+        self._invited[stream_id] = _Invitation(size, now, now + self.expiry, self._arrived)
         self._used += size
 
     def _expire(self, now: float) -> None:

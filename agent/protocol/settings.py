@@ -34,7 +34,9 @@ class StreamSettings:
       side of a healthy stream stays silent on purpose (keep it well below `idle_timeout`);
     - `probe_interval`: how soon a sender paused by backpressure probes again, and a reader
       whose `read` came back empty reads again;
-    - `chunk_form`: how we encode the chunks we send ("buffer" or "base64", see `chunks`).
+    - `chunk_form`: how we encode the chunks we send ("buffer" or "base64", see `chunks`);
+    - `cycles`: data cycles a stream we drive keeps in flight (None: `window`; 1 is what a
+      typedrequest 3.3.0 initiator does: a stand-in Cloudly set so moves like the real one).
     """
 
     window: int = 16
@@ -44,12 +46,15 @@ class StreamSettings:
     park_timeout: float = 1.0
     probe_interval: float = 0.05
     chunk_form: ChunkForm = "buffer"
+    cycles: int | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_form not in ("buffer", "base64"):
             raise InvalidState(f"unknown chunk_form {self.chunk_form!r}")
         if self.window < 1:
             raise InvalidState("stream window must be at least 1")
+        if self.cycles is not None and self.cycles < 1:
+            raise InvalidState("stream cycles must be at least 1 (None: the window)")
         if self.window_bytes < 1 or self.inline_decode_max < 0:
             raise InvalidState(
                 "stream window_bytes must be positive, inline_decode_max not negative"
@@ -62,16 +67,21 @@ class ConnectionSettings:
     `retry` advice (`max_retry_attempts`), how many requests are handled at once
     (`max_concurrent_requests`), how long a caller turned away for that waits
     (`busy_retry_ms`), and how many bytes of chunk frames our answers invite at once across
-    the streams we receive (`receive_budget`, None: no bound; `receive_budget.ReceiveBudget`)."""
+    the streams we receive (`receive_budget`, None: no bound; `receive_budget.ReceiveBudget`),
+    which grows with the measured bandwidth-delay product up to `receive_budget_max` (None:
+    it stays at `receive_budget`)."""
 
     streams: StreamSettings = field(default_factory=StreamSettings)
     max_retry_attempts: int = 5
     max_concurrent_requests: int = 64
     busy_retry_ms: int = 1000
     receive_budget: int | None = 8 * 1024 * 1024
+    receive_budget_max: int | None = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.max_concurrent_requests < 1:
             raise InvalidState("max_concurrent_requests must be at least 1")
         if self.receive_budget is not None and self.receive_budget < 1:
             raise InvalidState("receive_budget must be positive (None: no bound)")
+        if self.receive_budget_max is not None and self.receive_budget_max < 1:
+            raise InvalidState("receive_budget_max must be positive (None: no growth)")

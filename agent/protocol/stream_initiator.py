@@ -1,24 +1,55 @@
 """The initiator side of one VirtualStream (wire.md §4.2-4.4): we fired the outer request, we drive.
 
-At most one data cycle and one keep-alive cycle are in flight, as in typedrequest 3.3.0.
-- Role SEND (the marker is in our request): `chunk` frames while we have data; a reply with
-  `backpressure: true` pauses us, and we re-probe with `feedback` every `probe_interval`. The
-  stream ENDS when the reply to the closing-bit chunk arrives.
-- Role RECEIVE (the marker is in the reply to our call): `read` frames while our receive queue
-  has room; the responder answers with a chunk and `next` (our own responder parks a `read`
-  until it has data). A reply without a chunk and with `next: false` makes us wait one probe
-  interval. The stream ENDS at the closing bit.
-- Keep-alive: a `keepAlive` frame every `park_timeout` (`StreamSettings`); `idle_timeout`
-  seconds without any answer breaks the stream, and so does a data cycle unanswered that long.
-  An answer `keepAlive: false` before the end breaks it too (the responder gave up).
+Its life is `INITIATOR_TABLE` (`stream_table.StreamTable`); what it has in flight is data: the
+cycles it sent and awaits (`_cycles`), one keep-alive cycle, its queue.
+
+A window of data cycles is in flight, not one (typedrequest 3.3.0 waits for each answer before
+it sends the next frame, so it moves one chunk per round trip; over a far link that is the
+whole rate):
+- Role SEND (the marker is in our request): `chunk` frames while we have data, at most
+  `window` chunks and `window_bytes` of payload unanswered at once (one always goes), and no
+  more payload than the link carries in two round trips: the round trip is the smallest seen
+  (its chunks' answers, and the connection's, `path_rtt`: its calls cross an idle link first),
+  the delivery rate the largest of the last `RATE_SPAN` seconds (each answer is a sample: the
+  payload answered since its chunk went out, over that time); twice their product, the link's
+  bandwidth-delay product, and one chunk more (so one chunk in flight can become two) bounds
+  what is in flight (a quarter of `window_bytes` until the first answer). The smallest round
+  trip, not a recent one: once chunks queue on the link every answer carries the queue, and an
+  allowance sized from those would grow the queue it measures. A fast far link so fills the
+  window; a slow one (a few Mbit/s) keeps about two round trips of bytes queued instead of the
+  whole window, so the session's pings and requests do not wait behind half a minute of
+  frames. An answer with `backpressure: true` stops us: no new chunk goes out until an answer
+  says `false`, and once nothing is in flight we probe with `feedback` every `probe_interval`. So a
+  typedrequest 3.3.0 responder, whose receive queue holds 16 items and whose `push` never
+  refuses, holds at most `window` + 16 chunks; our own responder, which reports backpressure
+  at `window` chunks or `window_bytes` and breaks a stream pushed past twice either, never
+  sees a well-behaved initiator go past it (each chunk in flight was sent before the first
+  backpressure answer, and together they are at most one window). The stream ENDS when the
+  answer to the closing-bit chunk arrives (answers come in the order of the frames).
+- Role RECEIVE (the marker is in the reply to our call): `read` frames while our queue and the
+  reads in flight have room (`window` chunks; `window_bytes` counting each read as the largest
+  chunk seen), and while the reads in flight would bring no more than the allowance above
+  (each answer's chunk is a delivery, measured as a sender measures its answers: the answers
+  queued on a slow link stay within two round trips, and none waits past `idle_timeout`). It
+  ramps up as a sender does: one read until the first chunk came (and after every empty
+  answer: a responder with nothing to send is asked once per answer, not `window` times), then
+  twice what the last round trip brought. An empty answer with `next: false` makes us wait one
+  probe interval. The stream ENDS at the closing
+  bit; chunks are queued in the order their answers arrive, which is the order the responder
+  gave them out.
+- Keep-alive: a `keepAlive` frame every `park_timeout` (`StreamSettings`), one in flight;
+  `idle_timeout` seconds without any answer breaks the stream, and so does a data cycle
+  unanswered that long. An answer `keepAlive: false` before the end breaks it too (the
+  responder gave up).
 - A stream frame of ours that comes back unanswered (the TS router echoes frames for unknown
   streams; a 3.3.0 responder answers `read` with `response: null`) breaks the stream.
-- After the end (or an abort) one `keepAlive: false` frame tells the responder to let go.
+- After the end (or a break) one `keepAlive: false` frame tells the responder to let go
+  (`farewell`); then the stream is OVER.
 
 A stream starts PENDING until `arm()`: its frames must not overtake the request that carries
 its marker. The producer may queue up to `window` chunks meanwhile. A RECEIVE stream is
-`finished` (its connection lets it go) only once its reader took the end or the break, or
-left (`stop_reading`): what arrived before the end stays readable after it.
+`finished` (its connection lets it go) only once it is OVER and its reader took the end or the
+break, or left (`stop_reading`): what arrived before the end stays readable after it.
 """
 
 from __future__ import annotations
@@ -26,33 +57,75 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
 
-from agent.errors import InvalidState, RemoteProtocolError, StreamBroken, StreamNotServed
+from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
 from agent.protocol.chunks import CLOSING, ChunkForm, Closing, decode_chunk, encode_chunk
+from agent.protocol.events import broken_error
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage
 from agent.protocol.stream_responder import Role
+from agent.protocol.stream_table import StreamTable
 
-__all__ = ["TRANSITIONS", "InitiatorState", "InitiatorStream"]
+__all__ = ["INITIATOR_TABLE", "RATE_SPAN", "InitiatorEvent", "InitiatorState", "InitiatorStream"]
 
 
 class InitiatorState(enum.Enum):
-    """Life of a stream we drive; ENDED and BROKEN are final."""
+    """Life of a stream we drive; OVER is final."""
 
     PENDING = "pending"  # the marker has not gone out yet
     OPEN = "open"
-    ENDED = "ended"
-    BROKEN = "broken"
+    ENDED = "ended"  # the end went through; the farewell is due
+    BROKEN = "broken"  # broke while open; the farewell is due
+    OVER = "over"  # nothing more goes out (`broken_reason` says how it ended)
 
 
-TRANSITIONS: dict[InitiatorState, frozenset[InitiatorState]] = {
-    InitiatorState.PENDING: frozenset({InitiatorState.OPEN, InitiatorState.BROKEN}),
-    InitiatorState.OPEN: frozenset({InitiatorState.ENDED, InitiatorState.BROKEN}),
-    InitiatorState.ENDED: frozenset(),
-    InitiatorState.BROKEN: frozenset(),
-}
+class InitiatorEvent(enum.Enum):
+    """What moves a stream we drive."""
+
+    ARM = "arm"
+    END = "end"
+    BREAK = "break"
+    FAREWELL = "farewell"
+
+
+_S, _E = InitiatorState, InitiatorEvent
+
+INITIATOR_TABLE: Final = StreamTable[InitiatorState, InitiatorEvent](
+    {
+        (_S.PENDING, _E.ARM): (_S.OPEN, "the request carrying its marker went out"),
+        (_S.PENDING, _E.BREAK): (_S.OVER, "aborted before its marker went out: nothing to say"),
+        (_S.OPEN, _E.END): (
+            _S.ENDED,
+            "SEND: the closing bit's answer came; RECEIVE: the closing bit came",
+        ),
+        (_S.OPEN, _E.BREAK): (
+            _S.BROKEN,
+            "no answer within `idle_timeout`, our frame echoed, `keepAlive: false`, an "
+            "undecodable chunk, or a local abort",
+        ),
+        (_S.ENDED, _E.FAREWELL): (_S.OVER, "one `keepAlive: false` frame went out"),
+        (_S.BROKEN, _E.FAREWELL): (_S.OVER, "one `keepAlive: false` frame went out"),
+    }
+)
+"""How a stream we drive moves (docs/wire-notes.md embeds `render()`, checked by a test)."""
 
 UNSERVED = "the peer did not serve the stream (unknown stream id, or it cannot answer read)"
+
+RATE_SPAN: Final = 10.0
+"""Seconds a delivery-rate sample of a stream we send on counts towards its maximum."""
+
+
+@dataclass(slots=True)
+class _Cycle:
+    """A data cycle in flight: what it asked, when, and (SEND) what it carried."""
+
+    purpose: str  # "chunk", "read" or "feedback"
+    sent_at: float
+    item: bytes | Closing | None = None
+    size: int = 0  # payload bytes of a chunk
+    delivered: int = 0  # payload answered before it went out
 
 
 class InitiatorStream:
@@ -65,30 +138,42 @@ class InitiatorStream:
         settings: StreamSettings,
         *,
         new_id: Callable[[], str],
+        path_rtt: Callable[[], float | None] = lambda: None,
     ) -> None:
+        """`path_rtt` says the smallest round trip its connection has seen (None: none yet)."""
         self.stream_id = stream_id
         self.role = role
         self.state = InitiatorState.PENDING
-        self.broken_reason = ""
+        self.broken_reason = ""  # why it broke; empty while it has not
         self.not_served = False  # broken because the peer echoed our frame: it serves no `read`
+        self.malformed = False  # broken at a chunk that does not decode
         self._window = settings.window
+        self._cycles_max = settings.cycles or settings.window  # data cycles in flight at most
+        self._window_bytes = settings.window_bytes
         self._interval = settings.park_timeout
         self._timeout = settings.idle_timeout
         self._probe = settings.probe_interval
         self._new_id = new_id
         self._form: ChunkForm = settings.chunk_form
+        # SEND: what the producer queued, not sent yet; RECEIVE: what came, not taken yet.
         self._queue: deque[bytes | Closing] = deque()
-        self._queued_close = False
-        self._last_ok = 0.0
-        self._data_cycle: str | None = None
-        self._data_item: bytes | Closing | None = None
-        self._data_sent_at = 0.0
+        self._queued_bytes = 0  # RECEIVE: payload bytes in the queue
+        self._cycles: dict[str, _Cycle] = {}  # data cycles in flight, oldest first
+        self._in_flight_bytes = 0  # SEND: payload bytes of the chunks in flight
+        # SEND: what the link carries (answers' round trips, payload answered), and so how much
+        # payload may be in flight: a quarter of the window until the first answer.
+        self._path_rtt = path_rtt
+        self._rtt: float | None = None  # the smallest answer round trip of this stream
+        self._delivered = 0  # payload answered so far
+        self._rates: deque[tuple[float, float]] = deque()  # (when, bytes per second)
+        self._allowance = max(1, settings.window_bytes // 4)
         self._keepalive_cycle: str | None = None
         self._keepalive_at = 0.0
-        self._remote_backpressured = False
+        self._last_ok = 0.0
+        self._peer_backpressure = False  # SEND: what the latest answer said
         self._not_before = 0.0  # earliest time for the next data frame (probe / empty read)
-        self._farewell_sent = False
-        self._armed = False
+        self._reads_allowed = 1  # RECEIVE: reads in flight at once (one until a chunk came)
+        self._largest_chunk = 0  # RECEIVE: what one read may bring, for the byte window
         self._reader_done = False  # RECEIVE: the reader took the end (or the break), or left
         self.end_reported = False  # the connection told its driver the stream is over
 
@@ -96,8 +181,7 @@ class InitiatorStream:
 
     def arm(self, now: float) -> None:
         """The request carrying the marker has gone out: start driving."""
-        self._move(InitiatorState.OPEN)
-        self._armed = True
+        self._move(InitiatorEvent.ARM)
         self._last_ok = now
         self._keepalive_at = now
 
@@ -110,33 +194,64 @@ class InitiatorStream:
                 frames.append(self._frame("keepAlive", keep_alive=True))
                 self._keepalive_cycle = frames[-1].cycle_id
                 self._keepalive_at = now + self._interval
-            data = self._data_frame(now)
-            if data is not None:
-                self._data_cycle, self._data_sent_at = data.cycle_id, now
-                frames.append(data)
-        elif self._armed and not self._farewell_sent:
-            self._farewell_sent = True
+            if now >= self._not_before:
+                frames += self._data_frames(now)
+        elif self.state in (InitiatorState.ENDED, InitiatorState.BROKEN):
+            self._move(InitiatorEvent.FAREWELL)
             frames.append(self._frame("keepAlive", keep_alive=False))
         return frames
 
-    def _data_frame(self, now: float) -> StreamPackage | None:
-        if self._data_cycle is not None or now < self._not_before:
-            return None
+    def _data_frames(self, now: float) -> list[StreamPackage]:
+        frames: list[StreamPackage] = []
         if self.role is Role.RECEIVE:
-            if len(self._queue) >= self._window:
-                return None
-            return self._frame("read", next=False, backpressure=False)
-        if self._remote_backpressured:
-            return self._frame("feedback", next=bool(self._queue), backpressure=False)
-        if not self._queue:
-            return None
-        item = self._queue.popleft()
-        self._data_item = item
-        return self._frame(
-            "chunk",
-            next=bool(self._queue),
-            backpressure=False,
-            chunk=encode_chunk(item, self._form),
+            while self._may_read():
+                frames.append(self._send(self._frame("read", next=False, backpressure=False), now))
+            return frames
+        if self._peer_backpressure:
+            if not self._cycles:  # the answers in flight will tell us first
+                probe = self._frame("feedback", next=bool(self._queue), backpressure=False)
+                frames.append(self._send(probe, now))
+            return frames
+        while self._queue and self._room_for(self._queue[0]):
+            item = self._queue.popleft()
+            frame = self._frame(
+                "chunk",
+                next=bool(self._queue),
+                backpressure=False,
+                chunk=encode_chunk(item, self._form),
+            )
+            size = 0 if item is CLOSING else len(item)
+            frames.append(self._send(frame, now, item=item, size=size))
+        return frames
+
+    def _send(
+        self,
+        frame: StreamPackage,
+        now: float,
+        *,
+        item: bytes | Closing | None = None,
+        size: int = 0,
+    ) -> StreamPackage:
+        self._cycles[frame.cycle_id] = _Cycle(frame.main_purpose, now, item, size, self._delivered)
+        self._in_flight_bytes += size
+        return frame
+
+    def _room_for(self, item: bytes | Closing) -> bool:
+        """SEND: whether `item` may go out now: the window has room in chunks and in bytes
+        (the first chunk in flight always goes, however large)."""
+        if len(self._cycles) >= self._cycles_max:
+            return False
+        size = 0 if item is CLOSING else len(item)
+        return not self._cycles or self._in_flight_bytes + size <= self._allowance
+
+    def _may_read(self) -> bool:
+        """RECEIVE: whether one more `read` may go out now."""
+        reads = len(self._cycles)
+        return (
+            reads < min(self._reads_allowed, self._cycles_max)
+            and len(self._queue) + reads < self._window
+            and self._queued_bytes + reads * self._largest_chunk < self._window_bytes
+            and (reads == 0 or (reads + 1) * self._largest_chunk <= self._allowance)
         )
 
     def _frame(
@@ -164,37 +279,41 @@ class InitiatorStream:
 
         A time it reports is one at which `poll` acts, so a driver that wakes then never finds
         the same time reported again: the data pause counts only while a data frame could go
-        out (the events that change that, a write or a take, make the driver poll anyway).
+        out then (the events that change that, an answer, a write or a take, make the driver
+        poll anyway).
         """
         if self.state is not InitiatorState.OPEN:
             return None
         times = [self._last_ok + self._timeout]
         if self._keepalive_cycle is None:
             times.append(self._keepalive_at)
-        if self._data_cycle is not None:
-            times.append(self._data_sent_at + self._timeout)
-        elif self._not_before > 0 and self._could_send_data():
+        if self._cycles:
+            times.append(next(iter(self._cycles.values())).sent_at + self._timeout)
+        if self._not_before > 0 and self._could_send_data():
             times.append(self._not_before)
         return min(times)
 
     def _could_send_data(self) -> bool:
+        """Whether `_data_frames` would send a frame, the time aside."""
         if self.role is Role.RECEIVE:
-            return len(self._queue) < self._window
-        return self._remote_backpressured or bool(self._queue)
+            return self._may_read()
+        if self._peer_backpressure:
+            return not self._cycles
+        return bool(self._queue) and self._room_for(self._queue[0])
 
     @property
     def finished(self) -> bool:
-        """Over and said so, and (RECEIVE) its reader took the end or left: nothing more will
-        be polled out of this stream or taken from it."""
-        said = self.done and (self._farewell_sent or not self._armed)
-        return said and (self.role is Role.SEND or self._reader_done)
+        """OVER, and (RECEIVE) its reader took the end or left: nothing more will be polled out
+        of this stream or taken from it."""
+        over = self.state is InitiatorState.OVER
+        return over and (self.role is Role.SEND or self._reader_done)
 
     def _check_timeouts(self, now: float) -> None:
         if self.state is not InitiatorState.OPEN:
             return
         if now - self._last_ok > self._timeout:
             self._break(f"no answer from the responder within {self._timeout:g} s")
-        elif self._data_cycle is not None and now - self._data_sent_at > self._timeout:
+        elif self._cycles and now - next(iter(self._cycles.values())).sent_at > self._timeout:
             self._break(f"a data frame got no answer within {self._timeout:g} s")
 
     # --- answers ----------------------------------------------------------------------------
@@ -204,20 +323,22 @@ class InitiatorStream:
         if cycle_id == self._keepalive_cycle:
             self._keepalive_cycle = None
             self._on_keepalive(package, now)
-        elif cycle_id == self._data_cycle:
-            self._data_cycle = None
-            self._on_data(package, now)
+            return
+        cycle = self._cycles.pop(cycle_id, None)
+        if cycle is not None:
+            self._in_flight_bytes -= cycle.size
+            self._on_data(cycle, package, now)
         # else: the answer to the farewell frame, or one after the end: nothing to do
 
     def on_unserved(self, cycle_id: str) -> None:
         """One of our frames came back unanswered."""
-        if cycle_id in (self._keepalive_cycle, self._data_cycle):
-            self._keepalive_cycle = self._data_cycle = None
-            if self.state is InitiatorState.OPEN:
-                self._break(UNSERVED)
-                # An echoed `read`: this peer serves no stream in a response (StreamNotServed);
-                # an echoed data frame of ours is a break like any other.
-                self.not_served = self.role is Role.RECEIVE
+        if cycle_id != self._keepalive_cycle and cycle_id not in self._cycles:
+            return
+        if self.state is InitiatorState.OPEN:
+            self._break(UNSERVED)
+            # An echoed `read`: this peer serves no stream in a response (StreamNotServed);
+            # an echoed data frame of ours is a break like any other.
+            self.not_served = self.role is Role.RECEIVE
 
     def _on_keepalive(self, package: StreamPackage, now: float) -> None:
         if self.state is not InitiatorState.OPEN:
@@ -228,29 +349,61 @@ class InitiatorStream:
         elif package.next:
             self._not_before = 0.0  # it has data for us now
 
-    def _on_data(self, package: StreamPackage, now: float) -> None:
+    def _on_data(self, cycle: _Cycle, package: StreamPackage, now: float) -> None:
         if self.state is not InitiatorState.OPEN:
             return
         self._last_ok = now
         if self.role is Role.SEND:
-            sent, self._data_item = self._data_item, None
-            self._remote_backpressured = bool(package.backpressure)
-            self._not_before = now + self._probe if self._remote_backpressured else 0.0
-            if sent is CLOSING:
-                self._move(InitiatorState.ENDED)
+            if cycle.purpose == "chunk":
+                self._measure(cycle, cycle.size, now)
+            self._peer_backpressure = bool(package.backpressure)
+            self._not_before = now + self._probe if self._peer_backpressure else 0.0
+            if cycle.item is CLOSING:
+                self._move(InitiatorEvent.END)
             return
         if package.chunk_data is None:
+            self._reads_allowed = 1
             self._not_before = 0.0 if package.next else now + self._probe
             return
         try:
             item = decode_chunk(package.chunk_data)
         except RemoteProtocolError as exc:
             self._break(f"undecodable chunk: {exc}")
+            self.malformed = True
             return
         self._queue.append(item)
         self._not_before = 0.0
+        self._reads_allowed = self._window
         if item is CLOSING:
-            self._move(InitiatorState.ENDED)
+            self._move(InitiatorEvent.END)
+        else:
+            self._queued_bytes += len(item)
+            self._largest_chunk = max(self._largest_chunk, len(item))
+            self._measure(cycle, len(item), now)
+
+    def _measure(self, cycle: _Cycle, size: int, now: float) -> None:
+        """A cycle's answer moved `size` bytes of payload (SEND: its chunk answered; RECEIVE: a
+        chunk in answer to its read): a round trip and a delivery rate; the allowance follows
+        (module docstring): twice the bandwidth-delay product and one chunk, within
+        `window_bytes`."""
+        self._delivered += size
+        took = now - cycle.sent_at
+        self._rtt = took if self._rtt is None else min(self._rtt, took)
+        if took > 0:
+            self._rates.append((now, (self._delivered - cycle.delivered) / took))
+        while self._rates and self._rates[0][0] <= now - RATE_SPAN:
+            self._rates.popleft()
+        path = self._path_rtt()
+        rtt = self._rtt if path is None else min(self._rtt, path)
+        rate = max((sample for _, sample in self._rates), default=0.0)
+        # One chunk on top: a sample taken with n in flight says at most n, so twice it alone
+        # would never let a lone chunk become two (its round trip is never below the minimum).
+        self._allowance = int(min(self._window_bytes, 2 * rate * rtt + size))
+
+    @property
+    def allowance(self) -> int:
+        """SEND: payload bytes that may be in flight now (one chunk always goes)."""
+        return self._allowance
 
     # --- the local side ---------------------------------------------------------------------
 
@@ -269,7 +422,6 @@ class InitiatorStream:
     def close(self) -> None:
         """SEND: queue the closing bit after the data."""
         self._check_producer()
-        self._queued_close = True
         self._queue.append(CLOSING)
 
     def take(self) -> bytes | Closing | None:
@@ -280,8 +432,10 @@ class InitiatorStream:
             item = self._queue.popleft()
             if item is CLOSING:
                 self._reader_done = True
+            else:
+                self._queued_bytes -= len(item)
             return item
-        if self.state is InitiatorState.BROKEN:
+        if self.broken:
             self._reader_done = True
             raise self._broken_error()
         return None
@@ -290,6 +444,7 @@ class InitiatorStream:
         """RECEIVE: the reader left before the end: drop what is queued, break if still open."""
         self._reader_done = True
         self._queue.clear()
+        self._queued_bytes = 0
         self.abort("the reader stopped")
 
     def abort(self, reason: str) -> None:
@@ -299,33 +454,47 @@ class InitiatorStream:
 
     @property
     def done(self) -> bool:
-        """Whether the stream is over (ENDED or BROKEN)."""
-        return self.state in (InitiatorState.ENDED, InitiatorState.BROKEN)
+        """Whether the stream is over (its end went through, or it broke)."""
+        return self.state not in (InitiatorState.PENDING, InitiatorState.OPEN)
 
     @property
     def broken(self) -> bool:
         """Whether the stream is over without its end."""
-        return self.state is InitiatorState.BROKEN
+        return bool(self.broken_reason)
+
+    @property
+    def in_flight(self) -> int:
+        """Data cycles sent and not answered yet."""
+        return len(self._cycles)
+
+    def _producer_closed(self) -> bool:
+        """SEND: whether the producer queued the closing bit (still queued, in flight, or
+        through)."""
+        if self.state in (InitiatorState.ENDED, InitiatorState.OVER) and not self.broken:
+            return True
+        return any(item is CLOSING for item in self._queue) or any(
+            cycle.item is CLOSING for cycle in self._cycles.values()
+        )
 
     def _check_producer(self) -> None:
         if self.role is not Role.SEND:
             raise InvalidState("producer call on a stream we receive on")
-        if self.state is InitiatorState.BROKEN:
+        if self.broken:
             raise self._broken_error()
-        if self._queued_close:
+        if self._producer_closed():
             raise InvalidState("the stream is already closed")
 
-    def _move(self, to: InitiatorState) -> None:
-        if to not in TRANSITIONS[self.state]:
-            raise InvalidState(f"stream {self.stream_id}: {self.state.value} -> {to.value}")
-        self.state = to
+    def _move(self, event: InitiatorEvent) -> None:
+        self.state = INITIATOR_TABLE.next(self.state, event, stream_id=self.stream_id)
 
     def _broken_error(self) -> StreamBroken:
-        kind = StreamNotServed if self.not_served else StreamBroken
-        return kind(f"stream {self.stream_id} broke: {self.broken_reason}")
+        return broken_error(self.stream_id, self.broken_reason, self.not_served, self.malformed)
 
     def _break(self, reason: str) -> None:
-        self._move(InitiatorState.BROKEN)
+        self._move(InitiatorEvent.BREAK)
         self.broken_reason = reason
+        self._cycles.clear()
+        self._in_flight_bytes = 0
+        self._keepalive_cycle = None
         if self.role is Role.SEND:
             self._queue.clear()

@@ -33,12 +33,13 @@ from typing import Final
 
 from agent.errors import InvalidState, RemoteProtocolError
 from agent.protocol.envelope import Envelope
+from agent.protocol.events import StreamBroke, StreamEnded
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
 from agent.protocol.stream_initiator import InitiatorStream
-from agent.protocol.stream_responder import ResponderStream, Role
+from agent.protocol.stream_responder import ResponderStream, Role, StreamAnswer
 
-__all__ = ["ECHO_MEMORY", "OVER_MEMORY", "FrameResult", "StreamRegistry"]
+__all__ = ["ECHO_MEMORY", "OVER_MEMORY", "FrameResult", "StreamRegistry", "outcome_of"]
 
 ECHO_MEMORY: Final = 1024
 # How many forgotten streams' outcomes are remembered, so that a late local call on one (a
@@ -48,9 +49,9 @@ OVER_MEMORY: Final = 1024
 
 @dataclass(frozen=True, slots=True)
 class FrameResult:
-    """What an incoming stream frame did: a reply to send, and the stream it touched."""
+    """What an incoming stream frame did: an answer to send, and the stream it touched."""
 
-    reply: Envelope | None = None
+    reply: StreamAnswer | None = None
     stream_id: str | None = None
     dropped: str = ""  # why the frame was dropped (for the log), empty if it was not
 
@@ -61,27 +62,25 @@ class StreamRegistry:
 
     settings: StreamSettings
     new_id: Callable[[], str]
+    path_rtt: Callable[[], float | None] = lambda: None  # the connection's smallest round trip
     responders: dict[str, ResponderStream] = field(default_factory=dict)
     initiators: dict[str, InitiatorStream] = field(default_factory=dict)
     _cycles: dict[str, str] = field(default_factory=dict)  # cycle id -> initiator stream id
     _echoed: dict[str, None] = field(default_factory=dict)  # cycle ids we echoed, oldest first
-    # forgotten id -> (why it broke, "" if it ended; whether the peer served it not at all)
-    _over: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    # forgotten id -> how it ended
+    _over: dict[str, StreamEnded | StreamBroke] = field(default_factory=dict)
 
     def find(self, stream_id: str) -> ResponderStream | InitiatorStream | None:
         """The registered stream `stream_id`, if any."""
         stream = self.responders.get(stream_id)
         return stream if stream is not None else self.initiators.get(stream_id)
 
-    def past(self, stream_id: str) -> tuple[str, bool] | None:
-        """How forgotten stream `stream_id` ended: ("", False) through its end, else why it
-        broke and whether it was not served; None for an id it does not remember."""
+    def past(self, stream_id: str) -> StreamEnded | StreamBroke | None:
+        """How forgotten stream `stream_id` ended; None for an id it does not remember."""
         return self._over.get(stream_id)
 
     def _remember(self, stream: ResponderStream | InitiatorStream) -> None:
-        self._over[stream.stream_id] = (
-            (stream.broken_reason, stream.not_served) if stream.broken else ("", False)
-        )
+        self._over[stream.stream_id] = outcome_of(stream)
         if len(self._over) > OVER_MEMORY:
             del self._over[next(iter(self._over))]
 
@@ -100,7 +99,9 @@ class StreamRegistry:
             stream_id = self.new_id()
         if stream_id in self.responders or stream_id in self.initiators:
             raise InvalidState(f"stream id {stream_id} is already in use")
-        stream = InitiatorStream(stream_id, role, self.settings, new_id=self.new_id)
+        stream = InitiatorStream(
+            stream_id, role, self.settings, new_id=self.new_id, path_rtt=self.path_rtt
+        )
         self.initiators[stream_id] = stream
         return stream
 
@@ -134,7 +135,7 @@ class StreamRegistry:
         # The package as we read it, without its payload: the echo is JSON whatever the frame
         # carried (an undecoded chunk cut out of it is no JSON we vouch for).
         echo = Envelope(env.method, package.echo(), None, is_reply=True)
-        return FrameResult(reply=echo, dropped="unknown stream, echoed once")
+        return FrameResult(reply=StreamAnswer(echo), dropped="unknown stream, echoed once")
 
     def _on_answer(self, env: Envelope, now: float) -> FrameResult:
         try:
@@ -155,15 +156,15 @@ class StreamRegistry:
             self._cycles[package.cycle_id] = stream.stream_id
         return [stream_frame(package) for package in frames]
 
-    def expire(self, now: float) -> list[tuple[str, Envelope | None]]:
-        """Apply the clock to responder streams: `(stream id, answer to send or None)` per
-        stream that changed. Finished registrations are removed after a linger period."""
-        changed: list[tuple[str, Envelope | None]] = []
+    def expire(self, now: float) -> list[tuple[str, list[StreamAnswer]]]:
+        """Apply the clock to responder streams: `(stream id, answers to send)` per stream that
+        changed. Finished registrations are removed after a linger period."""
+        changed: list[tuple[str, list[StreamAnswer]]] = []
         for stream in list(self.responders.values()):
             before = stream.state
-            answer = stream.expire(now)
-            if answer is not None or stream.state is not before:
-                changed.append((stream.stream_id, answer))
+            answers = stream.expire(now)
+            if answers or stream.state is not before:
+                changed.append((stream.stream_id, answers))
             if stream.finished(now):
                 del self.responders[stream.stream_id]
                 self._remember(stream)
@@ -190,3 +191,12 @@ class StreamRegistry:
         """Every registered stream."""
         yield from self.responders.values()
         yield from self.initiators.values()
+
+
+def outcome_of(stream: ResponderStream | InitiatorStream) -> StreamEnded | StreamBroke:
+    """How `stream`, being over, ended."""
+    if stream.broken:
+        return StreamBroke(
+            stream.stream_id, stream.broken_reason, stream.not_served, stream.malformed
+        )
+    return StreamEnded(stream.stream_id)

@@ -1,5 +1,10 @@
 """The responder side of one VirtualStream (wire.md §4.2-4.4): we only answer the peer's frames.
 
+Its life is `RESPONDER_TABLE` (`stream_table.StreamTable`); what it holds is data: its queue,
+the frames waiting behind a chunk being decoded, the `read`s it parked. Every answer is a
+`StreamAnswer`: the envelope and whether it invites the initiator's next chunk (the
+connection's receive budget counts those).
+
 The peer that fired the outer request is the initiator and drives all stream traffic; we are
 the responder for every marker in a request we handle (role RECEIVE: the initiator sends
 `chunk`s) and for every marker we put into a response (role SEND: the initiator sends `read`).
@@ -11,7 +16,9 @@ the frame's `request`, we echo the package as we read it, without its `chunkData
 never carries the peer's payload back (`stream_frames.stream_reply`). Beyond 3.3.0 we
 answer `read` with the next chunk and `next`. A `read` that finds the queue empty while the
 stream is still open is parked (long poll) until data arrives or `park_timeout` passes, so an
-initiator that reads while `next` is true neither spins nor stalls.
+initiator that reads while `next` is true neither spins nor stalls. An initiator that keeps
+several `read`s in flight gets them parked in order (at most `window`; one more answers the
+oldest empty), and data answers them oldest first.
 
 Pipelined receive: a chunk whose payload is at least `inline_decode_max` characters (a
 `RawChunk`: the frame decoder cut it out undecoded) is answered as soon as it is queued, as a
@@ -19,16 +26,15 @@ Pipelined receive: a chunk whose payload is at least `inline_decode_max` charact
 reports the outcome with `settle()`. A chunk that does not decode breaks the stream
 (`undecodable chunk: ...`): what came before it is still delivered, nothing after it is. The
 consumer only ever sees decoded bytes, in order (`take()` waits for the oldest chunk to be
-settled); a closing bit behind undecoded chunks ends the stream once they all decoded. A frame
-of the stream that arrives while one of its chunks is still being decoded waits (`handle`
-answers None) and is answered by `release()` once the chunk is settled, so a bad chunk has
-broken the stream before the peer's next frame of it is answered: one frame later at most
-(frames of other streams, and requests, do not wait). At most `2 x window` frames may wait;
-more break the stream. Smaller chunks are decoded at once, as before.
+settled). A frame of the stream that arrives while one of its chunks is still being decoded
+waits (`handle` answers None) and is answered by `release()` once the chunk is settled, so a
+bad chunk has broken the stream before the peer's next frame of it is answered: one frame
+later at most (frames of other streams, and requests, do not wait). At most `2 x window`
+frames may wait; more break the stream. Smaller chunks are decoded at once.
 
 Bounds: the receive queue holds at most `window` chunks, and at most `window_bytes` bytes
 (a queued chunk counts the frame it keeps alive until it is decoded, then its bytes), before we
-report backpressure; a stream whose reader is not ready yet (`held`: its request waits for a
+report backpressure; a stream whose reader is not ready yet (HELD: its request waits for a
 transfer slot) reports backpressure whatever it holds, so its initiator probes instead of
 sending and the stream holds no more than it took before; a peer that keeps sending past twice
 either bound breaks the stream. The send queue holds `window` chunks; the producer waits for
@@ -41,6 +47,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
+from typing import Final
 
 from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
 from agent.protocol.chunks import (
@@ -52,10 +59,20 @@ from agent.protocol.chunks import (
     encode_chunk,
 )
 from agent.protocol.envelope import Envelope
+from agent.protocol.events import broken_error
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import Purpose, StreamPackage, stream_reply
+from agent.protocol.stream_table import StreamTable
 
-__all__ = ["TRANSITIONS", "PendingChunk", "ResponderStream", "Role", "StreamState"]
+__all__ = [
+    "RESPONDER_TABLE",
+    "PendingChunk",
+    "ResponderEvent",
+    "ResponderStream",
+    "Role",
+    "StreamAnswer",
+    "StreamState",
+]
 
 
 class Role(enum.Enum):
@@ -66,19 +83,63 @@ class Role(enum.Enum):
 
 
 class StreamState(enum.Enum):
-    """Life of a stream; ENDED and BROKEN are final."""
+    """Life of a stream we answer for; ENDED and BROKEN are final."""
 
     OPEN = "open"
+    HELD = "held"  # RECEIVE: its reader is not ready yet: every answer says backpressure
+    CLOSING = "closing"  # SEND: the producer queued the closing bit
+    ABANDONED = "abandoned"  # RECEIVE: nobody reads it: what comes is discarded
     ENDED = "ended"  # the closing bit went through
     BROKEN = "broken"
 
 
-# One transition table for both roles; an illegal move raises and changes nothing.
-TRANSITIONS: dict[StreamState, frozenset[StreamState]] = {
-    StreamState.OPEN: frozenset({StreamState.ENDED, StreamState.BROKEN}),
-    StreamState.ENDED: frozenset(),
-    StreamState.BROKEN: frozenset(),
-}
+class ResponderEvent(enum.Enum):
+    """What moves a stream we answer for."""
+
+    HOLD = "hold"
+    READ = "read"
+    CLOSE = "close"
+    END = "end"
+    ABANDON = "abandon"
+    BREAK = "break"
+
+
+_S, _E = StreamState, ResponderEvent
+_LIVE: Final = (_S.OPEN, _S.HELD, _S.CLOSING, _S.ABANDONED)
+_BREAKS: Final = (
+    "`idle_timeout` without a frame, `keepAlive: false` before the end, an undecodable chunk, "
+    "a sender past twice the window, or a local abort"
+)
+
+RESPONDER_TABLE: Final = StreamTable[StreamState, ResponderEvent](
+    {
+        (_S.OPEN, _E.HOLD): (_S.HELD, "RECEIVE: its request waits for a transfer slot"),
+        (_S.HELD, _E.READ): (_S.OPEN, "RECEIVE: its handler reads it"),
+        (_S.OPEN, _E.CLOSE): (_S.CLOSING, "SEND: the producer queued the closing bit"),
+        (_S.OPEN, _E.END): (
+            _S.ENDED,
+            "RECEIVE: the closing bit came, every chunk before it decoded",
+        ),
+        (_S.HELD, _E.END): (
+            _S.ENDED,
+            "RECEIVE: the closing bit came, every chunk before it decoded",
+        ),
+        (_S.CLOSING, _E.END): (_S.ENDED, "SEND: a `read` took the closing bit"),
+        (_S.OPEN, _E.ABANDON): (_S.ABANDONED, "RECEIVE: nobody will read it (its request ended)"),
+        (_S.HELD, _E.ABANDON): (_S.ABANDONED, "RECEIVE: nobody will read it (its request ended)"),
+        **{(state, _E.BREAK): (_S.BROKEN, _BREAKS) for state in _LIVE},
+    }
+)
+"""How a stream we answer for moves (docs/wire-notes.md embeds `render()`, checked by a test)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAnswer:
+    """One answer to send on a stream, and whether it invites the initiator's next chunk (a
+    `feedback` package saying `backpressure: false` on a stream we receive that is not over)."""
+
+    envelope: Envelope
+    invites: bool = False
 
 
 class PendingChunk:
@@ -129,8 +190,9 @@ class ResponderStream:
         self.role = role
         self.state = StreamState.OPEN
         self.broken_reason = ""
+        self.malformed = False  # broken at a chunk that does not decode
         self.last_seen = now
-        self.closed_at: float | None = None  # when ENDED/BROKEN was reached
+        self.closed_at: float | None = None  # when it ended, broke or was abandoned
         self._window = settings.window
         self._window_bytes = settings.window_bytes
         self._inline_max = settings.inline_decode_max
@@ -139,23 +201,21 @@ class ResponderStream:
         self._form: ChunkForm = settings.chunk_form
         self._queue: deque[Item] = deque()
         self._queued_bytes = 0  # RECEIVE: what the queue holds, for the byte window
-        self._unsettled = 0  # RECEIVE: queued chunks not decoded yet
-        self._closing = False  # RECEIVE: the closing bit is queued behind unsettled chunks
-        self.received: list[PendingChunk] = []  # RECEIVE: queued undecoded; the driver drains it
+        # RECEIVE: the queued chunk being decoded off the loop (at most one: the stream's
+        # frames wait behind it), and the ones not yet handed to the driver to decode.
+        self._decoding: PendingChunk | None = None
+        self._to_decode: list[PendingChunk] = []
         # RECEIVE: frames that arrived while a chunk was being decoded, answered after it
         self._deferred: deque[tuple[Envelope, StreamPackage, float]] = deque()
-        self._queued_close = False  # SEND: the producer called close()
-        self._abandoned = False  # RECEIVE: nobody will read; accept and discard
-        self.held = False  # RECEIVE: the reader is not ready yet; answer backpressure
-        self._parked: _Parked | None = None
+        self._parked: deque[_Parked] = deque()  # SEND: `read`s waiting for data, oldest first
         self.end_reported = False  # the connection told its driver the stream is over
 
     # --- frames from the initiator -------------------------------------------------------
 
-    def handle(self, env: Envelope, package: StreamPackage, now: float) -> Envelope | None:
+    def handle(self, env: Envelope, package: StreamPackage, now: float) -> StreamAnswer | None:
         """The answer to one stream frame, or None when a `read` is parked or the frame waits
         behind a chunk not decoded yet (`release()` answers it once that chunk is settled)."""
-        if self._unsettled or self._deferred:
+        if self._decoding is not None or self._deferred:
             self.last_seen = now
             self._deferred.append((env, package, now))
             if len(self._deferred) > 2 * self._window:
@@ -163,11 +223,11 @@ class ResponderStream:
             return None
         return self._handle_now(env, package, now)
 
-    def release(self) -> list[Envelope]:
+    def release(self) -> list[StreamAnswer]:
         """Answer the frames that waited for the stream's chunks to be decoded, in order, until
         one leaves a chunk to decode again (or none waits)."""
-        answers: list[Envelope] = []
-        while self._deferred and not self._unsettled:
+        answers: list[StreamAnswer] = []
+        while self._deferred and self._decoding is None:
             env, package, at = self._deferred.popleft()
             answer = self._handle_now(env, package, at)
             if answer is not None:
@@ -184,27 +244,43 @@ class ResponderStream:
         """Frames waiting for the stream's chunks to be decoded."""
         return len(self._deferred)
 
-    def _handle_now(self, env: Envelope, package: StreamPackage, now: float) -> Envelope | None:
+    @property
+    def parked(self) -> int:
+        """`read`s waiting for data."""
+        return len(self._parked)
+
+    def take_to_decode(self) -> list[PendingChunk]:
+        """The chunks queued undecoded since the last call: the driver decodes each off the
+        event loop and reports with `settle()`."""
+        chunks, self._to_decode = self._to_decode, []
+        return chunks
+
+    def _handle_now(self, env: Envelope, package: StreamPackage, now: float) -> StreamAnswer | None:
         self.last_seen = max(self.last_seen, now)
-        if package.keep_alive is False and self.state is StreamState.OPEN:
+        if package.keep_alive is False and self.state in _LIVE:
             # The initiator stopped the stream; without a closing bit it is broken.
             self._break("the initiator stopped the stream before its end", now)
         purpose = package.main_purpose
         if purpose == "chunk":
             self._accept_chunk(package, now)
-            return stream_reply(package, self._package(package, "feedback"), echo_request=False)
+            return self._feedback(package, echo_request=False)
         if purpose == "read":
             return self._answer_read(env, package, now)
         if purpose == "keepAlive":
             answer = self._package(package, "keepAlive", keep_alive=self.keep_alive)
-            return stream_reply(package, answer, echo_request=True)
+            return StreamAnswer(stream_reply(package, answer, echo_request=True))
         # feedback, and the unused start/end, get a feedback package
-        return stream_reply(package, self._package(package, "feedback"), echo_request=True)
+        return self._feedback(package, echo_request=True)
+
+    def _feedback(self, request: StreamPackage, *, echo_request: bool) -> StreamAnswer:
+        answer = self._package(request, "feedback")
+        invites = self.role is Role.RECEIVE and not self.done and answer.backpressure is False
+        return StreamAnswer(stream_reply(request, answer, echo_request=echo_request), invites)
 
     @property
     def done(self) -> bool:
         """Whether the stream is over (ENDED or BROKEN)."""
-        return self.state is not StreamState.OPEN
+        return self.state in (StreamState.ENDED, StreamState.BROKEN)
 
     @property
     def broken(self) -> bool:
@@ -214,7 +290,7 @@ class ResponderStream:
     @property
     def keep_alive(self) -> bool:
         """The flag we answer: false once nothing more will move."""
-        return self.state is StreamState.OPEN and not self._abandoned
+        return self.state in (StreamState.OPEN, StreamState.HELD, StreamState.CLOSING)
 
     def _package(
         self, request: StreamPackage, purpose: Purpose, *, keep_alive: bool | None = None
@@ -236,18 +312,13 @@ class ResponderStream:
 
     def _backpressured(self) -> bool:
         return self.role is Role.RECEIVE and (
-            self.held
+            self.state is StreamState.HELD
             or len(self._queue) >= self._window
             or self._queued_bytes >= self._window_bytes
         )
 
     def _accept_chunk(self, package: StreamPackage, now: float) -> None:
-        if (
-            self.role is not Role.RECEIVE
-            or self.state is not StreamState.OPEN
-            or self._abandoned
-            or self._closing
-        ):
+        if self.role is not Role.RECEIVE or self.state not in (StreamState.OPEN, StreamState.HELD):
             return  # nobody reads it (late chunk, or data on a stream we send on): drop it
         if len(self._queue) >= 2 * self._window or self._queued_bytes >= 2 * self._window_bytes:
             self._break("the initiator ignored backpressure", now)
@@ -255,55 +326,51 @@ class ResponderStream:
         raw = package.chunk_data
         item: Item
         if isinstance(raw, RawChunk) and len(raw.text) >= self._inline_max:
-            item = PendingChunk(raw)
-            self._unsettled += 1
-            self.received.append(item)
+            item = self._decoding = PendingChunk(raw)
+            self._to_decode.append(item)
         else:
             try:
                 item = decode_chunk(raw)
             except RemoteProtocolError as exc:
                 self._break(f"undecodable chunk: {exc}", now)
+                self.malformed = True
                 return
         self._queue.append(item)
         self._queued_bytes += _size(item)
         if item is CLOSING:
-            if self._unsettled:
-                self._closing = True  # ends once the chunks before it are decoded
-            else:
-                self._end(now)
+            # Nothing is being decoded: this frame would have waited behind it.
+            self._move(ResponderEvent.END, now)
 
     def settle(self, chunk: PendingChunk, outcome: bytes | RemoteProtocolError, now: float) -> None:
         """The driver decoded `chunk` (its bytes), or could not (the error): deliver it, or
         break the stream there. A chunk no longer queued (abandoned, broken) is ignored."""
-        if chunk.data is not None or not any(item is chunk for item in self._queue):
+        if chunk is not self._decoding:
             chunk.raw = None
             return
         if isinstance(outcome, RemoteProtocolError):
             # What came before it is delivered; it and everything after it count for nothing.
             self._break(f"undecodable chunk: {outcome}", now)
+            self.malformed = True
             return
-        self._unsettled -= 1
+        self._decoding = None
         self._queued_bytes += len(outcome) - chunk.size
         chunk.raw, chunk.data, chunk.size = None, outcome, len(outcome)
-        if self._closing and not self._unsettled:
-            self._closing = False
-            self._end(now)
 
-    def _answer_read(self, env: Envelope, package: StreamPackage, now: float) -> Envelope | None:
+    def _answer_read(
+        self, env: Envelope, package: StreamPackage, now: float
+    ) -> StreamAnswer | None:
         if self.role is Role.SEND and not self._queue and self.state is StreamState.OPEN:
-            if self._parked is not None:
-                released = self._release_parked()
-                self._parked = _Parked(env, package, now + self._park_timeout)
-                return released
-            self._parked = _Parked(env, package, now + self._park_timeout)
+            self._parked.append(_Parked(env, package, now + self._park_timeout))
+            if len(self._parked) > self._window:
+                return self._release_parked()  # the oldest, empty: one read per window slot
             return None
         return self._read_answer(env, package, now)
 
-    def _read_answer(self, env: Envelope, package: StreamPackage, now: float) -> Envelope:
+    def _read_answer(self, env: Envelope, package: StreamPackage, now: float) -> StreamAnswer:
         if self.role is Role.SEND and self._queue and self.state is not StreamState.BROKEN:
             item = self._queue.popleft()
             if item is CLOSING:
-                self._end(now)
+                self._move(ResponderEvent.END, now)
             assert not isinstance(item, PendingChunk)  # only received chunks are ever pending
             answer = StreamPackage(
                 stream_id=self.stream_id,
@@ -314,14 +381,31 @@ class ResponderStream:
                 backpressure=False,
                 chunk_data=encode_chunk(item, self._form),
             )
-            return stream_reply(package, answer, echo_request=True)
-        return stream_reply(package, self._package(package, "feedback"), echo_request=True)
+            return StreamAnswer(stream_reply(package, answer, echo_request=True))
+        return self._feedback(package, echo_request=True)
 
-    def _release_parked(self) -> Envelope | None:
-        parked, self._parked = self._parked, None
-        if parked is None:
+    def _release_parked(self) -> StreamAnswer | None:
+        if not self._parked:
             return None
+        parked = self._parked.popleft()
         return self._read_answer(parked.env, parked.package, parked.deadline)
+
+    def _release_fed(self) -> list[StreamAnswer]:
+        """Parked `read`s that the queue can answer now, oldest first."""
+        answers: list[StreamAnswer] = []
+        while self._parked and self._queue:
+            answer = self._release_parked()
+            assert answer is not None
+            answers.append(answer)
+        if self.done:  # the closing bit went: the other parked reads learn it now
+            answers += self._release_all()
+        return answers
+
+    def _release_all(self) -> list[StreamAnswer]:
+        answers: list[StreamAnswer] = []
+        while (answer := self._release_parked()) is not None:
+            answers.append(answer)
+        return answers
 
     # --- the local consumer (RECEIVE) ------------------------------------------------------
 
@@ -341,14 +425,25 @@ class ResponderStream:
             self._queued_bytes -= _size(head)
             return head
         if self.state is StreamState.BROKEN:
-            raise StreamBroken(f"stream {self.stream_id} broke: {self.broken_reason}")
-        if self._abandoned:
+            raise broken_error(self.stream_id, self.broken_reason, False, self.malformed)
+        if self.state is StreamState.ABANDONED:
             raise InvalidState("take() on an abandoned stream")
         return None
 
+    def hold(self) -> None:
+        """Its reader is not ready yet: answer backpressure until `read_now()`."""
+        if RESPONDER_TABLE.allows(self.state, ResponderEvent.HOLD):
+            self._move(ResponderEvent.HOLD, self.last_seen)
+
+    def read_now(self) -> None:
+        """Its reader is ready: answers report the queue again."""
+        if RESPONDER_TABLE.allows(self.state, ResponderEvent.READ):
+            self._move(ResponderEvent.READ, self.last_seen)
+
     def abandon(self, now: float) -> None:
         """Nobody will read: drop what is queued, discard what comes, answer keepAlive false."""
-        self._abandoned = True
+        if RESPONDER_TABLE.allows(self.state, ResponderEvent.ABANDON):
+            self._move(ResponderEvent.ABANDON, now)
         self._drop_queue()
         if self.closed_at is None:
             self.closed_at = now
@@ -359,113 +454,105 @@ class ResponderStream:
         """Whether `offer` may queue one more chunk now."""
         return len(self._queue) < self._window
 
-    def offer(self, data: bytes | bytearray | memoryview) -> Envelope | None:
-        """Queue `data`; returns a parked `read` answer to send now, if any."""
+    def offer(self, data: bytes | bytearray | memoryview) -> list[StreamAnswer]:
+        """Queue `data`; returns the answers to parked `read`s to send now."""
         self._check_producer()
         if not self.has_space():
             raise InvalidState("offer() on a full send queue; wait for has_space()")
         if data:
             self._queue.append(bytes(data))
-        return self._release_parked() if self._queue else None
+        return self._release_fed()
 
-    def close(self) -> Envelope | None:
-        """Queue the closing bit after the data; returns a parked `read` answer, if any."""
+    def close(self) -> list[StreamAnswer]:
+        """Queue the closing bit after the data; returns the answers to parked `read`s."""
         self._check_producer()
-        self._queued_close = True
+        self._move(ResponderEvent.CLOSE, self.last_seen)
         self._queue.append(CLOSING)
-        return self._release_parked()
+        return self._release_fed()
 
     def _check_producer(self) -> None:
         if self.role is not Role.SEND:
             raise InvalidState("producer call on a stream we receive on")
         if self.state is StreamState.BROKEN:
             raise StreamBroken(f"stream {self.stream_id} broke: {self.broken_reason}")
-        if self._queued_close:
+        if self.state is not StreamState.OPEN:
             raise InvalidState("the stream is already closed")
 
     # --- both --------------------------------------------------------------------------------
 
-    def abort(self, reason: str, now: float) -> Envelope | None:
-        """Break the stream locally; returns a parked `read` answer (now empty), if any."""
-        if self.state is StreamState.OPEN:
+    def abort(self, reason: str, now: float) -> list[StreamAnswer]:
+        """Break the stream locally; returns the answers to parked `read`s (now empty)."""
+        if self.state in _LIVE:
             self._break(reason, now)
-        return self._release_parked()
+        return self._release_all()
 
-    def expire(self, now: float) -> Envelope | None:
-        """Apply the clock: idle timeout, parked-read timeout. Returns an answer to send."""
-        if self.state is StreamState.OPEN and now - self.last_seen > self._idle_timeout:
+    def expire(self, now: float) -> list[StreamAnswer]:
+        """Apply the clock: idle timeout, parked-read timeouts. Returns answers to send."""
+        if self.state in _LIVE and now - self.last_seen > self._idle_timeout:
             self._break(f"no frame from the initiator within {self._idle_timeout:g} s", now)
-        if self._parked is not None and (
-            now >= self._parked.deadline or self.state is not StreamState.OPEN
-        ):
-            return self._release_parked()
-        return None
+        if self.state not in (StreamState.OPEN, StreamState.CLOSING):
+            return self._release_all()
+        answers: list[StreamAnswer] = []
+        while self._parked and now >= self._parked[0].deadline:
+            answer = self._release_parked()
+            assert answer is not None
+            answers.append(answer)
+        return answers
 
     def next_wakeup(self) -> float | None:
         """When `expire` (or `finished`) may next have something to do."""
-        if self.state is not StreamState.OPEN:
-            if self._parked is not None:
-                return self._parked.deadline
+        parked = self._parked[0].deadline if self._parked else None
+        if self.done:
+            if parked is not None:
+                return parked
             return self._linger_end() if self._drained() else None
         idle = self.last_seen + self._idle_timeout
-        return idle if self._parked is None else min(idle, self._parked.deadline)
+        return idle if parked is None else min(idle, parked)
 
     def finished(self, now: float) -> bool:
         """Whether the registration may go: over, drained, and quiet for `idle_timeout` s (a
         late frame of the initiator still finds it and is answered `keepAlive: false`)."""
-        if self.closed_at is None or self._parked is not None or self._deferred:
+        if self.closed_at is None or self._parked or self._deferred:
             return False
         return self._drained() and now >= self._linger_end()
 
     def _drained(self) -> bool:
-        return not self._queue or self._abandoned or self.role is Role.SEND
+        return not self._queue or self.role is Role.SEND
 
     def _linger_end(self) -> float:
         assert self.closed_at is not None
         return max(self.closed_at, self.last_seen) + self._idle_timeout
 
-    def _move(self, to: StreamState, now: float) -> None:
-        if to not in TRANSITIONS[self.state]:
-            raise InvalidState(f"stream {self.stream_id}: {self.state.value} -> {to.value}")
-        self.state = to
-        if self.closed_at is None:  # abandon() may have started the clock already
+    def _move(self, event: ResponderEvent, now: float) -> None:
+        self.state = RESPONDER_TABLE.next(self.state, event, stream_id=self.stream_id)
+        if self.done and self.closed_at is None:  # abandon() may have started the clock
             self.closed_at = now
 
-    def _end(self, now: float) -> None:
-        self._move(StreamState.ENDED, now)
-
     def _break(self, reason: str, now: float) -> None:
-        self._move(StreamState.BROKEN, now)
+        self._move(ResponderEvent.BREAK, now)
         self.broken_reason = reason
         if self.role is Role.SEND:
             self._queue.clear()
-        elif self._unsettled:
+        elif self._decoding is not None:
             # A chunk not decoded yet is never delivered once the stream broke (its verdict is
             # not awaited), and nothing after it is; the chunks before it still are.
-            first = next(i for i, item in enumerate(self._queue) if _unsettled(item))
-            while len(self._queue) > first:
-                self._pop_last()
-            self._drop_unsettled()
+            decoding, self._decoding = self._decoding, None
+            while self._queue and self._pop_last() is not decoding:
+                pass
+            self._to_decode.clear()
 
-    def _pop_last(self) -> None:
+    def _pop_last(self) -> Item:
         item = self._queue.pop()
         self._queued_bytes -= _size(item)
         if isinstance(item, PendingChunk):
             item.raw = None
+        return item
 
     def _drop_queue(self) -> None:
         while self._queue:
             self._pop_last()
-        self._drop_unsettled()
-
-    def _drop_unsettled(self) -> None:
-        self._unsettled = 0
-        self._closing = False
-        self.received.clear()
-
-
-def _unsettled(item: Item) -> bool:
-    return isinstance(item, PendingChunk) and item.data is None
+        self._decoding = None
+        self._to_decode.clear()
 
 
 def _size(item: Item) -> int:

@@ -39,10 +39,17 @@ draws each read's length before it reads from Corestore and gives it back once t
 queued on the stream (the stream's window, `[streams] window`, bounds what waits there). A draw
 that waits is backpressure: nothing is read meanwhile.
 
-Neither direction can pin its job: every wait on the stream is bounded by the session's stall
-deadline (`agent.session.streams`), so a Cloudly that keeps the stream alive but stops reading
-or sending makes the sink or the source raise `StreamBroken`, which aborts the stream (and the
-import) here like any broken stream. The calls are bounded by `timeout`.
+Neither direction can pin its job, and no deadline grows with the closure's size: every wait on
+the stream is bounded by the session's stall deadline (`agent.session.streams`, `[streams]
+stall_timeout_s`: no byte moved for that long), so a Cloudly that keeps the stream alive but
+stops reading (never drains a backup) or stops sending makes the sink or the source raise
+`StreamBroken`, which aborts the stream (and the import) here like any broken stream: the job
+fails `transfer-interrupted`. The backup call carries no deadline of its own while its stream
+moves (Cloudly may answer only once it drained it: a deadline on the call would bound the
+closure's size); once the closing bit is acknowledged Cloudly has `answer_timeout` seconds to
+answer, on `clock`, else `transfer-interrupted` too (nothing confirmed the backup). The restore
+call is a single request (its answer is the descriptor and a marker): `answer_timeout` bounds
+it. Each Corestore call is bounded by the client's own timeouts.
 
 A closure's call and its stream travel on one connection: `cloudly` is the connection the
 closure was given when it started (`CloudlySession.connection()`), never the session's
@@ -63,6 +70,7 @@ import structlog
 from pydantic import ValidationError
 
 from agent.chunking import ChunkBuffers, Digests, Draws, rechunk
+from agent.clock import Clock
 from agent.contracts.base import StreamMarker, first_problem
 from agent.contracts.relay import (
     METHOD_BACKUP_SERVICE_DATABASE_CLOSURE,
@@ -111,15 +119,25 @@ async def send_closure(
     backup_id: str,
     node_id: str,
     chunk_size: int,
-    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    answer_timeout: float,
+    clock: Clock,
     progress: Progress,
     draws: Draws | None = None,
 ) -> DatabaseClosureDescriptor:
     """Export the backup's closure from Corestore and stream it to Cloudly; the descriptor
-    once Cloudly holds exactly those bytes (module docstring, step 4)."""
+    once Cloudly holds exactly those bytes (module docstring, step 4). The call has no deadline
+    while the stream moves; Cloudly answers within `answer_timeout` s of `clock` after it."""
     with _interrupted_by_the_session(f"the database closure of service {service_id}"):
         return await _send_closure(
-            client, cloudly, service_id, backup_id, node_id, chunk_size, timeout, progress, draws
+            client,
+            cloudly,
+            service_id,
+            backup_id,
+            node_id,
+            chunk_size,
+            (answer_timeout, clock),
+            progress,
+            draws,
         )
 
 
@@ -130,10 +148,11 @@ async def _send_closure(
     backup_id: str,
     node_id: str,
     chunk_size: int,
-    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    answer_bound: tuple[float, Clock],
     progress: Progress,
     draws: Draws | None,
 ) -> DatabaseClosureDescriptor:
+    answer_timeout, clock = answer_bound
     descriptor = await client.closure_descriptor(service_id, backup_id)
     marker, sink = cloudly.open_send_stream()
     request = BackupServiceDatabaseClosureRequest(
@@ -144,7 +163,7 @@ async def _send_closure(
         closure=marker,
     )
     call = asyncio.ensure_future(
-        cloudly.call(METHOD_BACKUP_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout=timeout)
+        cloudly.call(METHOD_BACKUP_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout=None)
     )
     closed = False
     try:
@@ -153,7 +172,10 @@ async def _send_closure(
         )
         await sink.close()  # returns once Cloudly acknowledged the closing bit
         closed = True
-        answer = _parse(BackupServiceDatabaseClosureResponse, await call)
+        answer = _parse(
+            BackupServiceDatabaseClosureResponse,
+            await _answer_after_stream(call, clock, answer_timeout, service_id, backup_id),
+        )
     except BaseException as exc:
         if not closed:
             with contextlib.suppress(Exception):
@@ -176,6 +198,25 @@ async def _send_closure(
             f"{backup_id}"
         )
     return descriptor
+
+
+async def _answer_after_stream(
+    call: asyncio.Future[dict[str, Any]],
+    clock: Clock,
+    answer_timeout: float,
+    service_id: str,
+    backup_id: str,
+) -> dict[str, Any]:
+    """Cloudly's answer to the backup call, due within `answer_timeout` s now that its stream
+    is over; `StreamBroken` (transfer-interrupted) if it does not come: nothing confirmed it."""
+    try:
+        async with clock.timeout(answer_timeout):
+            return await call
+    except TimeoutError:
+        raise StreamBroken(
+            f"Cloudly did not answer the database closure of service {service_id} for backup "
+            f"{backup_id} within {answer_timeout:g} s after its stream ended"
+        ) from None
 
 
 async def _pump_export(
@@ -254,7 +295,7 @@ async def receive_closure(
     node_id: str,
     import_id: str,
     chunk_size: int,
-    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    answer_timeout: float,
     progress: Progress,
     draws: Draws | None = None,
 ) -> DatabaseClosureDescriptor:
@@ -269,7 +310,7 @@ async def receive_closure(
             node_id,
             import_id,
             chunk_size,
-            timeout,
+            answer_timeout,
             progress,
             draws,
         )
@@ -283,7 +324,7 @@ async def _receive_closure(
     node_id: str,
     import_id: str,
     chunk_size: int,
-    timeout: float,  # noqa: ASYNC109  # the closure call's deadline, passed on to the session
+    answer_timeout: float,
     progress: Progress,
     draws: Draws | None,
 ) -> DatabaseClosureDescriptor:
@@ -293,7 +334,7 @@ async def _receive_closure(
     answer = _parse(
         RestoreServiceDatabaseClosureResponse,
         await cloudly.call(
-            METHOD_RESTORE_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout=timeout
+            METHOD_RESTORE_SERVICE_DATABASE_CLOSURE, request.to_wire(), timeout=answer_timeout
         ),
     )
     descriptor = answer.descriptor

@@ -93,10 +93,11 @@ class RelayService:
     ) -> None:
         """`cloudly()` is the connection of the moment (read when a closure starts; its call and
         its stream go on it; `SessionClosed` when there is none); `settings`: `chunk_size`
-        bounds every closure chunk, `transfer_timeout` each closure call, `progress_interval`
-        the pace of the progress log. `transfers`: the per-node transfer slots and byte rate a
-        closure waits for before it asks Cloudly (shared with the engine; by default the
-        relay's own, with the default limits)."""
+        bounds every closure chunk, `answer_timeout` Cloudly's answer to each closure call
+        (the backup's once its stream is over: the stream itself is bounded by its progress),
+        `progress_interval` the pace of the progress log. `transfers`: the per-node transfer
+        slots and byte rate a closure waits for before it asks Cloudly (shared with the engine;
+        by default the relay's own, with the default limits)."""
         self.runner: Final = JobRunner(store, clock=clock, observer=observer)
         """The relay's jobs: run them (`runner.run()`) in the caller's TaskGroup, stop them with
         `runner.close()`; requests are refused `shutting-down` outside that."""
@@ -198,7 +199,8 @@ class RelayService:
                     backup_id=key.backup_id,
                     node_id=key.node_id,
                     chunk_size=self._settings.chunk_size,
-                    timeout=self._settings.transfer_timeout,
+                    answer_timeout=self._settings.answer_timeout,
+                    clock=self._clock,
                     progress=self._progress(key, "closure_sent"),
                     draws=transfer.holding,
                 )
@@ -254,7 +256,7 @@ class RelayService:
                         node_id=key.node_id,
                         import_id=import_id,
                         chunk_size=self._settings.chunk_size,
-                        timeout=self._settings.transfer_timeout,
+                        answer_timeout=self._settings.answer_timeout,
                         progress=self._progress(key, "closure_received"),
                         draws=transfer.holding,
                     )
@@ -376,7 +378,7 @@ class _PacedCalls:
         method: str,
         request: Mapping[str, Any],
         *,
-        timeout: float,  # noqa: ASYNC109  # a per-call deadline, passed on
+        timeout: float | None,  # noqa: ASYNC109  # a per-call deadline, passed on
     ) -> dict[str, Any]:
         return await self._cloudly.call(method, request, timeout=timeout)
 

@@ -34,7 +34,12 @@ Then (docs/isolated-restore.md has the state machine):
 Every mutating request answers the state it wrote: the next revision (seed 000). An exact replay
 never redoes finished work; it answers the current state. It RESUMES work that is unfinished and
 has no running task (after a restart: `preparing`, `restoring`/`verifying`, `cleaning`) with the
-replay's fresh grant; while the task runs, it only answers the current state. Nothing is
+replay's fresh grant; while the task runs, it only answers the current state. It also resumes
+work that ended `failed` for a reason that may pass (`work.RESUMABLE`: Corestore stayed
+unavailable past its tolerance, a credential could not be had, ...): an exact replay of prepare
+writes `resume-prepare` (back to `preparing`), one of execute `resume-execute` (back to
+`restoring`), and the work runs again from where it stopped. Any other `failed` is answered as it
+stands. Nothing is
 settled at start-up: unfinished states are logged (`restore_unfinished`) and stay visible in
 status until Cloudly repeats the request.
 
@@ -47,6 +52,7 @@ flight for a later replay. `observe()` hears every mutation the engine writes.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
 
@@ -82,7 +88,7 @@ from agent.restore.grants import check_grant
 from agent.restore.routing import check_preparable, locate
 from agent.restore.settings import EngineSettings
 from agent.restore.staging import StagingWork, stage_object
-from agent.restore.work import RestoreWork, run_cleanup, run_execute, run_prepare
+from agent.restore.work import RESUMABLE, RestoreWork, run_cleanup, run_execute, run_prepare
 from agent.secret import Secret
 from agent.store import RevisionStore
 from agent.transfers import NodeLimits, TransferGate
@@ -107,8 +113,10 @@ class IsolatedRestoreEngine:
         settings: EngineSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
         transfers: TransferGate | None = None,
+        rng: Callable[[], float] = random.random,
     ) -> None:
-        """`clock` is the engine's one source of time: state timestamps, the pace of the staging
+        """`rng` draws the jitter of the waits before a chunk or a commit is sent again.
+        `clock` is the engine's one source of time: state timestamps, the pace of the staging
         progress log, the bound of closing (the waits between Corestore's status reads are its
         clients', on the clock they were given). `clients` give each node's Corestore client
         with that node's control credential (fetched, cached and refreshed by their source).
@@ -123,6 +131,7 @@ class IsolatedRestoreEngine:
         self._cluster_view = cluster_view
         self._settings = settings or EngineSettings()
         self._clock = clock
+        self._rng = rng
         self._transfers = transfers or TransferGate(NodeLimits(), clock=clock)
 
     @property
@@ -149,6 +158,8 @@ class IsolatedRestoreEngine:
             stored = await self._store.get(key)
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
                 assert stored is not None
+                if self._resumable(stored):
+                    stored = await self._resume(stored, Op.RESUME_PREPARE, digest)
                 if stored.status == "preparing" and not self.owner.working(key):
                     self._start_prepare(stored, client, grant, await self._store.plan(key))
                 return stored.state
@@ -212,6 +223,7 @@ class IsolatedRestoreEngine:
                             self._settings,
                             self._clock,
                             transfer.holding,
+                            self._rng,
                         ),
                         lambda: transfer.source(open_source()),
                     )
@@ -249,6 +261,8 @@ class IsolatedRestoreEngine:
         async with self.owner.hold(key):
             stored = await self._existing(key)
             if self._verdict(request.expected_revision, stored, digest) is Verdict.REPLAY:
+                if self._resumable(stored):
+                    stored = await self._resume(stored, Op.RESUME_EXECUTE, digest)
                 if stored.status in ("restoring", "verifying") and not self.owner.working(key):
                     mappings = await self._store.resource_mappings(key)
                     self._start(run_execute, stored, client, grant, mappings)
@@ -301,6 +315,26 @@ class IsolatedRestoreEngine:
             last_digest=None if stored is None else stored.mutation_digest,
             digest=digest,
         )
+
+    def _resumable(self, stored: StoredState) -> bool:
+        """A `failed` state, no work on it, and a failure that may pass."""
+        return (
+            stored.status == "failed"
+            and not self.owner.working(stored.key)
+            and stored.state.last_error_code in RESUMABLE
+        )
+
+    async def _resume(self, stored: StoredState, op: Op, digest: str) -> StoredState:
+        """Move a failed restore back into its work (`op`: a resume); its last error goes."""
+        RESTORE_TABLE.decide(stored.status, op, revision=stored.revision, guard=True)
+        _log.info(
+            "restore_resumed",
+            restore_id=stored.key.restore_id,
+            node=stored.key.node_name,
+            code=stored.state.last_error_code,
+        )
+        state = s.without_error(stored.state)
+        return await self._mutate(stored.key, stored.revision, op, state, digest=digest)
 
     async def _existing(self, key: RestoreKey) -> StoredState:
         stored = await self._store.get(key)

@@ -1,21 +1,23 @@
 """The engine's tunables (`EngineSettings`).
 
 No availability retries live here. The Corestore client resends one idempotent call while
-Corestore is unavailable (`agent.retry`, configured by `[corestore] retries`); the engine never
-wraps a call in a second loop. A step that still fails `CorestoreUnavailable` ends the work
-(`failed`, `cleanup-failed`, or a refused stage) and Cloudly's replay, or its next cleanup
-request, resumes it. What the engine does repeat is not about availability: a chunk Corestore
-found corrupted in transit is sent again (`chunk_attempts`), and a commit whose outcome was lost
-is settled by asking Corestore's progress (`commit_attempts`).
+Corestore is unavailable (`agent.retry`, configured by `[corestore] retries` and
+`outage_tolerance_s`); the engine never wraps a call in a second loop. A step that still fails
+`CorestoreUnavailable` ends the work (`failed`, `cleanup-failed`, or a refused stage) and
+Cloudly's replay, or its next cleanup request, resumes it. What the engine does repeat is not
+about availability: a chunk Corestore found corrupted in transit is sent again
+(`chunk_attempts`), and a commit whose outcome was lost is settled by asking Corestore's
+progress (`commit_attempts`); each waits `resend_backoff` (full jitter) before it goes again.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent.corestore.shapes import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 from agent.errors import InvalidState
+from agent.retry import Backoff
 
 if TYPE_CHECKING:
     from agent.config import CorestoreConfig
@@ -39,6 +41,8 @@ class EngineSettings:
     max_in_flight: int = 4
     chunk_attempts: int = 3  # sends of one chunk Corestore found corrupted in transit
     commit_attempts: int = 3  # commits of one object whose outcome was unknown
+    # The wait before such a chunk or commit goes again (full jitter, as every resend waits).
+    resend_backoff: Backoff = field(default_factory=lambda: Backoff(base=0.25, cap=5.0))
     poll_interval: float = 1.0  # between resource-restore status reads
     restore_timeout: float = 3600.0  # one resource restore, start to finish
     progress_interval: float = 5.0  # at most one staging_progress log line per object this often

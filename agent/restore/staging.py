@@ -37,8 +37,9 @@ resumes after them.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -77,8 +78,9 @@ class StagingWork:
     entry: BackupArchiveObject
     grant: Secret
     settings: EngineSettings
-    clock: Clock  # its monotonic time paces the progress log
+    clock: Clock  # its monotonic time paces the progress log, and resends wait on it
     draws: Draws | None = None  # the transfer's share of the byte budget (its buffers)
+    rng: Callable[[], float] = field(default=random.random)  # U(0, 1) draws for the waits
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +185,7 @@ class _Transfer:
                         offset=offset,
                         attempt=attempt,
                     )
+                    await _before_resend(work, attempt)
             self.buffers.put_back(chunk)
             await work.store.record_chunk(work.key, work.entry.path, offset, len(chunk), digest)
             self.sent += len(chunk)
@@ -289,7 +292,14 @@ async def _commit(work: StagingWork) -> None:
             if progress.state == "absent" or progress.verified_bytes < entry.size:
                 await work.store.forget_object(work.key, entry.path)
                 raise
-            # Every byte is there and Corestore just answered: commit again at once.
+            # Every byte is there and Corestore answered: commit again, after a backoff (the
+            # commit that failed may have met a Corestore still settling).
+            await _before_resend(work, attempt)
+
+
+async def _before_resend(work: StagingWork, attempt: int) -> None:
+    """The wait before a chunk or a commit goes again (full jitter): no resend is immediate."""
+    await work.clock.sleep(work.settings.resend_backoff.delay(attempt, work.rng()))
 
 
 async def _discard(work: StagingWork) -> None:

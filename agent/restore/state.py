@@ -137,6 +137,11 @@ def with_error(state: State, code: str, message: str) -> State:
     return state.model_copy(update={"last_error_code": code, "last_error_message": message})
 
 
+def without_error(state: State) -> State:
+    """Forget the last failure: the work it ended runs again."""
+    return state.model_copy(update={"last_error_code": None, "last_error_message": None})
+
+
 # --- execute ------------------------------------------------------------------------------------
 
 

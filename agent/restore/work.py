@@ -26,17 +26,21 @@ When it fails, the state says
 
 Steps already recorded are skipped when the work resumes (after a restart, on an exact replay of
 the request that started it). A Corestore or integrity failure (`CorestoreUnavailable` included:
-the client already spent its retries) ends the work in `failed` / `cleanup-failed` with
-`lastErrorCode` (its wire code) and `lastErrorMessage`; Cloudly's replay of execute, or its next
-cleanup request, takes it up again. Any other error
-(the store failed, the agent is shutting down, the state moved under the work) leaves the state
-in flight as it is: it resumes on the next replay.
+the client already rode out the node's outage up to its tolerance) ends the work in `failed` /
+`cleanup-failed` with `lastErrorCode` (its wire code) and `lastErrorMessage`. Cloudly's exact
+replay of the prepare or the execute resumes a `failed` one when that code is in `RESUMABLE`
+(a failure that may pass: the engine writes `resume-prepare` / `resume-execute` and starts this
+work again); its next cleanup request takes a `cleanup-failed` one up again. Any other `failed`
+(Corestore refused, Corestore's own `restore-failed`, `verification-failed`) stays as it is
+until a cleanup. Any other error (the store failed, the agent is shutting down, the state moved
+under the work) leaves the state in flight as it is: it resumes on the next replay.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Final
 
 import structlog
 
@@ -57,7 +61,7 @@ from agent.restore.settings import EngineSettings
 from agent.secret import Secret
 from agent.store import RevisionStore
 
-__all__ = ["RestoreWork", "run_cleanup", "run_execute", "run_prepare"]
+__all__ = ["RESUMABLE", "RestoreWork", "run_cleanup", "run_execute", "run_prepare"]
 
 _log = structlog.get_logger("agent.restore.work")
 _VERIFICATION_FAILED = "verification-failed"
@@ -104,6 +108,24 @@ class RestoreWork:
 def _settles_as_failure(exc: AgentError) -> bool:
     """Failures of the work itself; anything else leaves the state in flight to resume."""
     return isinstance(exc, CorestoreError | TransferError)
+
+
+def _retryable_codes(*roots: type[AgentError]) -> frozenset[str]:
+    """The wire codes of the retryable errors under `roots` (their own `internal` aside)."""
+    codes: set[str] = set()
+    pending = list(roots)
+    while pending:
+        kind = pending.pop()
+        pending.extend(kind.__subclasses__())
+        if kind.retryable and kind.code != "internal":
+            codes.add(kind.code)
+    return frozenset(codes)
+
+
+RESUMABLE: Final = _retryable_codes(CorestoreError, TransferError)
+"""The `lastErrorCode`s of work that failed for a reason that may pass (Corestore unavailable
+past the tolerance, a credential not to be had now, bytes that broke on the way): Cloudly's
+exact replay of the request resumes such a `failed` restore (`IsolatedRestoreEngine`)."""
 
 
 # --- prepare ------------------------------------------------------------------------------------

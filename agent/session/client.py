@@ -129,7 +129,7 @@ class CloudlySession:
         method: str,
         request: Mapping[str, Any],
         *,
-        timeout: float,  # noqa: ASYNC109  # a per-call deadline, passed on to the peer
+        timeout: float | None,  # noqa: ASYNC109  # a per-call deadline, passed on to the peer
     ) -> dict[str, Any]:
         """Call `method` on Cloudly; raises `CallFailed`, `CallTimeout`, `SessionClosed`."""
         return await self._live_peer().call(method, request, timeout=timeout)

@@ -203,9 +203,10 @@ class Peer:
         method: str,
         request: Mapping[str, Any],
         *,
-        timeout: float,  # noqa: ASYNC109  # a protocol deadline, enforced by the connection
+        timeout: float | None,  # noqa: ASYNC109  # a protocol deadline, enforced by the connection
     ) -> dict[str, Any]:
-        """Call `method`; raises `CallFailed`, `CallTimeout` or `SessionClosed`."""
+        """Call `method`; raises `CallFailed`, `CallTimeout` or `SessionClosed` (`timeout`
+        None: no deadline of its own, the caller bounds it)."""
         call_id = self.connection.call(method, request, now=self.now(), timeout=timeout)
         waiter: asyncio.Future[Completed | Failed] = asyncio.get_running_loop().create_future()
         self._waiters[call_id] = waiter

@@ -20,12 +20,13 @@ any broken stream. The deadline is set and waited for on the owner's clock (`now
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 from agent.clock import Clock
 from agent.contracts.base import StreamMarker
-from agent.errors import StreamBroken
+from agent.errors import SessionClosed, StreamBroken
 from agent.observe import Direction
 from agent.protocol.chunks import CLOSING
 from agent.protocol.connection import Connection, StreamBroke
@@ -138,7 +139,10 @@ class Source:
                 else:
                     await self._signal.wait(stall.deadline)
                 continue
-            await owner.flush()  # a `read` we drive may go out now that there is room
+            # A `read` we drive may go out now that there is room. A transport already gone
+            # breaks the stream with it: this item is still the reader's, the next take says so.
+            with contextlib.suppress(SessionClosed):
+                await owner.flush()
             if item is CLOSING:
                 self._finish()
                 raise StopAsyncIteration

@@ -1,10 +1,11 @@
 """Switchable faults of the reference Corestore: plain data a test sets at runtime.
 
 Each rule applies to the next `times` requests of one route (a `RouteName`), in the order the
-rules were added. `hits` counts every request that reached a route, faulted or not, so a test can
-tell how often the client tried. `hold_restores()` keeps resource restores `running` until
-`release_restores()`, so a test observes the asynchronous restore without sleeping;
-`hold_prepares()` likewise keeps prepare requests waiting (counted, unanswered) until
+rules were added, or to every request of the route until a time (`fail_for`: a storm of a
+given length, on the real clock). `hits` counts every request that reached a route, faulted or
+not, so a test can tell how often the client tried. `hold_restores()` keeps resource restores
+`running` until `release_restores()`, so a test observes the asynchronous restore without
+sleeping; `hold_prepares()` likewise keeps prepare requests waiting (counted, unanswered) until
 `release_prepares()`, so a test observes the agent's `preparing` phase; `prepare_held` is set
 once a prepare request waits there (a test awaits it instead of guessing when it arrived).
 `hold_next(route)` does the same for the next request of any route, with its own `Hold`.
@@ -14,6 +15,7 @@ once a prepare request waits there (a test awaits it instead of guessing when it
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
@@ -50,6 +52,7 @@ class FaultRule:
     seconds: float = 0.0  # "delay": wait this long (or until the server stops) first
     drop_bytes: int = 0  # "truncate": lose the last bytes of the body read
     hold: Hold | None = None  # "hold": wait for its release first
+    until: float | None = None  # applies to every request until this `time.monotonic()`
 
 
 @dataclass(slots=True)
@@ -74,6 +77,14 @@ class Faults:
     ) -> None:
         """Answer `status` with an error body (`code`) instead of handling the request."""
         self._add(route, FaultRule("status", times, status=status, code=code))
+
+    def fail_for(
+        self, route: RouteName | str, seconds: float, status: int = 503, code: str = "unavailable"
+    ) -> None:
+        """Answer `status` to every request of `route` for the next `seconds` (a storm: a
+        Corestore restarting behind its proxy)."""
+        until = time.monotonic() + seconds
+        self._add(route, FaultRule("status", 1, status=status, code=code, until=until))
 
     def reset_next(self, route: RouteName | str, times: int = 1, *, after: bool = False) -> None:
         """Drop the connection without an answer; `after=True` handles the request first."""
@@ -129,6 +140,11 @@ class Faults:
         if not pending:
             return None
         rule = pending[0]
+        if rule.until is not None:
+            if time.monotonic() < rule.until:
+                return rule
+            pending.pop(0)
+            return self.take(route)
         rule.times -= 1
         if rule.times <= 0:
             pending.pop(0)

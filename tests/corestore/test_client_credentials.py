@@ -114,6 +114,9 @@ class _Rejections:
     def credential_rejected(self) -> None:
         self.count += 1
 
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
+        del node, since
+
 
 async def test_a_credential_refused_for_good_is_reported_once(
     world: Any, corestore: CorestoreHandle

@@ -261,12 +261,16 @@ class _Answers:
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str]] = []
+        self.unavailable: list[tuple[str, float | None]] = []
 
     def corestore_answer(self, *, route: str, outcome: str, seconds: float) -> None:
         self.seen.append((route, outcome))
 
     def corestore_resend(self, *, route: str) -> None:
         pass
+
+    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
+        self.unavailable.append((node, since))
 
 
 async def test_each_attempt_is_reported_by_the_kind_of_answer_it_got(

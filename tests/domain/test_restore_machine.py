@@ -105,9 +105,28 @@ def test_execute_once_staging_is_complete_starts_restoring(status: NodeStatus) -
     assert decide(status, Op.EXECUTE, revision=4, guard=True) == "restoring"
 
 
-def test_only_execute_is_guarded() -> None:
-    """The staging guard applies to the two execute moves and nothing else."""
-    assert frozenset({("prepared", Op.EXECUTE), ("staging", Op.EXECUTE)}) == RESTORE_TABLE.guarded
+def test_only_execute_and_the_resumes_are_guarded() -> None:
+    """The staging guard applies to the two execute moves, the retryable-failure guard to the
+    two resumes, and nothing else is guarded."""
+    assert RESTORE_TABLE.guarded == {
+        ("prepared", Op.EXECUTE),
+        ("staging", Op.EXECUTE),
+        ("failed", Op.RESUME_PREPARE),
+        ("failed", Op.RESUME_EXECUTE),
+    }
+
+
+def test_a_failed_restore_resumes_only_when_its_failure_may_pass() -> None:
+    """`resume-execute` moves `failed` back to `restoring` with the guard, and is illegal
+    without it (a failure that will not pass stays `failed`)."""
+    assert RESTORE_TABLE.decide("failed", Op.RESUME_EXECUTE, revision=7, guard=True) == (
+        "restoring"
+    )
+    assert RESTORE_TABLE.decide("failed", Op.RESUME_PREPARE, revision=2, guard=True) == (
+        "preparing"
+    )
+    with pytest.raises(IllegalTransition):
+        RESTORE_TABLE.decide("failed", Op.RESUME_EXECUTE, revision=7, guard=False)
 
 
 def test_cleanup_is_allowed_exactly_from_the_settled_statuses() -> None:

@@ -142,7 +142,8 @@ class Stack:
 
     def config_data(self, **corestore: Any) -> dict[str, Any]:
         """The agent's configuration (quick reconnects, small chunks, a 0.05 s restore poll
-        instead of 1 s per resource, unless overridden). The Corestore bearer comes sealed, as
+        instead of 1 s per resource, no outage tolerance beyond `retries` so a fault test's
+        storm ends the call at once, unless overridden). The Corestore bearer comes sealed, as
         in production, unless `credential_source="file"` is given: then from a 0600 file."""
         token = _secret_file(self.tmp / "machine-token", TOKEN)
         if corestore.get("credential_source") == "file":
@@ -158,6 +159,7 @@ class Stack:
             "corestore": {
                 "chunk_size": 64 * KiB,
                 "retries": 1,
+                "outage_tolerance_s": 0,
                 "restore_poll_interval_s": 0.05,
                 **corestore,
             },

@@ -337,6 +337,21 @@ async def test_a_restore_whose_closure_cloudly_stops_sending_aborts_the_import_a
     assert services.open_imports() == []
 
 
+async def test_a_slow_export_is_bounded_by_its_progress_not_by_the_transfer_timeout(
+    stack: Any, services: Any
+) -> None:
+    """Each export read takes 0.1 s (five of them), the bulk-request bound is 0.3 s: the backup
+    succeeds. The closure call used to carry `transfer_timeout_s` as its deadline and failed
+    `internal` ("got no reply within 0.3 s"): a bound on the whole closure, so a big enough one
+    could never be backed up. One request is bounded by it; the closure by its progress."""
+    stack.faults.delay_next(RouteName.CLOSURE_READ, 0.1, times=6)
+    async with asyncio.timeout(30), stack.agent(transfer_timeout_s=0.3):
+        answer = await _backup(stack)
+    assert [s["type"] for s in answer["snapshots"]] == ["database"]
+    assert stack.cloudly.closure_bytes("bk-1", SERVICE_ID) == DATABASE
+    assert stack.faults.hits[RouteName.CLOSURE_READ] == 5  # four chunks and the probe at size
+
+
 # --- every restore request runs (docs/relay.md, "Jobs and repeats") ---------------------------
 
 

@@ -35,6 +35,7 @@ const { values: args } = parseArgs({
     'trace-file': { type: 'string' },
     'frame-log': { type: 'string', default: '2000' },
     'closure-bytes': { type: 'string', default: '4096' },
+    'send-delay-ms': { type: 'string', default: '0' },
   },
 });
 if (!args.token) {
@@ -151,13 +152,13 @@ function applyOverride(method) {
   return o.response ?? {};
 }
 
-function receiveStreams(method, request, peer, meta = {}) {
+function receiveStreams(method, request, peer, meta = {}, options = {}) {
   const found = streamFields(request);
   if (found.length === 0) throw new TypedResponseError('no VirtualStream in request', { code: 'invalid-request' });
   return found.map(({ field, stream }) => {
     const record = { conn: peer.id, method, field, streamId: stream.streamId, status: 'open', bytes: 0, meta };
     state.streams.push(record);
-    const done = drainStream(stream, record, peer.closedPromise).then(() => {
+    const done = drainStream(stream, record, peer.closedPromise, options).then(() => {
       waiters.notify();
       return record;
     });
@@ -207,10 +208,17 @@ function installHandlers(router, peer) {
     throw new Error('plain exception inside the handler');
   });
   serve('uploadStream', async (request) => {
-    const [first] = receiveStreams('uploadStream', request, peer);
+    const reading = {
+      readDelayMs: Number(request.readDelayMs ?? 0),
+      readPauseMs: Number(request.readPauseMs ?? 0),
+      readPauseAfter: Number(request.readPauseAfter ?? 0),
+    };
+    const [first] = receiveStreams('uploadStream', request, peer, {}, reading);
     if (request.replyWhen === 'start') return { accepted: true, streamId: first.record.streamId };
     const r = await first.done;
-    return { field: r.field, status: r.status, bytes: r.bytes, chunks: r.chunks, sha256: r.sha256 };
+    const answer = { field: r.field, status: r.status, bytes: r.bytes, chunks: r.chunks, sha256: r.sha256 };
+    const slowed = reading.readDelayMs > 0 || reading.readPauseMs > 0;
+    return slowed ? { ...answer, maxQueued: r.maxQueued } : answer;
   });
   serve('backupServiceDatabaseClosure', async (request) => {
     const { backupId, serviceId, nodeId, descriptor } = request;
@@ -274,7 +282,8 @@ function onConnection(ws, req) {
   const id = nextConnId++;
   const conn = { id, remote: `${req.socket.remoteAddress}:${req.socket.remotePort}`, path: req.url, openedAt: Date.now(), closedAt: null, closeCode: null, tags: {} };
   state.connections.push(conn);
-  const peer = new SocketPeer(ws, { id, install: installHandlers, rawHandlers, onFrame, log });
+  const sendDelayMs = Number(args['send-delay-ms']);
+  const peer = new SocketPeer(ws, { id, install: installHandlers, rawHandlers, onFrame, log, sendDelayMs });
   peers.set(id, peer);
   ws.on('close', (code) => {
     conn.closedAt = Date.now();

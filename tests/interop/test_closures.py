@@ -70,7 +70,8 @@ async def test_a_closure_sent_to_typedrequest_arrives_intact(
             backup_id=BACKUP_ID,
             node_id=NODE_ID,
             chunk_size=MiB,
-            timeout=60.0,
+            answer_timeout=60.0,
+            clock=SYSTEM_CLOCK,
             progress=_ignore,
         )
         events = await cloudly.wait_for("streams", 1)
@@ -100,7 +101,7 @@ async def test_a_typedrequest_3_3_0_closure_stream_fails_fast_by_name_and_import
                 node_id=NODE_ID,
                 import_id="closure-interop",
                 chunk_size=MiB,
-                timeout=60.0,
+                answer_timeout=60.0,
                 progress=_ignore,
             )
         elapsed = SYSTEM_CLOCK.monotonic() - started

@@ -21,7 +21,7 @@ from tests.interop.conftest import AgentUnderTest, deterministic_bytes
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from tests.interop.conftest import NodeCloudly
+    from tests.interop.conftest import NodeCloudly, Spawn
 
 pytestmark = pytest.mark.interop
 
@@ -147,8 +147,11 @@ async def test_agent_reply_to_a_streamed_call_does_not_echo_the_marker(
     assert echoed["label"] == "buffer-300000"
 
 
-async def stream_to_cloudly(agent: AgentUnderTest, data: bytes, piece: int) -> dict[str, Any]:
-    """The agent uploads `data` through `uploadStream`; Cloudly's response."""
+async def stream_to_cloudly(
+    agent: AgentUnderTest, data: bytes, piece: int, **request: Any
+) -> dict[str, Any]:
+    """The agent uploads `data` through `uploadStream` (more request fields: `request`);
+    Cloudly's response."""
     marker, sink = agent.session.open_send_stream()
 
     async def write_all() -> None:
@@ -159,7 +162,9 @@ async def stream_to_cloudly(agent: AgentUnderTest, data: bytes, piece: int) -> d
 
     async with asyncio.TaskGroup() as group:
         call = group.create_task(
-            agent.session.call("uploadStream", {"archive": marker.to_wire()}, timeout=150)
+            agent.session.call(
+                "uploadStream", {"archive": marker.to_wire(), **request}, timeout=150
+            )
         )
         group.create_task(write_all())
     return call.result()
@@ -184,6 +189,26 @@ async def test_agent_streams_64_mib_to_cloudly_as_initiator(
     }
     [stream] = events["streams"]
     assert stream["frames"]["forms"] == {"buffer": 64, "closing-bit": 1}
+
+
+async def test_a_stalling_library_reader_holds_at_most_the_window_plus_its_16_chunks(
+    spawn_cloudly: Spawn, tmp_path: Path
+) -> None:
+    """Cloudly 100 ms away (its frames leave 100 ms late) reads 16 chunks and then stops for
+    3 s: the agent, which keeps several chunks in flight, stops at the library's first
+    `backpressure: true`. The library's queue then holds more than its own 16 (chunks were in
+    flight when it filled: a sender with one in flight leaves it at 16) and at most window (16)
+    + 16, and every byte arrives."""
+    cloudly = await spawn_cloudly(args=["--send-delay-ms", "100"])
+    agent = AgentUnderTest(tmp_path, cloudly.url)
+    data = deterministic_bytes("a2c-far", 96 * 64 * 1024)
+    async with agent.running():
+        response = await stream_to_cloudly(
+            agent, data, 64 * 1024, readPauseMs=3000, readPauseAfter=16
+        )
+    assert (response["status"], response["bytes"]) == ("complete", len(data))
+    assert response["sha256"] == hashlib.sha256(data).hexdigest()
+    assert 16 < response["maxQueued"] <= 16 + 16
 
 
 async def test_library_does_not_revive_the_base64_chunk_form(

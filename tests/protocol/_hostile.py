@@ -291,7 +291,7 @@ class Driver:
                 while self.conn.take(stream_id, self.now) is not None:
                     pass
             except StreamBroken:
-                pass  # the handler's request would be refused transfer-interrupted
+                pass  # the handler's request would be refused (invalid-request if undecodable)
         if choice == 0:
             self.conn.refuse(event.request_id, InvalidRequest("refused by the driver"), self.now)
         elif choice == 1:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 
 from agent.protocol.connection import Connection, ConnectionSettings, StreamSettings
 from agent.protocol.envelope import Envelope
@@ -118,9 +119,12 @@ def answered(conn: Connection) -> list[str]:
 
 
 def receiving(budget: int, streams: int) -> Connection:
-    """A connection handling one request that carries `streams` streams, all being read."""
+    """A connection handling one request that carries `streams` streams, all being read, with
+    a fixed budget (it does not grow with the round trip: these tests are about the turns)."""
     settings = ConnectionSettings(
-        streams=StreamSettings(inline_decode_max=10**9), receive_budget=budget
+        streams=StreamSettings(inline_decode_max=10**9),
+        receive_budget=budget,
+        receive_budget_max=None,
     )
     conn = Connection({"echo"}, settings)
     markers = {f"m{i}": {"_isVirtualStream": True, "streamId": f"s{i}"} for i in range(streams)}
@@ -129,6 +133,91 @@ def receiving(budget: int, streams: int) -> Connection:
     for i in range(streams):
         conn.read_request_stream(event.request_id, f"s{i}")  # type: ignore[attr-defined]
     return conn
+
+
+def four_streams_over_a_link(rtt: float, *, ceiling: int | None, rounds: int = 30) -> float:
+    """Four stop-and-wait initiators (typedrequest 3.3.0) sending 4 MiB frames over a link of
+    `rtt`: each sends its next chunk as soon as its answer arrives (`rtt` after it went out).
+    Simulated for `rounds` round trips under an 8 MiB budget; the frame bytes per second that
+    arrived over the last ten."""
+    budget = ReceiveBudget(limit=8 * MiB, expiry=rtt + 1.0, ceiling=ceiling)
+    streams = ("s1", "s2", "s3", "s4")
+    in_flight: list[tuple[float, str]] = []  # (when the chunk arrives, stream)
+    arrived: list[float] = []
+    now = 0.0
+    for stream in streams:  # every stream's first chunk is on its way
+        in_flight.append((now + rtt / 2, stream))
+    while now < rounds * rtt:
+        in_flight.sort()
+        now, stream = in_flight.pop(0)
+        budget.arrived(stream, size=4 * MiB, chunk=True, now=now)
+        arrived.append(now)
+        for sent in [*budget.admit(stream, answer(stream), now), *budget.release(now)]:
+            in_flight.append((now + rtt, sent.response["cycleId"]))
+        if not in_flight:  # every answer held and no invitation out: time passes
+            now = min((now + 0.01), now + budget.expiry)
+            for sent in budget.release(now):
+                in_flight.append((now + rtt, sent.response["cycleId"]))
+    window = [t for t in arrived if t > now - 10 * rtt]
+    return len(window) * 4 * MiB / (10 * rtt)
+
+
+class TestBudgetFromTheRoundTrip:
+    def test_over_a_far_link_it_grows_until_the_budget_holds_no_stream_back(self) -> None:
+        """200 ms away, four 4 MiB streams under an 8 MiB floor: the budget grows with the
+        measured bandwidth-delay product, and every stream gets one frame per round trip,
+        twice what the fixed 8 MiB allows (two frames per round trip in all)."""
+        fixed = four_streams_over_a_link(0.2, ceiling=None)
+        sized = four_streams_over_a_link(0.2, ceiling=64 * MiB)
+        assert fixed == pytest.approx(2 * 4 * MiB / 0.2, rel=0.15)
+        assert sized == pytest.approx(4 * 4 * MiB / 0.2, rel=0.15)
+
+    def test_next_to_cloudly_it_stays_at_its_floor(self) -> None:
+        """1 ms away the product is far below 8 MiB: answers are held as before."""
+        budget = ReceiveBudget(limit=8 * MiB, expiry=1.0, ceiling=64 * MiB)
+        for round_trip in range(20):
+            now = round_trip * 0.001
+            for stream in ("s1", "s2"):
+                budget.admit(stream, answer(stream), now)
+                budget.arrived(stream, size=4 * MiB, chunk=True, now=now + 0.001)
+        assert budget.limit_at(0.02) == 8 * MiB
+
+    def test_it_never_grows_past_its_ceiling(self) -> None:
+        """A fast far link: twice the product is far above the ceiling, which bounds it."""
+        budget = ReceiveBudget(limit=8 * MiB, expiry=1.0, ceiling=16 * MiB)
+        now = 0.0
+        for _ in range(50):
+            budget.admit("s1", answer("s1"), now)
+            now += 0.2
+            budget.arrived("s1", size=64 * MiB, chunk=True, now=now)
+        assert budget.limit_at(now) == 16 * MiB
+
+    def test_a_round_trip_that_carries_a_queue_does_not_raise_the_budget(self) -> None:
+        """The smallest round trip seen counts, not a recent one: once frames queue on a slow
+        link every later sample carries the queue, and a budget grown from those would grow the
+        queue it measures. 1.25 MB/s at 400 ms: twice the product is 1 MB, under the floor."""
+        budget = ReceiveBudget(limit=8 * MiB, expiry=10.0, ceiling=64 * MiB)
+        budget.round_trip(0.4)  # the authentication's calls, on an idle link
+        now = 0.0
+        for _ in range(100):
+            budget.admit("s1", answer("s1"), now)
+            now += 3.0  # each 3.7 MB frame waited behind the queue at 1.25 MB/s
+            budget.arrived("s1", size=3_750_000, chunk=True, now=now)
+        assert budget.limit_at(now) == 8 * MiB
+
+    def test_a_round_trip_told_by_the_connection_counts(self) -> None:
+        """Invitations used up 2 s late (the frames queued on the link) at 4 MiB/s: with the
+        connection's round trip of 0.2 s (its calls') the budget is 2 x 4 MiB/s x 0.2 s, not
+        2 x 4 MiB/s x 2 s."""
+        budget = ReceiveBudget(limit=1 * MiB, expiry=10.0, ceiling=64 * MiB)
+        now = 0.0
+        for _ in range(5):
+            budget.admit("s1", answer("s1"), now)
+            now += 2.0
+            budget.arrived("s1", size=8 * MiB, chunk=True, now=now)
+        assert budget.limit_at(now) == int(2 * 4 * MiB * 2.0)
+        budget.round_trip(0.2)
+        assert budget.limit_at(now) == int(2 * 4 * MiB * 0.2)
 
 
 class TestConnection:

@@ -17,10 +17,16 @@ from agent.protocol.stream_responder import Role
 WINDOW = 2
 
 
-def initiator(role: Role, *, armed: bool = True) -> InitiatorStream:
+def initiator(
+    role: Role, *, armed: bool = True, window: int = WINDOW, window_bytes: int = 1 << 20
+) -> InitiatorStream:
     numbers = count(1)
     settings = StreamSettings(
-        window=WINDOW, park_timeout=1.0, idle_timeout=10.0, probe_interval=0.05
+        window=window,
+        window_bytes=window_bytes,
+        park_timeout=1.0,
+        idle_timeout=10.0,
+        probe_interval=0.05,
     )
     stream = InitiatorStream("s1", role, settings, new_id=lambda: f"k{next(numbers)}")
     if armed:
@@ -39,6 +45,10 @@ def by_purpose(frames: list[StreamPackage], purpose: str) -> StreamPackage:
     return found
 
 
+def all_of(frames: list[StreamPackage], purpose: str) -> list[StreamPackage]:
+    return [f for f in frames if f.main_purpose == purpose]
+
+
 def test_pending_stream_sends_nothing_until_armed() -> None:
     """Frames must not overtake the request carrying the marker."""
     stream = initiator(Role.SEND, armed=False)
@@ -49,36 +59,141 @@ def test_pending_stream_sends_nothing_until_armed() -> None:
 
 
 def test_chunk_frame_carries_the_buffer_form_and_next() -> None:
-    """A chunk frame holds chunkData in Buffer form and next = more queued."""
+    """A chunk frame holds chunkData in Buffer form and next = more queued after it."""
     stream = initiator(Role.SEND)
     stream.write(b"a")
     stream.write(b"b")
-    sent = by_purpose(stream.poll(0.0), "chunk")
-    assert (sent.chunk_data, sent.next) == (encode_chunk(b"a"), True)
+    first, second = all_of(stream.poll(0.0), "chunk")
+    assert (first.chunk_data, first.next) == (encode_chunk(b"a"), True)
+    assert (second.chunk_data, second.next) == (encode_chunk(b"b"), False)
 
 
-def test_one_data_cycle_is_in_flight_at_a_time() -> None:
-    """No second chunk goes out before the first is answered."""
-    stream = initiator(Role.SEND)
-    stream.write(b"a")
-    stream.write(b"b")
-    first = by_purpose(stream.poll(0.0), "chunk")
+def test_a_window_of_chunks_goes_out_without_waiting_for_answers() -> None:
+    """Up to `window` chunks are in flight at once (typedrequest 3.3.0 waits for each answer:
+    one chunk per round trip); one more waits for a place."""
+    stream = initiator(Role.SEND, window=3)
+    for data in (b"1", b"2", b"3"):
+        stream.write(data)
+    sent = all_of(stream.poll(0.0), "chunk")
+    assert [f.chunk_data for f in sent] == [encode_chunk(d) for d in (b"1", b"2", b"3")]
+    stream.write(b"4")
     assert stream.poll(0.1) == []
-    stream.on_reply(first.cycle_id, answer(first), 0.1)
-    assert by_purpose(stream.poll(0.1), "chunk").chunk_data == encode_chunk(b"b")
+    assert stream.in_flight == 3
 
 
-def test_backpressure_pauses_then_probes_with_feedback() -> None:
-    """After backpressure true the next data frame is a feedback probe, one interval later."""
+def test_before_any_answer_a_quarter_of_window_bytes_may_be_in_flight() -> None:
+    """Until the link is measured, chunks in flight carry at most a quarter of `window_bytes`
+    (the first always goes, however large)."""
+    stream = initiator(Role.SEND, window=8, window_bytes=1000)
+    for _ in range(4):
+        stream.write(bytes(100))
+    assert len(all_of(stream.poll(0.0), "chunk")) == 2  # 200 bytes: 250 allowed
+    lone = initiator(Role.SEND, window=8, window_bytes=10)
+    lone.write(bytes(100))
+    assert len(all_of(lone.poll(0.0), "chunk")) == 1
+
+
+def over_a_link(rate: float, rtt: float, *, chunk: int, window: int, seconds: float) -> int:
+    """The most payload in flight once a sender settled (after its first 10 s), sending on a
+    link that carries `rate` bytes per second each way with `rtt` round trip: each chunk leaves
+    once the link is free, and its answer comes `rtt` after its last byte left."""
+    stream = initiator(Role.SEND, window=window, window_bytes=8 << 20)
+    free_at, now, settled = 0.0, 0.0, 0
+    answers: list[tuple[float, StreamPackage]] = []
+    while now < seconds:
+        while stream.has_space():
+            stream.write(bytes(chunk))
+        for frame in stream.poll(now):
+            if frame.main_purpose == "chunk":
+                free_at = max(free_at, now) + chunk / rate
+                answers.append((free_at + rtt, frame))
+            else:  # keep-alives and probes are small: a round trip
+                answers.append((now + rtt, frame))
+        answers.sort(key=lambda item: item[0])
+        while answers and answers[0][0] <= now:
+            _, frame = answers.pop(0)
+            stream.on_reply(frame.cycle_id, answer(frame), now)
+        if now > 10.0:
+            settled = max(settled, stream._in_flight_bytes)
+        now += 0.005
+    assert stream.state is InitiatorState.OPEN
+    return settled
+
+
+def test_over_a_slow_far_link_the_payload_in_flight_follows_the_bandwidth_delay_product() -> None:
+    """10 Mbit/s, 400 ms: the sender keeps about two round trips of bytes in flight (2 x 1.25
+    MB/s x 0.4 s = 1 MB), not the whole 8 MiB window, which would queue half a minute of frames
+    ahead of the session's pings."""
+    settled = over_a_link(1.25e6, 0.4, chunk=64 << 10, window=256, seconds=40.0)
+    assert settled <= 3 * 1.25e6 * 0.4
+    assert settled >= 64 << 10
+
+
+def test_over_a_fast_far_link_the_whole_window_is_in_flight() -> None:
+    """1 GB/s, 200 ms: the measured product is far above the window: all 8 MiB go."""
+    settled = over_a_link(1e9, 0.2, chunk=1 << 20, window=16, seconds=15.0)
+    assert settled == 8 << 20
+
+
+def test_backpressure_stops_new_chunks_until_an_answer_says_false() -> None:
+    """A backpressure answer stops the sender; an answer in flight that says false resumes it."""
     stream = initiator(Role.SEND)
     stream.write(b"a")
     stream.write(b"b")
+    first, second = all_of(stream.poll(0.0), "chunk")
+    stream.write(b"c")
+    stream.on_reply(first.cycle_id, answer(first, backpressure=True), 0.1)
+    assert stream.poll(0.2) == []  # paused, and the answer in flight will tell more
+    stream.on_reply(second.cycle_id, answer(second), 0.2)
+    assert by_purpose(stream.poll(0.2), "chunk").chunk_data == encode_chunk(b"c")
+
+
+def test_backpressure_with_nothing_in_flight_probes_with_feedback() -> None:
+    """Paused with nothing in flight: one feedback probe per probe interval, then data again."""
+    stream = initiator(Role.SEND, window=1)
+    stream.write(b"a")
     first = by_purpose(stream.poll(0.0), "chunk")
+    stream.write(b"b")
     stream.on_reply(first.cycle_id, answer(first, backpressure=True), 0.1)
     assert stream.poll(0.12) == []
+    assert stream.next_wakeup() == pytest.approx(0.15)
     probe = by_purpose(stream.poll(0.16), "feedback")
-    stream.on_reply(probe.cycle_id, answer(probe), 0.17)
-    assert by_purpose(stream.poll(0.17), "chunk").chunk_data == encode_chunk(b"b")
+    assert stream.poll(0.3) == []  # one probe in flight at a time
+    stream.on_reply(probe.cycle_id, answer(probe), 0.3)
+    assert by_purpose(stream.poll(0.3), "chunk").chunk_data == encode_chunk(b"b")
+
+
+def test_a_typedrequest_responder_queue_holds_at_most_window_plus_16_chunks() -> None:
+    """Against typedrequest 3.3.0's responder (`handleStreamTr`: every chunk is pushed into a
+    16-item queue that never refuses, and the answer says backpressure once it is full), over
+    a link of 10 ms each way, whose reader keeps up with 40 chunks and then stops reading
+    while a window is in flight: the sender stops, and the queue holds at most window + 16."""
+    window, delay = 16, 0.01
+    stream = initiator(Role.SEND, window=window)
+    queue: list[bytes] = []
+    to_responder: list[tuple[float, StreamPackage]] = []  # (arrival, frame), in order
+    to_us: list[tuple[float, StreamPackage, StreamPackage]] = []  # (arrival, frame, answer)
+    now, arrived = 0.0, 0
+    for _ in range(2000):
+        while stream.has_space():
+            stream.write(b"x")
+        to_responder += [
+            (now + delay, f) for f in stream.poll(now) if f.main_purpose != "keepAlive"
+        ]
+        while to_responder and to_responder[0][0] <= now:
+            _, frame = to_responder.pop(0)
+            if frame.main_purpose == "chunk":
+                arrived += 1
+                if arrived > 40:  # the reader kept up with the first 40, then stopped
+                    queue.append(b"x")
+            to_us.append((now + delay, frame, answer(frame, backpressure=len(queue) >= 16)))
+            assert len(queue) <= window + 16
+        while to_us and to_us[0][0] <= now:
+            _, frame, reply = to_us.pop(0)
+            stream.on_reply(frame.cycle_id, reply, now)
+        now += 0.001
+    assert len(queue) > 16  # the window was in flight when the queue filled
+    assert stream.state is InitiatorState.OPEN
 
 
 def test_write_on_a_full_queue_raises_and_changes_nothing() -> None:
@@ -90,7 +205,7 @@ def test_write_on_a_full_queue_raises_and_changes_nothing() -> None:
     with pytest.raises(InvalidState):
         stream.write(b"3")
     stream.arm(0.0)
-    assert by_purpose(stream.poll(0.0), "chunk").chunk_data == encode_chunk(b"1")
+    assert all_of(stream.poll(0.0), "chunk")[0].chunk_data == encode_chunk(b"1")
 
 
 def test_acknowledged_closing_bit_ends_the_stream_and_says_farewell_once() -> None:
@@ -103,6 +218,7 @@ def test_acknowledged_closing_bit_ends_the_stream_and_says_farewell_once() -> No
     assert stream.state is InitiatorState.ENDED
     farewell = stream.poll(0.1)
     assert [(f.main_purpose, f.keep_alive) for f in farewell] == [("keepAlive", False)]
+    assert (stream.state, stream.broken) == (InitiatorState.OVER, False)
     assert stream.poll(0.2) == []
 
 
@@ -124,7 +240,7 @@ def test_no_answer_within_the_idle_timeout_breaks_the_stream() -> None:
     stream.poll(10.0)
     before = stream.state
     stream.poll(10.01)
-    assert (before, stream.state) == (InitiatorState.OPEN, InitiatorState.BROKEN)
+    assert (before, stream.broken) == (InitiatorState.OPEN, True)
     with pytest.raises(StreamBroken, match="no answer"):
         stream.write(b"x")
 
@@ -180,6 +296,64 @@ def test_reader_reads_while_its_window_has_room() -> None:
     assert by_purpose(stream.poll(0.0), "read").main_purpose == "read"
 
 
+def read_rounds(
+    stream: InitiatorStream, rounds: int, chunk: bytes, *, take: bool = True
+) -> list[StreamPackage]:
+    """Answer every read in flight with `chunk`, 10 ms after it went out, `rounds` times (the
+    reader taking what came when `take`); the reads in flight after the last round."""
+    now = 0.0
+    reads = all_of(stream.poll(now), "read")
+    for _ in range(rounds):
+        now += 0.01
+        for read in reads:
+            stream.on_reply(read.cycle_id, answer(read, chunk_data=encode_chunk(chunk)), now)
+        while take and stream.take() is not None:
+            pass
+        reads = all_of(stream.poll(now), "read")
+    return reads
+
+
+def test_a_reader_ramps_up_to_a_window_of_reads_in_flight() -> None:
+    """RECEIVE: one read until the first chunk; then each round trip's answers allow twice as
+    many reads as they brought (the bandwidth-delay product it measured) and one more, up to
+    the window."""
+    stream = initiator(Role.RECEIVE, window=8, window_bytes=1 << 20)
+    assert len(all_of(stream.poll(0.0), "read")) == 1
+    ramp = [len(read_rounds(initiator(Role.RECEIVE, window=8), n, bytes(1000))) for n in (1, 2, 3)]
+    assert ramp == [3, 7, 8]
+
+
+def test_chunks_are_queued_in_the_order_their_answers_come() -> None:
+    """Reads in flight are answered in order; the chunks keep it."""
+    stream = initiator(Role.RECEIVE, window=4)
+    first = by_purpose(stream.poll(0.0), "read")
+    stream.on_reply(first.cycle_id, answer(first, chunk_data=encode_chunk(b"a")), 0.1)
+    reads = all_of(stream.poll(0.1), "read")
+    assert len(reads) == 3
+    for read, data in zip(reads, (b"b", b"c", b"d"), strict=True):
+        stream.on_reply(read.cycle_id, answer(read, chunk_data=encode_chunk(data)), 0.2)
+    assert [stream.take() for _ in range(4)] == [b"a", b"b", b"c", b"d"]
+
+
+def test_an_empty_read_answer_drops_the_reader_to_one_read() -> None:
+    """A responder with nothing to send is asked once per answer, not a window's worth."""
+    stream = initiator(Role.RECEIVE, window=8)
+    reads = read_rounds(stream, 3, bytes(1000))
+    assert len(reads) == 8
+    for read in reads:
+        stream.on_reply(read.cycle_id, answer(read, next=True), 0.1)
+    assert len(all_of(stream.poll(0.1), "read")) == 1
+
+
+def test_reads_in_flight_are_bounded_by_window_bytes() -> None:
+    """Each read in flight counts as the largest chunk seen: with nothing taken, the queued
+    bytes and the reads in flight stay below `window_bytes` however fast the link."""
+    stream = initiator(Role.RECEIVE, window=64, window_bytes=10_000)
+    in_flight = len(read_rounds(stream, 6, bytes(1000), take=False))
+    queued = sum(len(item) for item in stream._queue if isinstance(item, bytes))
+    assert queued + (in_flight - 1) * 1000 < 10_000
+
+
 def test_empty_read_answer_without_next_waits_one_probe_interval() -> None:
     """No chunk and next false: the next read waits probe_interval."""
     stream = initiator(Role.RECEIVE)
@@ -228,3 +402,68 @@ def test_a_broken_outcome_gives_the_error_its_kind_says() -> None:
     assert isinstance(not_served, StreamNotServed)
     assert type(broken) is StreamBroken
     assert str(broken) == "stream s1 broke: timed out"
+
+
+def test_cycles_bounds_the_data_cycles_in_flight_as_typedrequest_does_with_one() -> None:
+    """`cycles=1` keeps one data cycle in flight, as typedrequest 3.3.0 (a stand-in Cloudly
+    set so moves like the real one); the window still bounds the queue."""
+    numbers = count(1)
+    settings = StreamSettings(window=4, cycles=1, park_timeout=1.0, idle_timeout=10.0)
+    stream = InitiatorStream("s1", Role.SEND, settings, new_id=lambda: f"k{next(numbers)}")
+    stream.arm(0.0)
+    for data in (b"1", b"2", b"3"):
+        stream.write(data)
+    first = by_purpose(stream.poll(0.0), "chunk")
+    assert stream.poll(0.1) == []
+    stream.on_reply(first.cycle_id, answer(first), 0.1)
+    assert by_purpose(stream.poll(0.1), "chunk").chunk_data == encode_chunk(b"2")
+
+
+def test_the_connections_round_trip_bounds_what_a_stream_measures() -> None:
+    """A stream whose every answer waited behind a queue (2 s) uses the connection's smaller
+    round trip (0.2 s, its calls'): 2 x 50 KB/s x 0.2 s and one chunk, 120 KB in flight, not
+    2 x 50 KB/s x 2 s and one chunk (300 KB)."""
+    numbers = count(1)
+    settings = StreamSettings(window=16, window_bytes=8 << 20, park_timeout=1.0)
+    stream = InitiatorStream(
+        "s1", Role.SEND, settings, new_id=lambda: f"k{next(numbers)}", path_rtt=lambda: 0.2
+    )
+    stream.arm(0.0)
+    now = 0.0
+    for _ in range(30):
+        stream.write(bytes(100_000))
+        sent = all_of(stream.poll(now), "chunk")
+        now += 1.0
+        for frame in sent:
+            stream.on_reply(frame.cycle_id, answer(frame), now + 1.0)
+    assert stream.allowance == 120_000
+
+
+def test_a_reader_over_a_slow_far_link_keeps_its_answers_within_the_idle_timeout() -> None:
+    """20 Mbit/s from the responder, 400 ms, 1 MiB chunks (a Buffer-form answer is ~3.7 MB,
+    1.5 s on the line): a window of reads (8 MiB) would queue eight answers, 12 s of line, and
+    the last would come past the 10 s idle timeout; the reader keeps about two round trips'
+    worth in flight, the stream stays open and the line stays busy."""
+    rate, rtt, chunk = 2.5e6, 0.4, 1 << 20
+    payload = encode_chunk(bytes(range(256)) * (chunk // 256))  # every byte value: ~3.6 MB
+    line = len(payload.json)  # what one answer's chunk takes on the line
+    stream = initiator(Role.RECEIVE, window=16, window_bytes=8 << 20)
+    free_at, now, got = 0.0, 0.0, 0
+    answers: list[tuple[float, StreamPackage, StreamPackage]] = []
+    while now < 60.0:
+        for frame in stream.poll(now):
+            if frame.main_purpose == "read":  # answered at once; its chunk waits for the line
+                free_at = max(free_at, now + rtt / 2) + line / rate
+                reply = answer(frame, chunk_data=payload, next=True)
+                answers.append((free_at + rtt / 2, frame, reply))
+            else:
+                answers.append((now + rtt, frame, answer(frame, keep_alive=True)))
+        answers.sort(key=lambda item: item[0])
+        while answers and answers[0][0] <= now:
+            _, frame, reply = answers.pop(0)
+            stream.on_reply(frame.cycle_id, reply, now)
+        while (item := stream.take()) is not None:
+            got += len(item) if isinstance(item, bytes) else 0
+        now += 0.01
+    assert stream.state is InitiatorState.OPEN
+    assert got > 0.8 * rate * 50 * chunk / line  # the line was busy most of the time

@@ -13,7 +13,13 @@ from agent.protocol.chunks import CLOSING, CLOSING_BIT, EncodedChunk, RawChunk, 
 from agent.protocol.envelope import Envelope
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage, package_from_json, stream_frame
-from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role, StreamState
+from agent.protocol.stream_responder import (
+    PendingChunk,
+    ResponderStream,
+    Role,
+    StreamAnswer,
+    StreamState,
+)
 
 WINDOW = 2
 SETTINGS = StreamSettings(window=WINDOW, idle_timeout=10.0, park_timeout=1.0)
@@ -31,7 +37,11 @@ def frame(purpose: str, cycle: str = "k1", **fields: Any) -> tuple[Envelope, Str
 def send(stream: ResponderStream, purpose: str, now: float = 1.0, **fields: Any) -> Envelope:
     answer = stream.handle(*frame(purpose, **fields), now)
     assert answer is not None
-    return answer
+    return answer.envelope
+
+
+def envelopes(answers: list[StreamAnswer]) -> list[Envelope]:
+    return [answer.envelope for answer in answers]
 
 
 def wire(chunk_data: Any) -> Any:
@@ -48,7 +58,8 @@ def test_keepalive_answer_has_the_ts_shape() -> None:
     """keepAlive is answered with our flag, next and backpressure; the request is echoed."""
     env, _ = frame("keepAlive", keep_alive=True)
     answer = responder(Role.RECEIVE).handle(env, package_from_json(env.request), 1.0)
-    assert answer == Envelope(
+    assert answer is not None
+    assert answer.envelope == Envelope(
         "##VirtualStream##",
         env.request,
         {
@@ -174,8 +185,7 @@ def test_read_on_an_empty_open_stream_is_parked_until_data() -> None:
     """A read that finds nothing waits; the next offer returns its answer."""
     stream = responder(Role.SEND)
     assert stream.handle(*frame("read", cycle="r1"), 1.0) is None
-    released = stream.offer(b"late")
-    assert released is not None
+    [released] = envelopes(stream.offer(b"late"))
     assert released.response["cycleId"] == "r1"
     assert wire(released.response["chunkData"])["data"] == list(b"late")
 
@@ -184,9 +194,8 @@ def test_parked_read_is_answered_empty_after_the_park_timeout() -> None:
     """Past park_timeout a parked read gets a feedback answer with next true."""
     stream = responder(Role.SEND)
     stream.handle(*frame("read", cycle="r1"), 1.0)
-    assert stream.expire(1.5) is None
-    released = stream.expire(2.0)
-    assert released is not None
+    assert stream.expire(1.5) == []
+    [released] = envelopes(stream.expire(2.0))
     assert released.response["mainPurpose"] == "feedback"
     assert released.response["next"] is True
 
@@ -247,8 +256,7 @@ def raw(data: bytes, frame_bytes: int = 100) -> dict[str, Any]:
 
 
 def received(stream: ResponderStream) -> list[PendingChunk]:
-    chunks, stream.received[:] = list(stream.received), []
-    return chunks
+    return stream.take_to_decode()
 
 
 def test_large_chunk_is_answered_before_it_is_decoded() -> None:
@@ -268,7 +276,7 @@ def settle_all(stream: ResponderStream) -> list[Envelope]:
     while chunks := received(stream):
         for pending in chunks:
             stream.settle(pending, pending.decode(), 1.0)
-        answers += stream.release()
+        answers += envelopes(stream.release())
     return answers
 
 
@@ -281,7 +289,9 @@ def test_a_frame_arriving_while_a_chunk_decodes_waits_for_it() -> None:
     assert stream.waiting == 2
     [first] = received(stream)
     stream.settle(first, first.decode(), 1.0)
-    [chunk_answer] = stream.release()  # the second chunk: now it waits for its own decode
+    [chunk_answer] = envelopes(
+        stream.release()
+    )  # the second chunk: now it waits for its own decode
     assert chunk_answer.response["cycleId"] == "k2"
     [keepalive_answer] = settle_all(stream)
     assert keepalive_answer.response["cycleId"] == "k3"
@@ -303,7 +313,7 @@ def test_a_chunk_that_does_not_decode_breaks_the_stream_after_the_good_ones() ->
     stream.settle(bad, caught.value, 1.0)
     assert stream.state is StreamState.BROKEN
     assert stream.broken_reason.startswith("undecodable chunk: ")
-    _, keepalive = stream.release()
+    _, keepalive = envelopes(stream.release())
     assert keepalive.response["keepAlive"] is False
     assert received(stream) == []  # the later chunk was dropped, not handed out
     with pytest.raises(RemoteProtocolError, match="dropped"):
@@ -344,7 +354,7 @@ def test_a_break_drops_the_chunks_not_decoded_yet() -> None:
     [second] = received(stream)
     stream.expire(20.0)
     assert stream.state is StreamState.BROKEN
-    [keepalive] = stream.release()
+    [keepalive] = envelopes(stream.release())
     assert keepalive.response["keepAlive"] is False
     stream.settle(second, b"b", 20.0)  # too late: ignored
     assert stream.take() == b"a"
@@ -395,5 +405,5 @@ def test_small_chunks_are_still_decoded_at_once() -> None:
     """Below `inline_decode_max` a raw chunk is decoded on arrival, as before."""
     stream = responder(Role.RECEIVE)
     send(stream, "chunk", **{"chunk_data": RawChunk("buffer", memoryview(b"[5]"), 100)})
-    assert stream.received == []
+    assert stream.take_to_decode() == []
     assert stream.take() == b"\x05"

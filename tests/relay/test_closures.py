@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from agent.clock import SYSTEM_CLOCK
 from agent.contracts.base import StreamMarker
 from agent.contracts.relay import DatabaseClosureDescriptor
 from agent.corestore import CorestoreClient, CorestoreTimeouts
@@ -79,7 +80,7 @@ class _SlowToCancel:
         method: str,
         request: Mapping[str, Any],
         *,
-        timeout: float,  # noqa: ASYNC109  # the fake's signature is the session's
+        timeout: float | None,  # noqa: ASYNC109  # the fake's signature is the session's
     ) -> dict[str, Any]:
         try:
             await asyncio.Event().wait()
@@ -112,7 +113,8 @@ async def test_a_backup_closure_cancelled_while_its_call_winds_down_ends_cancell
             backup_id=BACKUP_ID,
             node_id=NODE,
             chunk_size=64 * 1024,
-            timeout=60,
+            answer_timeout=60,
+            clock=SYSTEM_CLOCK,
             progress=lambda done, total: None,
         )
     )
@@ -156,7 +158,7 @@ class _ServingCloudly:
         method: str,
         request: Mapping[str, Any],
         *,
-        timeout: float,  # noqa: ASYNC109  # the fake's signature is the session's
+        timeout: float | None,  # noqa: ASYNC109  # the fake's signature is the session's
     ) -> dict[str, Any]:
         marker = StreamMarker(is_virtual_stream=True, stream_id="uni_closure")
         return {"descriptor": self._descriptor, "closure": marker.to_wire()}
@@ -178,7 +180,7 @@ async def _receive(client: CorestoreClient, import_id: str) -> DatabaseClosureDe
         node_id=NODE,
         import_id=import_id,
         chunk_size=64 * 1024,
-        timeout=60,
+        answer_timeout=60,
         progress=lambda done, total: None,
     )
 

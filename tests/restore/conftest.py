@@ -170,6 +170,7 @@ class World:
             cluster_view=self.view,
             settings=self.settings,
             clock=self.clock,
+            rng=lambda: 1.0,
         )
         self.engine_stop = asyncio.Event()
         self.engine_owner = asyncio.create_task(
@@ -404,12 +405,19 @@ def corestore_timeouts(transfer_timeout: float) -> CorestoreTimeouts:
 
 
 @pytest.fixture
+def client_retry() -> RetryPolicy:
+    """The Corestore clients' retry policy (a test module may override this fixture)."""
+    return CLIENT_RETRY
+
+
+@pytest.fixture
 async def world(
     tmp_path: Path,
     corestore: CorestoreHandle,
     clock: ManualClock,
     settings: EngineSettings,
     corestore_timeouts: CorestoreTimeouts,
+    client_retry: RetryPolicy,
 ) -> AsyncIterator[World]:
     """A running engine over the reference Corestore and a real store, with one restore's facts."""
     state_dir = tmp_path / "state"
@@ -417,7 +425,7 @@ async def world(
     clients = CorestoreClients(
         credentials=FixedCredentials(Secret(BEARER)),
         timeouts=corestore_timeouts,
-        retry=CLIENT_RETRY,
+        retry=client_retry,
         clock=clock,
         rng=lambda: 1.0,
     )

@@ -1,15 +1,16 @@
 """The configured transfer timeout and poll interval bound the engine's work: the poll interval
-is the engine's setting, the transfer timeout the Corestore clients' (and the relay's, for its
-closure calls)."""
+is the engine's setting, the transfer timeout the Corestore clients' (one bulk request each);
+the relay bounds Cloudly's answers to its closure calls by `[cloudly] call_timeout_s`."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.config import CorestoreConfig
+from agent.config import CloudlyConfig, CorestoreConfig
 from agent.corestore.routes import RouteName
 from agent.corestore.transport import CorestoreTimeouts
 from agent.errors import CorestoreUnavailable, InvalidState
@@ -59,30 +60,33 @@ def test_the_corestore_clients_take_the_transfer_timeout_of_the_section() -> Non
     )
 
 
-def test_the_relay_takes_the_chunk_size_and_transfer_timeout_of_the_section() -> None:
-    """The relay's closures use the same chunk size and bound each closure call by the
-    transfer timeout."""
-    assert RelaySettings.from_config(_SECTION) == RelaySettings(
-        chunk_size=128 * 1024, transfer_timeout=42.0
+def test_the_relay_takes_the_chunk_size_and_the_call_timeout() -> None:
+    """The relay's closures use the section's chunk size, and bound Cloudly's answer to each
+    closure call by `[cloudly] call_timeout_s` (never a whole transfer: that is bounded by its
+    progress)."""
+    cloudly = CloudlyConfig(url="wss://cloudly.example", token_file=Path("t"), call_timeout_s=9)
+    assert RelaySettings.from_config(_SECTION, cloudly) == RelaySettings(
+        chunk_size=128 * 1024, answer_timeout=9.0
     )
 
 
 def test_the_default_section_keeps_the_engine_defaults() -> None:
-    """Without the keys: a 300 s transfer bound and one status read per second."""
+    """Without the keys: a 300 s bound on one bulk Corestore request, one status read per
+    second, 30 s for Cloudly's answer to a closure call."""
     settings = EngineSettings.from_config(CorestoreConfig())
     timeouts = CorestoreTimeouts.from_config(CorestoreConfig())
     assert (timeouts.transfer, settings.poll_interval) == (300.0, 1.0)
-    assert RelaySettings.from_config(CorestoreConfig()).transfer_timeout == 300.0
+    assert RelaySettings().answer_timeout == 30.0
 
 
 @pytest.mark.parametrize("timeout", [0.0, -1.0])
 def test_a_transfer_timeout_that_is_not_positive_is_refused(timeout: float) -> None:
-    """A transfer that may take no time at all is a bug, refused at construction (by the
-    Corestore clients' timeouts and by the relay's settings)."""
+    """A bound that allows no time at all is a bug, refused at construction (by the Corestore
+    clients' timeouts and by the relay's settings)."""
     with pytest.raises(InvalidState, match="transfer"):
         CorestoreTimeouts(transfer=timeout)
-    with pytest.raises(InvalidState, match="transfer_timeout"):
-        RelaySettings(transfer_timeout=timeout)
+    with pytest.raises(InvalidState, match="answer_timeout"):
+        RelaySettings(answer_timeout=timeout)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -70,3 +70,39 @@ async def test_a_stage_whose_stream_goes_silent_answers_transfer_interrupted(
 def _without_stream_frames(frame: bytes) -> bytes | None:
     """Cloudly's transport hook: every VirtualStream frame is lost, the rest goes out."""
     return None if STREAM_METHOD.encode() in frame else frame
+
+
+async def test_a_stage_whose_stream_carries_a_malformed_chunk_is_an_invalid_request(
+    world: Any,
+) -> None:
+    """A chunk that is no chunk (a byte value of 256) breaks the stage's stream: the stage is
+    refused `invalid-request`, not retryable (the same bytes would fail again; Cloudly resending
+    them on `transfer-interrupted` would never end), and the revision stays where it was."""
+    prepared = await world.prepare()
+    async with cloudly_and_agent(world) as (cloudly, cloudly_end):
+        cloudly_end.on_send = _second_chunk_malformed()
+        marker, sink = cloudly.open_send_stream()
+        body = {**world.stage_body(DUMP, prepared["revision"]), "archive": marker.to_wire()}
+        call = asyncio.create_task(cloudly.call(METHOD_STAGE, body, timeout=30))
+        for _ in range(2):
+            await sink.write(b"x" * 1000)
+        with pytest.raises(CallFailed) as caught:
+            await call
+        await sink.abort()
+    assert caught.value.error_data == {"code": "invalid-request", "retryable": False}
+    assert "undecodable chunk" in caught.value.text
+    assert (await world.store.get(world.KEY)).revision == prepared["revision"]
+
+
+def _second_chunk_malformed() -> Callable[[bytes], bytes | None]:
+    """Cloudly's transport hook: the second chunk frame's first byte becomes 256."""
+    seen = 0
+
+    def rewrite(frame: bytes) -> bytes | None:
+        nonlocal seen
+        if b'"mainPurpose":"chunk"' not in frame or b'"data":[120,' not in frame:
+            return frame
+        seen += 1
+        return frame.replace(b'"data":[120,', b'"data":[256,', 1) if seen == 2 else frame
+
+    return rewrite

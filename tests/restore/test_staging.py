@@ -46,9 +46,11 @@ async def test_a_chunk_corrupted_in_transit_is_resent_and_the_object_converges(
     """Corestore refuses a chunk whose bytes lost their tail; the engine sends it again."""
     prepared = await world.prepare()
     world.corestore.faults.truncate_next(RouteName.PUT_CHUNK, drop_bytes=7)
+    slept = len(world.clock.slept)
     state = await world.stage(DUMP, prepared["revision"])
     assert state["status"] == "staging"
     assert world.corestore.faults.hits[RouteName.PUT_CHUNK] == 5
+    assert world.clock.slept[slept:] == [0.25]  # the resend waited one backoff
     assert await _written(world) == [DUMP]
     assert _staged_ok(world, DUMP)
 
@@ -199,11 +201,14 @@ async def test_a_resume_with_other_bytes_than_corestore_verified_counts_for_noth
 async def test_a_commit_whose_answer_was_lost_is_confirmed_through_progress(
     world: Any,
 ) -> None:
-    """Commit is not retried blindly: progress says every byte is there, so commit again."""
+    """Commit is not retried blindly: progress says every byte is there, so commit again,
+    after a backoff (it used to go again at once, 0 ms after the 503)."""
     prepared = await world.prepare()
     world.corestore.faults.fail_next(RouteName.COMMIT_OBJECT, status=503)
+    slept = len(world.clock.slept)
     await world.stage(DUMP, prepared["revision"])
     assert world.corestore.faults.hits[RouteName.COMMIT_OBJECT] == 2
+    assert world.clock.slept[slept:] == [0.25]  # the first window, the draw fixed at its top
     assert await _written(world) == [DUMP]
 
 

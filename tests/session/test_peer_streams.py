@@ -253,7 +253,9 @@ async def test_handler_send_stream_missing_from_the_response_is_aborted() -> Non
 async def test_a_bad_chunk_breaks_the_stream_before_the_next_frame_is_answered() -> None:
     """A chunk is answered before it is decoded, and a bad one has broken its stream by the
     time the peer's next frame is answered (one frame later at most): that keepAlive hears
-    `false`, and the upload is refused `transfer-interrupted`, naming the undecodable chunk."""
+    `false`, and the upload is refused `invalid-request`, not retryable (the same bytes would
+    fail again; `transfer-interrupted` would make Cloudly resend them for ever), naming the
+    undecodable chunk."""
     ours, theirs = transport_pair()
     settings = ConnectionSettings(
         streams=StreamSettings(inline_decode_max=0)
@@ -300,7 +302,7 @@ async def test_a_bad_chunk_breaks_the_stream_before_the_next_frame_is_answered()
         answer = next(f for f in frames if f["method"] == "##VirtualStream##")
         refusal = next(f for f in frames if f["method"] == "upload")
         assert answer["response"]["keepAlive"] is False
-        assert refusal["error"]["data"]["code"] == "transfer-interrupted"
+        assert refusal["error"]["data"] == {"code": "invalid-request", "retryable": False}
         assert "undecodable chunk" in refusal["error"]["text"]
     finally:
         theirs.close()

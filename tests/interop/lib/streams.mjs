@@ -39,16 +39,33 @@ export function streamFields(request) {
 /**
  * Drains a responder-side VirtualStream until the closing bit (status 'complete') or until
  * `closedPromise` settles first (status 'broken'). `record` is updated in place as bytes arrive.
+ * `readDelayMs` makes a slow reader (a pause before each chunk is taken); `readPauseMs` one
+ * that stops reading that long once it took `readPauseAfter` chunks. `record.maxQueued` is the
+ * most chunks the library's receive queue held when one was taken or a 5 ms sample looked.
  */
-export async function drainStream(stream, record, closedPromise) {
+export async function drainStream(
+  stream,
+  record,
+  closedPromise,
+  { readDelayMs = 0, readPauseMs = 0, readPauseAfter = 0 } = {},
+) {
   const hash = createHash('sha256');
   const BROKEN = Symbol('broken');
   const closed = closedPromise.then(() => BROKEN);
   record.status = 'open';
   record.bytes = 0;
   record.chunks = 0;
+  record.maxQueued = 0;
+  const queued = () => stream.receiveBackpressuredArray?.data?.length ?? 0;
+  const sample = () => { record.maxQueued = Math.max(record.maxQueued, queued()); };
+  const sampler = setInterval(sample, 5);
   const started = process.hrtime.bigint();
   for (;;) {
+    if (readDelayMs > 0) await new Promise((resolve) => setTimeout(resolve, readDelayMs));
+    if (readPauseMs > 0 && record.chunks === readPauseAfter) {
+      await new Promise((resolve) => setTimeout(resolve, readPauseMs));
+    }
+    sample();
     const value = await Promise.race([stream.fetchData(), closed]);
     if (value === BROKEN) {
       record.status = 'broken';
@@ -68,6 +85,7 @@ export async function drainStream(stream, record, closedPromise) {
     record.bytes += value.length;
     record.chunks += 1;
   }
+  clearInterval(sampler);
   record.sha256 = hash.digest('hex');
   record.seconds = Number(process.hrtime.bigint() - started) / 1e9;
   return record;

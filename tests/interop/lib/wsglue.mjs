@@ -86,6 +86,7 @@ export class SocketPeer {
    *        envelope-level answers keyed by method; returning null hands the frame to the router
    * @param {(dir: 'in'|'out', frame: object, peer: SocketPeer) => void} [opts.onFrame]  tracing hook
    * @param {(msg: string) => void} [opts.log]
+   * @param {number} [opts.sendDelayMs]  every frame leaves this much later, in order (a far link)
    */
   constructor(ws, opts = {}) {
     this.ws = ws;
@@ -94,6 +95,7 @@ export class SocketPeer {
     this.target = new TypedTarget({ postMethod: (payload) => this.post(payload) });
     this.rawHandlers = opts.rawHandlers ?? {};
     this.onFrame = opts.onFrame ?? (() => {});
+    this.sendDelayMs = opts.sendDelayMs ?? 0;
     this.log = opts.log ?? (() => {});
     this.pending = new Map(); // key -> {resolve, reject, frame}
     this.sendCounts = new Map(); // correlation id -> frames sent with it (retries reuse the id)
@@ -125,7 +127,15 @@ export class SocketPeer {
       throw new ConnectionClosedError();
     }
     this.onFrame('out', frame, this);
-    this.ws.send(JSON.stringify(frame));
+    const text = JSON.stringify(frame);
+    if (this.sendDelayMs > 0) {
+      // Timers of one delay fire in the order they were set: the frames keep their order.
+      setTimeout(() => {
+        if (!this.closed && this.ws.readyState === this.ws.OPEN) this.ws.send(text);
+      }, this.sendDelayMs);
+      return;
+    }
+    this.ws.send(text);
   }
 
   /** The TypedTarget postMethod: send one frame, resolve with its reply frame. */
