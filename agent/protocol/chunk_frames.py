@@ -61,21 +61,19 @@ def split_chunk_frame(frame: bytes, method: str) -> dict[str, Any] | None:
     found = _locate(frame)
     if found is None:
         return None
-    form, start = found
+    form, start, close_at = found
     if start <= 0 or frame[start - 1] == 0x5C:  # a backslash: the quote may be escaped
+        return None
+    if close_at < 0:
         return None
     if form == "buffer":
         open_at = start + len(_BUFFER) - 1  # the `[`
-        close_at = frame.find(b"]", open_at)  # the `]`
         text_from, text_to = open_at, close_at + 1
     else:
         open_at = start + len(_BASE64) - 1  # the opening quote
-        close_at = frame.find(b'"', open_at + 1)  # the closing quote
         text_from, text_to = open_at + 1, close_at
-        if close_at >= 0 and frame.find(b"\\", text_from, text_to) >= 0:
+        if frame.find(b"\\", text_from, text_to) >= 0:
             return None
-    if close_at < 0:
-        return None
     empty, probe_text, empty_value, probe_value = _SPLICES[form]
     head, tail = frame[:open_at], frame[close_at + 1 :]
     obj = _loads(head + empty + tail)
@@ -90,9 +88,10 @@ def split_chunk_frame(frame: bytes, method: str) -> dict[str, Any] | None:
     return None
 
 
-def _locate(frame: bytes) -> tuple[ChunkForm, int] | None:
-    """Where the payload's pattern starts: the first Buffer-form one, else the first base64 one
-    (None: neither).
+def _locate(frame: bytes) -> tuple[ChunkForm, int, int] | None:
+    """Where the payload's pattern starts, the first Buffer-form one, else the first base64
+    one (None: neither), and where its payload ends: the array's first `]` after its `[`, the
+    string's first `"` after its opening quote (-1: none).
 
     Found with one search for what both patterns begin with, which in a chunk frame stops
     near its start: searching for the Buffer pattern first read a whole base64 frame in vain.
@@ -103,16 +102,18 @@ def _locate(frame: bytes) -> tuple[ChunkForm, int] | None:
     if start < 0:
         return None
     if frame.startswith(_BUFFER, start):
-        return "buffer", start
+        return "buffer", start, frame.find(b"]", start + len(_BUFFER))
     if frame.startswith(_BASE64, start):
         close_at = frame.find(b'"', start + len(_BASE64))
         if close_at >= 0 and frame.find(_BUFFER, close_at) < 0:
-            return "base64", start
-    start = frame.find(_BUFFER, start)
+            return "base64", start, close_at
+    start = frame.find(_BUFFER, start)  # anything unusual: the rule as it reads
     if start >= 0:
-        return "buffer", start
+        return "buffer", start, frame.find(b"]", start + len(_BUFFER))
     start = frame.find(_BASE64)
-    return None if start < 0 else ("base64", start)
+    if start < 0:
+        return None
+    return "base64", start, frame.find(b'"', start + len(_BASE64))
 
 
 def _loads(text: bytes) -> dict[str, Any] | None:

@@ -320,14 +320,17 @@ PIECES = [
 @given(st.lists(st.sampled_from(PIECES), max_size=8))
 def test_the_payload_is_found_where_the_rule_says(pieces: list[bytes]) -> None:
     """The payload's pattern is the first Buffer-form one, else the first base64 one, wherever
-    others lie around it (one search for their common start finds it in a chunk frame)."""
+    others lie around it (one search for their common start finds it in a chunk frame), and
+    its payload ends at the first `]` or `"` after it opened."""
     frame = b"".join(pieces)
     buffer_at = frame.find(chunk_frames._BUFFER)
     base64_at = frame.find(chunk_frames._BASE64)
     if buffer_at >= 0:
-        want: tuple[str, int] | None = ("buffer", buffer_at)
+        end = frame.find(b"]", buffer_at + len(chunk_frames._BUFFER))
+        want: tuple[str, int, int] | None = ("buffer", buffer_at, end)
     elif base64_at >= 0:
-        want = ("base64", base64_at)
+        end = frame.find(b'"', base64_at + len(chunk_frames._BASE64))
+        want = ("base64", base64_at, end)
     else:
         want = None
     assert chunk_frames._locate(frame) == want
