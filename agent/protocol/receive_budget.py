@@ -84,7 +84,8 @@ class ReceiveBudget:
     _invited: dict[str, _Invitation] = field(default_factory=dict)
     _rtt: float | None = None  # the smallest round trip seen
     _arrived: int = 0  # chunk frame bytes arrived so far
-    _rates: deque[tuple[float, float]] = field(default_factory=deque)  # (when, bytes per s)
+    # (when, bytes per s), the rates falling: each sample a later, smaller one may still outlive
+    _rates: deque[tuple[float, float]] = field(default_factory=deque)
     _held: deque[tuple[str, Envelope]] = field(default_factory=deque)
     _last_size: dict[str, int] = field(default_factory=dict)
     _used: int = 0
@@ -117,7 +118,12 @@ class ReceiveBudget:
                 took = now - invitation.sent
                 self.round_trip(took)
                 if took > 0:
-                    self._rates.append((now, (self._arrived - invitation.arrived) / took))
+                    rate = (self._arrived - invitation.arrived) / took
+                    # Only what can still be the largest is kept: a sample at most this one,
+                    # and older, never will be (the first is the largest of the span).
+                    while self._rates and self._rates[-1][1] <= rate:
+                        self._rates.pop()
+                    self._rates.append((now, rate))
             self._forget_before(now - RATE_SPAN)
 
     def round_trip(self, seconds: float) -> None:
@@ -134,7 +140,7 @@ class ReceiveBudget:
         rtt = self._rtt
         if rtt is None or not self._rates:
             return self.limit
-        product = 2 * max(sample for _, sample in self._rates) * rtt
+        product = 2 * self._rates[0][1] * rtt  # the largest rate of the span
         return int(min(self.ceiling, max(self.limit, product)))
 
     def _forget_before(self, horizon: float) -> None:

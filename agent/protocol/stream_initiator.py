@@ -165,7 +165,7 @@ class InitiatorStream:
         self._path_rtt = path_rtt
         self._rtt: float | None = None  # the smallest answer round trip of this stream
         self._delivered = 0  # payload answered so far
-        self._rates: deque[tuple[float, float]] = deque()  # (when, bytes per second)
+        self._rates: deque[tuple[float, float]] = deque()  # (when, bytes per s), rates falling
         self._allowance = max(1, settings.window_bytes // 4)
         self._keepalive_cycle: str | None = None
         self._keepalive_at = 0.0
@@ -390,12 +390,16 @@ class InitiatorStream:
         took = now - cycle.sent_at
         self._rtt = took if self._rtt is None else min(self._rtt, took)
         if took > 0:
-            self._rates.append((now, (self._delivered - cycle.delivered) / took))
+            rate = (self._delivered - cycle.delivered) / took
+            # Only what can still be the largest is kept (the first is the span's largest).
+            while self._rates and self._rates[-1][1] <= rate:
+                self._rates.pop()
+            self._rates.append((now, rate))
         while self._rates and self._rates[0][0] <= now - RATE_SPAN:
             self._rates.popleft()
         path = self._path_rtt()
         rtt = self._rtt if path is None else min(self._rtt, path)
-        rate = max((sample for _, sample in self._rates), default=0.0)
+        rate = self._rates[0][1] if self._rates else 0.0
         # One chunk on top: a sample taken with n in flight says at most n, so twice it alone
         # would never let a lone chunk become two (its round trip is never below the minimum).
         self._allowance = int(min(self._window_bytes, 2 * rate * rtt + size))

@@ -8,10 +8,11 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from agent.protocol.connection import Connection, ConnectionSettings, StreamSettings
 from agent.protocol.envelope import Envelope
-from agent.protocol.receive_budget import SIZE_MEMORY, ReceiveBudget
+from agent.protocol.receive_budget import RATE_SPAN, SIZE_MEMORY, ReceiveBudget
 
 MiB = 1 << 20
 
@@ -254,3 +255,34 @@ class TestConnection:
         assert deadline is not None
         conn.advance(deadline)
         assert answered(conn) == ["c-1-0"]
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 4.0),  # pause before the next invitation
+            st.floats(0.001, 2.0),  # its round trip
+            st.integers(1, 8 * MiB),  # the chunk that answers it
+        ),
+        max_size=40,
+    )
+)
+def test_the_budget_follows_the_largest_rate_of_the_span(
+    cycles: list[tuple[float, float, int]],
+) -> None:
+    """Whatever the rates and pauses, the budget is twice the smallest round trip times the
+    largest delivery rate seen in the last `RATE_SPAN` seconds, within its floor and ceiling
+    (only the samples that can still be the largest are kept)."""
+    budget = ReceiveBudget(limit=MiB, expiry=100.0, ceiling=1 << 40)
+    now, samples, rtt = 0.0, [], None
+    for pause, took, size in cycles:
+        sent = now = now + pause
+        budget.admit("s1", answer("a"), now)
+        now += took
+        budget.arrived("s1", size=size, chunk=True, now=now)
+        samples.append((now, size / (now - sent)))
+        rtt = now - sent if rtt is None else min(rtt, now - sent)
+        recent = [rate for when, rate in samples if when > now - RATE_SPAN]
+        want = MiB if rtt is None or not recent else int(max(MiB, 2 * max(recent) * rtt))
+        assert budget.limit_at(now) == want
