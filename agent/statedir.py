@@ -36,6 +36,7 @@ import stat
 from pathlib import Path
 from typing import Any, Final
 
+from agent.durable import write_atomically
 from agent.errors import ConfigError, StartupBlocked
 
 __all__ = [
@@ -163,19 +164,9 @@ def record_down(
         "at": at_ms,
         "version": version,
     }
-    path = directory / DOWN_FILE
-    temporary = directory / f".{DOWN_FILE}.{os.getpid()}.tmp"
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, json.dumps(record, sort_keys=True).encode() + b"\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
+        write_atomically(directory / DOWN_FILE, json.dumps(record, sort_keys=True).encode() + b"\n")
     except OSError:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
         return False
     return True
 

@@ -6,6 +6,7 @@ purpose; neither runs beside an agent."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from agent.domain.restore_machine import Op
 from agent.domain.restores import RestoreKey
 from agent.errors import StoreCorrupt, StoreError
 from agent.store import DB_NAME, RevisionStore
-from agent.store.recovery import read_recovery
+from agent.store.recovery import RecoveryRecord, read_recovery, write_recovery
 from agent.store.salvage import recovering_shell, reset, salvage
 from agent.store.schema import MIGRATIONS
 from tests.processes import agent_environ
@@ -274,3 +275,15 @@ def test_a_file_that_lost_its_version_table_is_read_as_the_newest_schema_it_has(
     _damage(path)
     report = salvage(state, name=DB_NAME, now=NOW, sqlite3_cli="no-such-sqlite3-shell")
     assert report.schema_version == len(MIGRATIONS)
+
+
+def test_the_recovery_record_is_whole_even_when_writes_are_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that takes fewer bytes than it was given is followed by another: the record the
+    next start reconciles by reads back as written."""
+    write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: write(fd, bytes(data)[:7]))
+    record = RecoveryRecord(how="salvaged", at=NOW, kept="state.sqlite3.salvaged-x")
+    write_recovery(tmp_path, record.with_node("node-1"))
+    assert read_recovery(tmp_path) == record.with_node("node-1")
