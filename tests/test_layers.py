@@ -12,15 +12,15 @@
 - The product holds only the daemon: nothing in `agent/` imports the stand-ins (`devstack`) or
   the tests' helpers, and the wheel built from `pyproject.toml` holds `agent/` and nothing else.
 - The sans-I/O protocol (`agent/protocol/`) depends on nothing of the agent but the errors and
-  the contracts; no two modules of the product import each other (directly or around a circle).
+  the contracts; so does the domain (`agent/domain/`: the transition tables, keys, records and
+  the replay rule), on which both the engines and the store depend.
 - The protocol's stream machines and their registry are its own: outside `agent/protocol/` (and
   its tests, `tests/protocol/`) nothing imports them; the `Connection` hands out stream ids,
   values and bytes.
-  the contracts; so does the domain (`agent/domain/`: the transition tables, keys, records and
-  the replay rule), on which both the engines and the store depend.
 - No two modules of the product import each other (directly or around a circle), and neither do
   two packages (`agent/<package>/` as one node, each top-level module as another): there is an
   order to read the packages in.
+- docs/architecture.md's layout names every module of `agent/`.
 """
 
 from __future__ import annotations
@@ -320,3 +320,38 @@ def test_the_wheel_holds_the_daemon_and_nothing_else(tmp_path: Path) -> None:
     expected = {path.relative_to(ROOT).as_posix() for path in AGENT.rglob("*.py")}
     assert sources == expected
     assert "agent/py.typed" in names
+
+
+def _layout_blocks() -> dict[str, str]:
+    """docs/architecture.md's layout of `agent/`: each top-level entry (a module, or a package
+    with its own lines) and the text that describes it."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    layout = text[text.index("## Layout") : text.index("## Seams")]
+    product = layout[layout.index("\nagent/") + 1 :].splitlines()[1:]
+    blocks: dict[str, str] = {}
+    entry = None
+    for line in product:
+        if not line.startswith(" "):
+            break  # the next top-level directory (devstack/, tests/, ...)
+        if not line.startswith("   "):
+            entry = line.split()[0]
+            blocks[entry] = ""
+        assert entry is not None
+        blocks[entry] += line + "\n"
+    return blocks
+
+
+def test_the_architecture_layout_names_every_module() -> None:
+    """Every module of `agent/` is named in docs/architecture.md's layout, a package's modules
+    within its package's entry."""
+    blocks = _layout_blocks()
+    assert "app.py" in blocks, "the layout was not found: the rule checks nothing"
+    missing = []
+    for path in sorted(AGENT.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        parts = path.relative_to(AGENT).parts
+        entry = parts[0] if len(parts) == 1 else f"{parts[0]}/"
+        if path.name not in blocks.get(entry, ""):
+            missing.append(path.relative_to(AGENT).as_posix())
+    assert missing == []
