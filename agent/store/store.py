@@ -107,9 +107,6 @@ _SAME_KEY: Final = (
     "{t}.cluster_id = s.cluster_id AND {t}.node_name = s.node_name "
     "AND {t}.restore_id = s.restore_id"
 )
-_S_KEY_WHERE: Final = (
-    "s.cluster_id = :cluster_id AND s.node_name = :node_name AND s.restore_id = :restore_id"
-)
 _COLUMNS: Final = (
     "cluster_id, node_name, restore_id, revision, status, state_json, mutation_digest, updated_at"
 )

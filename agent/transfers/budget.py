@@ -78,10 +78,6 @@ class BudgetLedger:
         """Draws waiting for room."""
         return len(self._asks)
 
-    def room(self) -> int:
-        """Bytes that could be drawn now (ignoring the reserve)."""
-        return self.limit - self._held
-
     def try_take(self, size: int, *, keep: int = 0) -> bool:
         """Draw `size` bytes now if they fit with `keep` bytes to spare; False changes nothing.
 
@@ -262,11 +258,6 @@ class Holding:
         """Bytes this transfer holds now."""
         return self._held
 
-    @property
-    def budget(self) -> ByteBudget:
-        """The budget it draws from."""
-        return self._budget
-
     async def take(self, size: int, *, keep: int | None = None) -> None:
         """Draw `size` bytes, waiting in turn (`ByteBudget.take`)."""
         self._check_open()
@@ -280,12 +271,6 @@ class Holding:
         if taken:
             self._held += size
         return taken
-
-    def adopt(self, size: int) -> None:
-        """Count as this transfer's `size` bytes another part drew and hands over (the
-        protocol's chunk, taken from its stream): the budget's total does not change."""
-        self._check_open()
-        self._held += size
 
     def give(self, size: int) -> None:
         """Give back `size` of the bytes this transfer holds."""
