@@ -64,7 +64,7 @@ from agent.metrics import Metrics
 from agent.notify import Notifier, watchdog_seconds
 from agent.observe import Tee
 from agent.opening import OPEN_BACKOFF, open_waiting
-from agent.preflight import Checked, check
+from agent.preflight import STEP_GRACE_S, Checked, check
 from agent.protocol.bytearrays import codec_backends
 from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import Routes
@@ -89,10 +89,6 @@ __all__ = ["run", "session_settings", "status_line"]
 UNWRITABLE = "state-unwritable"
 
 log = structlog.get_logger("agent.app")
-
-# A step may overrun its own deadline by this much before it is abandoned (the drain deadline
-# is enforced by the peer itself; this bound only guards against a step that hangs).
-_GRACE_S = 1.0
 
 
 def session_settings(config: Config) -> SessionSettings:
@@ -643,7 +639,9 @@ async def _step(
     if it overran."""
     started = clock.monotonic()
     try:
-        async with clock.timeout(bound_s + _GRACE_S):
+        # A step may overrun its bound by STEP_GRACE_S (the drain's deadline is the peer's
+        # own; this bound only guards against a step that hangs): preflight counts it.
+        async with clock.timeout(bound_s + STEP_GRACE_S):
             await work()
     except TimeoutError:
         # Expected outcome of a hung step, not a crash: no traceback, the step name says it.

@@ -542,7 +542,7 @@ def _state_directory_a_file(config_path: Path, monkeypatch: pytest.MonkeyPatch) 
         ),
         (
             _shutdown_past_the_unit,
-            "restore-agent: config shutdown.drain_timeout_s: a stop may take 566 s",
+            "restore-agent: config shutdown.drain_timeout_s: a stop may take 567 s",
         ),
         (
             _ca_without_certificate,
@@ -593,7 +593,7 @@ def test_check_config_states_the_shutdown_budget(
     assert main(["check-config", str(config_path)]) == 0
     out = capsys.readouterr().out
     assert (
-        "  shutdown:   at most 56 s, below stop_timeout_s 90 (the unit's TimeoutStopSec=)\n" in out
+        "  shutdown:   at most 57 s, below stop_timeout_s 90 (the unit's TimeoutStopSec=)\n" in out
     )
 
 
