@@ -623,7 +623,7 @@ class RevisionStore:
     async def mark_delivered(self, key: JobKey, *, revision: int) -> bool:
         """Record that the answer of the job at `revision` reached Cloudly (False: the job
         moved on since, or it was recorded already)."""
-        async with self._connection() as db:
+        async with self._connection(write=True) as db:
             return await job_table.mark_delivered(db, key, revision=revision, now=self._now_ms())
 
     async def move_job(
