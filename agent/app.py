@@ -77,7 +77,13 @@ from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
 from agent.retry import Backoff, RetryPolicy
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import AgentStatus, SessionState, StatusHooks, StatusSnapshot
+from agent.status import (
+    STATE_UNWRITABLE,
+    AgentStatus,
+    SessionState,
+    StatusHooks,
+    StatusSnapshot,
+)
 from agent.store import RevisionStore
 from agent.store.faults import store_error
 from agent.store.retention import Retention, RetentionSettings
@@ -85,8 +91,6 @@ from agent.transfers import NodeLimits, TransferGate
 from agent.transfers.budget import ByteBudget
 
 __all__ = ["run", "session_settings", "status_line"]
-
-UNWRITABLE = "state-unwritable"
 
 log = structlog.get_logger("agent.app")
 
@@ -495,9 +499,9 @@ async def _probe_state_writes(store: RevisionStore, status: AgentStatus, clock: 
     """While the state disk refuses writes, try one small write after a backoff delay, so
     readiness comes back once the disk takes writes again even when nothing else writes."""
     while True:
-        await status.wait_until(lambda snapshot: UNWRITABLE in snapshot.conditions)
+        await status.wait_until(lambda snapshot: STATE_UNWRITABLE in snapshot.conditions)
         failures = 0
-        while store.write_fault is not None or UNWRITABLE in status.snapshot().conditions:
+        while store.write_fault is not None or STATE_UNWRITABLE in status.snapshot().conditions:
             failures += 1
             await clock.sleep(OPEN_BACKOFF.delay(failures, random.random()))
             if await store.probe_write():
@@ -581,7 +585,7 @@ def status_line(snapshot: StatusSnapshot, now: float | None = None) -> str:
     since when, the last connect, the failed attempts and the last error (`now`: wall
     seconds, the status's clock; the snapshot's own time when None)."""
     state, error = snapshot.state, snapshot.last_error
-    unwritable = snapshot.conditions.get(UNWRITABLE)
+    unwritable = snapshot.conditions.get(STATE_UNWRITABLE)
     if unwritable is not None and state is not SessionState.DRAINING:
         return f"not ready: {unwritable.text}; retrying"
     if state is SessionState.CONNECTED:
