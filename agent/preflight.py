@@ -62,7 +62,6 @@ STEP_GRACE_S: Final = 1.0
 abandoned (agent/app.py)."""
 _DIR_MODE: Final = 0o700
 _FILE_MODE: Final = 0o600
-_DATABASE: Final = "state.sqlite3"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +118,7 @@ def _tightens(directory: Path) -> tuple[str, ...]:
     for path, wanted, key in (
         (directory, _DIR_MODE, "state.directory"),
         *(
-            (directory / f"{_DATABASE}{suffix}", _FILE_MODE, "the state database")
+            (directory / f"{statedir.DATABASE_FILE}{suffix}", _FILE_MODE, "the state database")
             for suffix in ("", "-wal", "-shm")
         ),
     ):

@@ -40,6 +40,7 @@ from agent.durable import write_atomically
 from agent.errors import ConfigError, StartupBlocked
 
 __all__ = [
+    "DATABASE_FILE",
     "DOWN_FILE",
     "LOCK_FILE",
     "StateLock",
@@ -53,6 +54,9 @@ __all__ = [
 
 LOCK_FILE: Final = "agent.lock"
 DOWN_FILE: Final = "agent-down.json"
+DATABASE_FILE: Final = "state.sqlite3"
+"""The state database's name in the directory (`agent.store.DB_NAME`): the commands that
+check or salvage it know it without importing the store."""
 _MAX_DOWN_BYTES: Final = 64 * 1024
 
 _KEY: Final = "state.directory"

@@ -72,6 +72,7 @@ from agent.errors import (
     StoreError,
 )
 from agent.observe import NULL_OBSERVER, StoreObserver
+from agent.statedir import DATABASE_FILE
 from agent.store import forgetting, job_table
 from agent.store.codec import (
     EncodedPlan,
@@ -93,7 +94,7 @@ from agent.store.transitions import status_moves
 
 __all__ = ["DB_NAME", "RevisionStore"]
 
-DB_NAME: Final = "state.sqlite3"
+DB_NAME: Final = DATABASE_FILE
 
 _log = structlog.get_logger("agent.store")
 
