@@ -21,7 +21,7 @@ from agent.store import DB_NAME, RevisionStore
 from agent.store.recovery import RecoveryRecord, read_recovery, write_recovery
 from agent.store.salvage import recovering_shell, reset, salvage
 from agent.store.schema import MIGRATIONS
-from tests.processes import agent_environ
+from tests.processes import agent_environ, run_agent
 from tests.store.states import node_state, plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,18 +169,6 @@ def test_a_shell_without_recover_is_not_used(tmp_path: Path) -> None:
     assert recovering_shell(str(tmp_path / "absent")) is None
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agent", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=agent_environ(),
-        timeout=120,
-        check=False,
-    )
-
-
 def _config(tmp_path: Path, state: Path) -> Path:
     token = tmp_path / "machine-token"
     token.write_text("salvage-token-9a8b\n")
@@ -199,7 +187,7 @@ def test_the_salvage_command_prints_counts_per_table(tmp_path: Path) -> None:
     state = tmp_path / "state"
     _damage(_filled(state))
     config = _config(tmp_path, state)
-    done = _cli("state", "salvage", "--config", str(config), "--sqlite3", "no-such-shell")
+    done = run_agent("state", "salvage", "--config", str(config), "--sqlite3", "no-such-shell")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"state salvaged: {state / DB_NAME} (schema version {len(MIGRATIONS)})"
@@ -218,11 +206,11 @@ def test_reset_needs_its_explicit_flag(tmp_path: Path) -> None:
     state = tmp_path / "state"
     path = _filled(state)
     before = path.read_bytes()
-    refused = _cli("state", "reset", "--config", str(_config(tmp_path, state)))
+    refused = run_agent("state", "reset", "--config", str(_config(tmp_path, state)))
     assert refused.returncode == 2
     assert "--start-empty" in refused.stderr
     assert path.read_bytes() == before
-    done = _cli("state", "reset", "--config", str(_config(tmp_path, state)), "--start-empty")
+    done = run_agent("state", "reset", "--config", str(_config(tmp_path, state)), "--start-empty")
     assert done.returncode == 0, done.stderr
     assert not path.exists()
 
@@ -252,8 +240,8 @@ def test_neither_runs_beside_an_agent(tmp_path: Path) -> None:
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline() == "held\n"
-        salvaged = _cli("state", "salvage", "--config", str(config))
-        reset_done = _cli("state", "reset", "--config", str(config), "--start-empty")
+        salvaged = run_agent("state", "salvage", "--config", str(config))
+        reset_done = run_agent("state", "reset", "--config", str(config), "--start-empty")
     finally:
         holder.communicate("", timeout=30)
     for done in (salvaged, reset_done):
