@@ -188,7 +188,7 @@ async def run(
             clock=clock,
             trim=trim_function(),
             observer=metrics,
-            busy=lambda: budget.held > 0 or budget.ledger.waiting > 0,
+            busy=lambda: not budget.idle,
         )
         budget.on_idle(trimmer.idle)
         # One gate for every byte path to a node's Corestore: stages and closures share a

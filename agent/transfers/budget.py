@@ -171,6 +171,11 @@ class ByteBudget:
         """Bytes drawn now."""
         return self.ledger.held
 
+    @property
+    def idle(self) -> bool:
+        """Nothing drawn and nobody waiting (the `on_idle` listeners' moment)."""
+        return self.ledger.held == 0 and self.ledger.waiting == 0
+
     def try_take(self, size: int, *, keep: int = 0) -> bool:
         """Draw `size` bytes now or not at all (`BudgetLedger.try_take`)."""
         taken = self.ledger.try_take(size, keep=keep)
@@ -207,7 +212,7 @@ class ByteBudget:
         self._wake(self.ledger.give(size))
         for listener in list(self._room_listeners):
             listener()
-        if self.ledger.held == 0 and self.ledger.waiting == 0:
+        if self.idle:
             for listener in list(self._idle_listeners):
                 listener()
 
