@@ -20,12 +20,14 @@
 - No two modules of the product import each other (directly or around a circle), and neither do
   two packages (`agent/<package>/` as one node, each top-level module as another): there is an
   order to read the packages in.
-- docs/architecture.md's layout names every module of `agent/`.
+- docs/architecture.md's layout names every module of `agent/`, and its package graph is what
+  each package imports.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -355,3 +357,51 @@ def test_the_architecture_layout_names_every_module() -> None:
         if path.name not in blocks.get(entry, ""):
             missing.append(path.relative_to(AGENT).as_posix())
     assert missing == []
+
+
+def _documented_graph() -> dict[str, set[str]]:
+    """docs/architecture.md's package graph: each `agent.X -> a, b, ...` line as a set (the
+    composition root's "everything" left out)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text[text.index("## The package graph") :]
+    block = block[block.index("```") + 3 :]
+    block = block[: block.index("```")]
+    lines: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        if line.startswith("agent."):
+            current, _, targets = line.partition("->")
+            current = current.split()[0]
+            lines[current] = targets
+        elif current is not None and line.startswith(" "):
+            lines[current] += " " + line.strip()
+    graph: dict[str, set[str]] = {}
+    for source, targets in lines.items():
+        if not targets or "everything" in targets:
+            continue
+        words = re.sub(r"\(.*?\)", "", targets).split(",")
+        graph[source] = {f"agent.{word.strip()}" for word in words if word.strip()}
+    return graph
+
+
+def test_the_documented_package_graph_is_the_imports() -> None:
+    """Each line of docs/architecture.md's package graph names exactly what that package (or
+    top-level module) imports of the product, imports for type checking included."""
+    documented = _documented_graph()
+    assert "agent.store" in documented, "the graph was not found: the rule checks nothing"
+    actual: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        if module == "agent":
+            continue
+        source = _package_of(module)
+        targets = {_package_of(name) for name in _product_imports(path) if name != "agent"}
+        actual.setdefault(source, set()).update(targets - {source, "agent._bufferform"})
+    wrong = {
+        source: (
+            sorted(actual.get(source, set()) - names),
+            sorted(names - actual.get(source, set())),
+        )
+        for source, names in documented.items()
+        if actual.get(source, set()) != names
+    }
+    assert wrong == {}
