@@ -64,7 +64,7 @@ from agent.metrics import Metrics
 from agent.notify import Notifier, watchdog_seconds
 from agent.observe import Tee
 from agent.opening import OPEN_BACKOFF, open_waiting
-from agent.preflight import Checked, check
+from agent.preflight import STEP_GRACE_S, Checked, check
 from agent.protocol.bytearrays import codec_backends
 from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import Routes
@@ -77,7 +77,13 @@ from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
 from agent.retry import Backoff, RetryPolicy
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import AgentStatus, SessionState, StatusHooks, StatusSnapshot
+from agent.status import (
+    STATE_UNWRITABLE,
+    AgentStatus,
+    SessionState,
+    StatusHooks,
+    StatusSnapshot,
+)
 from agent.store import RevisionStore
 from agent.store.faults import store_error
 from agent.store.retention import Retention, RetentionSettings
@@ -86,13 +92,7 @@ from agent.transfers.budget import ByteBudget
 
 __all__ = ["run", "session_settings", "status_line"]
 
-UNWRITABLE = "state-unwritable"
-
 log = structlog.get_logger("agent.app")
-
-# A step may overrun its own deadline by this much before it is abandoned (the drain deadline
-# is enforced by the peer itself; this bound only guards against a step that hangs).
-_GRACE_S = 1.0
 
 
 def session_settings(config: Config) -> SessionSettings:
@@ -188,7 +188,7 @@ async def run(
             clock=clock,
             trim=trim_function(),
             observer=metrics,
-            busy=lambda: budget.held > 0 or budget.ledger.waiting > 0,
+            busy=lambda: not budget.idle,
         )
         budget.on_idle(trimmer.idle)
         # One gate for every byte path to a node's Corestore: stages and closures share a
@@ -499,9 +499,9 @@ async def _probe_state_writes(store: RevisionStore, status: AgentStatus, clock: 
     """While the state disk refuses writes, try one small write after a backoff delay, so
     readiness comes back once the disk takes writes again even when nothing else writes."""
     while True:
-        await status.wait_until(lambda snapshot: UNWRITABLE in snapshot.conditions)
+        await status.wait_until(lambda snapshot: STATE_UNWRITABLE in snapshot.conditions)
         failures = 0
-        while store.write_fault is not None or UNWRITABLE in status.snapshot().conditions:
+        while store.write_fault is not None or STATE_UNWRITABLE in status.snapshot().conditions:
             failures += 1
             await clock.sleep(OPEN_BACKOFF.delay(failures, random.random()))
             if await store.probe_write():
@@ -585,7 +585,7 @@ def status_line(snapshot: StatusSnapshot, now: float | None = None) -> str:
     since when, the last connect, the failed attempts and the last error (`now`: wall
     seconds, the status's clock; the snapshot's own time when None)."""
     state, error = snapshot.state, snapshot.last_error
-    unwritable = snapshot.conditions.get(UNWRITABLE)
+    unwritable = snapshot.conditions.get(STATE_UNWRITABLE)
     if unwritable is not None and state is not SessionState.DRAINING:
         return f"not ready: {unwritable.text}; retrying"
     if state is SessionState.CONNECTED:
@@ -643,7 +643,9 @@ async def _step(
     if it overran."""
     started = clock.monotonic()
     try:
-        async with clock.timeout(bound_s + _GRACE_S):
+        # A step may overrun its bound by STEP_GRACE_S (the drain's deadline is the peer's
+        # own; this bound only guards against a step that hangs): preflight counts it.
+        async with clock.timeout(bound_s + STEP_GRACE_S):
             await work()
     except TimeoutError:
         # Expected outcome of a hung step, not a crash: no traceback, the step name says it.

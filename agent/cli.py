@@ -119,7 +119,6 @@ EXIT_BROKEN_PIPE: Final = 141
 DEFAULT_CONFIG: Final = Path("/etc/restore-agent/config.toml")
 
 _PROG: Final = "restore-agent"
-_DB_NAME: Final = "state.sqlite3"  # agent.store.DB_NAME, without importing the store
 _NEXT_START: Final = (
     "  next: systemctl start restore-agent; once connected it lists what each node's Corestore "
     "holds and takes what the state does not know into cleanup (restore-agent status)"
@@ -470,7 +469,7 @@ def _state_salvage(namespace: argparse.Namespace) -> int:
     try:
         report = salvage.salvage(
             config.state.directory,
-            name=_DB_NAME,
+            name=statedir.DATABASE_FILE,
             now=time.time(),
             sqlite3_cli=namespace.sqlite3,
         )
@@ -506,10 +505,10 @@ def _state_reset(namespace: argparse.Namespace) -> int:
     salvage = importlib.import_module("agent.store.salvage")
     held = _held_state(config)
     try:
-        kept = salvage.reset(config.state.directory, name=_DB_NAME, now=time.time())
+        kept = salvage.reset(config.state.directory, name=statedir.DATABASE_FILE, now=time.time())
     finally:
         held.close()
-    where = config.state.directory / _DB_NAME
+    where = config.state.directory / statedir.DATABASE_FILE
     print(f"state reset: {where} starts empty at the next start")
     if kept is not None:
         print(f"  previous database: {kept.name} (kept)")

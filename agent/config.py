@@ -342,9 +342,9 @@ class MemoryConfig(_Section):
 
 
 class ShutdownConfig(_Section):
-    """`[shutdown]`: how long a stop may take. The drain and the six close steps (each
-    `close_timeout_s` + 1 s of grace) must end below `stop_timeout_s`, the unit's
-    `TimeoutStopSec=` (agent/preflight.py refuses it otherwise)."""
+    """`[shutdown]`: how long a stop may take. The drain and the six close steps (each with
+    1 s of grace) must end below `stop_timeout_s`, the unit's `TimeoutStopSec=`
+    (agent/preflight.py refuses it otherwise)."""
 
     drain_timeout_s: Seconds = 20.0
     close_timeout_s: Seconds = 5.0

@@ -17,8 +17,9 @@ it) and returns what it read, so `run` reads nothing twice:
     the recipient key     with the sealed source, an existing `recipient.key` must be a private
                           32-byte file (`agent.credentials.keys.check_key_file`)
     the shutdown budget   `[shutdown]`: the drain and the six close steps (each bounded by
-                          `close_timeout_s` plus a second of grace) must end before systemd
-                          kills the agent (`stop_timeout_s`, the unit's `TimeoutStopSec=`)
+                          its timeout plus a second of grace, `longest_stop`) must end before
+                          systemd kills the agent (`stop_timeout_s`, the unit's
+                          `TimeoutStopSec=`)
 
 It also says what start-up will tighten without refusing it (`Checked.tightens`): a state
 directory or database file that group or others may use is made 0700 / 0600; `check-config`
@@ -39,20 +40,28 @@ from pathlib import Path
 from typing import Final
 
 from agent import statedir
-from agent.config import Config, Secrets, credential_path, load_secrets
+from agent.config import Config, Secrets, ShutdownConfig, credential_path, load_secrets
 from agent.credentials.keys import check_key_file
 from agent.errors import ConfigError
 
-__all__ = ["CLOSE_STEPS", "STEP_GRACE_S", "Checked", "check", "shutdown_budget", "tls_context"]
+__all__ = [
+    "CLOSE_STEPS",
+    "STEP_GRACE_S",
+    "Checked",
+    "check",
+    "longest_stop",
+    "shutdown_budget",
+    "tls_context",
+]
 
 CLOSE_STEPS: Final = 6
 """The bounded steps after the drain (agent/app.py): the Cloudly socket, the engine's work,
 the relay's jobs, the health server, the Corestore clients, the store."""
 STEP_GRACE_S: Final = 1.0
-"""How far a step may overrun its bound before it is abandoned (agent/app.py)."""
+"""How far each step of a stop, the drain included, may overrun its bound before it is
+abandoned (agent/app.py)."""
 _DIR_MODE: Final = 0o700
 _FILE_MODE: Final = 0o600
-_DATABASE: Final = "state.sqlite3"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,17 +87,24 @@ def check(config: Config, *, secrets: Secrets | None = None) -> Checked:
     return Checked(secrets=secrets, tls=tls, tightens=_tightens(directory))
 
 
+def longest_stop(shutdown: ShutdownConfig) -> float:
+    """The longest an ordered stop may take: the drain, then each close step, each with its
+    grace (agent/app.py)."""
+    drain, close = shutdown.drain_timeout_s, shutdown.close_timeout_s
+    return drain + STEP_GRACE_S + CLOSE_STEPS * (close + STEP_GRACE_S)
+
+
 def shutdown_budget(config: Config) -> float:
-    """The longest an ordered stop may take (the drain, then each close step with its grace);
-    `ConfigError` on `shutdown.drain_timeout_s` unless it ends before `stop_timeout_s`."""
+    """`longest_stop`; `ConfigError` on `shutdown.drain_timeout_s` unless it ends before
+    `stop_timeout_s`."""
     shutdown = config.shutdown
-    budget = shutdown.drain_timeout_s + CLOSE_STEPS * (shutdown.close_timeout_s + STEP_GRACE_S)
+    budget = longest_stop(shutdown)
     if budget >= shutdown.stop_timeout_s:
         raise ConfigError(
             "shutdown.drain_timeout_s",
-            f"a stop may take {budget:g} s (drain_timeout_s {shutdown.drain_timeout_s:g} + "
-            f"{CLOSE_STEPS} close steps of close_timeout_s {shutdown.close_timeout_s:g} + "
-            f"{STEP_GRACE_S:g} s), not below shutdown.stop_timeout_s "
+            f"a stop may take {budget:g} s (drain_timeout_s {shutdown.drain_timeout_s:g} and "
+            f"{CLOSE_STEPS} close steps of close_timeout_s {shutdown.close_timeout_s:g}, each "
+            f"step + {STEP_GRACE_S:g} s), not below shutdown.stop_timeout_s "
             f"{shutdown.stop_timeout_s:g} (the unit's TimeoutStopSec=): systemd would kill the "
             "agent mid-drain; lower them, or raise TimeoutStopSec= and stop_timeout_s together",
         )
@@ -102,7 +118,7 @@ def _tightens(directory: Path) -> tuple[str, ...]:
     for path, wanted, key in (
         (directory, _DIR_MODE, "state.directory"),
         *(
-            (directory / f"{_DATABASE}{suffix}", _FILE_MODE, "the state database")
+            (directory / f"{statedir.DATABASE_FILE}{suffix}", _FILE_MODE, "the state database")
             for suffix in ("", "-wal", "-shm")
         ),
     ):

@@ -36,9 +36,11 @@ import stat
 from pathlib import Path
 from typing import Any, Final
 
+from agent.durable import write_atomically
 from agent.errors import ConfigError, StartupBlocked
 
 __all__ = [
+    "DATABASE_FILE",
     "DOWN_FILE",
     "LOCK_FILE",
     "StateLock",
@@ -52,6 +54,9 @@ __all__ = [
 
 LOCK_FILE: Final = "agent.lock"
 DOWN_FILE: Final = "agent-down.json"
+DATABASE_FILE: Final = "state.sqlite3"
+"""The state database's name in the directory (`agent.store.DB_NAME`): the commands that
+check or salvage it know it without importing the store."""
 _MAX_DOWN_BYTES: Final = 64 * 1024
 
 _KEY: Final = "state.directory"
@@ -163,19 +168,9 @@ def record_down(
         "at": at_ms,
         "version": version,
     }
-    path = directory / DOWN_FILE
-    temporary = directory / f".{DOWN_FILE}.{os.getpid()}.tmp"
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, json.dumps(record, sort_keys=True).encode() + b"\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
+        write_atomically(directory / DOWN_FILE, json.dumps(record, sort_keys=True).encode() + b"\n")
     except OSError:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
         return False
     return True
 

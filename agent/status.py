@@ -38,10 +38,11 @@ from enum import StrEnum
 from typing import Final, Protocol
 
 from agent.clock import SYSTEM_CLOCK, Clock
-from agent.errors import InvalidState
+from agent.errors import InvalidState, StateUnwritable
 
 __all__ = [
     "NOT_READY_CONDITIONS",
+    "STATE_UNWRITABLE",
     "TRANSITIONS",
     "AgentStatus",
     "ClusterSummary",
@@ -57,7 +58,10 @@ __all__ = [
     "utc_text",
 ]
 
-NOT_READY_CONDITIONS: Final = frozenset({"state-unwritable"})
+STATE_UNWRITABLE: Final = StateUnwritable.code
+"""The condition of a state disk that refuses writes (`state-unwritable`, its wire code too)."""
+
+NOT_READY_CONDITIONS: Final = frozenset({STATE_UNWRITABLE})
 """The conditions under which the agent is not ready (each is also a readiness reason)."""
 
 
@@ -452,13 +456,13 @@ class StatusHooks:
         """`state-unwritable`: the agent is not ready while it holds."""
         self.unwritable_cause = cause
         self._status.set_condition(
-            "state-unwritable", f"the node's state cannot be written ({cause})"
+            STATE_UNWRITABLE, f"the node's state cannot be written ({cause})"
         )
 
     def state_writable(self) -> None:
         """The state disk takes writes again."""
         self.unwritable_cause = None
-        self._status.clear_condition("state-unwritable")
+        self._status.clear_condition(STATE_UNWRITABLE)
 
     def corestore_full(self, *, node: str, full: bool) -> None:
         """`corestore-full` names every node whose Corestore said its disk is full."""

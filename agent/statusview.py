@@ -119,7 +119,8 @@ def _get(listen: HealthListen, path: str, timeout: float) -> Any:
 
 
 def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
-    """`{ready, agent, reasons, session, restores, jobs, transfers}` from the endpoint at `listen`
+    """`{ready, agent, reasons, session, conditions, restores, jobs, transfers}` from the
+    endpoint at `listen`
     (with `restoresError` / `jobsError` when the store could not be read; `transfers` None
     from an agent that serves none: one still running from before an upgrade)."""
     ready = _get(listen, "/readyz", timeout)

@@ -8,9 +8,11 @@ than 100 ms, and on a loaded machine such a line would land among the very lines
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-__all__ = ["REPO", "agent_environ"]
+__all__ = ["REPO", "agent_environ", "run_agent"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -20,3 +22,19 @@ def agent_environ(**extra: str) -> dict[str, str]:
     `extra` on top."""
     environ = {key: value for key, value in os.environ.items() if key != "PYTHONASYNCIODEBUG"}
     return {**environ, "PYTHONPATH": str(REPO), **extra}
+
+
+def run_agent(
+    *args: str, cwd: Path = REPO, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """`python -m agent ARGS` in a fresh interpreter (the environment above), its output as
+    text; it may exit with any status."""
+    return subprocess.run(
+        [sys.executable, "-m", "agent", *args],
+        capture_output=True,
+        text=True,
+        env=agent_environ(),
+        cwd=cwd,
+        timeout=timeout,
+        check=False,
+    )

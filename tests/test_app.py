@@ -16,6 +16,7 @@ from agent import app
 from agent.config import Config
 from agent.errors import AgentError, CallFailed, ConfigError, SessionClosed
 from agent.log import scrub_text
+from agent.preflight import STEP_GRACE_S
 from agent.protocol.handlers import RequestContext, Routes
 from agent.secret import MASK
 from agent.status import AgentStatus, SessionState, StatusSnapshot
@@ -270,7 +271,7 @@ async def test_a_shutdown_step_is_bounded_on_the_agents_clock() -> None:
     hung = asyncio.Event()
     step = asyncio.create_task(app._step("hung", hung.wait, 1.0, clock))
     await asyncio.sleep(0)  # the step starts and enters its bound
-    assert clock.timeouts == [1.0 + app._GRACE_S]
+    assert clock.timeouts == [1.0 + STEP_GRACE_S]
     assert not step.done()
     clock.advance(clock.timeouts[0] - clock.monotonic())
     assert await step is False

@@ -25,7 +25,7 @@ from agent.contracts.credentials import b64url
 from agent.credentials.keys import ENROLLMENT_FILE, KEY_FILE, KeyStore
 from agent.errors import ConfigError
 from devstack.cloudly import ABSENT, StandInCloudly, cluster_document
-from tests.processes import agent_environ
+from tests.processes import run_agent
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "machine-token-7f3a9c2e51d04b88"
@@ -187,22 +187,9 @@ def test_check_config_refuses_a_missing_config_file(
     )
 
 
-def run_module(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m agent ARGS` in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "agent", *args],
-        capture_output=True,
-        text=True,
-        env=agent_environ(),
-        cwd=cwd,
-        timeout=60,
-        check=False,
-    )
-
-
 def test_python_m_agent_accepts_a_good_file(config_path: Path) -> None:
     """`python -m agent check-config` on a good file prints "config OK", exit 0."""
-    done = run_module("check-config", str(config_path), cwd=config_path.parent)
+    done = run_agent("check-config", str(config_path), cwd=config_path.parent)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.startswith(f"config OK: {config_path}\n")
 
@@ -210,7 +197,7 @@ def test_python_m_agent_accepts_a_good_file(config_path: Path) -> None:
 def test_python_m_agent_refuses_a_bad_file(config_path: Path) -> None:
     """`python -m agent check-config` on a bad file prints one line on stderr, exit 2."""
     config_path.write_text(CONFIG.replace("[corestore]", "[corestore]\nchunk_size = 1"))
-    done = run_module("check-config", str(config_path), cwd=config_path.parent)
+    done = run_agent("check-config", str(config_path), cwd=config_path.parent)
     assert (done.returncode, done.stdout) == (2, "")
     assert one_error_line(done.stderr) == (
         "restore-agent: config corestore.chunk_size: must be >= 65536, got 1"
@@ -542,7 +529,7 @@ def _state_directory_a_file(config_path: Path, monkeypatch: pytest.MonkeyPatch) 
         ),
         (
             _shutdown_past_the_unit,
-            "restore-agent: config shutdown.drain_timeout_s: a stop may take 566 s",
+            "restore-agent: config shutdown.drain_timeout_s: a stop may take 567 s",
         ),
         (
             _ca_without_certificate,
@@ -593,7 +580,7 @@ def test_check_config_states_the_shutdown_budget(
     assert main(["check-config", str(config_path)]) == 0
     out = capsys.readouterr().out
     assert (
-        "  shutdown:   at most 56 s, below stop_timeout_s 90 (the unit's TimeoutStopSec=)\n" in out
+        "  shutdown:   at most 57 s, below stop_timeout_s 90 (the unit's TimeoutStopSec=)\n" in out
     )
 
 

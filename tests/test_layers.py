@@ -12,20 +12,22 @@
 - The product holds only the daemon: nothing in `agent/` imports the stand-ins (`devstack`) or
   the tests' helpers, and the wheel built from `pyproject.toml` holds `agent/` and nothing else.
 - The sans-I/O protocol (`agent/protocol/`) depends on nothing of the agent but the errors and
-  the contracts; no two modules of the product import each other (directly or around a circle).
+  the contracts; so does the domain (`agent/domain/`: the transition tables, keys, records and
+  the replay rule), on which both the engines and the store depend.
 - The protocol's stream machines and their registry are its own: outside `agent/protocol/` (and
   its tests, `tests/protocol/`) nothing imports them; the `Connection` hands out stream ids,
   values and bytes.
-  the contracts; so does the domain (`agent/domain/`: the transition tables, keys, records and
-  the replay rule), on which both the engines and the store depend.
 - No two modules of the product import each other (directly or around a circle), and neither do
   two packages (`agent/<package>/` as one node, each top-level module as another): there is an
   order to read the packages in.
+- docs/architecture.md's layout names every module of `agent/`, and its package graph is what
+  each package imports.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -320,3 +322,86 @@ def test_the_wheel_holds_the_daemon_and_nothing_else(tmp_path: Path) -> None:
     expected = {path.relative_to(ROOT).as_posix() for path in AGENT.rglob("*.py")}
     assert sources == expected
     assert "agent/py.typed" in names
+
+
+def _layout_blocks() -> dict[str, str]:
+    """docs/architecture.md's layout of `agent/`: each top-level entry (a module, or a package
+    with its own lines) and the text that describes it."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    layout = text[text.index("## Layout") : text.index("## Seams")]
+    product = layout[layout.index("\nagent/") + 1 :].splitlines()[1:]
+    blocks: dict[str, str] = {}
+    entry = None
+    for line in product:
+        if not line.startswith(" "):
+            break  # the next top-level directory (devstack/, tests/, ...)
+        if not line.startswith("   "):
+            entry = line.split()[0]
+            blocks[entry] = ""
+        assert entry is not None
+        blocks[entry] += line + "\n"
+    return blocks
+
+
+def test_the_architecture_layout_names_every_module() -> None:
+    """Every module of `agent/` is named in docs/architecture.md's layout, a package's modules
+    within its package's entry."""
+    blocks = _layout_blocks()
+    assert "app.py" in blocks, "the layout was not found: the rule checks nothing"
+    missing = []
+    for path in sorted(AGENT.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        parts = path.relative_to(AGENT).parts
+        entry = parts[0] if len(parts) == 1 else f"{parts[0]}/"
+        if path.name not in blocks.get(entry, ""):
+            missing.append(path.relative_to(AGENT).as_posix())
+    assert missing == []
+
+
+def _documented_graph() -> dict[str, set[str]]:
+    """docs/architecture.md's package graph: each `agent.X -> a, b, ...` line as a set (the
+    composition root's "everything" left out)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text[text.index("## The package graph") :]
+    block = block[block.index("```") + 3 :]
+    block = block[: block.index("```")]
+    lines: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        if line.startswith("agent."):
+            current, _, targets = line.partition("->")
+            current = current.split()[0]
+            lines[current] = targets
+        elif current is not None and line.startswith(" "):
+            lines[current] += " " + line.strip()
+    graph: dict[str, set[str]] = {}
+    for source, targets in lines.items():
+        if not targets or "everything" in targets:
+            continue
+        words = re.sub(r"\(.*?\)", "", targets).split(",")
+        graph[source] = {f"agent.{word.strip()}" for word in words if word.strip()}
+    return graph
+
+
+def test_the_documented_package_graph_is_the_imports() -> None:
+    """Each line of docs/architecture.md's package graph names exactly what that package (or
+    top-level module) imports of the product, imports for type checking included."""
+    documented = _documented_graph()
+    assert "agent.store" in documented, "the graph was not found: the rule checks nothing"
+    actual: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        if module == "agent":
+            continue
+        source = _package_of(module)
+        targets = {_package_of(name) for name in _product_imports(path) if name != "agent"}
+        actual.setdefault(source, set()).update(targets - {source, "agent._bufferform"})
+    wrong = {
+        source: (
+            sorted(actual.get(source, set()) - names),
+            sorted(names - actual.get(source, set())),
+        )
+        for source, names in documented.items()
+        if actual.get(source, set()) != names
+    }
+    assert wrong == {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -250,3 +251,22 @@ def test_every_inhibition_rule_has_a_case_here() -> None:
             'alertname="RestoreAgentStateUnwritable"',
         ]
     )
+
+
+def test_the_runbook_page_lists_every_inhibition_rule() -> None:
+    """docs/operations.md's table of inhibitions names the source alert of every rule here:
+    the page an operator reads says which cause silences what."""
+
+    rules = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())["inhibit_rules"]
+    text = (ROOT / "docs" / "operations.md").read_text()
+    table = text[text.index("| source (firing) | silences | on |") :].split("\n\n")[0]
+    documented = {
+        name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])
+    }
+    sources = {
+        name
+        for rule in rules
+        for name in re.findall(r"RestoreAgent\w+", rule["source_matchers"][0])
+    }
+    assert sources
+    assert sources - documented == set()

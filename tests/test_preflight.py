@@ -108,19 +108,21 @@ def test_a_shutdown_that_does_not_fit_the_units_stop_timeout_is_refused(tmp_path
     with pytest.raises(ConfigError) as caught:
         check(config)
     text = str(caught.value)
-    assert text.startswith("config shutdown.drain_timeout_s: a stop may take 566 s")
+    assert text.startswith("config shutdown.drain_timeout_s: a stop may take 567 s")
     assert "not below shutdown.stop_timeout_s 90 (the unit's TimeoutStopSec=)" in text
 
 
 def test_the_default_shutdown_fits_with_room(tmp_path: Path) -> None:
-    """The defaults: 20 s of drain plus six steps of 5 + 1 s, 56 s, below 90."""
-    assert shutdown_budget(_config(tmp_path)) == 56
+    """The defaults: 20 + 1 s of drain plus six steps of 5 + 1 s, 57 s, below 90."""
+    assert shutdown_budget(_config(tmp_path)) == 57
 
 
 def test_a_budget_that_reaches_the_stop_timeout_is_refused(tmp_path: Path) -> None:
-    """Equal is not below: systemd's kill and the last step would race."""
+    """Equal is not below: systemd's kill and the last step would race. The drain is a step
+    with its second of grace like the close steps (agent/app.py): 53 + 1 s of drain and six
+    steps of 5 + 1 s take 90 s."""
     config = _config(tmp_path).model_copy(
-        update={"shutdown": ShutdownConfig(drain_timeout_s=54, close_timeout_s=5)}
+        update={"shutdown": ShutdownConfig(drain_timeout_s=53, close_timeout_s=5)}
     )
     with pytest.raises(ConfigError, match="a stop may take 90 s"):
         shutdown_budget(config)

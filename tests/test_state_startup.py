@@ -33,7 +33,7 @@ from agent.store import DB_NAME, RevisionStore
 from agent.store.schema import SCHEMA_VERSION
 from tests.clock import ManualClock
 from tests.disk import small_disk
-from tests.processes import agent_environ
+from tests.processes import agent_environ, run_agent
 
 REPO = Path(__file__).resolve().parents[1]
 NOWHERE = "wss://cloudly.invalid"
@@ -67,18 +67,6 @@ def _config(tmp_path: Path, state: Path) -> Path:
         + "\n"
     )
     return path
-
-
-def _agent(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agent", *args],
-        capture_output=True,
-        text=True,
-        env=agent_environ(),
-        cwd=REPO,
-        timeout=timeout,
-        check=False,
-    )
 
 
 # --- the wait itself (agent/opening.py) -----------------------------------------------------
@@ -254,7 +242,7 @@ def test_a_damaged_database_refuses_start_up_with_exit_65_at_every_start(
     damaged = path.read_bytes()
     config = _config(tmp_path, tmp_path / "state")
     for _ in range(2):
-        ran = _agent("run", "--config", str(config))
+        ran = run_agent("run", "--config", str(config))
         assert ran.returncode == 65, ran.stderr
         assert "Traceback" not in ran.stderr
         [line] = ran.stderr.splitlines()
@@ -272,10 +260,10 @@ def test_status_says_why_the_agent_is_down(tmp_path: Path) -> None:
     removes the record."""
     _fill_and_damage(tmp_path / "state")
     config = _config(tmp_path, tmp_path / "state")
-    ran = _agent("run", "--config", str(config))
+    ran = run_agent("run", "--config", str(config))
     # The config listens on port 0: status cannot ask an agent there, it reads the record.
-    shown = _agent("status", "--config", str(config))
-    as_json = _agent("status", "--config", str(config), "--json")
+    shown = run_agent("status", "--config", str(config))
+    as_json = run_agent("status", "--config", str(config), "--json")
     assert shown.returncode == 1
     assert shown.stdout.startswith("agent:    down since ")
     assert "(exit 65): " + ran.stderr.strip() in shown.stdout
@@ -300,7 +288,7 @@ def test_a_database_a_newer_agent_migrated_is_one_line_and_exit_2(tmp_path: Path
         raw.execute("INSERT INTO schema_version VALUES (?, 0)", (SCHEMA_VERSION + 1,))
     raw.close()
     config = _config(tmp_path, state)
-    ran = _agent("run", "--config", str(config))
+    ran = run_agent("run", "--config", str(config))
     assert ran.returncode == 2, ran.stderr
     assert "Traceback" not in ran.stderr
     [line] = ran.stderr.splitlines()

@@ -65,3 +65,25 @@ def test_the_lock_is_held_until_closed(tmp_path: Path) -> None:
         held.close()
     statedir.lock(tmp_path).close()
     assert stat.S_IMODE((tmp_path / statedir.LOCK_FILE).stat().st_mode) == 0o600
+
+
+def _short_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `os.write` takes at most 7 bytes, as a write may on a busy or nearly full disk."""
+    write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: write(fd, bytes(data)[:7]))
+
+
+def test_the_record_of_a_refused_start_is_whole_even_when_writes_are_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that takes fewer bytes than it was given is followed by another: the record
+    `status` prints is the whole line, not its first bytes."""
+    _short_writes(monkeypatch)
+    message = "restore-agent: the state database is damaged; run state salvage"
+    assert statedir.record_down(
+        tmp_path, reason="state-damaged", message=message, exit_code=65, at_ms=1, version="1"
+    )
+    down = statedir.read_down(tmp_path)
+    assert down is not None
+    assert down["message"] == message
+    assert stat.S_IMODE((tmp_path / statedir.DOWN_FILE).stat().st_mode) == 0o600

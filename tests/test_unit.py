@@ -18,6 +18,7 @@ import pytest
 
 from agent.config import CloudlyConfig, MemoryConfig, ShutdownConfig
 from agent.memory import memory_high
+from agent.preflight import longest_stop
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "restore-agent.service"
@@ -80,13 +81,9 @@ def test_secrets_and_state_come_from_systemd_directories() -> None:
 
 def test_the_stop_timeout_outlasts_the_agents_own_shutdown() -> None:
     """TimeoutStopSec exceeds the drain deadline plus the bounded close steps (socket,
-    engine, relay jobs, health endpoint, clients, store, each with its second of grace), so
-    systemd never kills a clean shutdown."""
-    defaults = ShutdownConfig()
-    close_steps = 6
-    grace_s = 1.0
-    needed = defaults.drain_timeout_s + close_steps * (defaults.close_timeout_s + grace_s)
-    assert float(_unit()["Service"]["TimeoutStopSec"][0]) > needed
+    engine, relay jobs, health endpoint, clients, store), each with its second of grace
+    (`agent.preflight.longest_stop`), so systemd never kills a clean shutdown."""
+    assert float(_unit()["Service"]["TimeoutStopSec"][0]) > longest_stop(ShutdownConfig())
 
 
 def test_execstart_runs_the_installed_console_script() -> None:

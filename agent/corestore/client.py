@@ -103,6 +103,8 @@ class CorestoreClient:
         if isinstance(credential, Secret):
             credential = NodeCredential.fixed(check_credential(credential))
         self._credential = credential
+        # How logs and the observer name this node (its endpoint for a credential of no node).
+        self._node = credential.node_id or endpoint
         self._full = False  # the last write answer said the disk is full
         self._transport = HttpTransport(
             endpoint,
@@ -111,7 +113,7 @@ class CorestoreClient:
             clock=clock,
             rng=rng,
             observer=observer,
-            node=credential.node_id or "",
+            node=self._node,
         )
 
     def __repr__(self) -> str:
@@ -441,7 +443,7 @@ class CorestoreClient:
 
     def _storage_full(self, *, full: bool) -> None:
         self._full = full
-        self._observer.corestore_full(node=self._credential.node_id or self._endpoint, full=full)
+        self._observer.corestore_full(node=self._node, full=full)
 
     async def _exchange(self, request: RouteRequest) -> tuple[Reply, Secret | None]:
         """Send `request`; when Corestore refuses the credential, refresh it once and send once

@@ -9,10 +9,10 @@
 `KeyStore.open(directory)` creates the key on first start and reads the same key back on every
 later one; `rotate_key(directory)` (`restore-agent rotate-key`, only while no agent runs on that
 directory) replaces it and forgets the enrollment, so the next start enrolls again. Both files are
-written atomically: a temporary file in the same directory (O_EXCL, mode 0600), fsync, rename
-over the old one, fsync of the directory. A crash leaves the old file or the new one, never a
-mix. The key is never logged, never sent, never on argv: `RecipientKey` prints its public key
-only and refuses to be pickled.
+written atomically (`agent.durable.write_atomically`: a temporary file in the same directory,
+fsync, rename over the old one, fsync of the directory). A crash leaves the old file or the new
+one, never a mix. The key is never logged, never sent, never on argv: `RecipientKey` prints its
+public key only and refuses to be pickled.
 
 A key file that is not a regular 32-byte file or that group or others may access stops start-up
 (`ConfigError` on `state.directory`, exit code 2): a key someone else could have read must be
@@ -33,6 +33,7 @@ from typing import Any, Final, NoReturn, final
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from agent.contracts.credentials import b64url
+from agent.durable import fsync_directory, write_atomically
 from agent.errors import ConfigError
 
 __all__ = [
@@ -158,42 +159,10 @@ class EnrollmentRecord:
 # --- files -------------------------------------------------------------------------------------
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` (mode 0600) so that a crash leaves the old file or the new one."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        temporary.unlink()  # left by a crash of this very pid number
-    fd = os.open(
-        temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, _MODE
-    )
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _remove(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-        _fsync_directory(path.parent)
+        fsync_directory(path.parent)
 
 
 def _read_key(path: Path) -> RecipientKey | None:
@@ -224,7 +193,7 @@ def _read_key(path: Path) -> RecipientKey | None:
 
 
 def _write_key(path: Path, key: RecipientKey) -> None:
-    _write_atomically(path, key.private_key.private_bytes_raw())
+    write_atomically(path, key.private_key.private_bytes_raw())
 
 
 def _read_record(path: Path) -> EnrollmentRecord | None:
@@ -301,7 +270,7 @@ class KeyStore:
 
     def save_enrollment(self, record: EnrollmentRecord) -> None:
         """Record a completed enrollment (atomically)."""
-        _write_atomically(
+        write_atomically(
             self._directory / ENROLLMENT_FILE,
             json.dumps(record.to_json(), sort_keys=True).encode() + b"\n",
         )

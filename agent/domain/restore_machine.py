@@ -139,9 +139,9 @@ RESTORE_TABLE: Final = TransitionTable[NodeStatus, Op](
         ("cleaning", Op.CLEANUP_FAILED): "cleanup-failed",
         (None, Op.ADOPT): "cleanup-failed",
     },
-    guarded={("prepared", Op.EXECUTE), ("staging", Op.EXECUTE)},
-    guard="staging complete",
     guards={
+        ("prepared", Op.EXECUTE): "staging complete",
+        ("staging", Op.EXECUTE): "staging complete",
         ("failed", Op.RESUME_PREPARE): "the failure is retryable",
         ("failed", Op.RESUME_EXECUTE): "the failure is retryable",
     },

@@ -33,22 +33,18 @@ class TransitionTable(Generic[S, Op]):
         self,
         moves: Mapping[tuple[S | None, Op], S],
         *,
-        guarded: Iterable[tuple[S | None, Op]] = (),
-        guard: str = "",
         guards: Mapping[tuple[S | None, Op], str] | None = None,
     ) -> None:
-        """`guarded` lists the moves legal only when the caller's `guard` fact holds; `guard`
-        names that fact in the rendered table. `guards` adds moves guarded by other facts,
-        each with its own name."""
+        """`guards` maps each move legal only when the caller's fact holds to the name of that
+        fact (the rendered table shows it)."""
         self.moves: Mapping[tuple[S | None, Op], S] = MappingProxyType(dict(moves))
         """The table itself."""
-        names = dict.fromkeys(guarded, guard) | dict(guards or {})
-        self.guarded: frozenset[tuple[S | None, Op]] = frozenset(names)
+        self._guards: Mapping[tuple[S | None, Op], str] = MappingProxyType(dict(guards or {}))
+        self.guarded: frozenset[tuple[S | None, Op]] = frozenset(self._guards)
         """The moves that need their guard."""
         unknown = self.guarded - self.moves.keys()
         if unknown:
             raise ValueError(f"guarded moves missing from the table: {sorted(map(str, unknown))}")
-        self._guards = names
 
     def target(self, status: S | None, op: Op, *, revision: int) -> S:
         """The table's answer for `op` in `status`, ignoring guards; `IllegalTransition` if none.

@@ -319,11 +319,6 @@ class Connection:
         """Whether answers wait for room (in the receive budget or the byte budget)."""
         return self._budget.held > 0
 
-    @property
-    def charged_bytes(self) -> int:
-        """What the streams we answer for hold of the byte budget now."""
-        return sum(self._charged.values())
-
     def connection_lost(self, reason: SessionClosed, now: float) -> None:
         """The transport is gone: every call fails, every stream breaks, nothing is sent."""
         if self._closed is not None:

@@ -244,11 +244,6 @@ class ResponderStream:
         """Frames waiting for the stream's chunks to be decoded."""
         return len(self._deferred)
 
-    @property
-    def parked(self) -> int:
-        """`read`s waiting for data."""
-        return len(self._parked)
-
     def take_to_decode(self) -> list[PendingChunk]:
         """The chunks queued undecoded since the last call: the driver decodes each off the
         event loop and reports with `settle()`."""

@@ -82,6 +82,7 @@ from agent.contracts.relay import (
     RestoreServiceDatabaseClosureResponse,
 )
 from agent.corestore.client import CorestoreClient
+from agent.domain.outcomes import ClosureFacts
 from agent.errors import (
     ClosureNotAccepted,
     CorestoreUnavailable,
@@ -94,7 +95,7 @@ from agent.errors import (
 from agent.protocol.connection import MAX_CHUNK
 from agent.protocol.handlers import ByteSink, ByteSource, Caller
 
-__all__ = ["CloudlyCalls", "Progress", "receive_closure", "send_closure"]
+__all__ = ["CloudlyCalls", "Progress", "committed_import", "receive_closure", "send_closure"]
 
 _log = structlog.get_logger("agent.relay.closures")
 
@@ -374,10 +375,18 @@ async def _commit(
     try:
         await client.commit_closure_import(import_id, descriptor.size, descriptor.sha256)
     except CorestoreUnavailable:
-        status = await client.closure_import_status(import_id)
-        if status is None or status.state != "committed" or status.sha256 != descriptor.sha256:
+        committed = await committed_import(client, import_id)
+        if committed is None or committed.sha256 != descriptor.sha256:
             raise
         _log.info("closure_commit_confirmed", import_id=import_id, size=descriptor.size)
+
+
+async def committed_import(client: CorestoreClient, import_id: str) -> ClosureFacts | None:
+    """The closure Corestore committed under `import_id`, or None when it committed none."""
+    status = await client.closure_import_status(import_id)
+    if status is None or status.state != "committed" or status.sha256 is None:
+        return None
+    return ClosureFacts(status.size, status.sha256)
 
 
 async def _pump_import(

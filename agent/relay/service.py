@@ -63,7 +63,13 @@ from agent.errors import CorestoreRefused, SessionClosed, StreamBroken
 from agent.observe import NULL_OBSERVER, RelayObserver
 from agent.progress import ProgressPace
 from agent.protocol.handlers import ByteSink, ByteSource
-from agent.relay.closures import CloudlyCalls, Progress, receive_closure, send_closure
+from agent.relay.closures import (
+    CloudlyCalls,
+    Progress,
+    committed_import,
+    receive_closure,
+    send_closure,
+)
 from agent.relay.plan import RestorePlan, locate_node, plan_restore
 from agent.relay.runner import JobRunner, Requester, Started
 from agent.relay.settings import RelaySettings
@@ -243,7 +249,7 @@ class RelayService:
                 continue
             import_id = run.effects.closure_import
             assert import_id is not None  # a plan with a database has its import's key
-            applied = await _committed_import(client, import_id)
+            applied = await committed_import(client, import_id)
             if applied is None:
                 async with self._transfers.slot(
                     key.node_id, "closure-import", _subject(key)
@@ -301,14 +307,6 @@ class RelayService:
         return report
 
 
-async def _committed_import(client: CorestoreClient, import_id: str) -> ClosureFacts | None:
-    """The closure Corestore committed under `import_id`, or None when it committed none."""
-    status = await client.closure_import_status(import_id)
-    if status is None or status.state != "committed" or status.sha256 is None:
-        return None
-    return ClosureFacts(status.size, status.sha256)
-
-
 async def _dropped(client: CorestoreClient, import_id: str) -> bool:
     """Drop the import the run left open; False when Corestore says it is committed (its
     commit ended after the state was read: the key is kept, not aborted)."""
@@ -331,9 +329,9 @@ async def reconcile_restore(client: CorestoreClient, stored: StoredJob) -> Succe
     report = plan.planned.report
     import_id = plan.effects.closure_import
     if import_id is not None:
-        applied = await _committed_import(client, import_id)
+        applied = await committed_import(client, import_id)
         if applied is None and not await _dropped(client, import_id):
-            applied = await _committed_import(client, import_id)  # committed meanwhile
+            applied = await committed_import(client, import_id)  # committed meanwhile
         if applied is None:
             return None
         report = report.with_closure(applied)

@@ -11,17 +11,17 @@ says when the state was salvaged or reset, and the alert on it asks an operator 
      "counts": {"<table>": {"recovered": N, "kept": N, "dropped": N}},
      "reconciledNodes": ["node-1", ...], "reconciledAt": <epoch s> | null}
 
-Written atomically (a temporary file, fsync, rename, fsync of the directory).
+Written atomically (`agent.durable.write_atomically`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
+
+from agent.durable import write_atomically
 
 __all__ = ["RECOVERY_FILE", "RecoveryRecord", "read_recovery", "write_recovery"]
 
@@ -103,22 +103,5 @@ def read_recovery(directory: Path) -> RecoveryRecord | None:
 
 def write_recovery(directory: Path, record: RecoveryRecord) -> None:
     """Write `record` atomically; `OSError` when the disk refuses."""
-    path = directory / RECOVERY_FILE
-    temporary = directory / f".{RECOVERY_FILE}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, json.dumps(record.to_json(), sort_keys=True).encode() + b"\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            temporary.unlink()
-        raise
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    data = json.dumps(record.to_json(), sort_keys=True).encode() + b"\n"
+    write_atomically(directory / RECOVERY_FILE, data)

@@ -54,7 +54,7 @@ from typing import Final
 
 from agent.errors import StoreError, StoreNewer
 from agent.store.files import SIDECAR_SUFFIXES, move_aside, moved_aside
-from agent.store.recovery import RecoveryRecord, write_recovery
+from agent.store.recovery import RECOVERY_FILE, RecoveryRecord, write_recovery
 from agent.store.schema import MIGRATIONS, VERSION_TABLE, split_statements
 
 __all__ = ["SalvageReport", "TableCount", "recovering_shell", "reset", "salvage"]
@@ -237,14 +237,6 @@ def _give_to_owner(directory: Path, paths: list[Path]) -> None:
     for path in paths:
         with contextlib.suppress(FileNotFoundError):
             os.chown(path, owner.st_uid, owner.st_gid)
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _acknowledge_moved_aside(path: Path) -> None:
@@ -442,9 +434,9 @@ def salvage(
                 for table, c in counts.items()
             },
         )
+        # Its write ends with the directory's fsync: the swap above lasts with it.
         write_recovery(directory, record)
-        _fsync_directory(directory)
-        _give_to_owner(directory, [path, directory / "state-recovery.json"])
+        _give_to_owner(directory, [path, directory / RECOVERY_FILE])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return SalvageReport(
@@ -469,9 +461,8 @@ def reset(directory: Path, *, name: str, now: float) -> Path | None:
         for suffix in SIDECAR_SUFFIXES:
             path.with_name(path.name + suffix).unlink(missing_ok=True)
     _acknowledge_moved_aside(path)
-    write_recovery(
+    write_recovery(  # ends with the directory's fsync: the renames above last with it
         directory, RecoveryRecord(how="reset", at=now, kept="" if kept is None else kept.name)
     )
-    _fsync_directory(directory)
-    _give_to_owner(directory, [directory / "state-recovery.json"])
+    _give_to_owner(directory, [directory / RECOVERY_FILE])
     return kept

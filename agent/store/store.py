@@ -72,6 +72,7 @@ from agent.errors import (
     StoreError,
 )
 from agent.observe import NULL_OBSERVER, StoreObserver
+from agent.statedir import DATABASE_FILE
 from agent.store import forgetting, job_table
 from agent.store.codec import (
     EncodedPlan,
@@ -93,7 +94,7 @@ from agent.store.transitions import status_moves
 
 __all__ = ["DB_NAME", "RevisionStore"]
 
-DB_NAME: Final = "state.sqlite3"
+DB_NAME: Final = DATABASE_FILE
 
 _log = structlog.get_logger("agent.store")
 
@@ -106,9 +107,6 @@ _KEY_WHERE: Final = (
 _SAME_KEY: Final = (
     "{t}.cluster_id = s.cluster_id AND {t}.node_name = s.node_name "
     "AND {t}.restore_id = s.restore_id"
-)
-_S_KEY_WHERE: Final = (
-    "s.cluster_id = :cluster_id AND s.node_name = :node_name AND s.restore_id = :restore_id"
 )
 _COLUMNS: Final = (
     "cluster_id, node_name, restore_id, revision, status, state_json, mutation_digest, updated_at"
@@ -626,7 +624,7 @@ class RevisionStore:
     async def mark_delivered(self, key: JobKey, *, revision: int) -> bool:
         """Record that the answer of the job at `revision` reached Cloudly (False: the job
         moved on since, or it was recorded already)."""
-        async with self._connection() as db:
+        async with self._connection(write=True) as db:
             return await job_table.mark_delivered(db, key, revision=revision, now=self._now_ms())
 
     async def move_job(

@@ -78,10 +78,6 @@ class BudgetLedger:
         """Draws waiting for room."""
         return len(self._asks)
 
-    def room(self) -> int:
-        """Bytes that could be drawn now (ignoring the reserve)."""
-        return self.limit - self._held
-
     def try_take(self, size: int, *, keep: int = 0) -> bool:
         """Draw `size` bytes now if they fit with `keep` bytes to spare; False changes nothing.
 
@@ -175,6 +171,11 @@ class ByteBudget:
         """Bytes drawn now."""
         return self.ledger.held
 
+    @property
+    def idle(self) -> bool:
+        """Nothing drawn and nobody waiting (the `on_idle` listeners' moment)."""
+        return self.ledger.held == 0 and self.ledger.waiting == 0
+
     def try_take(self, size: int, *, keep: int = 0) -> bool:
         """Draw `size` bytes now or not at all (`BudgetLedger.try_take`)."""
         taken = self.ledger.try_take(size, keep=keep)
@@ -211,7 +212,7 @@ class ByteBudget:
         self._wake(self.ledger.give(size))
         for listener in list(self._room_listeners):
             listener()
-        if self.ledger.held == 0 and self.ledger.waiting == 0:
+        if self.idle:
             for listener in list(self._idle_listeners):
                 listener()
 
@@ -262,11 +263,6 @@ class Holding:
         """Bytes this transfer holds now."""
         return self._held
 
-    @property
-    def budget(self) -> ByteBudget:
-        """The budget it draws from."""
-        return self._budget
-
     async def take(self, size: int, *, keep: int | None = None) -> None:
         """Draw `size` bytes, waiting in turn (`ByteBudget.take`)."""
         self._check_open()
@@ -280,12 +276,6 @@ class Holding:
         if taken:
             self._held += size
         return taken
-
-    def adopt(self, size: int) -> None:
-        """Count as this transfer's `size` bytes another part drew and hands over (the
-        protocol's chunk, taken from its stream): the budget's total does not change."""
-        self._check_open()
-        self._held += size
 
     def give(self, size: int) -> None:
         """Give back `size` of the bytes this transfer holds."""

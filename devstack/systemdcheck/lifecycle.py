@@ -18,6 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
+from agent.config import ShutdownConfig
+from agent.preflight import longest_stop
 from devstack.corestore.storage import Storage
 from devstack.driver import MiB, StageProgress, demo_plan
 from devstack.systemdcheck.node import AGENT, CONFIG, DROP_IN, SMALL, Node, expect_status
@@ -195,11 +197,11 @@ async def stop_drain(node: Node) -> str:
     """`systemctl stop` during a large stage ends within the drain and the close steps (and
     TimeoutStopSec=), exit 0; after `systemctl start` the restore resumes and finishes."""
     settings = tomllib.loads(CONFIG.read_text())
-    drain = float(settings.get("shutdown", {}).get("drain_timeout_s", 20.0))
-    close = float(settings.get("shutdown", {}).get("close_timeout_s", 5.0))
     chunk = int(settings.get("corestore", {}).get("chunk_size", 4 * MiB))
-    # The unit's own arithmetic: the drain, then six close steps of close_timeout_s + 1 s.
-    bound = drain + 6 * (close + 1.0)
+    shutdown = ShutdownConfig.model_validate(settings.get("shutdown", {}))
+    drain = shutdown.drain_timeout_s
+    # The agent's own arithmetic: the drain, then six close steps, each + 1 s of grace.
+    bound = longest_stop(shutdown)
     stop_limit = await node.seconds("TimeoutStopUSec")
     plan = node.plan("drain", _LARGE)
     big = plan.objects[-1]

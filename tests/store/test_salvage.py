@@ -6,6 +6,7 @@ purpose; neither runs beside an agent."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import subprocess
 import sys
@@ -17,10 +18,10 @@ from agent.domain.restore_machine import Op
 from agent.domain.restores import RestoreKey
 from agent.errors import StoreCorrupt, StoreError
 from agent.store import DB_NAME, RevisionStore
-from agent.store.recovery import read_recovery
+from agent.store.recovery import RecoveryRecord, read_recovery, write_recovery
 from agent.store.salvage import recovering_shell, reset, salvage
 from agent.store.schema import MIGRATIONS
-from tests.processes import agent_environ
+from tests.processes import agent_environ, run_agent
 from tests.store.states import node_state, plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,18 +169,6 @@ def test_a_shell_without_recover_is_not_used(tmp_path: Path) -> None:
     assert recovering_shell(str(tmp_path / "absent")) is None
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "agent", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=agent_environ(),
-        timeout=120,
-        check=False,
-    )
-
-
 def _config(tmp_path: Path, state: Path) -> Path:
     token = tmp_path / "machine-token"
     token.write_text("salvage-token-9a8b\n")
@@ -198,7 +187,7 @@ def test_the_salvage_command_prints_counts_per_table(tmp_path: Path) -> None:
     state = tmp_path / "state"
     _damage(_filled(state))
     config = _config(tmp_path, state)
-    done = _cli("state", "salvage", "--config", str(config), "--sqlite3", "no-such-shell")
+    done = run_agent("state", "salvage", "--config", str(config), "--sqlite3", "no-such-shell")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == f"state salvaged: {state / DB_NAME} (schema version {len(MIGRATIONS)})"
@@ -217,11 +206,11 @@ def test_reset_needs_its_explicit_flag(tmp_path: Path) -> None:
     state = tmp_path / "state"
     path = _filled(state)
     before = path.read_bytes()
-    refused = _cli("state", "reset", "--config", str(_config(tmp_path, state)))
+    refused = run_agent("state", "reset", "--config", str(_config(tmp_path, state)))
     assert refused.returncode == 2
     assert "--start-empty" in refused.stderr
     assert path.read_bytes() == before
-    done = _cli("state", "reset", "--config", str(_config(tmp_path, state)), "--start-empty")
+    done = run_agent("state", "reset", "--config", str(_config(tmp_path, state)), "--start-empty")
     assert done.returncode == 0, done.stderr
     assert not path.exists()
 
@@ -251,8 +240,8 @@ def test_neither_runs_beside_an_agent(tmp_path: Path) -> None:
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline() == "held\n"
-        salvaged = _cli("state", "salvage", "--config", str(config))
-        reset_done = _cli("state", "reset", "--config", str(config), "--start-empty")
+        salvaged = run_agent("state", "salvage", "--config", str(config))
+        reset_done = run_agent("state", "reset", "--config", str(config), "--start-empty")
     finally:
         holder.communicate("", timeout=30)
     for done in (salvaged, reset_done):
@@ -274,3 +263,15 @@ def test_a_file_that_lost_its_version_table_is_read_as_the_newest_schema_it_has(
     _damage(path)
     report = salvage(state, name=DB_NAME, now=NOW, sqlite3_cli="no-such-sqlite3-shell")
     assert report.schema_version == len(MIGRATIONS)
+
+
+def test_the_recovery_record_is_whole_even_when_writes_are_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that takes fewer bytes than it was given is followed by another: the record the
+    next start reconciles by reads back as written."""
+    write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: write(fd, bytes(data)[:7]))
+    record = RecoveryRecord(how="salvaged", at=NOW, kept="state.sqlite3.salvaged-x")
+    write_recovery(tmp_path, record.with_node("node-1"))
+    assert read_recovery(tmp_path) == record.with_node("node-1")

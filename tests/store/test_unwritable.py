@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import structlog
 
+from agent.domain.job_machine import JobOp
+from agent.domain.jobs import JobKey
+from agent.domain.outcomes import JobReport, Succeeded
 from agent.domain.restore_machine import Op
 from agent.domain.restores import RestoreKey
 from agent.errors import StateUnwritable, StoreError, wire_error_data
@@ -163,3 +166,29 @@ async def test_opening_on_a_full_disk_is_state_unwritable_not_a_crash(tmp_path: 
         disk.free()
         async with await RevisionStore.open(disk.path, clock=ManualClock()) as store:
             assert store.integrity == "new"
+
+
+async def test_a_delivery_recorded_once_the_disk_has_room_ends_the_refusal(tmp_path: Path) -> None:
+    """Recording that an answer reached Cloudly is a write like any other: once it commits,
+    the remembered refusal is over (`write_fault` clears, the observer hears it)."""
+    heard = Heard()
+    key = JobKey("cluster-1", "node-1", "backup", "bk-1", "svc-1")
+    with small_disk(tmp_path / "state", 2 * 1024 * 1024) as disk:
+        store = await RevisionStore.open(disk.path, clock=ManualClock(), observer=heard)
+        try:
+            await store.move_job(key, op=JobOp.START, expected_revision=0, digest="a" * 64)
+            done = await store.move_job(
+                key,
+                op=JobOp.SUCCEED,
+                expected_revision=1,
+                digest="a" * 64,
+                result=Succeeded({"snapshots": []}, JobReport(snapshots=0)),
+            )
+            disk.fill()
+            await _until_refused(store)
+            disk.free()
+            assert await store.mark_delivered(key, revision=done.revision)
+            assert store.write_fault is None
+        finally:
+            await store.aclose()
+    assert heard.events[-1] == ("writable", None)
