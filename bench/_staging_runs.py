@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from agent.corestore.client import CorestoreClient
 from agent.secret import Secret
@@ -32,6 +36,7 @@ from devstack.cloudly import StandInCloudly
 from devstack.driver import RestoreDriver, RestorePlan, fake_grant
 
 __all__ = [
+    "AgentMetrics",
     "CpuMeter",
     "RssSampler",
     "StageRun",
@@ -120,6 +125,60 @@ class StatusProbe:
             "max_ms": values[-1],
             "not_found": self.errors,
         }
+
+
+@dataclass(slots=True)
+class AgentMetrics:
+    """The agent's own histograms over a phase, read from its `/metrics` before and after:
+    how long it took to answer the status probe's requests once they were read
+    (`request_duration_seconds`), and how late its event loop woke (`event_loop_lag_seconds`).
+    What a status round trip spent outside those (queued in the TCP stream, in Cloudly's
+    process) is the probe's figure less the agent's."""
+
+    address: str
+    before: dict[tuple[str, str, str], float] = field(default_factory=dict)
+
+    @classmethod
+    def from_log(cls, log_path: Path) -> AgentMetrics | None:
+        """The agent whose JSON log is `log_path`: its health address (None: not logged)."""
+        for line in log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict) and entry.get("event") == "health_listening":
+                    return cls(str(entry["address"]))
+        return None
+
+    async def scrape(self) -> dict[tuple[str, str, str], float]:
+        """Every histogram bucket: (metric, method label, le) -> cumulative count."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://{self.address}/metrics") as response,
+        ):
+            text = await response.text()
+        buckets: dict[tuple[str, str, str], float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    key = (sample.name, sample.labels.get("method", ""), sample.labels["le"])
+                    buckets[key] = sample.value
+        return buckets
+
+    async def start(self) -> None:
+        """Mark the phase's start."""
+        self.before = await self.scrape()
+
+    async def since_start(self, method: str) -> dict[str, dict[str, int]]:
+        """For the phase: `status` (answers of `method` within each bucket's bound, cumulative)
+        and `loop_lag` (the loop's wakes within each bound)."""
+        after = await self.scrape()
+        result: dict[str, dict[str, int]] = {"status": {}, "loop_lag": {}}
+        for (name, label, le), value in after.items():
+            spent = int(value - self.before.get((name, label, le), 0))
+            if name == "restore_agent_request_duration_seconds_bucket" and label == method:
+                result["status"][le] = spent
+            elif name == "restore_agent_event_loop_lag_seconds_bucket":
+                result["loop_lag"][le] = spent
+        return result
 
 
 @dataclass(slots=True)

@@ -53,7 +53,7 @@ from agent.protocol.connection import ConnectionSettings
 from bench._initiator import ChunkSet
 from bench._procstat import machine_facts, memory_kib
 from bench._replay import ReplayResult, replay_stage
-from bench._staging_runs import CpuMeter, RssSampler, StatusProbe, reset_peak_rss
+from bench._staging_runs import AgentMetrics, CpuMeter, RssSampler, StatusProbe, reset_peak_rss
 from bench._staging_world import (
     CLUSTER,
     TOKEN,
@@ -64,7 +64,7 @@ from bench._staging_world import (
     plan_for,
 )
 from devstack.cloudly import StandInCloudly, cluster_document
-from devstack.driver import RestoreDriver, RestorePlan
+from devstack.driver import METHOD_GET_STATUS, RestoreDriver, RestorePlan
 
 __all__ = ["main"]
 
@@ -192,6 +192,9 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         status = StatusProbe(
             RestoreDriver(cloudly, many[0], call_timeout=60.0), args.status_interval_ms / 1000
         )
+        metrics = AgentMetrics.from_log(child.log_path)
+        if metrics is not None:
+            await metrics.start()
         stop = asyncio.Event()
         async with asyncio.TaskGroup() as group:
             group.create_task(sampler.run(stop))
@@ -203,6 +206,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 cpu = meter.spent()
                 stop.set()
         _, hwm = memory_kib(child.pid)
+        agent_side = None if metrics is None else await metrics.since_start(METHOD_GET_STATUS)
         peak = max(sampler.peak_kib, hwm) if reset else sampler.peak_kib
         drop(many)
 
@@ -244,8 +248,19 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "per_stream_bound_mib": per_stream_bound,
             "hwm_reset": reset,
             "status": status.summary(),
+            "agent_side": agent_side,
         },
     }
+
+
+def _within(buckets: dict[str, int]) -> str:
+    """A histogram's cumulative buckets as "5 ms 90 %, 10 ms 99 %, ..." of its count."""
+    total = buckets.get("+Inf", 0)
+    if not total:
+        return "(none)"
+    bounds = sorted((float(le), count) for le, count in buckets.items() if le != "+Inf")
+    shown = [f"{bound * 1000:g} ms {100 * count / total:.1f} %" for bound, count in bounds[:6]]
+    return f"{', '.join(shown)} of {total}"
 
 
 def _limits(args: argparse.Namespace) -> dict[str, int]:
@@ -300,6 +315,14 @@ def report(result: dict[str, Any], facts: dict[str, str], args: argparse.Namespa
         f"status during the stages: n {status.get('count')}, p50 {status.get('p50_ms', 0):.1f} ms, "
         f"p99 {status.get('p99_ms', 0):.1f} ms, max {status.get('max_ms', 0):.1f} ms"
     )
+    agent_side = cluster.get("agent_side")
+    if agent_side:
+        answered = _within(agent_side["status"])
+        lag = _within(agent_side["loop_lag"])
+        print(
+            "the agent's own account of the same phase (its /metrics): status answered, once "
+            f"read, within {answered}; its event loop woke late by at most {lag}"
+        )
     verdicts = {
         "aggregate >= 0.8x single": cluster["aggregate_over_single"] >= 0.8,
         "slowest >= 0.5x mean": cluster["fairness"] >= 0.5,
