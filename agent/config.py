@@ -86,7 +86,7 @@ _CLEARTEXT_SCHEMES: Final = frozenset({"http", "ws"})
 # The protocol's defaults are the configuration's: each is written once, in agent.protocol.
 _CONNECTION: Final = ConnectionSettings()
 _STREAMS: Final = _CONNECTION.streams
-_RECEIVE_BUDGET: Final = _CONNECTION.receive_budget or 8 * MiB
+_RECEIVE_BUDGET: Final = _CONNECTION.receive_budget or 4 * MiB
 
 # Keys that were renamed: an old file fails naming the new key (they mean the same).
 _RENAMED: Final = {"streams.keepalive_timeout_s": "streams.idle_timeout_s"}

@@ -223,10 +223,10 @@ def test_the_per_node_transfer_limits_are_read(tmp_path: Path) -> None:
 
 
 def test_the_receive_budget_defaults_to_the_protocols_and_is_bounded(tmp_path: Path) -> None:
-    """`[streams] receive_budget_bytes`: 8 MiB when left out, the protocol's default; below
+    """`[streams] receive_budget_bytes`: 4 MiB when left out, the protocol's default; below
     1 MiB is refused naming the key."""
     config = load_config(write_config(tmp_path, MINIMAL))
-    assert config.streams.receive_budget_bytes == ConnectionSettings().receive_budget == 8 * MiB
+    assert config.streams.receive_budget_bytes == ConnectionSettings().receive_budget == 4 * MiB
     text = MINIMAL + "[streams]\nreceive_budget_bytes = 1000\n"
     with pytest.raises(ConfigError) as caught:
         load_config(write_config(tmp_path, text))

@@ -75,7 +75,7 @@ class ConnectionSettings:
     max_retry_attempts: int = 5
     max_concurrent_requests: int = 64
     busy_retry_ms: int = 1000
-    receive_budget: int | None = 8 * 1024 * 1024
+    receive_budget: int | None = 4 * 1024 * 1024
     receive_budget_max: int | None = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
