@@ -143,6 +143,30 @@ static int value_exact(const unsigned char *start, Py_ssize_t len)
     return v > 255 ? -1 : (int)v;
 }
 
+/* What a canonical kernel leaves after its blocks, value by value: [p, last) holds the text
+ * still to read, `start` the value under way (it began at or before p), `o` the next byte of
+ * `out` to write (at most `cap` in all). The number of bytes written, or -1. */
+static Py_ssize_t parse_rest(const unsigned char *p, const unsigned char *last,
+                             const unsigned char *start, unsigned char *out, unsigned char *o,
+                             Py_ssize_t cap)
+{
+    for (; p < last; p++) {
+        if (*p == ',') {
+            int v = value_exact(start, p - start);
+            if (v < 0 || o - out >= cap) return -1;
+            *o++ = (unsigned char)v;
+            start = p + 1;
+        } else if (!is_digit[*p]) {
+            return -1;
+        }
+    }
+    /* the last value, [start, last) */
+    int v = value_exact(start, last - start);
+    if (v < 0 || o - out >= cap) return -1;
+    *o++ = (unsigned char)v;
+    return (Py_ssize_t)(o - out);
+}
+
 /* The canonical text (JSON.stringify's: digits and commas only between the brackets), the
  * common case, done by finding the commas 64 characters at a time (SSE2 on x86-64) and reading
  * each value off its position: no per-digit branch, no dependency from one value to the next
@@ -191,22 +215,7 @@ static Py_ssize_t parse_canonical(const unsigned char *s, const unsigned char *l
         }
     }
     if (bad) return -1;
-    for (; i < n; i++) {
-        unsigned char c = s[i];
-        if (c == ',') {
-            int v = value_exact(start, s + i - start);
-            if (v < 0 || o - out >= cap) return -1;
-            *o++ = (unsigned char)v;
-            start = s + i + 1;
-        } else if (!is_digit[c]) {
-            return -1;
-        }
-    }
-    /* the last value, [start, last) */
-    int v = value_exact(start, last - start);
-    if (v < 0 || o - out >= cap) return -1;
-    *o++ = (unsigned char)v;
-    return (Py_ssize_t)(o - out);
+    return parse_rest(s + i, last, start, out, o, cap);
 }
 
 #if defined(__x86_64__) && (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 8))
@@ -288,21 +297,7 @@ static Py_ssize_t parse_canonical_wide(const unsigned char *s, const unsigned ch
         o += k;
         if (cm) start = b + 64 - __builtin_clzll(cm);
     }
-    for (; i < n; i++) {
-        unsigned char c = s[i];
-        if (c == ',') {
-            int v = value_exact(start, s + i - start);
-            if (v < 0 || o - out >= cap) return -1;
-            *o++ = (unsigned char)v;
-            start = s + i + 1;
-        } else if (!is_digit[c]) {
-            return -1;
-        }
-    }
-    int v = value_exact(start, last - start);
-    if (v < 0 || o - out >= cap) return -1;
-    *o++ = (unsigned char)v;
-    return (Py_ssize_t)(o - out);
+    return parse_rest(s + i, last, start, out, o, cap);
 }
 
 static int cpu_has_wide(void)

@@ -96,6 +96,20 @@ async def download(left: Peer) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def stream_frame(cycle: str, purpose: str, tail: bytes) -> bytes:
+    """A VirtualStream request frame of stream `s1`, as the peer's bytes: `tail` is spliced in
+    after its `mainPurpose` (a `chunkData`, a `keepAlive`)."""
+    return (
+        b'{"method":"##VirtualStream##","request":{"streamId":"s1","cycleId":"'
+        + cycle.encode()
+        + b'","cycle":"request","mainPurpose":"'
+        + purpose.encode()
+        + b'"'
+        + tail
+        + b'},"response":null}'
+    )
+
+
 async def write_forever(sink: ByteSink) -> None:
     """Write until the sink raises."""
     while True:
@@ -264,17 +278,6 @@ async def test_a_bad_chunk_breaks_the_stream_before_the_next_frame_is_answered()
     run = asyncio.create_task(peer.run())
     marker = {"_isVirtualStream": True, "streamId": "s1"}
 
-    def stream_frame(cycle: str, purpose: str, tail: bytes) -> bytes:
-        return (
-            b'{"method":"##VirtualStream##","request":{"streamId":"s1","cycleId":"'
-            + cycle.encode()
-            + b'","cycle":"request","mainPurpose":"'
-            + purpose.encode()
-            + b'"'
-            + tail
-            + b'},"response":null}'
-        )
-
     async def next_frame() -> dict[str, Any]:
         frame: dict[str, Any] = orjson.loads(await theirs.recv())
         return frame
@@ -382,15 +385,7 @@ async def test_a_chunk_the_quick_decoder_leaves_is_decoded_in_a_thread() -> None
             ("k1", "chunk", b',"chunkData":' + chunk),
             ("k2", "chunk", b',"chunkData":"' + b"#" * 13 + b"CLOSING BIT" + b"#" * 13 + b'"'),
         ]:
-            await theirs.send(
-                b'{"method":"##VirtualStream##","request":{"streamId":"s1","cycleId":"'
-                + cycle.encode()
-                + b'","cycle":"request","mainPurpose":"'
-                + purpose.encode()
-                + b'"'
-                + tail
-                + b'},"response":null}'
-            )
+            await theirs.send(stream_frame(cycle, purpose, tail))
         while True:
             frame = orjson.loads(await theirs.recv())
             if frame["method"] == "upload":
