@@ -128,15 +128,7 @@ async def rechunk(
     target = plan.popleft() if plan else chunk_size
     pending: list[bytes | memoryview] = []
     pending_size = 0
-    allowed = limit  # bytes the chunks still to come may carry (None: any number)
-
-    def check(length: int) -> None:
-        nonlocal allowed
-        if allowed is None:
-            return
-        if length > allowed:
-            raise too_long() if too_long is not None else ValueError("the stream is too long")
-        allowed -= length
+    check = _allowance(limit, too_long)
 
     async for piece in source:
         if not pending and len(piece) == target and type(piece) is bytes:
@@ -163,6 +155,25 @@ async def rechunk(
         yield b"".join(pending)
 
 
+def _allowance(
+    limit: int | None, too_long: Callable[[], Exception] | None
+) -> Callable[[int], None]:
+    """`check(length)` for each chunk about to be handed out: the chunks together may carry at
+    most `limit` bytes (None: any number); the one that would go past it raises `too_long()`
+    (a `ValueError` without one)."""
+    allowed = limit
+
+    def check(length: int) -> None:
+        nonlocal allowed
+        if allowed is None:
+            return
+        if length > allowed:
+            raise too_long() if too_long is not None else ValueError("the stream is too long")
+        allowed -= length
+
+    return check
+
+
 async def _rechunk_into(
     source: AsyncIterable[bytes],
     chunk_size: int,
@@ -173,18 +184,10 @@ async def _rechunk_into(
 ) -> AsyncGenerator[Chunk, None]:
     """`rechunk` copying every piece into a buffer at once (no piece outlives its turn)."""
     plan = deque(boundaries)
-    allowed = limit
+    check = _allowance(limit, too_long)
 
     def next_target() -> int:
         return plan.popleft() if plan else chunk_size
-
-    def check(length: int) -> None:
-        nonlocal allowed
-        if allowed is None:
-            return
-        if length > allowed:
-            raise too_long() if too_long is not None else ValueError("the stream is too long")
-        allowed -= length
 
     target = next_target()
     buffer: bytearray | None = None
