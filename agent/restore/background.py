@@ -97,6 +97,12 @@ class WorkOwner:
 
         task.add_done_callback(forget)
 
+    def ended(self, key: RestoreKey) -> None:
+        """The running task, the work of `key`, wrote the status it ends in: `key` is free for
+        new work from now (the task returns a step later and writes nothing more)."""
+        if self._work.get(key) is asyncio.current_task():
+            del self._work[key]
+
     def hold(self, key: RestoreKey) -> contextlib.AbstractAsyncContextManager[None]:
         """One holder of `key` at a time (see `agent.locks`)."""
         return self._locks.hold(key)

@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any, Final
 
 import structlog
@@ -396,5 +397,6 @@ class IsolatedRestoreEngine:
             stored,
             tuple(mappings),
             manifest,
+            ended=partial(self.owner.ended, stored.key),
         )
         self.owner.spawn(stored.key, runner(work), work.log_fields())

@@ -53,7 +53,7 @@ from agent.contracts.isolatedrestore import (
 )
 from agent.corestore.client import CorestoreClient
 from agent.corestore.models import ResourceStatus
-from agent.domain.restore_machine import Op
+from agent.domain.restore_machine import IN_FLIGHT, Op
 from agent.domain.restores import RestoreKey, StoredState
 from agent.errors import AgentError, CorestoreError, InvalidState, TransferError
 from agent.restore import state as s
@@ -82,6 +82,9 @@ class RestoreWork:
     stored: StoredState  # the latest state this work wrote or started from
     mappings: tuple[ResourceMapping, ...]  # the plan's, fixed at prepare
     manifest: BackupArchiveManifest | None = None  # the plan's, for the prepare work only
+    # Told once the work wrote a status only a request leaves: the key is free for new work
+    # from then, not only once the task has returned (a repeat may come in between).
+    ended: Callable[[], None] = lambda: None
 
     def now(self) -> int:
         """The clock's wall time in epoch milliseconds (the state's timestamps)."""
@@ -97,6 +100,8 @@ class RestoreWork:
         self.stored = await self.store.mutate(
             self.key, expected_revision=self.stored.revision, op=op, state=state
         )
+        if self.stored.status not in IN_FLIGHT:
+            self.ended()
         self.notify(self.stored)
         return self.stored
 

@@ -391,6 +391,7 @@ async def test_a_row_that_is_no_node_state_reads_as_store_error(
     prepared_store: RevisionStore,
 ) -> None:
     """A damaged state JSON fails as StoreError naming the field, without quoting the value."""
+    await prepared_store.aclose()  # the store is the file's only writer while it is open
     raw = sqlite3.connect(prepared_store.path, isolation_level=None)
     try:
         raw.execute(
@@ -399,6 +400,7 @@ async def test_a_row_that_is_no_node_state_reads_as_store_error(
         )
     finally:
         raw.close()
-    with pytest.raises(StoreError, match="preparedAt") as raised:
-        await prepared_store.get(KEY)
+    async with await RevisionStore.open(prepared_store.path.parent) as reopened:
+        with pytest.raises(StoreError, match="preparedAt") as raised:
+            await reopened.get(KEY)
     assert "leak-7f3c" not in str(raised.value)
