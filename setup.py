@@ -1,8 +1,10 @@
-"""The one build step pyproject.toml cannot declare: the OPTIONAL native Buffer-form codec.
+"""The one build step pyproject.toml cannot declare: the OPTIONAL native modules.
 
-`agent/_bufferform.c` is built when a C compiler and the Python headers are there. When they are
-not, `optional=True` lets the build go on without it, and the agent runs on its pure decode path
-(agent/protocol/bytearrays.py), about 3x slower. That must not pass unnoticed, so then:
+`agent/_bufferform.c` (the Buffer-form codec) and `agent/_sha256pair.c` (both digests of a chunk
+in one pass) are built when a C compiler and the Python headers are there. When they are not,
+`optional=True` lets the build go on without them: the agent runs on its pure decode path
+(agent/protocol/bytearrays.py), about 3x slower, and hashes each chunk twice with hashlib
+(agent/chunking.py), about 1.4x the CPU. That must not pass unnoticed, so then:
 
 - the build prints a banner saying so (pip shows a build's output with `-v`);
 - the wheel is tagged `py3-none-any`, what it holds, instead of the interpreter and platform
@@ -25,15 +27,31 @@ _NATIVE = "agent._bufferform"
 _BUILD_ERRORS = (CCompilerError, CompileError, ExecError, PlatformError, OSError)
 
 
-def _banner(reason: object) -> str:
+_PAIR = "agent._sha256pair"
+_WITHOUT = {
+    _NATIVE: (
+        "the native chunk decoder",
+        "  then decodes Buffer-form chunks on its pure path, about 3x slower, and says so at\n"
+        "  every start (chunk_decoder_pure).",
+    ),
+    _PAIR: (
+        "the native digest module",
+        "  then hashes every chunk twice with hashlib, about 1.4x the CPU (its start-up line\n"
+        "  says digests: hashlib).",
+    ),
+}
+
+
+def _banner(name: str, reason: object) -> str:
     rule = "=" * 78
+    what, then = _WITHOUT[name]
     return (
         f"\n{rule}\n"
-        f"restore-agent: the native chunk decoder ({_NATIVE}) was NOT built: {reason}\n"
-        "  This build holds no native code (a wheel of it is tagged py3-none-any). The agent\n"
-        "  then decodes Buffer-form chunks on its pure path, about 3x slower, and says so at\n"
-        "  every start (chunk_decoder_pure). For the native decoder install a C compiler and\n"
-        "  the Python headers (Debian: build-essential python3-dev) and build again.\n"
+        f"restore-agent: {what} ({name}) was NOT built: {reason}\n"
+        "  A build without native code is a wheel tagged py3-none-any. The agent\n"
+        f"{then}\n"
+        "  For the native code install a C compiler and the Python headers (Debian:\n"
+        "  build-essential python3-dev) and build again.\n"
         f"{rule}\n"
     )
 
@@ -45,7 +63,7 @@ class _BuildExt(build_ext):
         try:
             super().build_extension(ext)
         except _BUILD_ERRORS as exc:
-            print(_banner(exc), file=sys.stderr, flush=True)
+            print(_banner(ext.name, exc), file=sys.stderr, flush=True)
             raise  # setuptools goes on without an optional extension
 
 
@@ -59,7 +77,8 @@ class _BdistWheel(bdist_wheel):
         native = [
             path
             for suffix in EXTENSION_SUFFIXES
-            for path in Path(self.bdist_dir).rglob(f"_bufferform{suffix}")
+            for name in (_NATIVE, _PAIR)
+            for path in Path(self.bdist_dir).rglob(f"{name.rpartition('.')[2]}{suffix}")
         ]
         if not native:
             self.root_is_pure = True
@@ -73,7 +92,14 @@ setup(
             sources=["agent/_bufferform.c"],
             extra_compile_args=["-O3"],
             optional=True,
-        )
+        ),
+        # Both digests of staging and the closures in one pass (SHA-NI); hashlib without it.
+        Extension(
+            _PAIR,
+            sources=["agent/_sha256pair.c"],
+            extra_compile_args=["-O3"],
+            optional=True,
+        ),
     ],
     cmdclass={"build_ext": _BuildExt, "bdist_wheel": _BdistWheel},
 )

@@ -48,6 +48,7 @@ from pathlib import Path
 import structlog
 
 from agent import __version__, statedir
+from agent.chunking import DIGESTS_BACKEND
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.config import Config, Secrets
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
@@ -321,6 +322,7 @@ async def _serve(
         watchdog_s=watchdog_s,
         systemd_notify=notifier.enabled,
         chunk_decoders=decoders,
+        digests=DIGESTS_BACKEND,
     )
     _warn_about(config, created=created, decoders=decoders, tightened=checked.tightens)
     corestore = config.corestore

@@ -116,12 +116,13 @@ def test_a_wheel_built_without_a_compiler_says_so_and_is_tagged_pure(tmp_path: P
         timeout=300,
         check=True,
     )
-    assert "restore-agent: the native chunk decoder (agent._bufferform) was NOT built" in (
-        done.stdout + done.stderr
-    )
+    said = done.stdout + done.stderr
+    assert "restore-agent: the native chunk decoder (agent._bufferform) was NOT built" in said
+    assert "restore-agent: the native digest module (agent._sha256pair) was NOT built" in said
     [wheel] = (tmp_path / "dist").glob("*.whl")
     assert wheel.name.endswith("-py3-none-any.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert [name for name in names if name.startswith("agent/_bufferform.")] == [
-        "agent/_bufferform.pyi"
+    native = [
+        name for name in names if name.startswith(("agent/_bufferform.", "agent/_sha256pair."))
     ]
+    assert native == ["agent/_bufferform.pyi", "agent/_sha256pair.pyi"]
