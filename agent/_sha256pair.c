@@ -235,45 +235,45 @@ static PyObject *pair_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)self;
 }
 
-static PyObject *pair_update(Sha256Pair *self, PyObject *data)
+/* Add the bytes of `data` to the whole, and (with `piece`) make `piece` their own digest's
+ * state; the GIL released for large ones. -1 with an exception set. */
+static int add(Sha256Pair *self, PyObject *data, running *piece)
 {
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
+        return -1;
     if (enter(self) < 0) {
         PyBuffer_Release(&view);
-        return NULL;
+        return -1;
     }
-    if (view.len >= RELEASE_GIL_MIN) {
-        Py_BEGIN_ALLOW_THREADS running_update(&self->whole, view.buf, (size_t)view.len);
-        Py_END_ALLOW_THREADS
-    } else {
-        running_update(&self->whole, view.buf, (size_t)view.len);
-    }
+    const unsigned char *p = view.buf;
+    size_t n = (size_t)view.len;
+    int release = view.len >= RELEASE_GIL_MIN;
+    PyThreadState *saved = release ? PyEval_SaveThread() : NULL;
+    if (piece != NULL)
+        update_pair(&self->whole, piece, p, n);
+    else
+        running_update(&self->whole, p, n);
+    if (release)
+        PyEval_RestoreThread(saved);
     self->busy = 0;
     PyBuffer_Release(&view);
+    return 0;
+}
+
+static PyObject *pair_update(Sha256Pair *self, PyObject *data)
+{
+    if (add(self, data, NULL) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
 static PyObject *pair_update_piece(Sha256Pair *self, PyObject *data)
 {
-    Py_buffer view;
     running piece;
     unsigned char out[32];
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0)
+    if (add(self, data, &piece) < 0)
         return NULL;
-    if (enter(self) < 0) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    if (view.len >= RELEASE_GIL_MIN) {
-        Py_BEGIN_ALLOW_THREADS update_pair(&self->whole, &piece, view.buf, (size_t)view.len);
-        Py_END_ALLOW_THREADS
-    } else {
-        update_pair(&self->whole, &piece, view.buf, (size_t)view.len);
-    }
-    self->busy = 0;
-    PyBuffer_Release(&view);
     running_digest(&piece, out);
     return PyBytes_FromStringAndSize((const char *)out, 32);
 }
