@@ -132,15 +132,21 @@ class RequestContext(Protocol):
 
 
 Handler = Callable[[Req, RequestContext], Awaitable[Resp]]
+AnswerNow = Callable[[Req], Resp | None]
 
 
 @dataclass(frozen=True, slots=True)
 class Route(Generic[Req, Resp]):
-    """One method: the model its request body must satisfy, and the handler that answers it."""
+    """One method: the model its request body must satisfy, and the handler that answers it.
+
+    `answer_now`, for a read whose answer may be in memory: called in the same turn that read
+    the request, it answers it there (or raises its refusal), or returns None for `handler` to
+    answer the usual way. A status call then waits for no task queued ahead of it."""
 
     method: str
     request: type[Req]
     handler: Handler[Req, Resp]
+    answer_now: AnswerNow[Req, Resp] | None = None
 
     def parse(self, body: Mapping[str, Any]) -> Req:
         """The request model of `body`; `InvalidRequest` naming the first bad field path."""

@@ -242,6 +242,18 @@ class IsolatedRestoreEngine:
             stored = await self._mutate(key, stored.revision, Op.STAGE, None, digest=digest)
             return stored.state
 
+    def status_now(
+        self, request: GetIsolatedRestoreStatusRequest
+    ) -> IsolatedRestoreStatusResponse | None:
+        """`status` when the store holds the state in memory, without waiting; None when it
+        must be read (`status` does)."""
+        key, _ = locate(self._cluster_view(), request)
+        check_grant(request.restore_grant)
+        stored = self._store.kept(key)
+        if stored is None:
+            return None
+        return IsolatedRestoreStatusResponse(found=True, state=stored.state)
+
     async def status(
         self, request: GetIsolatedRestoreStatusRequest
     ) -> IsolatedRestoreStatusResponse:

@@ -67,7 +67,12 @@ def isolated_restore_routes(engine: IsolatedRestoreEngine) -> Routes:
         [
             Route(METHOD_PREPARE, PrepareIsolatedRestoreRequest, prepare),
             Route(METHOD_STAGE, StageIsolatedRestoreArchiveRequest, stage),
-            Route(METHOD_GET_STATUS, GetIsolatedRestoreStatusRequest, status),
+            Route(
+                METHOD_GET_STATUS,
+                GetIsolatedRestoreStatusRequest,
+                status,
+                answer_now=engine.status_now,
+            ),
             Route(METHOD_EXECUTE, ExecuteIsolatedRestoreRequest, execute),
             Route(METHOD_CLEANUP, CleanupIsolatedRestoreRequest, cleanup),
         ]

@@ -64,7 +64,7 @@ from agent.protocol.connection import (
     StreamEnded,
 )
 from agent.protocol.delivery import Mark
-from agent.protocol.handlers import ByteSink, ByteSource, Producer, Route, Routes
+from agent.protocol.handlers import AnswerNow, ByteSink, ByteSource, Producer, Route, Routes
 from agent.protocol.ids import new_uni_id
 from agent.protocol.pool import WatchedPool
 from agent.session.delivery import DeliveryTracker, OnDelivered
@@ -294,6 +294,9 @@ class Peer:
             elif isinstance(event, RequestReceived):
                 route = self._routes.get(event.method)
                 assert route is not None  # the connection refuses unrouted methods
+                answer_now = route.answer_now
+                if answer_now is not None and self._answered_now(route, answer_now, event):
+                    continue
                 task = self._spawn(self._serve(route, event, self._arrival))
                 if task is not None:
                     self._handlers[task] = event.request_id
@@ -356,6 +359,31 @@ class Peer:
             for stream_id in event.stream_ids:
                 self.unwatch(stream_id)
         await self._flush_quietly()
+
+    def _answered_now(
+        self, route: Route[Any, Any], answer_now: AnswerNow[Any, Any], event: RequestReceived
+    ) -> bool:
+        """Answer `event` in this turn when `answer_now` (its route's) can (True), or leave it
+        to the route's handler (False)."""
+        method, began = event.method, self._clock.monotonic()
+        try:
+            response = answer_now(route.parse(event.request))
+            if response is None:
+                return False
+            self.connection.respond(event.request_id, response.to_wire(), self.now())
+            code = "ok"
+        except AgentError as exc:
+            log.info("request_refused", method=method, code=exc.code)
+            self.connection.refuse(event.request_id, exc, self.now())
+            code = exc.code
+        except Exception:
+            log.exception("handler_failed", method=method)
+            failure = AgentError(f"the agent failed to handle {method}")
+            self.connection.refuse(event.request_id, failure, self.now())
+            code = "internal"
+        seconds = self._clock.monotonic() - began
+        self._observer.request_handled(method=method, code=code, seconds=seconds)
+        return True
 
     def _track(self, context: HandlerContext) -> None:
         """The handler's answer is in the outbox now: its delivery callbacks go with it (the

@@ -302,9 +302,8 @@ class RevisionStore:
         or wrote it lately, else read on the reader connection, waiting for no write."""
         if self._db is None:
             raise StoreError("the revision store is closed")
-        kept = self._states.get(key)
+        kept = self.kept(key)
         if kept is not None:
-            self._states.move_to_end(key)
             return kept
         writes = self._state_writes
         async with self._reading() as db:
@@ -316,6 +315,14 @@ class RevisionStore:
         if stored is not None and writes == self._state_writes:
             self._keep(key, stored)
         return stored
+
+    def kept(self, key: RestoreKey) -> StoredState | None:
+        """The state of `key` as `get()` would answer it from memory, without waiting; None
+        when it is not in memory (`get()` reads it) or the store is closed."""
+        kept = self._states.get(key) if self._db is not None else None
+        if kept is not None:
+            self._states.move_to_end(key)
+        return kept
 
     def _keep(self, key: RestoreKey, stored: StoredState) -> None:
         self._states[key] = stored

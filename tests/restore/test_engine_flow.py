@@ -10,6 +10,7 @@ import pytest
 from agent.contracts.isolatedrestore import (
     METHOD_CLEANUP,
     METHOD_EXECUTE,
+    METHOD_GET_STATUS,
     METHOD_PREPARE,
     METHOD_STAGE,
 )
@@ -114,6 +115,18 @@ async def test_status_of_an_unknown_restore_is_not_found(world: Any) -> None:
     """Status answers found: false and writes nothing."""
     assert await world.status() == {"found": False}
     assert await world.store.get(world.KEY) is None
+
+
+async def test_a_status_in_memory_is_answered_now_as_the_handler_answers_it(world: Any) -> None:
+    """The status route's `answer_now`: the handler's answer without waiting once the store
+    holds the state in memory; None (read it the usual way) for a state it does not hold."""
+    route = world.routes.get(METHOD_GET_STATUS)
+    assert route.answer_now(route.parse(world.status_body())) is None
+    await world.prepare()
+    now = route.answer_now(route.parse(world.status_body()))
+    assert now is not None
+    assert now.to_wire() == await world.status()
+    assert now.to_wire()["state"]["status"] == "prepared"
 
 
 @pytest.mark.parametrize("method", [METHOD_STAGE, METHOD_EXECUTE, METHOD_CLEANUP])

@@ -378,3 +378,67 @@ async def test_a_request_flood_runs_no_more_handlers_than_the_bound() -> None:
     assert all(answer["response"] == {} for answer in done)
     assert most == 4
     await stop(raw, run)
+
+
+async def _as_it_came(request: _Outer, ctx: RequestContext) -> _Outer:
+    return request
+
+
+async def test_a_route_that_can_answer_now_answers_without_its_handler() -> None:
+    """`answer_now` answers in the turn that read the request; the handler is not run."""
+    handled: list[_Outer] = []
+
+    async def handler(request: _Outer, ctx: RequestContext) -> _Outer:
+        handled.append(request)
+        return request
+
+    def now(request: _Outer) -> _Outer:
+        return _Outer(object_ref=_Body(sha256=request.object_ref.sha256 + " now"))
+
+    route = Route("status", _Outer, handler, answer_now=now)
+    async with peers(Routes(), Routes([route])) as (left, _, _, _):
+        reply = await left.call("status", {"objectRef": {"sha256": "ab"}}, timeout=2)
+    assert (reply, handled) == ({"objectRef": {"sha256": "ab now"}}, [])
+
+
+async def test_an_answer_now_of_none_leaves_the_request_to_its_handler() -> None:
+    """None from `answer_now` (not in memory): the handler answers the usual way."""
+
+    async def handler(request: _Outer, ctx: RequestContext) -> _Outer:
+        return _Outer(object_ref=_Body(sha256="read"))
+
+    route = Route("status", _Outer, handler, answer_now=lambda request: None)
+    async with peers(Routes(), Routes([route])) as (left, _, _, _):
+        reply = await left.call("status", {"objectRef": {"sha256": "ab"}}, timeout=2)
+    assert reply == {"objectRef": {"sha256": "read"}}
+
+
+async def test_a_refusal_raised_by_answer_now_travels_with_its_code() -> None:
+    """An AgentError from `answer_now` is the request's error, as from a handler; a body the
+    route's model refuses is invalid-request before `answer_now` sees it."""
+
+    def refuse(request: _Outer) -> _Outer:
+        raise RestoreNotFound("no restore r1 on node n1")
+
+    route = Route("status", _Outer, _as_it_came, answer_now=refuse)
+    async with peers(Routes(), Routes([route])) as (left, _, _, _):
+        with pytest.raises(CallFailed) as refused:
+            await left.call("status", {"objectRef": {"sha256": "ab"}}, timeout=2)
+        with pytest.raises(CallFailed) as invalid:
+            await left.call("status", {"objectRef": {}}, timeout=2)
+    assert refused.value.error_data == {"code": "restore-not-found", "retryable": False}
+    assert invalid.value.error_data["code"] == "invalid-request"
+
+
+async def test_a_bug_in_answer_now_is_internal_without_details() -> None:
+    """Any other exception answers internal with the generic text, as a handler's would."""
+
+    def buggy(request: _Outer) -> _Outer:
+        raise KeyError("secret detail")
+
+    route = Route("status", _Outer, _as_it_came, answer_now=buggy)
+    async with peers(Routes(), Routes([route])) as (left, _, _, _):
+        with pytest.raises(CallFailed) as caught:
+            await left.call("status", {"objectRef": {"sha256": "ab"}}, timeout=2)
+    assert caught.value.error_data == {"code": "internal", "retryable": True}
+    assert "secret detail" not in caught.value.text

@@ -161,3 +161,16 @@ async def test_memory_holds_the_most_recently_used_states_only(
     for key in reversed(keys):
         assert await store.get(key) is not None
     assert reader.reads == 1  # KEY, the first written, was let go
+
+
+async def test_kept_answers_from_memory_only(prepared_store: RevisionStore) -> None:
+    """`kept()` (a status answered without waiting): the state in memory, else None; nothing
+    once the store is closed."""
+    store = await reopened(prepared_store)
+    try:
+        assert store.kept(KEY) is None  # not read yet: `get()` reads it
+        read = await store.get(KEY)
+        assert store.kept(KEY) == read
+    finally:
+        await store.aclose()
+    assert store.kept(KEY) is None
