@@ -413,32 +413,40 @@ async def test_an_answer_now_of_none_leaves_the_request_to_its_handler() -> None
     assert reply == {"objectRef": {"sha256": "read"}}
 
 
-async def test_a_refusal_raised_by_answer_now_travels_with_its_code() -> None:
-    """An AgentError from `answer_now` is the request's error, as from a handler; a body the
-    route's model refuses is invalid-request before `answer_now` sees it."""
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (RestoreNotFound("no restore r1"), {"code": "restore-not-found", "retryable": False}),
+        (KeyError("secret detail"), {"code": "internal", "retryable": True}),
+    ],
+)
+async def test_what_answer_now_raises_is_answered_as_from_a_handler(
+    error: Exception, expected: dict[str, Any]
+) -> None:
+    """An AgentError from `answer_now` travels with its code; anything else is internal with
+    the generic text, as from a handler."""
 
-    def refuse(request: _Outer) -> _Outer:
-        raise RestoreNotFound("no restore r1 on node n1")
+    def raising(request: _Outer) -> _Outer:
+        raise error
 
-    route = Route("status", _Outer, _as_it_came, answer_now=refuse)
-    async with peers(Routes(), Routes([route])) as (left, _, _, _):
-        with pytest.raises(CallFailed) as refused:
-            await left.call("status", {"objectRef": {"sha256": "ab"}}, timeout=2)
-        with pytest.raises(CallFailed) as invalid:
-            await left.call("status", {"objectRef": {}}, timeout=2)
-    assert refused.value.error_data == {"code": "restore-not-found", "retryable": False}
-    assert invalid.value.error_data["code"] == "invalid-request"
-
-
-async def test_a_bug_in_answer_now_is_internal_without_details() -> None:
-    """Any other exception answers internal with the generic text, as a handler's would."""
-
-    def buggy(request: _Outer) -> _Outer:
-        raise KeyError("secret detail")
-
-    route = Route("status", _Outer, _as_it_came, answer_now=buggy)
+    route = Route("status", _Outer, _as_it_came, answer_now=raising)
     async with peers(Routes(), Routes([route])) as (left, _, _, _):
         with pytest.raises(CallFailed) as caught:
             await left.call("status", {"objectRef": {"sha256": "ab"}}, timeout=2)
-    assert caught.value.error_data == {"code": "internal", "retryable": True}
+    assert caught.value.error_data == expected
     assert "secret detail" not in caught.value.text
+
+
+async def test_a_body_the_model_refuses_never_reaches_answer_now() -> None:
+    """invalid-request, as for a handler: `answer_now` gets only a parsed model."""
+    seen: list[_Outer] = []
+
+    def now(request: _Outer) -> _Outer:
+        seen.append(request)
+        return request
+
+    route = Route("status", _Outer, _as_it_came, answer_now=now)
+    async with peers(Routes(), Routes([route])) as (left, _, _, _):
+        with pytest.raises(CallFailed) as caught:
+            await left.call("status", {"objectRef": {}}, timeout=2)
+    assert (caught.value.error_data["code"], seen) == ("invalid-request", [])
