@@ -335,14 +335,10 @@ class Peer:
             self._track(context)
             code = "ok"
         except AgentError as exc:
-            log.info("request_refused", method=method, code=exc.code)
-            self.connection.refuse(request_id, exc, self.now())
+            code = self._refuse(event, exc)
             self._track(context)
-            code = exc.code
-        except Exception:
-            log.exception("handler_failed", method=method)
-            failure = AgentError(f"the agent failed to handle {method}")
-            self.connection.refuse(request_id, failure, self.now())
+        except Exception as exc:  # noqa: BLE001  # logged with its traceback by _refuse
+            code = self._refuse(event, exc)
         except asyncio.CancelledError:
             code = "cancelled"  # the drain deadline passed, or the connection went away
             raise
@@ -372,18 +368,23 @@ class Peer:
                 return False
             self.connection.respond(event.request_id, response.to_wire(), self.now())
             code = "ok"
-        except AgentError as exc:
-            log.info("request_refused", method=method, code=exc.code)
-            self.connection.refuse(event.request_id, exc, self.now())
-            code = exc.code
-        except Exception:
-            log.exception("handler_failed", method=method)
-            failure = AgentError(f"the agent failed to handle {method}")
-            self.connection.refuse(event.request_id, failure, self.now())
-            code = "internal"
+        except Exception as exc:  # noqa: BLE001  # logged with its traceback by _refuse
+            code = self._refuse(event, exc)
         seconds = self._clock.monotonic() - began
         self._observer.request_handled(method=method, code=code, seconds=seconds)
         return True
+
+    def _refuse(self, event: RequestReceived, exc: Exception) -> str:
+        """End `event` with `exc`'s refusal (an AgentError's own; anything else is a bug,
+        logged with its traceback and answered `internal` without its details); its code."""
+        if isinstance(exc, AgentError):
+            log.info("request_refused", method=event.method, code=exc.code)
+            refusal = exc
+        else:
+            log.exception("handler_failed", method=event.method)
+            refusal = AgentError(f"the agent failed to handle {event.method}")
+        self.connection.refuse(event.request_id, refusal, self.now())
+        return refusal.code
 
     def _track(self, context: HandlerContext) -> None:
         """The handler's answer is in the outbox now: its delivery callbacks go with it (the
