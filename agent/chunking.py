@@ -213,7 +213,9 @@ async def _rechunk_into(
                 buffer = await buffers.get()
             take = min(target - filled, len(rest))
             if buffer is not None:
-                buffer[filled : filled + take] = rest[:take]
+                # Through a view: a bytearray's own slice assignment from a memoryview first
+                # copies it into a temporary bytearray (CPython's bytearray_ass_subscript).
+                memoryview(buffer)[filled : filled + take] = rest[:take]
             else:
                 joined.append(bytes(rest[:take]))
             rest = rest[take:]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import hashlib
+import tracemalloc
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -144,6 +145,24 @@ async def test_chunks_in_buffers_hold_exactly_the_streams_bytes() -> None:
         ]
         assert b"".join(chunks) == data
         assert [len(c) for c in chunks[:3]] == [10, 200, 64]
+
+
+async def test_a_piece_is_copied_into_its_buffer_without_a_temporary_copy() -> None:
+    """Each byte is copied once, straight into the buffer: filling a buffer from a 1 MiB piece
+    allocates nothing near the piece's size (a bytearray's own slice assignment would first
+    copy the piece into a temporary bytearray)."""
+    piece = bytes(range(256)) * 4096  # 1 MiB
+    buffers = ChunkBuffers(4 * len(piece), most=1)
+    chunks = rechunk(Pieces([piece] * 4), 4 * len(piece), buffers=buffers)
+    await buffers.prime()  # the buffer itself is made before tracing
+    tracemalloc.start()
+    try:
+        chunk = await anext(chunks)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert bytes(chunk) == piece * 4
+    assert peak < len(piece) // 4
 
 
 async def test_a_reader_waits_for_a_buffer_to_come_back_instead_of_failing() -> None:
