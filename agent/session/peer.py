@@ -127,6 +127,7 @@ class Peer:
         self._children: set[asyncio.Task[None]] = set()
         self._timer = Signal(clock)
         self._timer_target: float | None = None
+        self._room_due = False  # bytes came back while answers were held: release them
         self._group: asyncio.TaskGroup | None = None
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -162,6 +163,7 @@ class Peer:
     def _room(self) -> None:
         """Bytes came back to the budget: ask the connection again if answers wait for it."""
         if self.connection.invitations_held:
+            self._room_due = True
             self._timer.fire()
 
     def start_serving(self) -> None:
@@ -315,10 +317,24 @@ class Peer:
         self._observer.request_handled(method=event.method, code=NotReady.code, seconds=0.0)
 
     async def _run_timers(self) -> None:
+        """Let time pass when a deadline comes; let held answers go when bytes came back.
+        A wake-up that is neither (a flush found an earlier deadline) only sets the new target:
+        under a whole cluster the budget's room and the re-arming woke this task hundreds of
+        times a second, and each `advance` walks every call and stream."""
         while True:
             self._timer_target = self.connection.next_deadline()
-            await self._timer.wait(self._timer_target)
-            self.connection.advance(self.now())
+            timed_out = False
+            if not self._room_due:
+                timed_out = not await self._timer.wait(self._timer_target)
+            now = self.now()
+            if timed_out or (self._timer_target is not None and now >= self._timer_target):
+                self._room_due = False
+                self.connection.advance(now)  # the held answers that fit go too
+            elif self._room_due:
+                self._room_due = False
+                self.connection.release_held(now)
+            else:
+                continue  # re-armed for an earlier deadline: nothing is due yet
             await self._flush_quietly()
 
     async def _serve(self, route: Route[Any, Any], event: RequestReceived, arrival: Mark) -> None:

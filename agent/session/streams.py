@@ -51,8 +51,9 @@ class Signal:
                 waiter.set_result(None)
         self._waiters.clear()
 
-    async def wait(self, deadline: float | None = None) -> None:
-        """Wait for the next `fire()`, or until the clock reads `deadline` (None: no bound)."""
+    async def wait(self, deadline: float | None = None) -> bool:
+        """Wait for the next `fire()` (True), or until the clock reads `deadline` (False; None:
+        no bound)."""
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
         try:
@@ -62,9 +63,10 @@ class Signal:
                 async with self._clock.timeout_at(deadline):
                     await waiter
         except TimeoutError:
-            pass
+            return False
         finally:
             self._waiters.discard(waiter)
+        return True
 
 
 class StreamOwner(Protocol):

@@ -8,7 +8,14 @@ from typing import Any
 
 import orjson
 
-from agent.protocol.connection import ChunkToDecode, Connection, ConnectionSettings, StreamSettings
+from agent.errors import CallTimeout
+from agent.protocol.connection import (
+    ChunkToDecode,
+    Connection,
+    ConnectionSettings,
+    Failed,
+    StreamSettings,
+)
 from agent.transfers.budget import BudgetLedger
 from tests.protocol.test_connection import chunk_frame, feedback_frame, marker, request, requests
 
@@ -87,10 +94,34 @@ def test_an_invitation_waits_for_room_in_the_budget_instead_of_failing() -> None
     assert answers(conn) == []  # held: the frame it would invite has no room
     assert conn.stream_outcome("s1") is None
     pool.give(5 * FRAME)
-    conn.advance(1.0)  # what the driver does when the budget says there is room
+    conn.release_held(0.0)  # what the driver does when the budget says there is room
     [answer] = answers(conn)
     assert answer["backpressure"] is False
     assert conn.stream_outcome("s1") is None
+
+
+def test_letting_held_answers_go_leaves_the_clocks_work_to_advance() -> None:
+    """`release_held` sends what fits and nothing else: a call past its deadline is failed by
+    `advance`, not by it."""
+    pool = Ledger(limit=10 * FRAME)
+    assert pool.try_take(9 * FRAME)
+    conn = budgeted(pool)
+    open_read(conn)
+    conn.receive_frame(feedback_frame("s1", "f1"), 0.0)
+    call_id = conn.call("echo", {}, now=0.0, timeout=5.0)
+    conn.data_to_send()
+    pool.give(5 * FRAME)
+    conn.release_held(6.0)
+    [answer] = answers(conn)
+    assert answer["backpressure"] is False
+    assert not failures(conn)  # the call is still pending
+    conn.advance(6.0)
+    [event] = failures(conn)
+    assert (event.call_id, type(event.error)) == (call_id, CallTimeout)
+
+
+def failures(conn: Connection) -> list[Failed]:
+    return [event for event in conn.events_received() if isinstance(event, Failed)]
 
 
 def test_a_stream_nobody_reads_yet_is_answered_backpressure() -> None:

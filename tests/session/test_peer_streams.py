@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ from agent.protocol.bytearrays import codec_backends
 from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import ByteSink, RequestContext, Route, Routes
 from agent.session.peer import Peer
+from agent.transfers.budget import ByteBudget
 from tests.memory import transport_pair
 from tests.session._helpers import FAST, body_route, peers
 
@@ -396,3 +398,47 @@ async def test_a_chunk_the_quick_decoder_leaves_is_decoded_in_a_thread() -> None
         theirs.close()
         with pytest.raises(SessionClosed):
             await run
+
+
+class _CountingBudget(ByteBudget):
+    """The real byte budget, counting the draws it refused (an answer held for room)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit, reserve=0)
+        self.refused = 0
+
+    def try_take(self, size: int, *, keep: int = 0) -> bool:
+        taken = super().try_take(size, keep=keep)
+        self.refused += not taken
+        return taken
+
+
+async def test_an_upload_through_a_budget_of_about_one_frame_completes() -> None:
+    """An upload through a byte budget that fits about one frame at a time completes: each
+    answer held for room goes out when the reader gives bytes back."""
+    budget = _CountingBudget(48 * 1024)
+    digests: list[str] = []
+    payload = os.urandom(64 * 4096)
+    ta, tb = transport_pair()
+    # The sender keeps one cycle in flight, as a typedrequest 3.3.0 initiator (Cloudly) does.
+    one_cycle = replace(FAST, streams=replace(FAST.streams, cycles=1))
+    left = Peer(ta, Routes(), settings=one_cycle)
+    right = Peer(
+        tb,
+        upload_router(digests),
+        settings=FAST,
+        pool=budget,
+        first_frame_bytes=32 * 1024,
+    )
+    runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
+    try:
+        async with asyncio.timeout(20):
+            assert await upload(left, payload, 4096) == {"size": len(payload)}
+    finally:
+        ta.close()
+        for run in runs:
+            with pytest.raises(SessionClosed):
+                await run
+    assert digests == [hashlib.sha256(payload).hexdigest()]
+    assert budget.refused > 0  # answers were held for room, and room let them go
+    assert budget.held == 0
