@@ -9,7 +9,7 @@ per stream, so `--streams` frames in flight on the session). Measured in one run
 
 1. **single**: `--singles` stages alone, one after another; the median by MB/s is the
    single-stream figure (each is reported: one stage alone swings with the reference
-   Corestore's own CPU per GiB, measured 3.4 to 6.1 s, which the aggregate averages out);
+   Corestore's own CPU per GiB, measured 3.4 to 6.4 s, which the aggregate averages out);
 2. **cluster**: all `--streams` stages at once, a status round-trip fired every
    `--status-interval-ms` meanwhile, the agent's RSS sampled every 20 ms:
    - aggregate MB/s = all bytes / (first chunk sent -> last stage answered), against single;
@@ -187,7 +187,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             singles.append((alone, alone_wall, meter.spent()))
             drop(single_plans)
         # The median stage by MB/s is "single": one stage alone swings with the reference
-        # Corestore's own CPU per GiB (3.4 to 6.1 s measured), the aggregate does not.
+        # Corestore's own CPU per GiB (3.4 to 6.4 s measured), the aggregate does not.
         single, single_wall, single_cpu = sorted(singles, key=lambda s: s[0].mb_per_s)[
             len(singles) // 2
         ]
