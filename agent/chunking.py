@@ -237,13 +237,30 @@ async def _rechunk_into(
         yield memoryview(buffer)[:filled] if buffer is not None else b"".join(joined)
 
 
+class _Twice:
+    """`Sha256Pair`'s interface by hashlib: each piece is hashed on its own and again as part of
+    the whole (where the CPU has no SHA extensions)."""
+
+    def __init__(self) -> None:
+        self._whole = hashlib.sha256()
+
+    def update(self, data: Chunk, /) -> None:
+        self._whole.update(data)
+
+    def update_piece(self, data: Chunk, /) -> bytes:
+        self._whole.update(data)
+        return hashlib.sha256(data).digest()
+
+    def digest(self) -> bytes:
+        return self._whole.digest()
+
+
 class Digests:
     """The sha256 of every byte that passed (`hexdigest()`) and of each chunk (`chunk()`)."""
 
     def __init__(self, *, pair: bool = _PAIR) -> None:
         """`pair`: both digests in one pass (where the CPU can; tests compare both ways)."""
-        self._pair = Sha256Pair() if pair else None
-        self._whole = hashlib.sha256()  # without the pair
+        self._both: Sha256Pair | _Twice = Sha256Pair() if pair else _Twice()
         self.size = 0
         """Bytes that passed so far."""
 
@@ -251,26 +268,17 @@ class Digests:
         """Add `data` to the whole; the hex sha256 of `data` itself."""
         self.size += len(data)
         if len(data) >= THREAD_HASH_MIN:
-            return await asyncio.to_thread(self._chunk, data)
-        return self._chunk(data)
+            return (await asyncio.to_thread(self._both.update_piece, data)).hex()
+        return self._both.update_piece(data).hex()
 
     async def add(self, data: Chunk) -> None:
         """Add `data` to the whole (no digest of its own)."""
         self.size += len(data)
-        update = self._whole.update if self._pair is None else self._pair.update
         if len(data) >= THREAD_HASH_MIN:
-            await asyncio.to_thread(update, data)
+            await asyncio.to_thread(self._both.update, data)
         else:
-            update(data)
+            self._both.update(data)
 
     def hexdigest(self) -> str:
         """The hex sha256 of every byte added so far."""
-        if self._pair is not None:
-            return self._pair.digest().hex()
-        return self._whole.hexdigest()
-
-    def _chunk(self, data: Chunk) -> str:
-        if self._pair is not None:
-            return self._pair.update_piece(data).hex()
-        self._whole.update(data)
-        return hashlib.sha256(data).hexdigest()
+        return self._both.digest().hex()
