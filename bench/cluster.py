@@ -382,6 +382,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.singles < 1:
+        parser.error("--singles must be at least 1")
     if args.quick:
         args.streams, args.nodes, args.corestores, args.mib = 4, 2, 2, 16
     configure_logging("console", "warning", sys.stderr)

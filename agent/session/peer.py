@@ -296,10 +296,12 @@ class Peer:
             elif isinstance(event, RequestReceived):
                 route = self._routes.get(event.method)
                 assert route is not None  # the connection refuses unrouted methods
-                answer_now = route.answer_now
-                if answer_now is not None and self._answered_now(route, answer_now, event):
-                    continue
-                task = self._spawn(self._serve(route, event, self._arrival))
+                parsed = None  # parsed once: what answer_now leaves goes to the handler as is
+                if route.answer_now is not None:
+                    parsed = self._answer_now(route, route.answer_now, event)
+                    if parsed is None:
+                        continue
+                task = self._spawn(self._serve(route, event, self._arrival, parsed))
                 if task is not None:
                     self._handlers[task] = event.request_id
                     task.add_done_callback(self._handlers.pop)
@@ -337,16 +339,20 @@ class Peer:
                 continue  # re-armed for an earlier deadline: nothing is due yet
             await self._flush_quietly()
 
-    async def _serve(self, route: Route[Any, Any], event: RequestReceived, arrival: Mark) -> None:
+    async def _serve(
+        self, route: Route[Any, Any], event: RequestReceived, arrival: Mark, parsed: Any = None
+    ) -> None:
         """Run one route and end its request: response, or `error {text, data}`; once it is on
-        the wire, the handler's delivery callbacks wait for the ping rule's verdict."""
+        the wire, the handler's delivery callbacks wait for the ping rule's verdict. `parsed`:
+        the request's model when `answer_now` already parsed it."""
         request_id, method = event.request_id, event.method
         context = HandlerContext(
             self, event.method, event.request_id, arrival=arrival, deliveries=self._deliveries
         )
         began, code = self._clock.monotonic(), "internal"  # unless answered below
         try:
-            response = (await route.handler(route.parse(event.request), context)).to_wire()
+            request = route.parse(event.request) if parsed is None else parsed
+            response = (await route.handler(request, context)).to_wire()
             started = self.connection.respond(request_id, response, self.now())
             self._track(context)
             code = "ok"
@@ -372,23 +378,24 @@ class Peer:
                 self.unwatch(stream_id)
         await self._flush_quietly()
 
-    def _answered_now(
+    def _answer_now(
         self, route: Route[Any, Any], answer_now: AnswerNow[Any, Any], event: RequestReceived
-    ) -> bool:
-        """Answer `event` in this turn when `answer_now` (its route's) can (True), or leave it
-        to the route's handler (False)."""
+    ) -> Any:
+        """Answer `event` in this turn when `answer_now` (its route's) can, or refuse it (None);
+        else its parsed request, for the route's handler."""
         method, began = event.method, self._clock.monotonic()
         try:
-            response = answer_now(route.parse(event.request))
+            request = route.parse(event.request)
+            response = answer_now(request)
             if response is None:
-                return False
+                return request
             self.connection.respond(event.request_id, response.to_wire(), self.now())
             code = "ok"
         except Exception as exc:  # noqa: BLE001  # logged with its traceback by _refuse
             code = self._refuse(event, exc)
         seconds = self._clock.monotonic() - began
         self._observer.request_handled(method=method, code=code, seconds=seconds)
-        return True
+        return None
 
     def _refuse(self, event: RequestReceived, exc: Exception) -> str:
         """End `event` with `exc`'s refusal (an AgentError's own; anything else is a bug,

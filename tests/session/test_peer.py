@@ -402,15 +402,23 @@ async def test_a_route_that_can_answer_now_answers_without_its_handler() -> None
 
 
 async def test_an_answer_now_of_none_leaves_the_request_to_its_handler() -> None:
-    """None from `answer_now` (not in memory): the handler answers the usual way."""
+    """None from `answer_now` (not in memory): the handler answers the usual way, given the
+    very model `answer_now` saw (the body is parsed once)."""
+    seen: list[_Outer] = []
 
     async def handler(request: _Outer, ctx: RequestContext) -> _Outer:
+        seen.append(request)
         return _Outer(object_ref=_Body(sha256="read"))
 
-    route = Route("status", _Outer, handler, answer_now=lambda request: None)
+    def not_in_memory(request: _Outer) -> None:
+        seen.append(request)
+
+    route = Route("status", _Outer, handler, answer_now=not_in_memory)
     async with peers(Routes(), Routes([route])) as (left, _, _, _):
         reply = await left.call("status", {"objectRef": {"sha256": "ab"}}, timeout=2)
     assert reply == {"objectRef": {"sha256": "read"}}
+    assert len(seen) == 2
+    assert seen[0] is seen[1]
 
 
 @pytest.mark.parametrize(
