@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["cpu_seconds", "machine_facts", "memory_kib"]
+__all__ = ["cpu_seconds", "filesystem_of", "machine_facts", "memory_kib"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -37,6 +37,25 @@ def memory_kib(pid: int) -> tuple[int, int]:
         if key in ("VmRSS", "VmHWM"):
             values[key] = int(rest.split()[0])
     return values["VmRSS"], values["VmHWM"]
+
+
+def filesystem_of(path: Path) -> str:
+    """The filesystem `path` lives on, with its mount options ("ext4 rw,relatime,discard"):
+    a Corestore writing and syncing every chunk there moves with it (docs/benchmarks.md)."""
+    target = path.resolve()
+    best: tuple[int, str] = (-1, "unknown")
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        point = Path(fields[1].replace("\\040", " "))
+        if (target == point or point in target.parents) and len(point.parts) > best[0]:
+            best = (len(point.parts), f"{fields[2]} {fields[3]}")
+    return best[1]
 
 
 def _cpu_model() -> str:

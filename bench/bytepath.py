@@ -25,6 +25,10 @@ after connect + prepare, VmHWM reset (`clear_refs` 5), peak = max(VmHWM after, s
         [--forms buffer,base64] [--corestores reference,discard] [--baseline-root DIR]
         [--chunk-mib 4] [--max-in-flight 4] [--window 16] [--window-mib 8] [--json out.json]
 
+`--dir` is where the Corestores write (the system's temporary directory by default); the
+machine line names its filesystem. The reference Corestore syncs every chunk, so its CPU, and the
+throughput of every path into it, move with that disk (docs/benchmarks.md, "One byte budget", 9).
+
 Needs node and tests/interop/node_modules (scripts/bootstrap). Targets (issue 11): Buffer form
 >= 8x the JS responder into the reference Corestore, >= 10x into the discarding one; base64
 >= 150 MB/s discarding, >= 100 MB/s reference; status p99 < 50 ms during a Buffer-form stage;
@@ -49,7 +53,7 @@ from typing import IO, Any
 from agent.log import configure_logging
 from agent.protocol.connection import ConnectionSettings
 from bench._initiator import ChunkSet, run_stream
-from bench._procstat import machine_facts, memory_kib
+from bench._procstat import filesystem_of, machine_facts, memory_kib
 from bench._replay import replay_stage
 from bench._staging_runs import CpuMeter, RssSampler, StatusProbe, reset_peak_rss
 from bench._staging_world import (
@@ -390,6 +394,7 @@ async def amain(args: argparse.Namespace, *, quiet: bool = False) -> dict[str, A
     facts = machine_facts()
     facts["loadavg_at_start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     work = Path(tempfile.mkdtemp(prefix="bench-bytepath-", dir=args.dir))
+    facts["corestore_dir"] = f"{work} ({filesystem_of(work)})"
     try:
         with (work / "children.log").open("wb") as log:
             run = Run(args, work, log)
