@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 __all__ = ["cpu_seconds", "filesystem_of", "machine_facts", "memory_kib"]
 
 _TICKS = os.sysconf("SC_CLK_TCK")
+_OCTAL = re.compile(r"\\([0-7]{3})")  # how /proc/mounts escapes a space, tab, newline, backslash
 
 
 def cpu_seconds(pid: int) -> float:
@@ -52,7 +54,7 @@ def filesystem_of(path: Path) -> str:
         fields = line.split()
         if len(fields) < 4:
             continue
-        point = Path(fields[1].replace("\\040", " "))
+        point = Path(_OCTAL.sub(lambda m: chr(int(m[1], 8)), fields[1]))
         if (target == point or point in target.parents) and len(point.parts) > best[0]:
             best = (len(point.parts), f"{fields[2]} {fields[3]}")
     return best[1]
