@@ -9,7 +9,7 @@
 // stdout line. The methods served and the commands are listed in README.md.
 
 import { createHmac, randomBytes } from 'node:crypto';
-import { createWriteStream } from 'node:fs';
+import { createWriteStream, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { parseArgs } from 'node:util';
 import { WebSocketServer } from 'ws';
@@ -36,6 +36,8 @@ const { values: args } = parseArgs({
     'frame-log': { type: 'string', default: '2000' },
     'closure-bytes': { type: 'string', default: '4096' },
     'send-delay-ms': { type: 'string', default: '0' },
+    'synchronous-events': { type: 'string', default: 'true' },
+    'serve-closures': { type: 'boolean', default: false },
   },
 });
 if (!args.token) {
@@ -49,6 +51,17 @@ const jwtTtlMs = Number(args['jwt-ttl-ms']);
 const frameLogCap = Number(args['frame-log']);
 const closureBytes = Number(args['closure-bytes']);
 const trace = args['trace-file'] ? createWriteStream(args['trace-file'], { flags: 'a' }) : null;
+if (!['true', 'false'].includes(args['synchronous-events'])) {
+  process.stderr.write('--synchronous-events takes true or false\n');
+  process.exit(2);
+}
+// ws's own option (8.x, default true): false makes it yield to the event loop after every
+// message and control frame, so the code a message resolves runs before the next frame is read.
+const allowSynchronousEvents = args['synchronous-events'] === 'true';
+// Serve the closure stream of `restoreServiceDatabaseClosure` as a newer Cloudly would (answer
+// the agent's `read`s); off, the 3.3.0 library answers it and cannot serve the stream.
+let serveClosures = args['serve-closures'];
+const SERVED_CHUNK_BYTES = 65536;
 
 let clusterConfig = {
   configData: {
@@ -76,6 +89,7 @@ function clearState() {
     calls: [], // {conn, method, correlationId, request, at} for every incoming request frame
     streams: [], // received from the agent: {conn, method, field, streamId, status, bytes, sha256, ...}
     sentStreams: [], // fired at the agent with the `stream` command
+    closureServes: [], // closure streams served outside the library: {conn, backupId, serviceId, streamId, source, bytes, sha256, status}
     unmatchedResponses: 0,
     frames: [], // ring of {seq, at, conn, dir, frame} with chunk payloads abbreviated
   };
@@ -85,6 +99,10 @@ const streamFrameStats = new Map(); // streamId -> {purposes, forms, keepAliveFa
 const retryState = new Map(); // retryOnce key -> {attempts, firstCorrelationId}
 const overrides = new Map(); // method -> {response}|{errorText,errorData}|{plainError}, {times}
 const peers = new Map(); // conn id -> SocketPeer (open ones)
+// `${backupId}/${serviceId}` -> {descriptor, data}: every closure the agent backed up completely.
+// Kept across `clear-events`: it is what a later restore serves.
+const heldClosures = new Map();
+const servedStreams = new Map(); // streamId -> {record, data, offset, closingSent}
 let nextConnId = 1;
 
 function statsFor(streamId) {
@@ -158,7 +176,8 @@ function receiveStreams(method, request, peer, meta = {}, options = {}) {
   return found.map(({ field, stream }) => {
     const record = { conn: peer.id, method, field, streamId: stream.streamId, status: 'open', bytes: 0, meta };
     state.streams.push(record);
-    const done = drainStream(stream, record, peer.closedPromise, options).then(() => {
+    const done = drainStream(stream, record, peer.closedPromise, options).then((drained) => {
+      if (options.keep && drained.data !== null) options.keep(drained.data);
       waiters.notify();
       return record;
     });
@@ -222,7 +241,9 @@ function installHandlers(router, peer) {
   });
   serve('backupServiceDatabaseClosure', async (request) => {
     const { backupId, serviceId, nodeId, descriptor } = request;
-    receiveStreams('backupServiceDatabaseClosure', request, peer, { backupId, serviceId, nodeId, descriptor });
+    // A complete closure is held under its backup: a later restore of it serves these bytes.
+    const keep = (data) => heldClosures.set(`${backupId}/${serviceId}`, { descriptor, data, sha256: sha256Hex(data) });
+    receiveStreams('backupServiceDatabaseClosure', request, peer, { backupId, serviceId, nodeId, descriptor }, { keep });
     return { accepted: true };
   });
   // Cloudly -> relay: answers the descriptor of deterministic bytes (seed `${backupId}/${serviceId}`,
@@ -230,17 +251,89 @@ function installHandlers(router, peer) {
   // VirtualStream in the response. typedrequest 3.3.0 cannot serve that stream (no `read`): the
   // agent is expected to fail fast. Recorded in `calls` like every request.
   serve('restoreServiceDatabaseClosure', async ({ backupId, serviceId }) => {
-    const data = deterministicBytes(`${backupId}/${serviceId}`, closureBytes);
-    const sha256 = sha256Hex(data);
-    const mac = createHmac('sha256', 'reference-corestore-receipt-key')
-      .update(`${serviceId}\n${backupId}\n${data.length}\n${sha256}`)
-      .digest('hex');
+    const { descriptor, data } = closureOf(backupId, serviceId);
     const closure = new VirtualStream();
     feedStream(closure, data, { chunkSize: 65536 }).catch(() => {});
-    return { descriptor: { size: data.length, sha256, receipt: { issuer: 'reference-corestore', mac } }, closure };
+    return { descriptor, closure };
   });
   // any method set with the `handle` command that has no built-in handler
   for (const method of overrides.keys()) addOverrideHandler(router, method);
+}
+
+// The closure a restore of (backupId, serviceId) gets: the one the agent backed up, if the
+// stand-in holds it; else the first `closureBytes` deterministic bytes of seed
+// `${backupId}/${serviceId}` with the receipt the reference Corestore issues for them.
+function closureOf(backupId, serviceId) {
+  const held = heldClosures.get(`${backupId}/${serviceId}`);
+  if (held) return { ...held, source: 'backup' };
+  const data = deterministicBytes(`${backupId}/${serviceId}`, closureBytes);
+  const sha256 = sha256Hex(data);
+  const mac = createHmac('sha256', 'reference-corestore-receipt-key')
+    .update(`${serviceId}\n${backupId}\n${data.length}\n${sha256}`)
+    .digest('hex');
+  return { descriptor: { size: data.length, sha256, receipt: { issuer: 'reference-corestore', mac } }, data, source: 'generated' };
+}
+
+let nextServedStream = 1;
+
+// `restoreServiceDatabaseClosure` while closures are served: answered outside the library with
+// the descriptor and a stream marker, in the envelope the library would build; the stream's
+// frames go to `serveStreamFrame`. Off (or with a `handle` override), the library answers.
+function serveClosureRequest(frame, peer) {
+  if (!serveClosures || overrides.has(frame.method)) return null;
+  const { backupId, serviceId } = frame.request ?? {};
+  const { descriptor, data, source } = closureOf(backupId, serviceId);
+  const streamId = `cloudly_closure_${nextServedStream++}`;
+  const record = { conn: peer.id, backupId, serviceId, streamId, source, bytes: data.length, status: 'serving' };
+  state.closureServes.push(record);
+  servedStreams.set(streamId, { record, data, offset: 0, closingSent: false });
+  peer.closedPromise.then(() => {
+    servedStreams.delete(streamId);
+    if (record.status === 'serving') record.status = 'broken';
+    waiters.notify();
+  });
+  waiters.notify();
+  return {
+    method: frame.method,
+    request: frame.request,
+    response: { descriptor, closure: { _isVirtualStream: true, streamId } },
+    correlation: { id: frame.correlation?.id, phase: 'response' },
+    localData: null,
+  };
+}
+
+// The responder side of a served closure stream: each `read` gets the next chunk (`chunkData`
+// as a Buffer, `next` while anything follows), then the closing bit; keep-alives are answered
+// `keepAlive:true` until the reader's own `keepAlive:false`. Frames of other streams: null.
+function serveStreamFrame(frame) {
+  const pkg = frame.request;
+  const served = pkg?.cycle === 'request' ? servedStreams.get(pkg.streamId) : undefined;
+  if (!served) return null;
+  const answer = (fields) => ({
+    method: STREAM_METHOD,
+    request: pkg,
+    response: { streamId: pkg.streamId, cycleId: pkg.cycleId, cycle: 'response', ...fields },
+    localData: null,
+  });
+  if (pkg.mainPurpose === 'read' && !served.closingSent) {
+    let chunkData;
+    if (served.offset < served.data.length) {
+      const end = Math.min(served.offset + SERVED_CHUNK_BYTES, served.data.length);
+      chunkData = served.data.subarray(served.offset, end);
+      served.offset = end;
+    } else {
+      chunkData = CLOSING_BIT;
+      served.closingSent = true;
+      served.record.status = 'served';
+      waiters.notify();
+    }
+    return answer({ mainPurpose: 'chunk', next: !served.closingSent, backpressure: false, chunkData });
+  }
+  if (pkg.mainPurpose === 'keepAlive') {
+    if (pkg.keepAlive === false) servedStreams.delete(pkg.streamId);
+    return answer({ mainPurpose: 'keepAlive', keepAlive: pkg.keepAlive !== false, next: !served.closingSent, backpressure: false });
+  }
+  return answer({ mainPurpose: 'feedback', next: !served.closingSent, backpressure: false });
 }
 
 function addOverrideHandler(router, method) {
@@ -270,11 +363,12 @@ const rawHandlers = {
     seen.attempts += 1;
     return { ...reply, response: { attempts: seen.attempts, key, sameCorrelationId: seen.firstCorrelationId === frame.correlation?.id }, localData: null };
   },
+  restoreServiceDatabaseClosure: serveClosureRequest,
 };
 
 // ---------------------------------------------------------------- server
 
-const wss = new WebSocketServer({ noServer: true, perMessageDeflate: args.deflate });
+const wss = new WebSocketServer({ noServer: true, perMessageDeflate: args.deflate, allowSynchronousEvents });
 let httpServer = null;
 let boundPort = Number(args.port);
 
@@ -283,7 +377,7 @@ function onConnection(ws, req) {
   const conn = { id, remote: `${req.socket.remoteAddress}:${req.socket.remotePort}`, path: req.url, openedAt: Date.now(), closedAt: null, closeCode: null, tags: {} };
   state.connections.push(conn);
   const sendDelayMs = Number(args['send-delay-ms']);
-  const peer = new SocketPeer(ws, { id, install: installHandlers, rawHandlers, onFrame, log, sendDelayMs });
+  const peer = new SocketPeer(ws, { id, install: installHandlers, rawHandlers, streamHandler: serveStreamFrame, onFrame, log, sendDelayMs });
   peers.set(id, peer);
   ws.on('close', (code) => {
     conn.closedAt = Date.now();
@@ -438,10 +532,90 @@ async function cmdStream(msg) {
   return { ok: record.closingBitAcked, response: outcome.response ?? null, ...report };
 }
 
+/** Replaces the file at `path` with `bytes` deterministic bytes of `seed`, synchronously. */
+function writeFileNow({ path, seed, bytes }) {
+  const data = deterministicBytes(seed, bytes);
+  const tmp = `${path}.cloudly-${process.pid}.tmp`;
+  writeFileSync(tmp, data);
+  renameSync(tmp, path); // one step, as a database replaces its file
+  return sha256Hex(data);
+}
+
+function sha256OfFile(path) {
+  try {
+    return sha256Hex(readFileSync(path));
+  } catch (err) {
+    if (err?.code === 'ENOENT') return null;
+    throw err;
+  }
+}
+
+// Cloudly's code as it is written: the next call goes out in the very turn the previous one
+// settled (inside its `.then`), before the event loop reads anything else. Each call may first
+// switch closure serving and replace a file (the service writing its database), both
+// synchronously in that same turn; `observe` is a file whose sha256 is read in the turn each
+// call settles. The chain stops at a call that times out.
+async function cmdFireChain(msg) {
+  if (!Array.isArray(msg.calls) || msg.calls.length === 0) throw new Error('"calls" must be a non-empty array');
+  for (const call of msg.calls) requireMethod(call);
+  const timeoutMs = msg.timeoutMs ?? 30000;
+  const results = [];
+  await new Promise((resolve) => {
+    const fireAt = (index) => {
+      if (index >= msg.calls.length) {
+        resolve();
+        return;
+      }
+      const call = msg.calls[index];
+      const result = { index };
+      results.push(result);
+      if (call.serveClosures !== undefined) serveClosures = Boolean(call.serveClosures);
+      if (call.write) result.wrote = writeFileNow(call.write);
+      let peer;
+      try {
+        peer = pickPeer(call);
+      } catch (err) {
+        Object.assign(result, describeFailure(err));
+        resolve();
+        return;
+      }
+      const { promise, correlationId } = peer.fire(call.method, call.request ?? {});
+      Object.assign(result, { conn: peer.id, correlationId, sentAt: Date.now() });
+      let settled = false;
+      const timer = setTimeout(() => {
+        settled = true;
+        Object.assign(result, { ok: false, timeout: true });
+        resolve();
+      }, timeoutMs);
+      const settle = (outcome) => {
+        if (settled) return;
+        settled = true;
+        clearTimeout(timer);
+        Object.assign(result, outcome, { settledAt: Date.now(), sends: peer.sendCounts.get(correlationId) ?? 0 });
+        if (msg.observe) result.observed = sha256OfFile(msg.observe);
+        fireAt(index + 1); // the same turn: nothing is read from the socket in between
+      };
+      promise.then(
+        (response) => settle({ ok: true, response: response ?? null }),
+        (err) => settle(describeFailure(err)),
+      );
+    };
+    fireAt(0);
+  });
+  return { results };
+}
+
 function snapshotEvents() {
   const streams = state.streams.map((s) => ({ ...s, frames: streamFrameStats.get(s.streamId) ?? null }));
   const { frames, ...rest } = state;
-  return { ...structuredClone({ ...rest, streams }), openConnections: [...peers.keys()], retries: Object.fromEntries(retryState) };
+  const held = [...heldClosures].map(([key, { descriptor, data, sha256 }]) => ({ key, descriptor, bytes: data.length, sha256 }));
+  return {
+    ...structuredClone({ ...rest, streams }),
+    openConnections: [...peers.keys()],
+    retries: Object.fromEntries(retryState),
+    heldClosures: held,
+    servingClosures: serveClosures,
+  };
 }
 
 const counters = {
@@ -451,6 +625,7 @@ const counters = {
   identities: () => state.identities.length,
   'auth-failures': () => state.authFailures.length,
   streams: () => state.streams.filter((s) => s.status !== 'open').length,
+  'closure-serves': () => state.closureServes.filter((s) => s.status !== 'serving').length,
   calls: (msg) => state.calls.filter((c) => msg.method === undefined || c.method === msg.method).length,
 };
 
@@ -458,6 +633,11 @@ const commands = {
   ping: async () => ({}),
   fire: cmdFire,
   stream: cmdStream,
+  'fire-chain': cmdFireChain,
+  'serve-closures': async (msg) => {
+    serveClosures = Boolean(msg.on);
+    return { serving: serveClosures };
+  },
   events: async () => ({ events: snapshotEvents() }),
   frames: async (msg) => ({ frames: state.frames.filter((f) => f.seq > (msg.since ?? 0)), lastSeq: frameSeq }),
   wait: async (msg) => {

@@ -42,13 +42,16 @@ export function streamFields(request) {
  * `readDelayMs` makes a slow reader (a pause before each chunk is taken); `readPauseMs` one
  * that stops reading that long once it took `readPauseAfter` chunks. `record.maxQueued` is the
  * most chunks the library's receive queue held when one was taken or a 5 ms sample looked.
+ * With `keep`, the bytes themselves are returned too (`{record, data}`, data null unless the
+ * stream completed); otherwise only `record`.
  */
 export async function drainStream(
   stream,
   record,
   closedPromise,
-  { readDelayMs = 0, readPauseMs = 0, readPauseAfter = 0 } = {},
+  { readDelayMs = 0, readPauseMs = 0, readPauseAfter = 0, keep = false } = {},
 ) {
+  const kept = [];
   const hash = createHash('sha256');
   const BROKEN = Symbol('broken');
   const closed = closedPromise.then(() => BROKEN);
@@ -82,13 +85,15 @@ export async function drainStream(
       break;
     }
     hash.update(value);
+    if (keep) kept.push(Buffer.from(value));
     record.bytes += value.length;
     record.chunks += 1;
   }
   clearInterval(sampler);
   record.sha256 = hash.digest('hex');
   record.seconds = Number(process.hrtime.bigint() - started) / 1e9;
-  return record;
+  if (!keep) return record;
+  return { record, data: record.status === 'complete' ? Buffer.concat(kept) : null };
 }
 
 /**

@@ -19,6 +19,8 @@
 //     without this a lost reply would hang the caller forever).
 //   * `rawHandlers[method](frame)` may answer a request frame before the router sees it: that is
 //     how envelope-level replies the TypedHandler API cannot produce (e.g. `retry`) are sent.
+//     `streamHandler(frame)` does the same for `##VirtualStream##` frames (a stream served
+//     outside the library, which 3.3.0 cannot do for a stream in a response).
 //
 // Frames are processed concurrently, one async task per frame, like SmartServe does.
 
@@ -87,6 +89,9 @@ export class SocketPeer {
    * @param {(dir: 'in'|'out', frame: object, peer: SocketPeer) => void} [opts.onFrame]  tracing hook
    * @param {(msg: string) => void} [opts.log]
    * @param {number} [opts.sendDelayMs]  every frame leaves this much later, in order (a far link)
+   * @param {(frame: object, peer: SocketPeer) => object|null} [opts.streamHandler]
+   *        answers a `##VirtualStream##` frame that is not a reply to us (a stream this side serves
+   *        outside the library); returning null hands the frame to the router
    */
   constructor(ws, opts = {}) {
     this.ws = ws;
@@ -94,6 +99,7 @@ export class SocketPeer {
     this.router = new TypedRouter();
     this.target = new TypedTarget({ postMethod: (payload) => this.post(payload) });
     this.rawHandlers = opts.rawHandlers ?? {};
+    this.streamHandler = opts.streamHandler ?? (() => null);
     this.onFrame = opts.onFrame ?? (() => {});
     this.sendDelayMs = opts.sendDelayMs ?? 0;
     this.log = opts.log ?? (() => {});
@@ -200,6 +206,13 @@ export class SocketPeer {
     }
 
     // 2. requests to us
+    if (frame.method === STREAM_METHOD) {
+      const reply = this.streamHandler(frame, this);
+      if (reply) {
+        this.sendQuietly(reply);
+        return;
+      }
+    }
     const raw = frame.method !== STREAM_METHOD ? this.rawHandlers[frame.method] : undefined;
     if (raw) {
       const reply = await raw(frame, this);
