@@ -5,6 +5,7 @@
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import { rmSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { after, before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
@@ -226,6 +227,83 @@ test('uploadStream records the sha256 and length of what the agent sends', async
   assert.deepEqual(rec.frames.forms, { buffer: 4, 'closing-bit': 1 });
   agent.ws.close();
   await agent.closed;
+});
+
+test('a closure the agent backed up is held and served back to its reads, closing bit last', async () => {
+  const agent = new RawAgent(cloudly.first.url);
+  await agent.opened;
+  const data = shake('closure', 150001);
+  const descriptor = { size: data.length, sha256: sha(data), receipt: { issuer: 'reference-corestore', mac: 'm' } };
+  const request = { backupId: 'b-9', serviceId: 's-9', nodeId: 'n-1', descriptor };
+  const accepted = await agent.call('backupServiceDatabaseClosure', { ...request, closure: { _isVirtualStream: true, streamId: 'cl-1' } });
+  assert.deepEqual(accepted.response, { accepted: true });
+  await agent.streamFrame('cl-1', 'chunk', { next: true, backpressure: false, chunkData: { type: 'Buffer', data: [...data] } });
+  await agent.streamFrame('cl-1', 'chunk', { next: false, backpressure: false, chunkData: CLOSING_BIT });
+  await cloudly.send({ cmd: 'wait', for: 'streams', count: 1 });
+  assert.deepEqual((await cloudly.send({ cmd: 'serve-closures', on: true })).serving, true);
+  try {
+    const answer = await agent.call('restoreServiceDatabaseClosure', { backupId: 'b-9', serviceId: 's-9', nodeId: 'n-1' });
+    assert.deepEqual(answer.response.descriptor, descriptor);
+    const { streamId } = answer.response.closure;
+    assert.deepEqual(answer.response.closure, { _isVirtualStream: true, streamId });
+    const pieces = [];
+    for (;;) {
+      const reply = await agent.streamFrame(streamId, 'read', { next: false, backpressure: false });
+      assert.equal(reply.response.mainPurpose, 'chunk');
+      if (reply.response.chunkData === CLOSING_BIT) {
+        assert.equal(reply.response.next, false);
+        break;
+      }
+      assert.equal(reply.response.next, true);
+      pieces.push(Buffer.from(reply.response.chunkData.data));
+    }
+    assert.equal(sha(Buffer.concat(pieces)), sha(data));
+    assert.equal(pieces.length, 3); // 64 KiB each, the last one short
+    const after = await agent.streamFrame(streamId, 'read', { next: false, backpressure: false });
+    assert.deepEqual([after.response.mainPurpose, after.response.next], ['feedback', false]);
+    const farewell = await agent.streamFrame(streamId, 'keepAlive', { keepAlive: false });
+    assert.equal(farewell.response.keepAlive, false);
+    const ev = await cloudly.send({ cmd: 'wait', for: 'closure-serves', count: 1 });
+    const served = ev.events.closureServes.find((c) => c.streamId === streamId);
+    assert.deepEqual([served.source, served.bytes, served.status], ['backup', data.length, 'served']);
+  } finally {
+    await cloudly.send({ cmd: 'serve-closures', on: false });
+    agent.ws.close();
+    await agent.closed;
+  }
+});
+
+test('fire-chain fires each call once the last settled, writing and observing a file', async () => {
+  const agent = new RawAgent(cloudly.first.url);
+  await agent.opened;
+  await cloudly.send({ cmd: 'wait', for: 'open-connections', count: 1 });
+  const seen = [];
+  agent.handlers.step = async (req) => {
+    seen.push(req.n);
+    return req.n === 2 ? { error: { text: 'no', data: { code: 'refused' } } } : { response: { n: req.n } };
+  };
+  const path = here(`./.selftest-chain-${process.pid}`);
+  try {
+    const chain = await cloudly.send({
+      cmd: 'fire-chain',
+      calls: [1, 2, 3].map((n) => ({ method: 'step', request: { n }, write: { path, seed: `w${n}`, bytes: 10 } })),
+      observe: path,
+    });
+    assert.deepEqual(seen, [1, 2, 3]);
+    const [one, two, three] = chain.results;
+    assert.deepEqual([one.ok, one.response], [true, { n: 1 }]);
+    assert.deepEqual([two.ok, two.errorText, two.errorData], [false, 'no', { code: 'refused' }]);
+    assert.deepEqual([three.ok, three.response], [true, { n: 3 }]);
+    for (const [n, r] of [[1, one], [2, two], [3, three]]) {
+      assert.equal(r.wrote, sha(shake(`w${n}`, 10)));
+      assert.equal(r.observed, r.wrote);
+    }
+    assert.ok(two.sentAt >= one.settledAt && three.sentAt >= two.settledAt);
+  } finally {
+    rmSync(path, { force: true });
+    agent.ws.close();
+    await agent.closed;
+  }
 });
 
 test('restart closes clients and listens again on the same port', async () => {
