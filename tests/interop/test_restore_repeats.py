@@ -17,7 +17,7 @@ backup" is the reference Corestore's file after a real import.
 - A restore Cloudly sends after it read the last restore's answer is a new restore: it runs,
   every time (the service wrote new bytes in between, and they are replaced by the backup).
 - A restore that failed is never answered from its record when Cloudly repeats it knowing the
-  failure: it runs.
+  failure: it runs. Nor when its answer was lost: the repeat on the next connection runs it.
 - A restore whose answer was lost (the connection cut before Cloudly read it, or the agent
   SIGKILLed right after writing it) is answered from the record when Cloudly repeats it on the
   next connection: the closure is imported once, and what the service wrote since is kept.
@@ -133,6 +133,11 @@ def _served(events: dict[str, Any]) -> int:
     return sum(1 for s in events["closureServes"] if s["status"] == "served")
 
 
+def _answer(result: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """A call's outcome as (ok, the error's code, the response): a failure reads by name."""
+    return result.get("ok"), (result.get("errorData") or {}).get("code"), result.get("response")
+
+
 def _fetched(events: dict[str, Any]) -> int:
     """`restoreServiceDatabaseClosure` calls the agent made."""
     return len(request_of(events, "restoreServiceDatabaseClosure"))
@@ -177,9 +182,9 @@ async def test_a_backup_restored_again_in_the_turn_its_restore_answered_is_resto
     )
     print(f"restore rounds: {summary}")  # the before/after figure (pytest -s)
     assert len(results) == ROUNDS + 1, summary
-    assert [(r.get("ok"), r.get("response")) for r in results] == [
-        (True, {"restored": restore["snapshots"]})
-    ] * (ROUNDS + 1), summary
+    assert [_answer(r) for r in results] == [(True, None, {"restored": restore["snapshots"]})] * (
+        ROUNDS + 1
+    ), summary
     assert len({r["conn"] for r in results}) == 1, "every restore went on one live connection"
     assert [r["observed"] for r in results] == [BACKED_UP_SHA] * (ROUNDS + 1), summary
     assert (_fetched(events), _served(events)) == (ROUNDS + 1, ROUNDS + 1), summary
@@ -210,14 +215,10 @@ async def test_a_restore_that_failed_unserved_runs_when_repeated_at_once_with_th
         )
         events = await relay_cloudly.events()
     failed, repeated = reply["results"]
-    assert (failed["ok"], failed["errorData"]["code"]) == (False, "stream-not-served")
+    assert _answer(failed) == (False, "stream-not-served", None)
     assert failed["observed"] == failed["wrote"], "the failed restore imported nothing"
     assert repeated["conn"] == failed["conn"]
-    assert (repeated["ok"], repeated.get("errorData"), repeated.get("response")) == (
-        True,
-        None,
-        {"restored": restore["snapshots"]},
-    )
+    assert _answer(repeated) == (True, None, {"restored": restore["snapshots"]})
     assert repeated["observed"] == BACKED_UP_SHA
     assert (_fetched(events), _served(events)) == (2, 1)
     assert corestore.services.applied_imports(SERVICE_ID) == 1
@@ -246,6 +247,35 @@ async def test_a_lost_restore_answer_is_answered_from_the_record_on_the_next_con
         repeat = await call(relay_cloudly, RESTORE, restore)
         events = await relay_cloudly.events()
     _assert_answered_from_the_record(lost, repeat, restore, events, corestore)
+
+
+async def test_a_failed_restore_whose_answer_was_lost_runs_when_repeated_on_the_next_connection(
+    relay_cloudly: NodeCloudly,
+    relay_agent: RelayAgent,
+    proxy: SplittingProxy,
+    corestore: CorestoreHandle,
+) -> None:
+    """The restore fails `stream-not-served` and that answer is lost with its connection. A
+    failed run is never answered from its record: the identical request on the next connection
+    (Cloudly now serving the closure) runs it again, and the database is the backup's."""
+    async with relay_agent.running():
+        restore = await _backed_up(relay_cloudly, corestore)
+        corestore.services.write_database(SERVICE_ID, [WRITTEN_SINCE])
+        await relay_cloudly.command("serve-closures", on=False)
+        cut = proxy.lose_next_answer(RESTORE)
+        lost = await relay_cloudly.command("fire", method=RESTORE, request=restore)
+        assert cut.done.is_set(), lost
+        assert lost.get("exception") == "connection closed before the reply arrived", lost
+        assert _database(corestore).read_bytes() == WRITTEN_SINCE, "the failed run imported"
+        await relay_cloudly.command("serve-closures", on=True)
+        await relay_cloudly.wait_for("tags", 2, timeoutMs=WAIT_MS)
+        repeat = await call(relay_cloudly, RESTORE, restore)
+        events = await relay_cloudly.events()
+    assert repeat["conn"] != lost["conn"]
+    assert _answer(repeat) == (True, None, {"restored": restore["snapshots"]})
+    assert (_fetched(events), _served(events)) == (2, 1)
+    assert corestore.services.applied_imports(SERVICE_ID) == 1
+    assert _database(corestore).read_bytes() == BACKED_UP
 
 
 @pytest.mark.slow
@@ -286,10 +316,7 @@ def _assert_answered_from_the_record(
     corestore: CorestoreHandle,
 ) -> None:
     assert repeat["conn"] != lost["conn"], "the repeat came on the next connection"
-    assert (repeat["ok"], repeat.get("response")) == (
-        True,
-        {"restored": restore["snapshots"]},
-    ), repeat
+    assert _answer(repeat) == (True, None, {"restored": restore["snapshots"]})
     assert (_fetched(events), _served(events)) == (1, 1), "the closure was fetched once"
     assert corestore.services.applied_imports(SERVICE_ID) == 1, "imported once"
     assert _database(corestore).read_bytes() == WRITTEN_SINCE, "nothing imported over it"
