@@ -89,7 +89,7 @@ function clearState() {
     calls: [], // {conn, method, correlationId, request, at} for every incoming request frame
     streams: [], // received from the agent: {conn, method, field, streamId, status, bytes, sha256, ...}
     sentStreams: [], // fired at the agent with the `stream` command
-    closureServes: [], // closure streams served outside the library: {conn, backupId, serviceId, streamId, source, bytes, sha256, status}
+    closureServes: [], // closure streams served outside the library: {conn, backupId, serviceId, streamId, source, bytes, status}
     unmatchedResponses: 0,
     frames: [], // ring of {seq, at, conn, dir, frame} with chunk payloads abbreviated
   };
@@ -246,10 +246,10 @@ function installHandlers(router, peer) {
     receiveStreams('backupServiceDatabaseClosure', request, peer, { backupId, serviceId, nodeId, descriptor }, { keep });
     return { accepted: true };
   });
-  // Cloudly -> relay: answers the descriptor of deterministic bytes (seed `${backupId}/${serviceId}`,
-  // `closureBytes` long, 4096 by default) with a receipt the reference Corestore accepts, and a
-  // VirtualStream in the response. typedrequest 3.3.0 cannot serve that stream (no `read`): the
-  // agent is expected to fail fast. Recorded in `calls` like every request.
+  // Cloudly -> relay, closure serving off: the library answers the closure's descriptor
+  // (`closureOf`) and a VirtualStream in the response. typedrequest 3.3.0 cannot serve that
+  // stream (no `read`): the agent is expected to fail fast. With serving on, `rawHandlers`
+  // answers first. Recorded in `calls` like every request.
   serve('restoreServiceDatabaseClosure', async ({ backupId, serviceId }) => {
     const { descriptor, data } = closureOf(backupId, serviceId);
     const closure = new VirtualStream();
