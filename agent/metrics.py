@@ -78,9 +78,9 @@ the library's process and platform collectors are registered on it too.
     restore_agent_byte_budget_wait_duration_seconds       how long a draw waited (histogram)
     restore_agent_memory_trims_total                      the allocator asked to give memory back
     restore_agent_memory_trimmed_bytes_total              RSS those requests gave back
-    restore_agent_relay_answers_total{kind,answer}        relay requests by how the request
+    restore_agent_relay_answers_total{kind,answer,reason} relay requests by how the request
                                                           rule answered them (recorded: from
-                                                          the record, nothing ran)
+                                                          the record, nothing ran) and why
     process_* (resident and virtual memory, CPU seconds, open and max fds, start time),
     python_info                                           the library's process and platform
                                                           collectors
@@ -249,8 +249,12 @@ class Metrics:
         self._relay_answers = Counter(
             f"{_NS}_relay_answers",
             "Relay backup and restore requests by how the request rule answered them: start, "
-            "resume, retry (the work ran), join, recorded (nothing ran), conflict, busy.",
-            ["kind", "answer"],
+            "resume, retry (the work ran), join, recorded (nothing ran), conflict, busy; reason: "
+            "what the request met, or for a restore meeting its service's ended run, where that "
+            "run's answer went (answer-confirmed, answer-on-this-connection: Cloudly holds it; "
+            "answer-lost-with-its-connection, answer-never-given, "
+            "answer-unconfirmed-before-restart: it may be lost).",
+            ["kind", "answer", "reason"],
             registry=r,
         )
         self._retention_deleted = Counter(
@@ -522,9 +526,9 @@ class Metrics:
         """Count records retention forgot."""
         self._retention_deleted.labels(what=what).inc(count)
 
-    def relay_answered(self, *, kind: str, answer: str) -> None:
-        """Count how a relay request was answered."""
-        self._relay_answers.labels(kind=kind, answer=answer).inc()
+    def relay_answered(self, *, kind: str, answer: str, reason: str) -> None:
+        """Count how a relay request was answered, and why."""
+        self._relay_answers.labels(kind=kind, answer=answer, reason=reason).inc()
 
     def retention_freed(self, *, count: int) -> None:
         """Count bytes retention gave back."""
