@@ -121,7 +121,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from agent import __version__
 from agent.contracts.isolatedrestore import NODE_STATUSES
-from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, REQUESTS
+from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, answer_reasons
 from agent.observe import Direction
 from agent.status import SessionState, StatusSnapshot
 from agent.store.faults import CAUSES
@@ -444,8 +444,8 @@ class Metrics:
             for job_status in JOB_STATUSES:
                 self._jobs.labels(kind=kind, status=job_status).set(0)
                 self._jobs_oldest.labels(kind=kind, status=job_status).set(0)
-        for (job_kind, _), verdict in REQUESTS.items():
-            self._relay_answers.labels(kind=job_kind, answer=verdict.value)
+        for job_kind, verdict, reason in answer_reasons():
+            self._relay_answers.labels(kind=job_kind, answer=verdict.value, reason=reason)
         for what in ("restore", "job"):
             self._retention_deleted.labels(what=what)
         for reason in ("unavailable", "integrity"):

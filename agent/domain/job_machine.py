@@ -43,10 +43,11 @@ request joins a run of the service that works in this process, any other is refu
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Final, Literal, get_args
 
+from agent.domain.answer_fate import HELD
 from agent.domain.table import TransitionTable
 from agent.errors import InvalidState
 
@@ -62,6 +63,7 @@ __all__ = [
     "JobStatus",
     "Meets",
     "answer",
+    "answer_reasons",
     "backup_meets",
     "render_requests",
     "restore_meets",
@@ -252,6 +254,21 @@ def answer(kind: JobKind, meets: Meets) -> Answer:
     if found is None:
         raise InvalidState(f"a {kind} request cannot meet {meets.value}")
     return found
+
+
+_JUDGED: Final = frozenset({Meets.ANSWERED, Meets.UNANSWERED_SUCCEEDED, Meets.UNANSWERED_FAILED})
+
+
+def answer_reasons() -> Iterator[tuple[JobKind, Answer, str]]:
+    """Every (kind, answer, reason) a request can be reported with: the reason is what it met,
+    or for a restore meeting its service's ended run with the same body, where that run's
+    answer went (`agent.domain.answer_fate`)."""
+    for (kind, meets), to in REQUESTS.items():
+        if kind == "restore" and meets in _JUDGED:
+            held = meets is Meets.ANSWERED
+            yield from ((kind, to, fate.value) for fate, holds in HELD.items() if holds is held)
+        if not (kind == "restore" and meets in _JUDGED and meets is not Meets.ANSWERED):
+            yield kind, to, meets.value
 
 
 def render_requests() -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from agent.domain.job_machine import JobOp
+from agent.domain.job_machine import JobOp, answer_reasons
 from agent.domain.jobs import JobKey, StoredJob
 from agent.domain.outcomes import (
     ClosureFacts,
@@ -503,3 +503,4 @@ async def test_each_request_is_reported_with_how_it_was_answered(store: Revision
         ("restore", "start", "nothing"),
         ("restore", "recorded", "answer-lost-with-its-connection"),
     ]
+    assert set(heard) <= {(kind, to.value, reason) for kind, to, reason in answer_reasons()}
