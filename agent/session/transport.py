@@ -28,6 +28,13 @@ carrying it); `tls_context()` turns the CA file into what a wss:// URL needs
 names the close codes the agent sends or reads.
 `quiet_websocket_logger()` is the logger handed to the library: websockets logs whole frames at
 DEBUG, and frames carry the machine token and the JWT, so that logger never goes below INFO.
+
+Beyond the library's public API, `_CountingConnection` overrides `process_event` and
+`acknowledge_pings`, reads and fills `pending_pings`, writes through `send_context`, `loop` and
+the asyncio `transport`, and `install_piece_reader` swaps the protocol's `reader` and restarts
+its `parser`. Those are websockets' internals: pyproject.toml bounds the dependency to the
+release they were checked against, and tests/session/test_websockets_internals.py names each
+one, so a websockets that moved one fails the tests before it reaches a node.
 """
 
 from __future__ import annotations
