@@ -12,8 +12,9 @@ Thin adapter, both roles (the agent's client socket and the stand-in Cloudly's s
   answers by the ping rule: `agent.protocol.delivery`), so the library's own keepalive is
   switched off (`ping_interval=None`).
 - `send_then_ping(frames)` writes frames and a ping behind them in ONE write to the socket
-  (the library writes each frame on its own): a delivery's confirming ping reaches the peer in
-  the same segments as the answers it confirms, unless the network splits them.
+  (one call to the asyncio transport, where the library makes one per frame): a delivery's
+  confirming ping leaves with the answers it confirms and reaches the peer in the same
+  segments unless the network splits them (or a full socket buffer does).
 - Message order: the agent's client connection (`connect_transport`) counts the peer's
   messages as the websocket reads them, in the order they came on the wire, and notes the count
   when a pong is read. `recv()` hands the messages out in that order, so the n-th one a reader
@@ -169,7 +170,8 @@ class _CountingConnection(ClientConnection):
             pong: asyncio.Future[float] = self.loop.create_future()
             self.pending_pings[data] = (pong, self.loop.time())
             self.protocol.send_ping(data)
-            # One call: scatter-gather where asyncio has it (3.12+), else joined (3.11).
+            # One call, one send while the socket has room: scatter-gather where asyncio has
+            # it (3.12+); 3.11 joins the pieces (one more copy of this flush's frames).
             self.transport.writelines(self.protocol.data_to_send())
         return pong
 
