@@ -7,10 +7,9 @@ the ledger's bookkeeping in the same step (nothing awaited in between, so no kee
 numbered between the answers and their ping, and no frame of anyone comes between them). The
 pong (`ponged`, also for every keepalive ping) calls the callbacks of every answer a ping up to
 it covered, with the `Mark` it was read at; the session declares the connection `lost()` when
-it ends, after which nothing it carried is ever delivered. A handler that must know what the
-peer holds before it decides waits for `settled()`: every answer handed out before it asked is
-then delivered or lost (bounded by the keepalive's pong timeout, which ends the connection, and
-`lost()` decides the rest).
+it ends, after which nothing it carried is ever delivered. `settled()` waits until every
+answer handed out so far is delivered or lost (bounded by the keepalive's pong timeout, which
+ends the connection, and `lost()` decides the rest).
 
 What a pong proves: Cloudly's websocket read every frame before the ping, the answer
 included. Not when Cloudly's code read it: whether the websocket hands the answer to the code
