@@ -78,9 +78,9 @@ the library's process and platform collectors are registered on it too.
     restore_agent_byte_budget_wait_duration_seconds       how long a draw waited (histogram)
     restore_agent_memory_trims_total                      the allocator asked to give memory back
     restore_agent_memory_trimmed_bytes_total              RSS those requests gave back
-    restore_agent_relay_answers_total{kind,answer}        relay requests by how the request
+    restore_agent_relay_answers_total{kind,answer,reason} relay requests by how the request
                                                           rule answered them (recorded: from
-                                                          the record, nothing ran)
+                                                          the record, nothing ran) and why
     process_* (resident and virtual memory, CPU seconds, open and max fds, start time),
     python_info                                           the library's process and platform
                                                           collectors
@@ -121,7 +121,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from agent import __version__
 from agent.contracts.isolatedrestore import NODE_STATUSES
-from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, REQUESTS
+from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, answer_reasons
 from agent.observe import Direction
 from agent.status import SessionState, StatusSnapshot
 from agent.store.faults import CAUSES
@@ -249,8 +249,12 @@ class Metrics:
         self._relay_answers = Counter(
             f"{_NS}_relay_answers",
             "Relay backup and restore requests by how the request rule answered them: start, "
-            "resume, retry (the work ran), join, recorded (nothing ran), conflict, busy.",
-            ["kind", "answer"],
+            "resume, retry (the work ran), join, recorded (nothing ran), conflict, busy; reason: "
+            "what the request met, or for a restore meeting its service's ended run, where that "
+            "run's answer went (answer-confirmed, answer-on-this-connection: Cloudly holds it; "
+            "answer-lost-with-its-connection, answer-never-given, "
+            "answer-unconfirmed-before-restart: it may be lost).",
+            ["kind", "answer", "reason"],
             registry=r,
         )
         self._retention_deleted = Counter(
@@ -440,8 +444,8 @@ class Metrics:
             for job_status in JOB_STATUSES:
                 self._jobs.labels(kind=kind, status=job_status).set(0)
                 self._jobs_oldest.labels(kind=kind, status=job_status).set(0)
-        for (job_kind, _), verdict in REQUESTS.items():
-            self._relay_answers.labels(kind=job_kind, answer=verdict.value)
+        for job_kind, verdict, reason in answer_reasons():
+            self._relay_answers.labels(kind=job_kind, answer=verdict.value, reason=reason)
         for what in ("restore", "job"):
             self._retention_deleted.labels(what=what)
         for reason in ("unavailable", "integrity"):
@@ -522,9 +526,9 @@ class Metrics:
         """Count records retention forgot."""
         self._retention_deleted.labels(what=what).inc(count)
 
-    def relay_answered(self, *, kind: str, answer: str) -> None:
-        """Count how a relay request was answered."""
-        self._relay_answers.labels(kind=kind, answer=answer).inc()
+    def relay_answered(self, *, kind: str, answer: str, reason: str) -> None:
+        """Count how a relay request was answered, and why."""
+        self._relay_answers.labels(kind=kind, answer=answer, reason=reason).inc()
 
     def retention_freed(self, *, count: int) -> None:
         """Count bytes retention gave back."""

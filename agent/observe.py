@@ -189,9 +189,10 @@ class BudgetObserver(Protocol):
 class RelayObserver(Protocol):
     """What the relay's job runner reports."""
 
-    def relay_answered(self, *, kind: str, answer: str) -> None:
+    def relay_answered(self, *, kind: str, answer: str, reason: str) -> None:
         """A backup or restore request was answered by the request rule's `answer` (start,
-        resume, retry, join, recorded, conflict, busy)."""
+        resume, retry, join, recorded, conflict, busy), for `reason`: what it met, or for a
+        restore meeting its service's ended run, where that run's answer went."""
 
 
 class NullObserver:
@@ -278,7 +279,7 @@ class NullObserver:
     def memory_trimmed(self, *, released: int) -> None:
         """Nothing."""
 
-    def relay_answered(self, *, kind: str, answer: str) -> None:
+    def relay_answered(self, *, kind: str, answer: str, reason: str) -> None:
         """Nothing."""
 
 
@@ -342,9 +343,9 @@ class Tee:
         """To each part."""
         self._each("vacuum_failed", reason=reason)
 
-    def relay_answered(self, *, kind: str, answer: str) -> None:
+    def relay_answered(self, *, kind: str, answer: str, reason: str) -> None:
         """To each part."""
-        self._each("relay_answered", kind=kind, answer=answer)
+        self._each("relay_answered", kind=kind, answer=answer, reason=reason)
 
     def state_write_failed(self, *, cause: str) -> None:
         """To each part."""

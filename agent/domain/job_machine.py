@@ -16,7 +16,8 @@ table, so an illegal move cannot be persisted either.
     running       succeed    succeeded   the result is recorded; a backup's repeat gets it
     running       fail       failed      the error is recorded
     running       resume     running     a backup found running with no task (a restart)
-    failed        retry      running     a backup's identical request runs it again
+    failed        retry      running     an identical request runs it again (a restore under
+                                         its keys, while Cloudly may not hold its failure)
 
 A second table, `REQUESTS`, answers a request by what it meets (`Meets`: for a backup the job
 of its key, for a restore the runs of its service) with an `Answer`; `answer()` reads it.
@@ -28,20 +29,25 @@ request joins a run of the service that works in this process, any other is refu
 - left `running` by a stopped agent (and reconciled with Corestore first: not every effect of
   it was applied): the identical request resumes that run under its keys, so Corestore applies
   nothing twice; another body records it interrupted and starts a new run;
-- ended, for the identical request, while its answer was not delivered to Cloudly before the
-  request came (the ping rule, `agent.protocol.delivery`): the recorded answer, and nothing
-  runs (a lost answer never makes a second import);
-- ended otherwise (its answer delivered first, or another body): a new run. A backup may be
-  restored many times: once Cloudly has the answer, the same request restores again.
+- ended, for the identical request, while Cloudly may not hold its answer
+  (`agent.domain.answer_fate`: it was given only on connections that ended unconfirmed, or to
+  nobody, or by an earlier process that never recorded it delivered): a run that succeeded
+  gives its recorded answer and nothing runs (a lost answer never makes a second import); a
+  run that failed runs again under its keys (`retry`: what Corestore applied is not applied
+  again), so a failure is never answered from the record;
+- ended otherwise (Cloudly holds its answer: confirmed by a pong, or given on the live
+  connection this request arrives on; or another body): a new run. A backup may be restored
+  many times: once Cloudly has the answer, the same request restores again.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Final, Literal, get_args
 
+from agent.domain.answer_fate import HELD
 from agent.domain.table import TransitionTable
 from agent.errors import InvalidState
 
@@ -57,6 +63,7 @@ __all__ = [
     "JobStatus",
     "Meets",
     "answer",
+    "answer_reasons",
     "backup_meets",
     "render_requests",
     "restore_meets",
@@ -112,7 +119,8 @@ class Meets(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     OTHER_BODY = "other-body"
-    UNDELIVERED = "undelivered"
+    UNANSWERED_SUCCEEDED = "unanswered-succeeded"
+    UNANSWERED_FAILED = "unanswered-failed"
     ANSWERED = "answered"
 
 
@@ -148,12 +156,14 @@ _MEETS_TEXT: Final[Mapping[tuple[JobKind, Meets], str]] = MappingProxyType(
             "the service's last run `running`, left so by a stopped agent, for another body "
             "(reconciled first, likewise)"
         ),
-        ("restore", Meets.UNDELIVERED): (
-            "the service's last run ended, for the same body, its answer not delivered to "
-            "Cloudly before this request came"
+        ("restore", Meets.UNANSWERED_SUCCEEDED): (
+            "the service's last run `succeeded`, for the same body, Cloudly may not hold its answer"
+        ),
+        ("restore", Meets.UNANSWERED_FAILED): (
+            "the service's last run `failed`, for the same body, Cloudly may not hold its answer"
         ),
         ("restore", Meets.ANSWERED): (
-            "the service's last run ended, its answer delivered first, or for another body"
+            "the service's last run ended and Cloudly holds its answer, or it was for another body"
         ),
     }
 )
@@ -180,8 +190,11 @@ _ROW_TEXT: Final[Mapping[tuple[JobKind, Meets], str]] = MappingProxyType(
         ("restore", Meets.UNOWNED_OTHER): (
             "`start`: a new run, the service's next; the one left is recorded interrupted"
         ),
-        ("restore", Meets.UNDELIVERED): (
-            "the recorded answer (its response or its error), at once; nothing runs"
+        ("restore", Meets.UNANSWERED_SUCCEEDED): (
+            "the recorded response, at once; nothing runs (no second import)"
+        ),
+        ("restore", Meets.UNANSWERED_FAILED): (
+            "`retry`: that run again under its keys: what Corestore applied is not applied again"
         ),
         ("restore", Meets.ANSWERED): "`start`: a new run, the service's next",
     }
@@ -200,7 +213,8 @@ REQUESTS: Final[Mapping[tuple[JobKind, Meets], Answer]] = MappingProxyType(
         ("restore", Meets.NOTHING): Answer.START,
         ("restore", Meets.UNOWNED): Answer.RESUME,
         ("restore", Meets.UNOWNED_OTHER): Answer.START,
-        ("restore", Meets.UNDELIVERED): Answer.RECORDED,
+        ("restore", Meets.UNANSWERED_SUCCEEDED): Answer.RECORDED,
+        ("restore", Meets.UNANSWERED_FAILED): Answer.RETRY,
         ("restore", Meets.ANSWERED): Answer.START,
     }
 )
@@ -218,19 +232,20 @@ def backup_meets(status: JobStatus | None, *, same_body: bool, here: bool) -> Me
     return {"running": Meets.UNOWNED, "succeeded": Meets.SUCCEEDED, "failed": Meets.FAILED}[status]
 
 
-def restore_meets(*, here: bool, last: JobStatus | None, same_body: bool, delivered: bool) -> Meets:
+def restore_meets(*, here: bool, last: JobStatus | None, same_body: bool, held: bool) -> Meets:
     """What a restore request meets: whether a run of its service works in this process (`here`),
     else the status of the service's last run (`last`, None: none, `running`: left so by a
     stopped agent and not fully applied); `same_body`: whether that run was made by the same
-    body; `delivered`: whether the last run's answer reached Cloudly before this request came
-    (the ping rule)."""
+    body; `held`: whether Cloudly holds that run's answer (`agent.domain.answer_fate`)."""
     if here:
         return Meets.RUNNING_SAME if same_body else Meets.RUNNING_OTHER
     if last is None:
         return Meets.NOTHING
     if last == "running":
         return Meets.UNOWNED if same_body else Meets.UNOWNED_OTHER
-    return Meets.UNDELIVERED if same_body and not delivered else Meets.ANSWERED
+    if not same_body or held:
+        return Meets.ANSWERED
+    return Meets.UNANSWERED_SUCCEEDED if last == "succeeded" else Meets.UNANSWERED_FAILED
 
 
 def answer(kind: JobKind, meets: Meets) -> Answer:
@@ -239,6 +254,21 @@ def answer(kind: JobKind, meets: Meets) -> Answer:
     if found is None:
         raise InvalidState(f"a {kind} request cannot meet {meets.value}")
     return found
+
+
+_JUDGED: Final = frozenset({Meets.ANSWERED, Meets.UNANSWERED_SUCCEEDED, Meets.UNANSWERED_FAILED})
+
+
+def answer_reasons() -> Iterator[tuple[JobKind, Answer, str]]:
+    """Every (kind, answer, reason) a request can be reported with: the reason is what it met,
+    or for a restore meeting its service's ended run with the same body, where that run's
+    answer went (`agent.domain.answer_fate`)."""
+    for (kind, meets), to in REQUESTS.items():
+        if kind == "restore" and meets in _JUDGED:
+            held = meets is Meets.ANSWERED
+            yield from ((kind, to, fate.value) for fate, holds in HELD.items() if holds is held)
+        if not (kind == "restore" and meets in _JUDGED and meets is not Meets.ANSWERED):
+            yield kind, to, meets.value
 
 
 def render_requests() -> str:

@@ -4,7 +4,8 @@ Past the JSON edge (the store's columns, the wire response) a job's outcome is a
 
 - `Succeeded(response, report)`: the response Cloudly is answered with (its wire object, as the
   contract model dumped it) and the `JobReport` recorded and logged next to it;
-- `Failed(code, message, retryable)`: the error Cloudly is answered with.
+- `Failed(code, message, retryable, data)`: the error Cloudly is answered with (`data`: the
+  error's own wire facts, e.g. `run` of `restore-in-progress`).
 
 A restore run's `RunPlan` is fixed when the run starts and kept with its row: its destructive
 effects on the node, each under the idempotency key Corestore applies once
@@ -163,23 +164,34 @@ class Succeeded:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """A job that failed: the error Cloudly gets (its wire code, text, whether to retry)."""
+    """A job that failed: the error Cloudly gets (its wire code, text, whether to retry, and
+    the error's own facts that travel in `error.data` beside them)."""
 
     code: str
     message: str
     retryable: bool
+    data: JsonObject = field(default_factory=dict, hash=False)
 
     @classmethod
     def of(cls, error: AgentError) -> Failed:
-        """The record of `error`."""
-        return cls(error.code, error.message, error.retryable)
+        """The record of `error`, its wire facts included (JSON: `InvalidState` otherwise)."""
+        return cls(
+            error.code, error.message, error.retryable, _json_object(error.data, "error.data")
+        )
 
     def error(self) -> AgentError:
-        """The error to answer with again (same code, text and retryability)."""
-        return _recorded_class(self.code, self.retryable)(self.message)
+        """The error to answer with again: the same code, text, retryability and facts."""
+        return _recorded_class(self.code, self.retryable)(self.message, **self.data)
 
     def to_json(self) -> JsonObject:
-        return {"error": {"code": self.code, "message": self.message, "retryable": self.retryable}}
+        error: JsonObject = {
+            "code": self.code,
+            "message": self.message,
+            "retryable": self.retryable,
+        }
+        if self.data:
+            error["data"] = dict(self.data)
+        return {"error": error}
 
 
 JobResult: TypeAlias = "Succeeded | Failed"
@@ -187,7 +199,7 @@ JobResult: TypeAlias = "Succeeded | Failed"
 
 def result_from_json(value: object) -> JobResult:
     """A stored outcome back: `{"response", "report"}` or `{"error": {code, message,
-    retryable}}`."""
+    retryable, data?}}` (a record without `data` is one whose error had no facts of its own)."""
     data = _object(value, "result")
     if "error" in data:
         error = _object(data["error"], "result.error")
@@ -198,6 +210,7 @@ def result_from_json(value: object) -> JobResult:
             _text(error.get("code"), "result.error.code"),
             _text(error.get("message"), "result.error.message"),
             retryable,
+            _json_object(error.get("data", {}), "result.error.data"),
         )
     return Succeeded(
         _json_object(data.get("response"), "result.response"),

@@ -9,12 +9,14 @@ they arrived, and treats them as lost.
 Where things stand on the session is a `Mark` (connection number, message count): a request
 arrives as the `message`-th message the peer sent on that connection (counted in the order the
 websocket read them); a delivery is known from a pong read after `message` of the peer's
-messages. `delivered_before(delivery, arrival)` is the rule a repeated request is judged by:
-the peer sent the request after it held the answer exactly when the pong came first, or on an
-earlier connection. The order is exact, not the order the agent's tasks happen to run in: the
-transport counts messages as the websocket reads them (`agent.session.transport`). A delivery
-known from the state database (an earlier process) is `EARLIER`, before every message of this
-process; connections are numbered from 1.
+messages. Connections are numbered from 1.
+
+What a pong proves is narrow: the peer's *websocket* read the answer. It says nothing about
+when the peer's *code* read it (a `ws` peer may hand the answer to its code, let it send a
+request, and only then read the ping: it depends on how the network splits the bytes and on
+`allowSynchronousEvents`). So the relay's verdict never compares a pong's mark with a
+request's arrival; it uses a confirmation only for an answer whose connection ended
+(`agent.domain.answer_fate`).
 
 `Deliveries` is the ledger of one connection, driven by its peer and its keepalive:
 
@@ -34,11 +36,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Final, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from agent.errors import InvalidState
 
-__all__ = ["EARLIER", "Deliveries", "Mark", "delivered_before"]
+__all__ = ["Deliveries", "Mark"]
 
 T = TypeVar("T")
 
@@ -50,16 +52,6 @@ class Mark:
 
     connection: int
     message: int
-
-
-EARLIER: Final = Mark(0, 0)
-"""A delivery known from before this process: before every message it reads."""
-
-
-def delivered_before(delivery: Mark | None, arrival: Mark) -> bool:
-    """Whether an answer delivered at `delivery` (None: not known to be delivered) reached the
-    peer before it sent the request that arrived at `arrival`."""
-    return delivery is not None and delivery < arrival
 
 
 class Deliveries(Generic[T]):

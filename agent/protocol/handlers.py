@@ -120,14 +120,9 @@ class RequestContext(Protocol):
         ...
 
     def on_delivered(self, callback: Callable[[Mark], None]) -> None:
-        """Call `callback` once this request's answer (its response or its error) is known to
-        have reached the peer, with where it was delivered; never when that cannot be known
-        (the connection ended first, or the session does not track deliveries)."""
-        ...
-
-    async def deliveries_settled(self) -> None:
-        """Wait until every answer sent on this connection before now is known delivered or
-        lost (at once when the session does not track deliveries)."""
+        """Call `callback` once a pong confirmed this request's answer (its response or its
+        error) reached the peer's websocket, with where; never when that cannot be known (the
+        connection ended first, or the session does not track deliveries)."""
         ...
 
 

@@ -13,17 +13,20 @@ one job at a time may hold (`JobKey.scope`: a backup's key, a restore's service 
   run left `running` by a stopped agent is first reconciled with Corestore by its keys
   (`reconcile`): every effect applied, it is recorded `succeeded` (its answer not delivered);
   otherwise the identical request resumes it under its keys, and any other records it
-  interrupted and starts a new run. A last run that ended answers the identical request from
-  its record while its answer was not delivered to Cloudly before the request came (the ping
-  rule, `agent.protocol.delivery`: a lost answer never imports a closure twice); once it was,
-  or for another body, a new run starts.
+  interrupted and starts a new run. A last run that ended is judged by whether Cloudly holds
+  its answer (`agent.domain.answer_fate`, from facts the agent holds: on which connections of
+  this process the answer was given, whether a pong confirmed it, whether it is an earlier
+  process's): while Cloudly may not, the identical request is a repeat, and a run that
+  succeeded gives its recorded answer (a lost answer never imports a closure twice) while a
+  run that failed runs again under its keys; once Cloudly holds it, or for another body, a new
+  run starts.
 
-Deliveries: every answer the runner gives (a run's outcome, joined or not, or a recorded one)
-asks the requester to say when it reached Cloudly (`Requester.on_delivered`); the runner keeps
-where the last run of each service was delivered (in memory: the exact `Mark`) and records it
-in the store (`delivered_at`, which survives a restart: a delivery known from before this
-process precedes every request). A restore request first waits until every answer sent before
-it is known delivered or lost (`deliveries_settled`), so the verdict is exact.
+Answers: every answer the runner gives (a run's outcome, joined or not, or a recorded one) is
+noted with the connection its request arrived on (`Requester.arrival`), and asks the requester
+to say when a pong confirmed it (`Requester.on_delivered`). The runner keeps, per service, where
+the answer of its last run went (in memory) and records a confirmation in the store
+(`delivered_at`, which survives a restart). No request waits for a pong: the verdict never
+rests on how fast Cloudly's websocket reads one.
 
 Work that starts runs `start()` first (checks that refuse before anything is stored, and that
 may ask Corestore; for a restore, its plan: the effects under their idempotency keys, new for a
@@ -49,8 +52,10 @@ from typing import Final, Protocol
 import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
+from agent.domain.answer_fate import HELD
 from agent.domain.job_machine import (
     Answer,
+    JobKind,
     JobOp,
     Meets,
     answer,
@@ -63,7 +68,8 @@ from agent.errors import AgentError, JobConflict, RestoreInProgress, ShuttingDow
 from agent.locks import KeyedLocks
 from agent.observe import NULL_OBSERVER, RelayObserver
 from agent.owner import TaskOwner
-from agent.protocol.delivery import EARLIER, Mark, delivered_before
+from agent.protocol.delivery import Mark
+from agent.relay.answers import AnswerBook
 from agent.store import RevisionStore
 
 __all__ = ["INTERRUPTED", "JobRunner", "Reconcile", "Requester", "Start", "Started", "Work"]
@@ -98,15 +104,11 @@ class Requester(Protocol):
 
     @property
     def arrival(self) -> Mark:
-        """Where the request arrived on the session."""
+        """Where the request arrived on the session (its connection's number, from 1)."""
         ...
 
     def on_delivered(self, callback: Callable[[Mark], None]) -> None:
-        """Have `callback` told once the answer reached Cloudly."""
-        ...
-
-    async def deliveries_settled(self) -> None:
-        """Wait until every answer sent before now is known delivered or lost."""
+        """Have `callback` told once a pong confirmed the answer reached Cloudly."""
         ...
 
 
@@ -144,12 +146,28 @@ class _Running:
 
 
 @dataclass(frozen=True, slots=True)
-class _Delivered:
-    """Where the answer a restore run gave at `revision` reached Cloudly."""
+class _Decision:
+    """What a request met, why (the answer's fate where one was judged, else what it met),
+    and what it found: the stored job or run, the work running here."""
 
-    key: JobKey
-    revision: int
-    mark: Mark
+    meets: Meets
+    answer: Answer
+    reason: str
+    stored: StoredJob | None = None
+    running: _Running | None = None
+
+    @classmethod
+    def of(
+        cls,
+        kind: JobKind,
+        meets: Meets,
+        *,
+        reason: str | None = None,
+        stored: StoredJob | None = None,
+        running: _Running | None = None,
+    ) -> _Decision:
+        """The table's answer to what `kind` meets (`reason` defaults to what it met)."""
+        return cls(meets, answer(kind, meets), reason or meets.value, stored, running)
 
 
 class JobRunner:
@@ -167,7 +185,7 @@ class JobRunner:
         self._observer = observer
         self._locks: KeyedLocks[Scope] = KeyedLocks()
         self._running: dict[Scope, _Running] = {}
-        self._delivered: dict[Scope, _Delivered] = {}  # per service: its last delivered run
+        self._answers = AnswerBook()  # per service: where its last run's answer went
         self._owner = TaskOwner("the relay job runner", clock=clock)
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -198,89 +216,37 @@ class JobRunner:
         """The request's response: recorded, joined, or from work started now (module
         docstring). A restore's `key` has run 0: a run that starts is numbered by the store;
         `reconcile` settles its service's last run if a stopped agent left it running."""
-        if key.kind == "restore":
-            await requester.deliveries_settled()
         async with self._locks.hold(key.scope):
-            running = self._live(key.scope)
-            if key.kind == "restore":
-                stored, meets = await self._restore_meets(
-                    key, digest, running, requester.arrival, reconcile
-                )
-            else:
-                stored = await self._store.get_job(key)
-                meets = backup_meets(
-                    None if stored is None else stored.status,
-                    same_body=stored is not None and stored.request_digest == digest,
-                    here=running is not None,
-                )
-            verdict = answer(key.kind, meets)
-            self._observer.relay_answered(kind=key.kind, answer=verdict.value)
-            if verdict is Answer.CONFLICT:
-                raise JobConflict(
-                    kind=key.kind,
-                    backup_id=key.backup_id,
-                    service_id=key.service_id,
-                    node_id=key.node_id,
-                )
-            if verdict is Answer.BUSY:
-                assert running is not None
-                raise RestoreInProgress(
-                    service_id=key.service_id,
-                    node_id=key.node_id,
-                    backup_id=running.key.backup_id,
-                    run=running.key.run,
-                )
-            answered: _Answered | None = None
-            if verdict is Answer.RECORDED:
-                assert stored is not None
-                assert stored.result is not None
-                _log.info("relay_job_replayed", **_fields(stored.key), revision=stored.revision)
-                answered = _recorded(stored.key, stored.revision, stored.result)
-            elif verdict is Answer.JOIN:
-                assert running is not None
-                _log.info("relay_job_joined", **_fields(running.key))
-                outcome = running.outcome
-            else:
-                if meets is Meets.UNOWNED_OTHER:
-                    assert stored is not None
-                    await self._interrupted(stored)
-                resumed = stored if verdict is Answer.RESUME else None
-                self._owner.check()
-                started = await start(None if resumed is None else resumed.plan)
-                self._owner.check()
-                target = key if stored is None or meets is not Meets.UNOWNED else stored.key
-                moved = await self._move_to_running(
-                    target,
-                    None if verdict is Answer.START else stored,
-                    digest,
-                    _OPS[verdict],
-                    started.plan,
-                )
-                outcome = self._spawn(moved, started.work)
-        if answered is None:
-            answered = await asyncio.shield(outcome)  # the work is the runner's, not ours
-        if answered.revision is not None:
-            requester.on_delivered(
-                functools.partial(self._on_delivered, answered.key, answered.revision)
+            decision = await self._decide(key, digest, requester.arrival.connection, reconcile)
+            self._observer.relay_answered(
+                kind=key.kind, answer=decision.answer.value, reason=decision.reason
             )
+            given = await self._act(key, digest, start, decision, reconcile)
+        answered = given if isinstance(given, _Answered) else await asyncio.shield(given)
+        self._hand_out(answered, requester)
         if answered.error is not None:
             raise answered.error
         assert answered.response is not None
         return answered.response
 
-    async def _restore_meets(
-        self,
-        key: JobKey,
-        digest: str,
-        running: _Running | None,
-        arrival: Mark,
-        reconcile: Reconcile | None,
-    ) -> tuple[StoredJob | None, Meets]:
-        """What a restore request meets, and the service's last run (reconciled first if a
-        stopped agent left it running). Call under the scope's lock."""
+    async def _decide(
+        self, key: JobKey, digest: str, connection: int, reconcile: Reconcile | None
+    ) -> _Decision:
+        """What the request meets and gets (`agent.domain.job_machine.REQUESTS`), and why.
+        Call under the scope's lock."""
+        running = self._live(key.scope)
+        if key.kind == "backup":
+            stored = await self._store.get_job(key)
+            meets = backup_meets(
+                None if stored is None else stored.status,
+                same_body=stored is not None and stored.request_digest == digest,
+                here=running is not None,
+            )
+            return _Decision.of("backup", meets, stored=stored, running=running)
         if running is not None:
             same = (running.key.backup_id, running.digest) == (key.backup_id, digest)
-            return None, restore_meets(here=True, last=None, same_body=same, delivered=False)
+            meets = restore_meets(here=True, last=None, same_body=same, held=False)
+            return _Decision.of("restore", meets, running=running)
         last = await self._store.last_restore(key.cluster_id, key.node_id, key.service_id)
         if last is not None and last.status == "running":
             last = await self._reconciled(last, reconcile)
@@ -288,16 +254,91 @@ class JobRunner:
             key.backup_id,
             digest,
         )
-        if last is not None and last.status == "running" and last.plan is None:
-            same = False  # left by an agent that kept no plan: nothing to resume it by
-        delivered = last is not None and delivered_before(self._delivery_of(last), arrival)
+        if last is not None and last.status != "succeeded" and last.plan is None:
+            same = False  # left by an agent that kept no plan: nothing to run it again by
+        fate = None
+        if last is not None and same and last.status != "running":
+            fate = self._answers.fate(last, connection)
         meets = restore_meets(
             here=False,
             last=None if last is None else last.status,
             same_body=same,
-            delivered=delivered,
+            held=fate is not None and HELD[fate],
         )
-        return last, meets
+        reason = None if fate is None else fate.value
+        return _Decision.of("restore", meets, reason=reason, stored=last)
+
+    async def _act(
+        self,
+        key: JobKey,
+        digest: str,
+        start: Start,
+        decision: _Decision,
+        reconcile: Reconcile | None,
+    ) -> _Answered | asyncio.Future[_Answered]:
+        """Carry the decision out: refuse, answer the record, join, or start work (its
+        outcome to await). Call under the scope's lock."""
+        verdict, stored, running = decision.answer, decision.stored, decision.running
+        if verdict is Answer.CONFLICT:
+            raise JobConflict(
+                kind=key.kind,
+                backup_id=key.backup_id,
+                service_id=key.service_id,
+                node_id=key.node_id,
+            )
+        if verdict is Answer.BUSY:
+            assert running is not None
+            raise RestoreInProgress(
+                service_id=key.service_id,
+                node_id=key.node_id,
+                backup_id=running.key.backup_id,
+                run=running.key.run,
+            )
+        if verdict is Answer.RECORDED:
+            assert stored is not None
+            assert stored.result is not None
+            _log.info(
+                "relay_job_replayed",
+                **_fields(stored.key),
+                revision=stored.revision,
+                reason=decision.reason,
+            )
+            return _recorded(stored.key, stored.revision, stored.result)
+        if verdict is Answer.JOIN:
+            assert running is not None
+            _log.info("relay_job_joined", **_fields(running.key), reason=decision.reason)
+            return running.outcome
+        if decision.meets is Meets.UNOWNED_OTHER:
+            assert stored is not None
+            await self._interrupted(stored)
+        again = stored if verdict in (Answer.RESUME, Answer.RETRY) else None
+        if again is not None and verdict is Answer.RETRY and reconcile is not None:
+            # A failed restore run may have left an import open: Corestore drops it first, so
+            # the run again under its keys restarts it whole (as a resumed run does).
+            await reconcile(again)
+        self._owner.check()
+        started = await start(None if again is None else again.plan)
+        self._owner.check()
+        moved = await self._move_to_running(
+            key if again is None else again.key,
+            None if verdict is Answer.START else stored,
+            digest,
+            _OPS[verdict],
+            started.plan,
+            reason=decision.reason,
+        )
+        return self._spawn(moved, started.work)
+
+    def _hand_out(self, answered: _Answered, requester: Requester) -> None:
+        """The answer goes to `requester`: note on which connection (a restore's), and have a
+        pong's confirmation recorded."""
+        if answered.revision is None:
+            return  # nothing recorded: nothing to be delivered
+        if answered.key.kind == "restore":
+            self._answers.given(answered.key, answered.revision, requester.arrival.connection)
+        requester.on_delivered(
+            functools.partial(self._on_delivered, answered.key, answered.revision)
+        )
 
     async def _reconciled(self, last: StoredJob, reconcile: Reconcile | None) -> StoredJob:
         """`last` (a restore left `running` with no work here), reconciled with Corestore by
@@ -337,12 +378,20 @@ class JobRunner:
         digest: str,
         op: JobOp,
         plan: RunPlan | None,
+        *,
+        reason: str,
     ) -> StoredJob:
         expected = 0 if stored is None else stored.revision
         moved = await self._store.move_job(
             key, op=op, expected_revision=expected, digest=digest, plan=plan
         )
-        _log.info("relay_job_started", **_fields(moved.key), op=op.value, attempt=moved.attempts)
+        _log.info(
+            "relay_job_started",
+            **_fields(moved.key),
+            op=op.value,
+            attempt=moved.attempts,
+            reason=reason,
+        )
         return moved
 
     def _live(self, scope: Scope) -> _Running | None:
@@ -353,23 +402,14 @@ class JobRunner:
 
     # --- deliveries ---------------------------------------------------------------------------
 
-    def _delivery_of(self, last: StoredJob) -> Mark | None:
-        """Where the answer of `last` (as recorded now) reached Cloudly: exactly, when this
-        process saw it; `EARLIER` when only the store knows; None when not known."""
-        seen = self._delivered.get(last.key.scope)
-        if seen is not None and (seen.key, seen.revision) == (last.key, last.revision):
-            return seen.mark
-        return EARLIER if last.delivered_at is not None else None
-
     def _on_delivered(self, key: JobKey, revision: int, mark: Mark) -> None:
-        """The answer the job gave at `revision` reached Cloudly at `mark`: remember it (a
-        restore's, for its service's next request) and record it."""
+        """A pong confirmed the answer the job gave at `revision`: remember it (a restore's,
+        for its service's next request) and record it."""
+        del mark  # where it was confirmed no longer matters: that it was does
         if key.kind == "restore":
-            seen = self._delivered.get(key.scope)
-            if seen is None or (seen.key, seen.revision) != (key, revision) or mark < seen.mark:
-                self._delivered[key.scope] = _Delivered(key, revision, mark)
-        # Once the runner stops it is not recorded: after the restart the answer counts as not
-        # delivered, which only ever answers a repeat from the record.
+            self._answers.confirmed(key, revision)
+        # Once the runner stops it is not recorded: after the restart the answer counts as
+        # unconfirmed, and the identical request is then taken for a repeat of a lost answer.
         with contextlib.suppress(ShuttingDown):
             _ = self._owner.spawn(self._record_delivery(key, revision), name="relay-delivered")
 
@@ -377,7 +417,7 @@ class JobRunner:
         try:
             if await self._store.mark_delivered(key, revision=revision):
                 _log.debug("relay_job_delivered", **_fields(key), revision=revision)
-        except AgentError as exc:  # the next request then answers from the record: safe
+        except AgentError as exc:  # kept in memory; after a restart it counts as unconfirmed
             _log.warning("relay_job_delivery_unrecorded", **_fields(key), code=exc.code)
 
     # --- the tasks ----------------------------------------------------------------------------
@@ -463,6 +503,8 @@ class JobRunner:
         except AgentError as exc:
             _log.error("relay_job_unrecorded", **_fields(stored.key), code=exc.code)
             return None
+        if stored.key.kind == "restore":
+            self._answers.ended(stored.key, moved.revision)
         return moved.revision
 
     async def _report_unfinished(self) -> None:

@@ -1,26 +1,36 @@
 """`DeliveryTracker`: the ping rule on one connection, between its peer and its keepalive.
 
-The asyncio face of `agent.protocol.delivery.Deliveries`. The peer writes each answer to the
-websocket and, in the same step (nothing awaited in between, so no frame of anyone can come
-between them), hands its callbacks over and writes the ping that confirms it (`answered`,
-`confirm`): Cloudly's websocket reads the answer and the ping together and answers the ping
-before Cloudly's code can send a repeat. The pong (`ponged`, also for every keepalive ping)
-calls the callbacks of every answer a ping up to it covered, with the `Mark` it was read at;
-the session declares the connection `lost()` when it ends, after which nothing it carried is
-ever delivered. A handler that must know what the peer holds before it decides waits for
-`settled()`: every answer handed out before it asked is then delivered or lost (bounded by
-the keepalive's pong timeout, which ends the connection, and `lost()` decides the rest).
+The asyncio face of `agent.protocol.delivery.Deliveries`. The flush that writes answers whose
+delivery a handler waits to know hands their callbacks over and writes its frames and the ping
+that confirms them in ONE write to the socket (`confirm`, the transport's `send_then_ping`),
+the ledger's bookkeeping in the same step (nothing awaited in between, so no keepalive ping is
+numbered between the answers and their ping, and no frame of anyone comes between them). The
+pong (`ponged`, also for every keepalive ping) calls the callbacks of every answer a ping up to
+it covered, with the `Mark` it was read at; the session declares the connection `lost()` when
+it ends, after which nothing it carried is ever delivered. `settled()` waits until every
+answer handed out so far is delivered or lost (bounded by the keepalive's pong timeout, which
+ends the connection, and `lost()` decides the rest).
+
+What a pong proves: Cloudly's websocket read every frame before the ping, the answer
+included. Not when Cloudly's code read it: whether the websocket hands the answer to the code
+before it answers the ping, and whether a request the code sends then can come before the
+pong, depends on how the bytes were segmented and on the peer's websocket (ws's
+`allowSynchronousEvents`, for one). One write keeps the answer and its ping in the same read
+unless the network splits them, so the pong comes promptly; it is no proof of order. The agent
+does not infer from a pong's timing whether Cloudly's code held an answer before it sent a
+request: a confirmation matters only for an answer whose connection ended, which it tells
+delivered (its pong came) from lost (none did).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import structlog
 
-from agent.errors import SessionClosed
+from agent.errors import InvalidState, SessionClosed
 from agent.protocol.delivery import Deliveries, Mark
 from agent.session.transport import Pong
 
@@ -41,10 +51,10 @@ class PendingAnswer(Protocol):
 
 
 class PingWriter(Protocol):
-    """A connection that writes a ping at once and lets its pong be awaited
-    (`WebsocketTransport.start_ping`)."""
+    """A connection that writes frames and a ping behind them in one write and lets the pong
+    be awaited (`WebsocketTransport.send_then_ping`)."""
 
-    async def start_ping(self) -> PendingAnswer: ...
+    async def send_then_ping(self, frames: Sequence[bytes]) -> PendingAnswer: ...
 
 
 class DeliveryTracker:
@@ -61,18 +71,28 @@ class DeliveryTracker:
         """The connection's number on the session (from 1)."""
         return self._ledger.connection
 
+    @property
+    def confirms(self) -> bool:
+        """Whether answers go out with their confirming ping (`confirm`); else they are
+        written alone and handed over after (`answered`), for the keepalive's pings."""
+        return self._pings is not None
+
     def answered(self, callbacks: list[OnDelivered]) -> None:
-        """Answers were just written to the websocket (after every frame before them);
-        `callbacks` hear of their delivery."""
+        """Answers were just written to the websocket (after every frame before them), with no
+        ping of their own; `callbacks` hear of their delivery."""
         self._ledger.answered(callbacks)
 
-    async def confirm(self) -> tuple[int, PendingAnswer] | None:
-        """Write a ping now if an answer waits for one; (its number, its pending pong) for
-        `settle` (run it in a task of the caller's), or None when no ping was needed."""
-        if self._pings is None or not self._ledger.wanted:
-            return None
+    async def confirm(
+        self, frames: Sequence[bytes], callbacks: list[OnDelivered]
+    ) -> tuple[int, PendingAnswer]:
+        """Write `frames`, which carry answers whose delivery `callbacks` wait to hear of, and
+        the ping that confirms them, in one write; (the ping's number, its pending pong) for
+        `settle` (run it in a task of the caller's). `InvalidState` without a `PingWriter`."""
+        if self._pings is None:
+            raise InvalidState("this tracker writes no pings: write the answers, then answered()")
+        self._ledger.answered(callbacks)
         number = self._ledger.ping()
-        return number, await self._pings.start_ping()
+        return number, await self._pings.send_then_ping(frames)
 
     async def settle(self, number: int, pending: PendingAnswer) -> None:
         """Wait for the pong of confirming ping `number` and deliver what it covered."""

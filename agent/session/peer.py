@@ -33,8 +33,8 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
 - Deliveries (`deliveries=`, the connection's `DeliveryTracker`): each request arrives at a
   `Mark` (the peer's messages read so far on this connection); the flush that writes a
   handler's answer hands its delivery callbacks (`RequestContext.on_delivered`) to the tracker
-  and writes a ping right behind it, in the same step; the pong (or any later keepalive pong)
-  delivers it (`agent.protocol.delivery`, the ping rule).
+  and writes its frames and a ping right behind them in one write to the socket; the pong (or
+  any later keepalive pong) delivers it (`agent.protocol.delivery`, the ping rule).
 """
 
 from __future__ import annotations
@@ -262,7 +262,8 @@ class Peer:
 
     async def flush(self) -> None:
         """Hand out the connection's events, then send its frames in order; answers whose
-        delivery a handler waits to know are followed by a ping at once (the ping rule)."""
+        delivery a handler waits to know go out with a ping behind them, in the same write to
+        the socket (the ping rule)."""
         self._dispatch(self.connection.events_received())
         async with self._send_lock:  # frames are taken under the lock, so none overtakes another
             while True:
@@ -271,13 +272,16 @@ class Peer:
                 self._answered = []
                 if not frames and not answered:
                     break
+                deliveries = self._deliveries
+                if answered and deliveries is not None and deliveries.confirms:
+                    # The frames and the ping confirming their answers go out in one write.
+                    confirming = await deliveries.confirm(frames, answered)
+                    self._spawn(deliveries.settle(*confirming))
+                    continue
                 for frame in frames:
                     await self._transport.send(frame)
-                if answered and self._deliveries is not None:
-                    self._deliveries.answered(answered)
-                    confirming = await self._deliveries.confirm()
-                    if confirming is not None:
-                        self._spawn(self._deliveries.settle(*confirming))
+                if answered and deliveries is not None:
+                    deliveries.answered(answered)  # written: the keepalive's pongs confirm
         deadline = self.connection.next_deadline()
         if deadline is not None and (self._timer_target is None or deadline < self._timer_target):
             self._timer.fire()

@@ -252,10 +252,6 @@ class HandlerContext:
         if self._deliveries is not None:
             self.delivery_callbacks.append(callback)
 
-    async def deliveries_settled(self) -> None:
-        if self._deliveries is not None:
-            await self._deliveries.settled()
-
     def receive_stream(self, marker: StreamMarker) -> ByteSource:
         self._owner.connection.read_request_stream(self._request_id, marker.stream_id)
         return Source(self._owner, marker.stream_id)

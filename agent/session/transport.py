@@ -11,6 +11,10 @@ Thin adapter, both roles (the agent's client socket and the stand-in Cloudly's s
   keepalive itself (on its injected clock, recording each pong in the status, delivering
   answers by the ping rule: `agent.protocol.delivery`), so the library's own keepalive is
   switched off (`ping_interval=None`).
+- `send_then_ping(frames)` writes frames and a ping behind them in ONE write to the socket
+  (one call to the asyncio transport, where the library makes one per frame): a delivery's
+  confirming ping leaves with the answers it confirms and reaches the peer in the same
+  segments unless the network splits them (or a full socket buffer does).
 - Message order: the agent's client connection (`connect_transport`) counts the peer's
   messages as the websocket reads them, in the order they came on the wire, and notes the count
   when a pong is read. `recv()` hands the messages out in that order, so the n-th one a reader
@@ -25,14 +29,22 @@ carrying it); `tls_context()` turns the CA file into what a wss:// URL needs
 names the close codes the agent sends or reads.
 `quiet_websocket_logger()` is the logger handed to the library: websockets logs whole frames at
 DEBUG, and frames carry the machine token and the JWT, so that logger never goes below INFO.
+
+Beyond the library's public API, `_CountingConnection` overrides `process_event` and
+`acknowledge_pings`, reads and fills `pending_pings`, writes through `send_context`, `loop` and
+the asyncio `transport`, and `install_piece_reader` swaps the protocol's `reader` and restarts
+its `parser`. Those are websockets' internals: pyproject.toml bounds the dependency to the
+release they were checked against, and tests/session/test_websockets_internals.py names each
+one, so a websockets that moved one fails the tests before it reaches a node.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import ssl
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
@@ -143,6 +155,26 @@ class _CountingConnection(ClientConnection):
                     break
         super().acknowledge_pings(data)
 
+    async def send_then_ping(self, frames: Sequence[bytes], data: bytes) -> Awaitable[float]:
+        """Queue `frames` (text) and a ping carrying `data`, hand all of it to the socket in
+        one write, and return the pong's waiter, as `ping()` does.
+
+        `ping()` and `send()` write each frame on their own: a peer's websocket may read the
+        answer in one read and the ping in a later one. The ping is kept the library's way
+        (`pending_pings`, in the order pings go out, with the time sent), so its pong settles
+        it and every earlier one; nothing is awaited before the write, so no other frame can
+        come between the frames and the ping."""
+        async with self.send_context():  # checks the state; drains on the way out
+            for frame in frames:
+                self.protocol.send_text(frame)
+            pong: asyncio.Future[float] = self.loop.create_future()
+            self.pending_pings[data] = (pong, self.loop.time())
+            self.protocol.send_ping(data)
+            # One call, one send while the socket has room: scatter-gather where asyncio has
+            # it (3.12+); 3.11 joins the pieces (one more copy of this flush's frames).
+            self.transport.writelines(self.protocol.data_to_send())
+        return pong
+
 
 def install_piece_reader(protocol: Protocol) -> None:
     """Read `protocol`'s socket through a `PieceReader` (one copy per frame, not three).
@@ -196,15 +228,33 @@ class WebsocketTransport:
         write happens before anything is awaited); its pong, to await. Only the agent's client
         connection (`connect_transport`) counts messages, so only it pings (`InvalidState`
         otherwise); `SessionClosed` once the connection is gone."""
-        counting = self._connection
-        if not isinstance(counting, _CountingConnection):
-            raise InvalidState("only the agent's client connection counts messages and pings")
+        counting = self._counting()
         data = b"agent-%d" % next(self._pings)
         try:
             waiter = await counting.ping(data)
         except ConnectionClosed as exc:
             raise SessionClosed(*_close_details(exc)) from exc
         return PendingPong(counting, data, waiter)
+
+    async def send_then_ping(self, frames: Sequence[bytes]) -> PendingPong:
+        """Write `frames` (each one text frame) and a ping behind them in ONE write to the
+        socket; the ping's pong, to await. The peer's websocket reads the ping with the last
+        frame unless the network splits the bytes. The agent's client connection only
+        (`InvalidState` otherwise, as `start_ping`); `SessionClosed` once the connection is
+        gone."""
+        counting = self._counting()
+        data = b"agent-%d" % next(self._pings)
+        try:
+            waiter = await counting.send_then_ping(frames, data)
+        except ConnectionClosed as exc:
+            raise SessionClosed(*_close_details(exc)) from exc
+        return PendingPong(counting, data, waiter)
+
+    def _counting(self) -> _CountingConnection:
+        counting = self._connection
+        if not isinstance(counting, _CountingConnection):
+            raise InvalidState("only the agent's client connection counts messages and pings")
+        return counting
 
     async def close(self, code: int = CloseCode.GOING_AWAY, reason: str = "") -> None:
         """Close the connection with `code` (bounded by the connection's close timeout)."""

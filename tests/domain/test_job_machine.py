@@ -93,34 +93,40 @@ def test_a_backup_meets_the_job_of_its_key(
 
 
 @pytest.mark.parametrize(
-    ("here", "last", "same_body", "delivered", "meets"),
+    ("here", "last", "same_body", "held", "meets"),
     [
         (True, None, True, False, Meets.RUNNING_SAME),
         (True, None, False, False, Meets.RUNNING_OTHER),
         (False, None, False, False, Meets.NOTHING),
         (False, "running", True, False, Meets.UNOWNED),
         (False, "running", False, False, Meets.UNOWNED_OTHER),
-        (False, "succeeded", True, False, Meets.UNDELIVERED),
-        (False, "failed", True, False, Meets.UNDELIVERED),
+        (False, "succeeded", True, False, Meets.UNANSWERED_SUCCEEDED),
+        (False, "failed", True, False, Meets.UNANSWERED_FAILED),
         (False, "succeeded", True, True, Meets.ANSWERED),
+        (False, "failed", True, True, Meets.ANSWERED),
         (False, "succeeded", False, False, Meets.ANSWERED),
         (False, "failed", False, True, Meets.ANSWERED),
     ],
 )
 def test_a_restore_meets_the_run_that_works_now_else_the_services_last_run(
-    here: bool, last: JobStatus | None, same_body: bool, delivered: bool, meets: Meets
+    here: bool, last: JobStatus | None, same_body: bool, held: bool, meets: Meets
 ) -> None:
-    """Work running here comes first; then the last run: left running, or ended with its
-    answer delivered before this request came, or not."""
-    assert restore_meets(here=here, last=last, same_body=same_body, delivered=delivered) is meets
+    """Work running here comes first; then the last run: left running, or ended with Cloudly
+    holding its answer, or not (then by how it ended)."""
+    assert restore_meets(here=here, last=last, same_body=same_body, held=held) is meets
 
 
-def test_a_restore_is_answered_from_its_record_only_while_the_answer_may_be_lost() -> None:
-    """The one recorded answer a restore gets is that of an identical last run whose answer
-    was not delivered first; a delivered one, or another body, runs anew; a restore is never a
-    `job-conflict`, and a run left by a stopped agent is resumed only by the same body."""
+def test_a_restore_is_answered_from_its_record_only_for_a_success_whose_answer_may_be_lost() -> (
+    None
+):
+    """The one recorded answer a restore gets is that of an identical last run that succeeded
+    while Cloudly may not hold its answer; a failure then runs again under its keys (`retry`);
+    an answer Cloudly holds, or another body, runs anew; a restore is never a `job-conflict`,
+    and a run left by a stopped agent is resumed only by the same body."""
     restore = {meets: to for (kind, meets), to in REQUESTS.items() if kind == "restore"}
-    assert [meets for meets, to in restore.items() if to is Answer.RECORDED] == [Meets.UNDELIVERED]
+    recorded = [meets for meets, to in restore.items() if to is Answer.RECORDED]
+    assert recorded == [Meets.UNANSWERED_SUCCEEDED]
+    assert restore[Meets.UNANSWERED_FAILED] is Answer.RETRY
     assert restore[Meets.ANSWERED] is Answer.START
     assert [meets for meets, to in restore.items() if to is Answer.RESUME] == [Meets.UNOWNED]
     assert Answer.CONFLICT not in restore.values()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from agent.errors import InvalidState
-from agent.protocol.delivery import EARLIER, Deliveries, Mark, delivered_before
+from agent.protocol.delivery import Deliveries, Mark
 
 
 def test_an_answer_is_delivered_by_the_pong_of_a_ping_sent_after_it() -> None:
@@ -82,21 +82,3 @@ def test_settled_means_every_answer_before_the_horizon_was_decided() -> None:
 def test_connections_are_numbered_from_one() -> None:
     with pytest.raises(InvalidState):
         Deliveries(connection=0)
-
-
-@pytest.mark.parametrize(
-    ("delivery", "arrival", "before"),
-    [
-        (Mark(2, 5), Mark(2, 6), True),  # the pong came first: the peer held the answer
-        (Mark(2, 5), Mark(2, 5), False),  # the request was read before the pong
-        (Mark(2, 5), Mark(2, 3), False),
-        (Mark(1, 99), Mark(2, 1), True),  # delivered on an earlier connection
-        (Mark(3, 1), Mark(2, 9), False),
-        (EARLIER, Mark(1, 1), True),  # known from the state database
-        (None, Mark(1, 1), False),  # never known to be delivered
-    ],
-)
-def test_a_request_came_after_the_answer_exactly_when_the_pong_was_read_first(
-    delivery: Mark | None, arrival: Mark, before: bool
-) -> None:
-    assert delivered_before(delivery, arrival) is before

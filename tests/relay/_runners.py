@@ -72,9 +72,6 @@ class _Request:
         if self._session.auto:
             self._session.deliver()
 
-    async def deliveries_settled(self) -> None:
-        self._session.settles += 1
-
 
 class Works:
     """Work the test controls: each run records its key and the plan it was given, then waits

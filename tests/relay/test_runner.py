@@ -1,8 +1,10 @@
 """`JobRunner`'s answer to repeated requests, on a real state database and work a test holds.
 
-A restore's identical repeat is answered from its record while the run's answer was not
-delivered to Cloudly before the repeat came (the ping rule), and runs again once it was; the
-identical request joins a running one, any other for the service is `restore-in-progress`
+A restore's identical request is judged by where its service's last run's answer went: given
+on the live connection it arrives on, or confirmed by a pong, it runs again; lost with its
+connection, given to nobody, or unconfirmed by an earlier process, it is a repeat: a success is
+answered from its record, a failure runs again under its keys. The identical request joins a
+running one, any other for the service is `restore-in-progress`
 (retryable) until it ended. A restore the store holds `running` with no work in this process
 (the agent stopped) is reconciled with Corestore by its keys before anything runs again:
 recorded done when every effect was applied, else resumed under its keys by the identical
@@ -13,11 +15,12 @@ test sleeps: work waits on events the test sets.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.domain.job_machine import JobOp
+from agent.domain.job_machine import JobOp, answer_reasons
 from agent.domain.jobs import JobKey, StoredJob
 from agent.domain.outcomes import (
     ClosureFacts,
@@ -40,6 +43,20 @@ PLAN = RunPlan(
     RestoreEffects(closure_import="closure-k1", archive_restore="restore-k1"),
     Succeeded({"restored": [{"planned": True}]}, JobReport(resource_types=("database", "volume"))),
 )
+
+
+class _WatchedStore(RevisionStore):
+    """The real store, telling when a job's outcome was recorded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.recorded = asyncio.Event()
+
+    async def move_job(self, key: JobKey, **kwargs: Any) -> StoredJob:
+        moved = await super().move_job(key, **kwargs)
+        if moved.status != "running":
+            self.recorded.set()
+        return moved
 
 
 def _rows(jobs: list[Any]) -> list[tuple[str, int, str]]:
@@ -71,33 +88,43 @@ class Reconciler:
         return Succeeded(stored.plan.planned.response, report)
 
 
-# --- the ping rule: answered from the record until the answer was delivered ------------------
+# --- the verdict: where the last run's answer went -------------------------------------------
 
 
-async def test_a_restore_runs_again_once_its_answer_was_delivered(
+async def test_an_identical_restore_on_the_connection_its_answer_went_to_runs_again(
     runner: JobRunner, store: RevisionStore
 ) -> None:
-    """The same request twice, the first answer delivered before the second came: two runs,
-    each answered with its own work, each recorded, the first as delivered."""
-    works, session = Works(), Session()
+    """No pong yet, however long Cloudly's websocket takes to read one: the answer was given
+    on this live connection, so Cloudly sent the request knowing it. Two runs."""
+    works, session = Works(), Session(auto=False)
     first = await runner.submit(RESTORE, A, works.start, requester=session.request())
     second = await runner.submit(RESTORE, A, works.start, requester=session.request())
     assert (first, second) == ({"restored": [{"run": 1}]}, {"restored": [{"run": 2}]})
     assert [job.run for job in works.keys] == [1, 2]
     assert _rows(await store.list_jobs()) == [("bk-1", 1, "succeeded"), ("bk-1", 2, "succeeded")]
-    assert session.settles == 2
 
 
-async def test_an_identical_restore_whose_answer_was_lost_is_answered_from_the_record(
-    runner: JobRunner, store: RevisionStore
+async def test_an_identical_restore_after_a_pong_confirmed_its_answer_runs_again(
+    runner: JobRunner,
 ) -> None:
-    """The session dropped before the answer was known delivered: the identical repeat gets
-    the recorded answer and nothing runs (no second import). Once that answer is delivered,
-    the next identical request runs again."""
+    """Confirmed, then the connection ended: the request on the next connection is new."""
+    works, session = Works(), Session(auto=False)
+    await runner.submit(RESTORE, A, works.start, requester=session.request())
+    session.deliver()
+    session.reconnect()
+    again = await runner.submit(RESTORE, A, works.start, requester=session.request())
+    assert again == {"restored": [{"run": 2}]}
+
+
+async def test_an_identical_restore_whose_answer_was_lost_with_its_connection_is_answered_from_the_record(  # noqa: E501
+    runner: JobRunner,
+) -> None:
+    """The connection ended before a pong confirmed the answer: the identical request on the
+    next connection is its repeat, answered from the record, and nothing runs (no second
+    import). That answer was given on this connection: the next identical request runs."""
     works, session = Works(), Session(auto=False)
     first = await runner.submit(RESTORE, A, works.start, requester=session.request())
-    session.reconnect()  # the answer never got its pong
-    session.auto = True
+    session.reconnect()
     repeat = await runner.submit(RESTORE, A, works.start, requester=session.request())
     again = await runner.submit(RESTORE, A, works.start, requester=session.request())
     assert first == repeat == {"restored": [{"run": 1}]}
@@ -105,55 +132,106 @@ async def test_an_identical_restore_whose_answer_was_lost_is_answered_from_the_r
     assert [job.run for job in works.keys] == [1, 2]
 
 
-async def test_a_repeat_read_before_the_answers_pong_is_answered_from_the_record(
-    runner: JobRunner,
+async def test_a_restore_that_ended_with_nobody_waiting_is_answered_from_the_record(
+    tmp_path: Path,
 ) -> None:
-    """The answer's pong came after the repeat on the same connection: Cloudly sent the repeat
-    before it held the answer, so it is a repeat of that run, answered from its record."""
+    """Its caller's connection ended while it ran, so its answer went nowhere: the identical
+    request on the next connection gets the recorded answer; nothing runs again."""
+    store = await _WatchedStore.open(tmp_path / "state")
     works, session = Works(), Session(auto=False)
-    await runner.submit(RESTORE, A, works.start, requester=session.request())
-    repeat = session.request()  # read before the pong below
-    session.deliver()
-    answer = await runner.submit(RESTORE, A, works.start, requester=repeat)
-    assert answer == {"restored": [{"run": 1}]}
+    works.hold()
+    try:
+        async for runner in running(store):
+            caller = asyncio.create_task(
+                runner.submit(RESTORE, A, works.start, requester=session.request())
+            )
+            await works.started.wait()
+            caller.cancel()  # its connection ended
+            session.reconnect()
+            works.release.set()
+            await store.recorded.wait()
+            repeat = await runner.submit(RESTORE, A, works.start, requester=session.request())
+    finally:
+        await store.aclose()
+    assert repeat == {"restored": [{"run": 1}]}
     assert len(works.runs) == 1
 
 
-async def test_another_request_after_an_undelivered_answer_runs(runner: JobRunner) -> None:
-    """Only the identical request is a repeat: another body for the service runs at once."""
+async def test_another_request_after_an_unconfirmed_answer_runs(runner: JobRunner) -> None:
+    """Only the identical request can be a repeat: another body for the service runs at once."""
     works, session = Works(), Session(auto=False)
     await runner.submit(RESTORE, A, works.start, requester=session.request())
+    session.reconnect()
     answer = await runner.submit(RESTORE, B, works.start, requester=session.request())
     assert answer == {"restored": [{"run": 2}]}
 
 
-async def test_a_failed_restore_whose_answer_was_lost_is_answered_with_its_recorded_error(
-    runner: JobRunner,
-) -> None:
-    """A run that failed after it may have changed something: its undelivered error is the
-    repeat's answer (the same code and retryability), and nothing runs again."""
-    session, calls = Session(auto=False), []
+def _failing_once(calls: list[tuple[JobKey, RunPlan | None]]) -> Any:
+    """A restore whose first run fails (after it may have changed something) and whose later
+    runs succeed; a new run's plan has fresh keys (`restore-1`, `restore-2`, ...)."""
+    plans = 0
 
     async def start(resumed: RunPlan | None) -> Started:
-        async def work(job: JobKey, plan: RunPlan | None) -> Succeeded:
-            calls.append(job)
-            raise IntegrityError("the archive restore did not match")
+        nonlocal plans
+        if resumed is None:
+            plans += 1
+            plan = RunPlan(RestoreEffects(archive_restore=f"restore-{plans}"), PLAN.planned)
+        else:
+            plan = resumed
 
-        return Started(work, PLAN)
+        async def work(job: JobKey, stored: RunPlan | None) -> Succeeded:
+            calls.append((job, stored))
+            if len(calls) == 1:
+                raise IntegrityError("the archive restore did not match")
+            return Succeeded({"restored": [{"run": job.run}]})
 
+        return Started(work, plan)
+
+    return start
+
+
+async def test_a_failed_restore_sent_again_knowing_its_failure_runs_anew(
+    runner: JobRunner,
+) -> None:
+    """The failure was given on this connection: the identical request is a new run with new
+    keys (a failure is never answered from the record)."""
+    session, calls = Session(auto=False), []
+    start = _failing_once(calls)
     with pytest.raises(IntegrityError):
         await runner.submit(RESTORE, A, start, requester=session.request())
+    again = await runner.submit(RESTORE, A, start, requester=session.request())
+    assert again == {"restored": [{"run": 2}]}
+    assert [(job.run, plan and plan.effects.archive_restore) for job, plan in calls] == [
+        (1, "restore-1"),
+        (2, "restore-2"),
+    ]
+
+
+async def test_a_failed_restore_whose_failure_may_be_lost_runs_again_under_its_keys(
+    runner: JobRunner, store: RevisionStore
+) -> None:
+    """The failure's connection ended unconfirmed: the identical request runs that run again
+    (`retry`) under its keys, after Corestore was asked to drop what it left open, so what
+    Corestore applied is not applied again. Nothing is answered from the record."""
+    session, calls = Session(auto=False), []
+    start, reconcile = _failing_once(calls), Reconciler(False)
+    with pytest.raises(IntegrityError):
+        await runner.submit(RESTORE, A, start, requester=session.request(), reconcile=reconcile)
     session.reconnect()
-    with pytest.raises(Exception) as repeated:  # its class is the record's
-        await runner.submit(RESTORE, A, start, requester=session.request())
-    assert (repeated.value.code, repeated.value.retryable) == ("integrity-mismatch", True)  # type: ignore[attr-defined]
-    assert str(repeated.value) == "the archive restore did not match"
-    assert len(calls) == 1
+    again = await runner.submit(RESTORE, A, start, requester=session.request(), reconcile=reconcile)
+    [job] = await store.list_jobs()
+    assert again == {"restored": [{"run": 1}]}
+    assert [(key.run, plan and plan.effects.archive_restore) for key, plan in calls] == [
+        (1, "restore-1"),
+        (1, "restore-1"),
+    ]
+    assert (job.status, job.attempts) == ("succeeded", 2)
+    assert [asked.key.run for asked in reconcile.asked] == [1]
 
 
-async def test_a_delivery_survives_a_restart(store: RevisionStore) -> None:
-    """Recorded in the store: after a restart the identical request runs again (the answer
-    was delivered in the earlier process, before anything this one reads)."""
+async def test_a_confirmation_survives_a_restart(store: RevisionStore) -> None:
+    """Recorded in the store: after a restart the identical request runs again (a pong
+    confirmed the answer in the earlier process)."""
     works = Works()
     async for runner in running(store):
         await runner.submit(RESTORE, A, works.start, requester=Session().request())
@@ -165,11 +243,11 @@ async def test_a_delivery_survives_a_restart(store: RevisionStore) -> None:
     assert answer == {"restored": [{"run": 2}]}
 
 
-async def test_an_undelivered_answer_stays_undelivered_across_a_restart(
+async def test_an_unconfirmed_answer_stays_unconfirmed_across_a_restart(
     store: RevisionStore,
 ) -> None:
-    """Never known delivered: after a restart the identical request is still answered from
-    the record."""
+    """Never confirmed: after a restart the identical request is taken for the repeat of a
+    lost answer, answered from the record."""
     works = Works()
     async for runner in running(store):
         await runner.submit(RESTORE, A, works.start, requester=Session(auto=False).request())
@@ -401,13 +479,14 @@ async def test_a_failed_backup_is_retried_by_its_repeat(
 
 
 async def test_each_request_is_reported_with_how_it_was_answered(store: RevisionStore) -> None:
-    """The observer hears every verdict (the metric `restore_agent_relay_answers_total`): a new
-    run, then the lost answer's repeat answered from the record."""
-    heard: list[tuple[str, str]] = []
+    """The observer hears every verdict and its reason (the metric
+    `restore_agent_relay_answers_total`): a new run, then the lost answer's repeat answered
+    from the record."""
+    heard: list[tuple[str, str, str]] = []
 
     class Observer:
-        def relay_answered(self, *, kind: str, answer: str) -> None:
-            heard.append((kind, answer))
+        def relay_answered(self, *, kind: str, answer: str, reason: str) -> None:
+            heard.append((kind, answer, reason))
 
     runner = JobRunner(store, observer=Observer())
     run = asyncio.create_task(runner.run())
@@ -420,4 +499,8 @@ async def test_each_request_is_reported_with_how_it_was_answered(store: Revision
     finally:
         await runner.close(5)
     await run
-    assert heard == [("restore", "start"), ("restore", "recorded")]
+    assert heard == [
+        ("restore", "start", "nothing"),
+        ("restore", "recorded", "answer-lost-with-its-connection"),
+    ]
+    assert set(heard) <= {(kind, to.value, reason) for kind, to, reason in answer_reasons()}

@@ -1,10 +1,11 @@
 """The ping rule on a `Peer`: a request arrives at the count of the peer's messages read; a
-handler's answer is written with a ping right behind it, and that ping's pong delivers it;
-what no pong confirmed before the connection ended is never delivered."""
+handler's answer goes out with a ping right behind it, in the same write, and that ping's pong
+delivers it; what no pong confirmed before the connection ended is never delivered."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from agent.protocol.delivery import Mark
@@ -15,6 +16,8 @@ from agent.session.transport import Pong
 from tests.memory import MemoryTransport, transport_pair
 from tests.session._helpers import FAST, body_route
 
+_PING = b"<ping>"
+
 
 class _Pending:
     def __init__(self, pong: asyncio.Future[Pong]) -> None:
@@ -24,16 +27,25 @@ class _Pending:
         return await self._pong
 
 
-class _Pings:
-    """Writes a ping into the transport's record (after the frames before it) and answers it
-    when the test says `pong(after)`."""
+class _Wire:
+    """The served peer's side of the connection, write by write: its transport's `send` is one
+    write of one frame, `send_then_ping` one write of its frames and a ping (delivered to the
+    other end as they come); each ping is answered when the test says `pong(after)`."""
 
-    def __init__(self, transport: MemoryTransport) -> None:
-        self._transport = transport
+    def __init__(self, served_end: MemoryTransport, other_end: MemoryTransport) -> None:
+        self._other_end = other_end
+        self.writes: list[list[bytes]] = []
         self.waiting: list[asyncio.Future[Pong]] = []
+        served_end.on_send = self._sent
 
-    async def start_ping(self) -> _Pending:
-        self._transport.sent.append(b"<ping>")
+    def _sent(self, frame: bytes) -> bytes:
+        self.writes.append([frame])
+        return frame
+
+    async def send_then_ping(self, frames: Sequence[bytes]) -> _Pending:
+        self.writes.append([*frames, _PING])
+        for frame in frames:
+            self._other_end.inject(frame)
         pong: asyncio.Future[Pong] = asyncio.get_running_loop().create_future()
         self.waiting.append(pong)
         return _Pending(pong)
@@ -46,15 +58,14 @@ class _Pings:
 
 async def _served(
     handler: Any, *, connection: int = 7
-) -> tuple[Peer, Peer, MemoryTransport, _Pings, DeliveryTracker, list[asyncio.Task[Any]]]:
+) -> tuple[Peer, Peer, MemoryTransport, _Wire, DeliveryTracker, list[asyncio.Task[Any]]]:
     left_end, right_end = transport_pair()
-    right_end.record = True
-    pings = _Pings(right_end)
-    tracker = DeliveryTracker(connection, pings)
+    wire = _Wire(right_end, left_end)
+    tracker = DeliveryTracker(connection, wire)
     left = Peer(left_end, Routes(), settings=FAST)
     right = Peer(right_end, Routes([body_route("ask", handler)]), settings=FAST, deliveries=tracker)
     runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
-    return left, right, right_end, pings, tracker, runs
+    return left, right, right_end, wire, tracker, runs
 
 
 async def _close(left_end: Any, runs: list[asyncio.Task[Any]]) -> None:
@@ -75,14 +86,14 @@ async def test_an_answer_is_followed_by_a_ping_whose_pong_delivers_it() -> None:
         ctx.on_delivered(delivered.append)
         return {"answer": body["n"]}
 
-    left, _, right_end, pings, tracker, runs = await _served(ask)
+    left, _, right_end, wire, tracker, runs = await _served(ask)
     try:
         await left.call("ask", {"n": 1}, timeout=5)
         assert await left.call("ask", {"n": 2}, timeout=5) == {"answer": 2}
-        assert right_end.sent[-1] == b"<ping>"
-        assert b'"answer":2' in right_end.sent[-2]
+        *_, answer, ping = wire.writes[-1]
+        assert (b'"answer":2' in answer, ping) == (True, _PING)
         assert delivered == []
-        pings.pong(after=3)
+        wire.pong(after=3)
         await tracker.settled()
     finally:
         await _close(right_end, runs)
@@ -99,12 +110,12 @@ async def test_an_answer_not_confirmed_when_the_connection_ends_is_never_deliver
         ctx.on_delivered(delivered.append)
         return {}
 
-    left, _, right_end, pings, tracker, runs = await _served(ask)
+    left, _, right_end, wire, tracker, runs = await _served(ask)
     try:
         await left.call("ask", {}, timeout=5)
         tracker.lost()
         await tracker.settled()
-        pings.pong(after=1)
+        wire.pong(after=1)
         await asyncio.sleep(0)
     finally:
         await _close(right_end, runs)
@@ -117,9 +128,48 @@ async def test_a_handler_that_asks_for_no_delivery_costs_no_ping() -> None:
     async def ask(body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         return {}
 
-    left, _, right_end, _, _, runs = await _served(ask)
+    left, _, right_end, wire, _, runs = await _served(ask)
     try:
         await left.call("ask", {}, timeout=5)
     finally:
         await _close(right_end, runs)
-    assert b"<ping>" not in right_end.sent
+    assert wire.writes
+    assert all(_PING not in write for write in wire.writes)
+
+
+async def test_the_answer_and_its_ping_go_out_in_one_write() -> None:
+    """The flush that writes an answer whose delivery is awaited hands its frames and the ping
+    to the socket together: no write of the answer alone, no write of the ping alone."""
+
+    async def ask(body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+        ctx.on_delivered(lambda mark: None)
+        return {"answer": 1}
+
+    left, _, right_end, wire, _, runs = await _served(ask)
+    try:
+        await left.call("ask", {}, timeout=5)
+    finally:
+        await _close(right_end, runs)
+    [carrying] = [write for write in wire.writes if any(b'"answer":1' in f for f in write)]
+    assert carrying[-1] == _PING
+    assert [_PING] not in wire.writes
+
+
+async def test_the_confirming_ping_is_numbered_after_its_answers_are_handed_out() -> None:
+    """The ledger hands the answer out and numbers its ping before the write: the pong of that
+    ping (number 1, the first) delivers it, and a keepalive ping numbered after it is 2."""
+    delivered: list[Mark] = []
+
+    async def ask(body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
+        ctx.on_delivered(delivered.append)
+        return {}
+
+    left, _, right_end, wire, tracker, runs = await _served(ask, connection=3)
+    try:
+        await left.call("ask", {}, timeout=5)
+        assert tracker.ping() == 2
+        tracker.ponged(1, after=1)
+        await tracker.settled()
+    finally:
+        await _close(right_end, runs)
+    assert (delivered, len(wire.waiting)) == ([Mark(3, 1)], 1)
