@@ -258,8 +258,13 @@ class SessionClosed(SessionError):
         self.reason = reason
 
 
-class CallTimeout(SessionError, TimeoutError):
-    """An outgoing call got no reply before its deadline."""
+class CallTimeout(SessionError):
+    """An outgoing call got no reply before its deadline (the call's own, which the connection
+    enforces).
+
+    No `TimeoutError`: that one is a local deadline's (`asyncio.timeout`, `Clock.timeout`)
+    ending the block it bounds, and an `except TimeoutError` around an awaited call must not
+    take the call's timeout for its own deadline."""
 
     def __init__(self, method: str, timeout: float) -> None:
         super().__init__(f"{method} got no reply within {timeout:g} s")

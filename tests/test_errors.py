@@ -1,10 +1,29 @@
-"""first_leaf: the error a failed TaskGroup stands for."""
+"""The error root: a call's timeout is no local deadline's; first_leaf, the error a failed
+TaskGroup stands for."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.errors import AgentError, IntegrityError, StreamBroken, first_leaf
+from agent.errors import AgentError, CallTimeout, IntegrityError, StreamBroken, first_leaf
+from tests.clock import ManualClock
+
+
+async def _bounded(error: Exception) -> str:
+    """What an `except TimeoutError` around a bounded block takes `error` for."""
+    try:
+        async with ManualClock().timeout(5):
+            raise error
+    except TimeoutError:
+        return "the deadline"
+    except CallTimeout:
+        return "the call's timeout"
+
+
+async def test_a_call_timeout_is_not_taken_for_a_local_deadline() -> None:
+    """A call's timeout raised inside a block a deadline bounds is not that deadline's
+    `TimeoutError`: `except TimeoutError` around an awaited call catches only its own bound."""
+    assert await _bounded(CallTimeout("getClusterConfig", 30.0)) == "the call's timeout"
 
 
 def test_the_first_leaf_of_nested_groups_is_found() -> None:
