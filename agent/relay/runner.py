@@ -36,8 +36,10 @@ work belongs to the runner, not to the request: a caller that goes away (its ses
 leaves the work running, and the repeated request joins it. `close()` cancels the work; its row
 stays `running` (the next identical request resumes it, after reconciling a restore). A job's
 outcome (`agent.domain.outcomes`: `Succeeded`, `Failed`) is recorded before any caller sees it.
-A bug in a job, in its work or in recording its outcome, fails that job (`internal`) and
-nothing else (`relay_job_crashed`).
+A bug in a job, in its work or in recording its outcome, fails that job (`internal`, not
+retryable: the same request meets the same bug) and nothing else (`relay_job_crashed`). A store
+that refuses to record an outcome is no bug: the callers get `OutcomeUnrecorded` (`internal`,
+retryable), since the row stays `running` and the identical request settles it.
 """
 
 from __future__ import annotations
@@ -64,7 +66,13 @@ from agent.domain.job_machine import (
 )
 from agent.domain.jobs import JobKey, StoredJob
 from agent.domain.outcomes import Failed, JobResult, JsonObject, RunPlan, Succeeded
-from agent.errors import AgentError, JobConflict, RestoreInProgress, ShuttingDown
+from agent.errors import (
+    AgentError,
+    JobConflict,
+    OutcomeUnrecorded,
+    RestoreInProgress,
+    ShuttingDown,
+)
 from agent.locks import KeyedLocks
 from agent.observe import NULL_OBSERVER, RelayObserver
 from agent.owner import TaskOwner
@@ -440,15 +448,14 @@ class JobRunner:
         self, stored: StoredJob, work: Work, outcome: asyncio.Future[_Answered]
     ) -> None:
         """`_execute`, and a bug of the runner's own (recording an outcome) fails this job,
-        `internal`: its callers are answered, and the owner's TaskGroup (the daemon) goes on."""
+        `internal`, not retryable (a bug: the same request would meet it again): its callers are
+        answered, and the owner's TaskGroup (the daemon) goes on."""
         try:
             await self._execute(stored, work, outcome)
         except Exception:  # noqa: BLE001  # logged with its traceback; the job fails alone
             _log.exception("relay_job_crashed", **_fields(stored.key))
             if not outcome.done():
-                error = AgentError(
-                    f"the relay {stored.key.kind} failed unexpectedly; send it again"
-                )
+                error = AgentError(f"the relay {stored.key.kind} failed unexpectedly")
                 outcome.set_result(_Answered(stored.key, None, error=error))
 
     async def _execute(
@@ -481,7 +488,7 @@ class JobRunner:
             return
         revision = await self._record(stored, JobOp.SUCCEED, succeeded)
         if revision is None:
-            unrecorded = AgentError(
+            unrecorded = OutcomeUnrecorded(
                 f"the relay {key.kind} ran but its outcome could not be recorded; send it again"
             )
             outcome.set_result(_Answered(key, None, error=unrecorded))
