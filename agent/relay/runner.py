@@ -34,7 +34,9 @@ new run, the stored ones for a resumed run), then the job row moves (`start`, `r
 `retry`; `agent.domain.job_machine`) and the work runs as a task of `run()`'s TaskGroup. The
 work belongs to the runner, not to the request: a caller that goes away (its session dropped)
 leaves the work running, and the repeated request joins it. `close()` cancels the work; its row
-stays `running` (the next identical request resumes it, after reconciling a restore). A job's
+stays `running` (the next identical request resumes it, after reconciling a restore) and its
+callers, joined ones too, are answered `ShuttingDown`, whether the cancel came during the work
+or while its outcome was being written. A job's
 outcome (`agent.domain.outcomes`: `Succeeded`, `Failed`) is recorded before any caller sees it.
 A bug in a job, in its work or in recording its outcome, fails that job (`internal`, not
 retryable: the same request meets the same bug) and nothing else (`relay_job_crashed`). A store
@@ -483,10 +485,10 @@ class JobRunner:
                 _log.warning(
                     "relay_job_failed", **_fields(key), code=failure.code, error=str(failure)
                 )
-            revision = await self._record(stored, JobOp.FAIL, Failed.of(failure))
+            revision = await self._record(stored, JobOp.FAIL, Failed.of(failure), outcome)
             outcome.set_result(_Answered(key, revision, error=failure))
             return
-        revision = await self._record(stored, JobOp.SUCCEED, succeeded)
+        revision = await self._record(stored, JobOp.SUCCEED, succeeded, outcome)
         if revision is None:
             unrecorded = OutcomeUnrecorded(
                 f"the relay {key.kind} ran but its outcome could not be recorded; send it again"
@@ -496,9 +498,16 @@ class JobRunner:
         _log.info("relay_job_succeeded", **_fields(key), **succeeded.report.log_fields())
         outcome.set_result(_Answered(key, revision, response=succeeded.response))
 
-    async def _record(self, stored: StoredJob, op: JobOp, result: JobResult) -> int | None:
+    async def _record(
+        self,
+        stored: StoredJob,
+        op: JobOp,
+        result: JobResult,
+        outcome: asyncio.Future[_Answered],
+    ) -> int | None:
         """Record the job's outcome; its revision, or None when the store refused (the row
-        stays `running`: the next request settles it)."""
+        stays `running`: the next request settles it). Cancelled meanwhile (the agent stops
+        while the write is in flight), the callers are answered `ShuttingDown` first."""
         try:
             moved = await self._store.move_job(
                 stored.key,
@@ -507,6 +516,17 @@ class JobRunner:
                 digest=stored.request_digest,
                 result=result,
             )
+        except asyncio.CancelledError:
+            # A caller joined to the job waits on `outcome`, not on this task: unresolved, it
+            # would wait forever (only today's shutdown order, which drains the session's
+            # handlers before the runner closes, spares it). The write may or may not land:
+            # the repeat finds whichever row it left (`running` is resumed or reconciled).
+            error = ShuttingDown(
+                f"the agent stopped while the {stored.key.kind}'s outcome was being recorded; "
+                "repeat the request for it"
+            )
+            outcome.set_result(_Answered(stored.key, None, error=error))
+            raise
         except AgentError as exc:
             _log.error("relay_job_unrecorded", **_fields(stored.key), code=exc.code)
             return None
