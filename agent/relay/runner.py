@@ -36,8 +36,8 @@ work belongs to the runner, not to the request: a caller that goes away (its ses
 leaves the work running, and the repeated request joins it. `close()` cancels the work; its row
 stays `running` (the next identical request resumes it, after reconciling a restore) and its
 callers, joined ones too, are answered `ShuttingDown`, whether the cancel came during the work
-or while its outcome was being written. A job's
-outcome (`agent.domain.outcomes`: `Succeeded`, `Failed`) is recorded before any caller sees it.
+or while its outcome was being written. A job's outcome (`agent.domain.outcomes`:
+`Succeeded`, `JobFailed`) is recorded before any caller sees it.
 A bug in a job, in its work or in recording its outcome, fails that job (`internal`, not
 retryable: the same request meets the same bug) and nothing else (`relay_job_crashed`). A store
 that refuses to record an outcome is no bug: the callers get `OutcomeUnrecorded` (`internal`,
@@ -67,7 +67,7 @@ from agent.domain.job_machine import (
     restore_meets,
 )
 from agent.domain.jobs import JobKey, StoredJob
-from agent.domain.outcomes import Failed, JobResult, JsonObject, RunPlan, Succeeded
+from agent.domain.outcomes import JobFailed, JobResult, JsonObject, RunPlan, Succeeded
 from agent.errors import (
     AgentError,
     JobConflict,
@@ -124,7 +124,7 @@ class Requester(Protocol):
 
 Scope = tuple[str, str, str, str, str]
 
-INTERRUPTED: Final = Failed(
+INTERRUPTED: Final = JobFailed(
     ShuttingDown.code,
     "the agent stopped while this restore ran; it is not resumed: a new request restores anew",
     True,
@@ -485,7 +485,7 @@ class JobRunner:
                 _log.warning(
                     "relay_job_failed", **_fields(key), code=failure.code, error=str(failure)
                 )
-            revision = await self._record(stored, JobOp.FAIL, Failed.of(failure), outcome)
+            revision = await self._record(stored, JobOp.FAIL, JobFailed.of(failure), outcome)
             outcome.set_result(_Answered(key, revision, error=failure))
             return
         revision = await self._record(stored, JobOp.SUCCEED, succeeded, outcome)
@@ -549,7 +549,7 @@ class JobRunner:
 
 def _recorded(key: JobKey, revision: int, result: JobResult) -> _Answered:
     """A recorded outcome answered again."""
-    if isinstance(result, Failed):
+    if isinstance(result, JobFailed):
         return _Answered(key, revision, error=result.error())
     return _Answered(key, revision, response=result.response)
 
