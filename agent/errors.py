@@ -6,16 +6,25 @@ agent sends is listed in docs/isolated-restore.md, "Wire error codes"), so trans
 exception into an error envelope is one function (`wire_error_data`) and nothing else
 re-decides it.
 
+The root is not retryable: a plain `AgentError` (and anything else the peer answers `internal`)
+is a bug, and the same request meets the same bug. Every class that is retryable says so itself
+(`retryable = True` in its own body), so a class inherits no retryability it did not mean.
+
     AgentError                       code            retryable   at fault
+    (itself)                         internal        no          us: a bug (the peer answers
+                                                                 any other exception so too)
     ├── ConfigError                  internal        no          operator (bad config file)
     ├── StartupBlocked               internal        yes         the node, for now (the health
     │                                                            address in use, the state
     │                                                            directory held by another agent)
-    ├── ProtocolError
+    ├── ProtocolError                internal        yes         the protocol
     │   ├── LocalProtocolError       internal        yes         us (we misused the protocol)
     │   └── RemoteProtocolError      internal        no          peer (malformed frame)
     ├── InvalidState                 internal        yes         us (illegal state-machine move)
     ├── StoreError                   internal        yes         disk / SQLite
+    │   ├── OutcomeUnrecorded        internal        yes         (a relay job ran, the store
+    │   │                                                          refused its outcome: the
+    │   │                                                          identical request settles it)
     │   ├── StoreCorrupt             internal        no          disk (integrity_check failed;
     │   │                                                          start-up refused, exit 65)
     │   ├── StoreNewer               internal        no          a newer agent migrated the
@@ -24,14 +33,15 @@ re-decides it.
     │   └── StateUnwritable          state-unwritable yes        the node's state disk (full,
     │                                                            read-only, I/O error): `cause`
     ├── SessionError                 internal        yes         network / Cloudly
-    │   ├── SessionClosed                                          (websocket closed: code, reason)
-    │   ├── CallTimeout                                            (no reply before the deadline)
-    │   ├── CallFailed                                             (Cloudly answered with `error`)
-    │   ├── AuthenticationFailed                                   (machine token refused)
-    │   ├── EnrollmentFailed                                       (the X25519 recipient was not
-    │   │                                                            enrolled: docs/credentials.md)
-    │   └── UpgradeRefused                                         (the websocket upgrade was
-    │                                                                answered with `http_status`)
+    │   ├── SessionClosed            internal        yes         (websocket closed: code, reason)
+    │   ├── CallTimeout              internal        yes         (no reply before the call's own
+    │   │                                                          deadline; no `TimeoutError`)
+    │   ├── CallFailed               internal        yes         (Cloudly answered with `error`)
+    │   ├── AuthenticationFailed     internal        no          (machine token refused)
+    │   ├── EnrollmentFailed         internal        yes         (the X25519 recipient was not
+    │   │                                                          enrolled: docs/credentials.md)
+    │   └── UpgradeRefused           internal        yes         (the websocket upgrade was
+    │                                                              answered with `http_status`)
     ├── TransferError                internal        yes         bytes in flight
     │   ├── StreamBroken             transfer-interrupted yes    (VirtualStream died or went
     │   │   │                                                      silent mid-way: resend it)
@@ -40,18 +50,18 @@ re-decides it.
     │   │                                                          same bytes fail again)
     │   ├── ClosureNotAccepted       closure-not-accepted yes    (Cloudly answered accepted: false)
     │   └── IntegrityError           integrity-mismatch  yes     sender or storage (size/sha256)
-    ├── CorestoreError                                           the node's Corestore
+    ├── CorestoreError               internal        yes         the node's Corestore
     │   ├── CorestoreUnavailable     corestore-unavailable yes   (unreachable, timeout, 5xx)
     │   ├── CorestoreFull            corestore-full      yes     (507 / `storage-full`: its disk
     │   │                                                          is full; not resent)
     │   ├── CorestoreRefused         corestore-refused   no      (4xx, its text sanitised)
-    │   └── CredentialError                                      its control credential
+    │   └── CredentialError          internal        yes         its control credential
     │       ├── CredentialUnavailable  credential-unavailable yes  (Cloudly could not give it now)
     │       ├── SealedMaterialRefused  sealed-material-refused no  (does not open: another key,
     │       │                                                        binding or tampered bytes)
     │       └── CorestoreCredentialRejected corestore-credential-rejected yes
     │                                                            (refused again after one refetch)
-    └── Refusal                                                  the caller (Cloudly's request)
+    └── Refusal                      internal        no          the caller (Cloudly's request)
         ├── InvalidRequest           invalid-request     no
         ├── MisroutedCluster         misrouted-cluster   no
         ├── UnknownNode              unknown-node        no
@@ -102,6 +112,7 @@ __all__ = [
     "NodeWithoutCorestore",
     "NotReady",
     "ObjectNotInManifest",
+    "OutcomeUnrecorded",
     "PartialRestoreRefused",
     "ProtocolError",
     "Refusal",
@@ -137,7 +148,9 @@ class AgentError(Exception):
     """
 
     code: ClassVar[str] = "internal"
-    retryable: ClassVar[bool] = True
+    # Not retryable unless a class says so: an error raised as a plain `AgentError` (or any
+    # exception the peer answers `internal`) is a bug, and the same request meets the same bug.
+    retryable: ClassVar[bool] = False
 
     def __init__(self, message: str, **data: Any) -> None:
         super().__init__(message)
@@ -167,6 +180,8 @@ class StartupBlocked(AgentError):
     another agent holds the state directory. Exit code 75 (EX_TEMPFAIL), which the unit's
     `Restart=on-failure` restarts, unlike a configuration error's 2."""
 
+    retryable = True
+
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(f"{key}: {reason}")
         self.key = key
@@ -179,9 +194,13 @@ class StartupBlocked(AgentError):
 class ProtocolError(AgentError):
     """The TypedRequest/VirtualStream protocol was violated."""
 
+    retryable = True
+
 
 class LocalProtocolError(ProtocolError):
     """We tried to do something the protocol forbids: a bug on our side."""
+
+    retryable = True
 
 
 class RemoteProtocolError(ProtocolError):
@@ -193,12 +212,29 @@ class RemoteProtocolError(ProtocolError):
 class InvalidState(AgentError, AssertionError):
     """An illegal move was asked of an internal state machine; nothing changed."""
 
+    retryable = True
+
 
 # --- persistence --------------------------------------------------------------------------------
 
 
 class StoreError(AgentError):
     """SQLite failed (I/O, locking); the operation did not happen."""
+
+    retryable = True
+
+
+class OutcomeUnrecorded(StoreError):
+    """A relay job's work ended, but the state database refused the write of its outcome: the
+    job's row stays `running` and its callers get this instead of the outcome.
+
+    Retryable on purpose: the fault is the store's (logged `relay_job_unrecorded` with its
+    code), not the request's, and the identical request is what settles the row (a backup
+    resumes; a restore run is first reconciled with Corestore by its keys, and recorded done
+    when every effect was applied). `internal` on the wire, as every store fault without a
+    named cause is."""
+
+    retryable = True
 
 
 class StoreCorrupt(StoreError):
@@ -246,9 +282,13 @@ class StateUnwritable(StoreError):
 class SessionError(AgentError):
     """The Cloudly session failed or a call on it did."""
 
+    retryable = True
+
 
 class SessionClosed(SessionError):
     """The websocket closed."""
+
+    retryable = True
 
     def __init__(self, code: int | None, reason: str = "") -> None:
         super().__init__(
@@ -258,8 +298,15 @@ class SessionClosed(SessionError):
         self.reason = reason
 
 
-class CallTimeout(SessionError, TimeoutError):
-    """An outgoing call got no reply before its deadline."""
+class CallTimeout(SessionError):
+    """An outgoing call got no reply before its deadline (the call's own, which the connection
+    enforces).
+
+    No `TimeoutError`: that one is a local deadline's (`asyncio.timeout`, `Clock.timeout`)
+    ending the block it bounds, and an `except TimeoutError` around an awaited call must not
+    take the call's timeout for its own deadline."""
+
+    retryable = True
 
     def __init__(self, method: str, timeout: float) -> None:
         super().__init__(f"{method} got no reply within {timeout:g} s")
@@ -269,6 +316,8 @@ class CallTimeout(SessionError, TimeoutError):
 
 class CallFailed(SessionError):
     """The peer answered an outgoing call with an `error`."""
+
+    retryable = True
 
     def __init__(self, method: str, text: str, error_data: Mapping[str, Any] | None = None) -> None:
         super().__init__(f"{method} failed: {text}")
@@ -288,10 +337,14 @@ class EnrollmentFailed(SessionError):
     refused, the challenge did not open, or the answer was unusable). The session reconnects with
     backoff and enrolls again; nothing was persisted."""
 
+    retryable = True
+
 
 class UpgradeRefused(SessionError):
     """Cloudly answered the websocket upgrade with an HTTP status instead of switching
     protocols; `http_status` says which (the session's fault classification reads it)."""
+
+    retryable = True
 
     def __init__(self, message: str, *, http_status: int) -> None:
         super().__init__(message)
@@ -303,6 +356,8 @@ class UpgradeRefused(SessionError):
 
 class TransferError(AgentError):
     """Moving bytes failed."""
+
+    retryable = True
 
 
 class StreamBroken(TransferError):
@@ -356,6 +411,8 @@ class IntegrityError(TransferError):
 class CorestoreError(AgentError):
     """Corestore could not do what we asked."""
 
+    retryable = True
+
 
 class CorestoreUnavailable(CorestoreError, ConnectionError):
     """Corestore is unreachable, timed out or answered 5xx."""
@@ -384,6 +441,8 @@ class CredentialError(CorestoreError):
     """The node's Corestore control credential could not be had or was not accepted: Corestore
     could not be asked with authority. A `CorestoreError`, so work that needed it ends the way
     every other Corestore failure ends it (docs/credentials.md, "Failure behaviour")."""
+
+    retryable = True
 
 
 class CredentialUnavailable(CredentialError):

@@ -53,7 +53,7 @@ from typing import Any, Final
 
 from agent import __version__
 from agent.domain.jobs import StoredJob
-from agent.domain.outcomes import Failed, Succeeded
+from agent.domain.outcomes import JobFailed, Succeeded
 from agent.domain.restores import StoredState
 from agent.status import NOT_READY_CONDITIONS, SessionState, StatusSnapshot
 from agent.transfers.limits import TransferEntry, TransferView
@@ -213,7 +213,7 @@ def job_rows(jobs: Sequence[StoredJob], *, now_ms: int) -> list[dict[str, Any]]:
 
 def _job_row(job: StoredJob, *, now_ms: int) -> dict[str, Any]:
     report = job.result.report if isinstance(job.result, Succeeded) else None
-    error = job.result if isinstance(job.result, Failed) else None
+    error = job.result if isinstance(job.result, JobFailed) else None
     return {
         "clusterId": job.key.cluster_id,
         "nodeId": job.key.node_id,

@@ -4,7 +4,7 @@ Past the JSON edge (the store's columns, the wire response) a job's outcome is a
 
 - `Succeeded(response, report)`: the response Cloudly is answered with (its wire object, as the
   contract model dumped it) and the `JobReport` recorded and logged next to it;
-- `Failed(code, message, retryable, data)`: the error Cloudly is answered with (`data`: the
+- `JobFailed(code, message, retryable, data)`: the error Cloudly is answered with (`data`: the
   error's own wire facts, e.g. `run` of `restore-in-progress`).
 
 A restore run's `RunPlan` is fixed when the run starts and kept with its row: its destructive
@@ -29,7 +29,7 @@ from agent.errors import AgentError, InvalidState
 
 __all__ = [
     "ClosureFacts",
-    "Failed",
+    "JobFailed",
     "JobReport",
     "JobResult",
     "Json",
@@ -163,7 +163,7 @@ class Succeeded:
 
 
 @dataclass(frozen=True, slots=True)
-class Failed:
+class JobFailed:
     """A job that failed: the error Cloudly gets (its wire code, text, whether to retry, and
     the error's own facts that travel in `error.data` beside them)."""
 
@@ -173,7 +173,7 @@ class Failed:
     data: JsonObject = field(default_factory=dict, hash=False)
 
     @classmethod
-    def of(cls, error: AgentError) -> Failed:
+    def of(cls, error: AgentError) -> JobFailed:
         """The record of `error`, its wire facts included (JSON: `InvalidState` otherwise)."""
         return cls(
             error.code, error.message, error.retryable, _json_object(error.data, "error.data")
@@ -194,7 +194,7 @@ class Failed:
         return {"error": error}
 
 
-JobResult: TypeAlias = "Succeeded | Failed"
+JobResult: TypeAlias = "Succeeded | JobFailed"
 
 
 def result_from_json(value: object) -> JobResult:
@@ -206,7 +206,7 @@ def result_from_json(value: object) -> JobResult:
         retryable = error.get("retryable")
         if not isinstance(retryable, bool):
             raise InvalidState("result.error.retryable must be a boolean")
-        return Failed(
+        return JobFailed(
             _text(error.get("code"), "result.error.code"),
             _text(error.get("message"), "result.error.message"),
             retryable,

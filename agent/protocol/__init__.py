@@ -4,7 +4,7 @@ No asyncio here: every action takes `now` from its driver and ids from an inject
 and returns frames to send. The face, what the rest of the agent uses:
 - `connection`: `Connection`, THE protocol object (frames, time and actions in; bytes, events
   and deadlines out; streams named by id);
-- `events`: the values it hands out (`RequestReceived`, `Completed`, `Failed`,
+- `events`: the values it hands out (`RequestReceived`, `Completed`, `CallErrored`,
   `StreamChanged`, `StreamEnded`, `StreamBroke`, `ChunkToDecode`);
 - `settings`: `ConnectionSettings` and `StreamSettings`, every knob with its one default;
 - `handlers`: what a handler is and sees (`Route`, `Routes`, `RequestContext`, `ByteSource`,
@@ -24,7 +24,7 @@ Inside, in the order the bytes go:
 - `ids`: `uni_` ids.
 """
 
-from agent.protocol.calls import CallTable, Completed, Failed, Resend, Unmatched
+from agent.protocol.calls import CallErrored, CallTable, Completed, Resend, Unmatched
 from agent.protocol.chunks import (
     CLOSING,
     CLOSING_BIT,
@@ -80,6 +80,7 @@ __all__ = [
     "UNKNOWN_METHOD_TEXT",
     "ByteSink",
     "ByteSource",
+    "CallErrored",
     "CallTable",
     "ChunkForm",
     "ChunkToDecode",
@@ -93,7 +94,6 @@ __all__ = [
     "Envelope",
     "ErrorInfo",
     "Event",
-    "Failed",
     "FrameKind",
     "Handler",
     "Producer",

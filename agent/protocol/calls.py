@@ -1,10 +1,11 @@
 """Outgoing calls: fresh correlation ids, absolute deadlines, `retry` bookkeeping (wire.md §1.4).
 
 Pure: the connection passes `now` and acts on the returned outcomes. A call is encoded once
-(`PendingCall.wire`), sent, then either answered (`Completed`/`Failed`), asked to wait and send
-the IDENTICAL bytes again, same correlation id (`Resend`; `due_resends(now)` hands them out when
-their time comes, at most `max_attempts` sends in all), or expires (`expire(now)`). Replies for
-ids we do not know are reported as `Unmatched` and dropped.
+(`PendingCall.wire`), sent, then either answered (`Completed`, or `CallErrored`: an error
+reply), asked to wait and send the IDENTICAL bytes again, same correlation id (`Resend`;
+`due_resends(now)` hands them out when their time comes, at most `max_attempts` sends in all),
+or expires (`expire(now)`, `CallErrored` too). Replies for ids we do not know are reported as
+`Unmatched` and dropped.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from agent.errors import CallFailed, CallTimeout, InvalidState, SessionClosed
 from agent.protocol.envelope import Correlation, Envelope, encode_envelope
 
-__all__ = ["CallTable", "Completed", "Failed", "Outcome", "PendingCall", "Resend", "Unmatched"]
+__all__ = ["CallErrored", "CallTable", "Completed", "Outcome", "PendingCall", "Resend", "Unmatched"]
 
 
 @dataclass(slots=True)
@@ -43,9 +44,9 @@ class Completed:
 
 
 @dataclass(frozen=True, slots=True)
-class Failed:
+class CallErrored:
     """The call is over without a response: `error` reply, retry limit, deadline, or the
-    session closed."""
+    session closed (`error` says which; the peer raises it to the caller)."""
 
     call_id: str
     error: CallFailed | CallTimeout | SessionClosed
@@ -67,7 +68,7 @@ class Unmatched:
     call_id: str
 
 
-Outcome = Completed | Failed | Resend | Unmatched
+Outcome = Completed | CallErrored | Resend | Unmatched
 
 
 @dataclass(slots=True)
@@ -117,13 +118,13 @@ class CallTable:
         if env.error is not None:  # error wins over retry: TS callers fail there too
             del self._calls[call.call_id]
             error = CallFailed(call.method, env.error.text, _as_dict(env.error.data))
-            return Failed(call.call_id, error)
+            return CallErrored(call.call_id, error)
         if env.retry is not None:
             if call.sends >= self.max_attempts:
                 del self._calls[call.call_id]
                 text = f"gave up after {call.sends} attempts, last retry reason: {env.retry.reason}"
                 data = {"code": "retry-exhausted", "retryable": True}
-                return Failed(call.call_id, CallFailed(call.method, text, data))
+                return CallErrored(call.call_id, CallFailed(call.method, text, data))
             call.sends += 1
             call.resend_at = now + env.retry.wait_for_ms / 1000.0
             return Resend(call.call_id, call.frame, call.resend_at)
@@ -133,10 +134,10 @@ class CallTable:
             # TS handlers that crash answer `response: null` without `error` (wire.md §1.3).
             text = "the peer answered without a response object"
             data = {"code": "no-response", "retryable": True}
-            return Failed(call.call_id, CallFailed(call.method, text, data))
+            return CallErrored(call.call_id, CallFailed(call.method, text, data))
         return Completed(call.call_id, response)
 
-    def expire(self, now: float) -> list[Failed]:
+    def expire(self, now: float) -> list[CallErrored]:
         """Calls whose deadline has passed, removed."""
         expired = [
             call
@@ -146,7 +147,8 @@ class CallTable:
         for call in expired:
             del self._calls[call.call_id]
         return [
-            Failed(call.call_id, CallTimeout(call.method, call.timeout or 0.0)) for call in expired
+            CallErrored(call.call_id, CallTimeout(call.method, call.timeout or 0.0))
+            for call in expired
         ]
 
     def due_resends(self, now: float) -> list[PendingCall]:

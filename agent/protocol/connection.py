@@ -90,7 +90,7 @@ from agent.errors import (
     StreamBroken,
     wire_error_data,
 )
-from agent.protocol.calls import CallTable, Completed, Failed, Unmatched
+from agent.protocol.calls import CallErrored, CallTable, Completed, Unmatched
 from agent.protocol.chunks import Closing
 from agent.protocol.envelope import (
     Correlation,
@@ -127,6 +127,7 @@ from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role,
 __all__ = [
     "MAX_CHUNK",
     "UNKNOWN_METHOD_TEXT",
+    "CallErrored",
     "ChunkToDecode",
     "ChunkToken",
     "Completed",
@@ -134,7 +135,6 @@ __all__ = [
     "ConnectionSettings",
     "ConnectionState",
     "Event",
-    "Failed",
     "RequestReceived",
     "StreamBroke",
     "StreamChanged",
@@ -336,7 +336,9 @@ class Connection:
         for stream_id in list(self._charged):
             self._uncharge(stream_id)
         for call_id in self._calls.clear():
-            self._events.append(Failed(call_id, SessionClosed(reason.close_code, reason.reason)))
+            self._events.append(
+                CallErrored(call_id, SessionClosed(reason.close_code, reason.reason))
+            )
         for stream in list(self._streams.all_streams()):
             if isinstance(stream, ResponderStream):
                 stream.abort("the session closed", now)
@@ -730,7 +732,7 @@ class Connection:
         outcome = self._calls.on_response(env, now=now)
         if isinstance(outcome, Unmatched):
             log.info("response_unmatched", method=env.method, correlation_id=outcome.call_id)
-        elif isinstance(outcome, Completed | Failed):
+        elif isinstance(outcome, Completed | CallErrored):
             self._events.append(outcome)
         else:
             log.info("call_retry_advised", method=env.method)

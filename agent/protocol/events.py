@@ -2,7 +2,7 @@
 happened. A driver acts on each; none of them gives access to the connection's internals.
 
 - `RequestReceived`: the peer asks us to handle a request; end it with `respond` or `refuse`.
-- `Completed` / `Failed` (from `calls`): one of our calls is over.
+- `Completed` / `CallErrored` (from `calls`): one of our calls is over.
 - `StreamChanged`: a stream moved (data arrived, room was freed, a frame of it was handled):
   whoever waits on it asks again (`take`, `can_write`). Two in a row for one stream are one.
 - `StreamEnded` / `StreamBroke`: a stream is over, through its closing bit or broken (and
@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.errors import StreamBroken, StreamMalformed, StreamNotServed
-from agent.protocol.calls import Completed, Failed
+from agent.protocol.calls import CallErrored, Completed
 
 __all__ = [
+    "CallErrored",
     "ChunkToDecode",
     "ChunkToken",
     "Completed",
     "Event",
-    "Failed",
     "RequestReceived",
     "StreamBroke",
     "StreamChanged",
@@ -105,5 +105,11 @@ class ChunkToDecode:
 
 
 Event = (
-    RequestReceived | Completed | Failed | StreamChanged | StreamEnded | StreamBroke | ChunkToDecode
+    RequestReceived
+    | Completed
+    | CallErrored
+    | StreamChanged
+    | StreamEnded
+    | StreamBroke
+    | ChunkToDecode
 )

@@ -213,7 +213,7 @@ async def _answer_after_stream(
     try:
         async with clock.timeout(answer_timeout):
             return await call
-    except TimeoutError:
+    except TimeoutError:  # this deadline's own; the call's timeout would be `CallTimeout`
         raise StreamBroken(
             f"Cloudly did not answer the database closure of service {service_id} for backup "
             f"{backup_id} within {answer_timeout:g} s after its stream ended"

@@ -34,10 +34,14 @@ new run, the stored ones for a resumed run), then the job row moves (`start`, `r
 `retry`; `agent.domain.job_machine`) and the work runs as a task of `run()`'s TaskGroup. The
 work belongs to the runner, not to the request: a caller that goes away (its session dropped)
 leaves the work running, and the repeated request joins it. `close()` cancels the work; its row
-stays `running` (the next identical request resumes it, after reconciling a restore). A job's
-outcome (`agent.domain.outcomes`: `Succeeded`, `Failed`) is recorded before any caller sees it.
-A bug in a job, in its work or in recording its outcome, fails that job (`internal`) and
-nothing else (`relay_job_crashed`).
+stays `running` (the next identical request resumes it, after reconciling a restore) and its
+callers, joined ones too, are answered `ShuttingDown`, whether the cancel came during the work
+or while its outcome was being written. A job's outcome (`agent.domain.outcomes`:
+`Succeeded`, `JobFailed`) is recorded before any caller sees it.
+A bug in a job, in its work or in recording its outcome, fails that job (`internal`, not
+retryable: the same request meets the same bug) and nothing else (`relay_job_crashed`). A store
+that refuses to record an outcome is no bug: the callers get `OutcomeUnrecorded` (`internal`,
+retryable), since the row stays `running` and the identical request settles it.
 """
 
 from __future__ import annotations
@@ -63,8 +67,14 @@ from agent.domain.job_machine import (
     restore_meets,
 )
 from agent.domain.jobs import JobKey, StoredJob
-from agent.domain.outcomes import Failed, JobResult, JsonObject, RunPlan, Succeeded
-from agent.errors import AgentError, JobConflict, RestoreInProgress, ShuttingDown
+from agent.domain.outcomes import JobFailed, JobResult, JsonObject, RunPlan, Succeeded
+from agent.errors import (
+    AgentError,
+    JobConflict,
+    OutcomeUnrecorded,
+    RestoreInProgress,
+    ShuttingDown,
+)
 from agent.locks import KeyedLocks
 from agent.observe import NULL_OBSERVER, RelayObserver
 from agent.owner import TaskOwner
@@ -114,7 +124,7 @@ class Requester(Protocol):
 
 Scope = tuple[str, str, str, str, str]
 
-INTERRUPTED: Final = Failed(
+INTERRUPTED: Final = JobFailed(
     ShuttingDown.code,
     "the agent stopped while this restore ran; it is not resumed: a new request restores anew",
     True,
@@ -440,15 +450,14 @@ class JobRunner:
         self, stored: StoredJob, work: Work, outcome: asyncio.Future[_Answered]
     ) -> None:
         """`_execute`, and a bug of the runner's own (recording an outcome) fails this job,
-        `internal`: its callers are answered, and the owner's TaskGroup (the daemon) goes on."""
+        `internal`, not retryable (a bug: the same request would meet it again): its callers are
+        answered, and the owner's TaskGroup (the daemon) goes on."""
         try:
             await self._execute(stored, work, outcome)
         except Exception:  # noqa: BLE001  # logged with its traceback; the job fails alone
             _log.exception("relay_job_crashed", **_fields(stored.key))
             if not outcome.done():
-                error = AgentError(
-                    f"the relay {stored.key.kind} failed unexpectedly; send it again"
-                )
+                error = AgentError(f"the relay {stored.key.kind} failed unexpectedly")
                 outcome.set_result(_Answered(stored.key, None, error=error))
 
     async def _execute(
@@ -476,12 +485,12 @@ class JobRunner:
                 _log.warning(
                     "relay_job_failed", **_fields(key), code=failure.code, error=str(failure)
                 )
-            revision = await self._record(stored, JobOp.FAIL, Failed.of(failure))
+            revision = await self._record(stored, JobOp.FAIL, JobFailed.of(failure), outcome)
             outcome.set_result(_Answered(key, revision, error=failure))
             return
-        revision = await self._record(stored, JobOp.SUCCEED, succeeded)
+        revision = await self._record(stored, JobOp.SUCCEED, succeeded, outcome)
         if revision is None:
-            unrecorded = AgentError(
+            unrecorded = OutcomeUnrecorded(
                 f"the relay {key.kind} ran but its outcome could not be recorded; send it again"
             )
             outcome.set_result(_Answered(key, None, error=unrecorded))
@@ -489,9 +498,16 @@ class JobRunner:
         _log.info("relay_job_succeeded", **_fields(key), **succeeded.report.log_fields())
         outcome.set_result(_Answered(key, revision, response=succeeded.response))
 
-    async def _record(self, stored: StoredJob, op: JobOp, result: JobResult) -> int | None:
+    async def _record(
+        self,
+        stored: StoredJob,
+        op: JobOp,
+        result: JobResult,
+        outcome: asyncio.Future[_Answered],
+    ) -> int | None:
         """Record the job's outcome; its revision, or None when the store refused (the row
-        stays `running`: the next request settles it)."""
+        stays `running`: the next request settles it). Cancelled meanwhile (the agent stops
+        while the write is in flight), the callers are answered `ShuttingDown` first."""
         try:
             moved = await self._store.move_job(
                 stored.key,
@@ -500,6 +516,17 @@ class JobRunner:
                 digest=stored.request_digest,
                 result=result,
             )
+        except asyncio.CancelledError:
+            # A caller joined to the job waits on `outcome`, not on this task: unresolved, it
+            # would wait forever (only today's shutdown order, which drains the session's
+            # handlers before the runner closes, spares it). The write may or may not land:
+            # the repeat finds whichever row it left (`running` is resumed or reconciled).
+            error = ShuttingDown(
+                f"the agent stopped while the {stored.key.kind}'s outcome was being recorded; "
+                "repeat the request for it"
+            )
+            outcome.set_result(_Answered(stored.key, None, error=error))
+            raise
         except AgentError as exc:
             _log.error("relay_job_unrecorded", **_fields(stored.key), code=exc.code)
             return None
@@ -522,7 +549,7 @@ class JobRunner:
 
 def _recorded(key: JobKey, revision: int, result: JobResult) -> _Answered:
     """A recorded outcome answered again."""
-    if isinstance(result, Failed):
+    if isinstance(result, JobFailed):
         return _Answered(key, revision, error=result.error())
     return _Answered(key, revision, response=result.response)
 

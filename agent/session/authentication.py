@@ -29,8 +29,8 @@ from agent.session.cluster import ClusterKnowledge
 from agent.session.handshake import (
     Authenticated,
     ClusterRead,
-    Failed,
     Handshake,
+    StepFailed,
     masked,
     renew_delay,
 )
@@ -95,7 +95,7 @@ class Authentication:
                 answer = refused
             outcome = handshake.receive(answer, now=self._clock.time())
             self._cluster.note(outcome.deviation)
-            if isinstance(outcome, Failed):
+            if isinstance(outcome, StepFailed):
                 raise outcome.error
             if isinstance(outcome, Authenticated):
                 self._status.set_identity_expiry(outcome.identity.expires_at)

@@ -8,12 +8,12 @@ reads each answer, and says what it means.
 `next_call()` is the `Call` due now (method and body), None once the sequence is over.
 `receive(answer, now=...)` takes what came back, the answer object or Cloudly's `CallFailed`
 refusal, and returns one frozen outcome: `Authenticated(identity)`, `Tagged()`,
-`ClusterRead(view)`, or `Failed(error)`, the session error the answer means (the token
+`ClusterRead(view)`, or `StepFailed(error)`, the session error the answer means (the token
 refused, an identity expired on arrival, the tag not accepted, an answer the agent cannot use,
 a refusal of the tag or cluster call as it came). Each outcome carries the answer's tolerated
 `Deviation` from the seed's exact shape, if any (a field path and reason, never the value).
-After `Failed` or the plan's last answer nothing is due; another answer is an `InvalidState`
-that changes nothing. Nothing Cloudly answers raises out of `receive`.
+After `StepFailed` or the plan's last answer nothing is due; another answer is an
+`InvalidState` that changes nothing. Nothing Cloudly answers raises out of `receive`.
 
 The machine token is revealed only into the getIdentityByToken body and the JWT only into the
 getClusterConfig body (`Call.body`, which no repr shows); a refusal's text comes back with the
@@ -66,10 +66,10 @@ __all__ = [
     "Call",
     "ClusterRead",
     "Deviation",
-    "Failed",
     "Handshake",
     "Outcome",
     "Stage",
+    "StepFailed",
     "Tagged",
     "masked",
     "renew_delay",
@@ -136,14 +136,15 @@ class ClusterRead:
 
 
 @dataclass(frozen=True, slots=True)
-class Failed:
-    """The sequence ends: `error` is what the answer means (raise it)."""
+class StepFailed:
+    """A step of the sequence failed and the sequence ends: `error` is what its answer means
+    (raise it)."""
 
     error: SessionError | RemoteProtocolError
     deviation: Deviation | None = None
 
 
-Outcome = Authenticated | Tagged | ClusterRead | Failed
+Outcome = Authenticated | Tagged | ClusterRead | StepFailed
 
 
 class Handshake:
@@ -215,7 +216,7 @@ class Handshake:
             outcome = self._tagged(answer)
         else:
             outcome = self._cluster_read(answer)
-        if isinstance(outcome, Failed):
+        if isinstance(outcome, StepFailed):
             self._failed = True
         else:
             self._next += 1
@@ -225,36 +226,36 @@ class Handshake:
         if isinstance(answer, CallFailed):
             text = masked(answer.text, self._token)
             error = AuthenticationFailed(f"Cloudly refused the machine token: {text}")
-            return Failed(_chained(error, answer))
+            return StepFailed(_chained(error, answer))
         read = _read(METHOD_GET_IDENTITY_BY_TOKEN, answer, TokenAnswer, GetIdentityByTokenResponse)
-        if isinstance(read, Failed):
+        if isinstance(read, StepFailed):
             return read
         model, deviation = read
         if _remaining_life(model.identity.expires_at, now) <= 0:
-            return Failed(_already_expired(), deviation)
+            return StepFailed(_already_expired(), deviation)
         self._identity = model.identity
         return Authenticated(model.identity, deviation)
 
     def _tagged(self, answer: Mapping[str, Any] | CallFailed) -> Outcome:
         if isinstance(answer, CallFailed):
-            return Failed(answer)
+            return StepFailed(answer)
         read = _read(METHOD_SET_TAG, answer, TagAnswer, TagAnswer)
-        if isinstance(read, Failed):
+        if isinstance(read, StepFailed):
             return read
         model, deviation = read
         if not model.success:
             assert self._tag is not None
             error = SessionError(f"Cloudly did not accept the connection tag {self._tag.name}")
-            return Failed(error, deviation)
+            return StepFailed(error, deviation)
         return Tagged(deviation)
 
     def _cluster_read(self, answer: Mapping[str, Any] | CallFailed) -> Outcome:
         if isinstance(answer, CallFailed):
-            return Failed(answer)
+            return StepFailed(answer)
         read = _read(
             METHOD_GET_CLUSTER_CONFIG, answer, ClusterConfigAnswer, GetClusterConfigResponse
         )
-        if isinstance(read, Failed):
+        if isinstance(read, StepFailed):
             return read
         model, deviation = read
         return ClusterRead(read_cluster_view(model.config_data), deviation)
@@ -268,14 +269,14 @@ def masked(text: str, secret: Secret) -> str:
 
 def _read(
     method: str, data: Mapping[str, Any], used: type[_Model], contract: type[WireModel]
-) -> tuple[_Model, Deviation | None] | Failed:
+) -> tuple[_Model, Deviation | None] | StepFailed:
     """What the agent uses of `data`, and how `data` deviates from `contract` elsewhere."""
     try:
         model = used.from_wire(data)
     except ValidationError as exc:
         # The validation error quotes the answer, which may hold secrets: not chained.
         path, reason = first_problem(exc, root="answer")
-        return Failed(
+        return StepFailed(
             RemoteProtocolError(f"the {method} answer is unusable: {path}: {reason}", field=path)
         )
     found = contract_deviation(contract, data)

@@ -51,13 +51,13 @@ from agent.contracts.base import StreamMarker
 from agent.errors import AgentError, NotReady, RemoteProtocolError, SessionClosed, ShuttingDown
 from agent.observe import NULL_OBSERVER, Direction, PeerObserver
 from agent.protocol.connection import (
+    CallErrored,
     ChunkToDecode,
     Completed,
     Connection,
     ConnectionSettings,
     ConnectionState,
     Event,
-    Failed,
     RequestReceived,
     StreamBroke,
     StreamChanged,
@@ -121,7 +121,7 @@ class Peer:
         self._routes = routes
         self._clock = clock
         self._send_lock = asyncio.Lock()
-        self._waiters: dict[str, asyncio.Future[Completed | Failed]] = {}
+        self._waiters: dict[str, asyncio.Future[Completed | CallErrored]] = {}
         self._signals: dict[str, Signal] = {}
         self._handlers: dict[asyncio.Task[None], int] = {}
         self._children: set[asyncio.Task[None]] = set()
@@ -210,7 +210,7 @@ class Peer:
         """Call `method`; raises `CallFailed`, `CallTimeout` or `SessionClosed` (`timeout`
         None: no deadline of its own, the caller bounds it)."""
         call_id = self.connection.call(method, request, now=self.now(), timeout=timeout)
-        waiter: asyncio.Future[Completed | Failed] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[Completed | CallErrored] = asyncio.get_running_loop().create_future()
         self._waiters[call_id] = waiter
         try:
             await self.flush()
@@ -218,7 +218,7 @@ class Peer:
         finally:
             del self._waiters[call_id]
             self.connection.cancel_call(call_id)
-        if isinstance(outcome, Failed):
+        if isinstance(outcome, CallErrored):
             raise outcome.error
         return outcome.response
 

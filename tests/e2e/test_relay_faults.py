@@ -22,7 +22,7 @@ import pytest
 
 from agent.corestore.routes import RouteName
 from agent.corestore.service_models import ServiceBackupBody
-from agent.domain.outcomes import Failed
+from agent.domain.outcomes import JobFailed
 from agent.errors import CallFailed, SessionClosed
 from agent.store import RevisionStore
 from devstack.cloudly import ABSENT, Tamper, cluster_document
@@ -458,6 +458,6 @@ async def test_a_reconnect_between_a_closures_call_and_its_stream_fails_the_run_
     assert (job.key.run, job.status, job.result) == (
         1,
         "failed",
-        Failed("transfer-interrupted", job.result.message, retryable=True),
+        JobFailed("transfer-interrupted", job.result.message, retryable=True),
     )
     assert stack.cloudly.count("closure-served") == 1

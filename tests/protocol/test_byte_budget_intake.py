@@ -10,10 +10,10 @@ import orjson
 
 from agent.errors import CallTimeout
 from agent.protocol.connection import (
+    CallErrored,
     ChunkToDecode,
     Connection,
     ConnectionSettings,
-    Failed,
     StreamSettings,
 )
 from agent.transfers.budget import BudgetLedger
@@ -120,8 +120,8 @@ def test_letting_held_answers_go_leaves_the_clocks_work_to_advance() -> None:
     assert (event.call_id, type(event.error)) == (call_id, CallTimeout)
 
 
-def failures(conn: Connection) -> list[Failed]:
-    return [event for event in conn.events_received() if isinstance(event, Failed)]
+def failures(conn: Connection) -> list[CallErrored]:
+    return [event for event in conn.events_received() if isinstance(event, CallErrored)]
 
 
 def test_a_stream_nobody_reads_yet_is_answered_backpressure() -> None:

@@ -9,7 +9,7 @@ from itertools import count
 import pytest
 
 from agent.errors import CallFailed, CallTimeout, InvalidState
-from agent.protocol.calls import CallTable, Completed, Failed, Resend, Unmatched
+from agent.protocol.calls import CallErrored, CallTable, Completed, Resend, Unmatched
 from agent.protocol.envelope import Correlation, Envelope, ErrorInfo, RetryAdvice
 from agent.protocol.ids import new_uni_id
 
@@ -55,7 +55,7 @@ def test_error_reply_fails_the_call_with_its_text_and_data() -> None:
     table = ids()
     call = table.start("get", {}, now=0, timeout=5)
     outcome = table.on_response(answer(call.frame, error=ErrorInfo("gone", {"code": "x"})), now=1)
-    assert isinstance(outcome, Failed)
+    assert isinstance(outcome, CallErrored)
     assert isinstance(outcome.error, CallFailed)
     assert (outcome.error.text, outcome.error.error_data) == ("gone", {"code": "x"})
 
@@ -65,7 +65,7 @@ def test_error_wins_over_retry() -> None:
     table = ids()
     call = table.start("get", {}, now=0, timeout=5)
     both = answer(call.frame, error=ErrorInfo("no", None), retry=RetryAdvice(10, "r"))
-    assert isinstance(table.on_response(both, now=1), Failed)
+    assert isinstance(table.on_response(both, now=1), CallErrored)
 
 
 def test_retry_asks_to_resend_the_identical_frame_after_the_wait() -> None:
@@ -84,7 +84,7 @@ def test_retries_are_bounded_then_the_call_fails() -> None:
     assert isinstance(table.on_response(retry, now=0), Resend)
     assert isinstance(table.on_response(retry, now=0), Resend)
     outcome = table.on_response(retry, now=0)
-    assert isinstance(outcome, Failed)
+    assert isinstance(outcome, CallErrored)
     assert isinstance(outcome.error, CallFailed)
     assert outcome.error.error_data["code"] == "retry-exhausted"
     assert len(table) == 0
@@ -109,7 +109,7 @@ def test_null_response_without_error_fails_the_call() -> None:
     table = ids()
     call = table.start("a", {}, now=0, timeout=5)
     outcome = table.on_response(answer(call.frame, response=None), now=0)
-    assert isinstance(outcome, Failed)
+    assert isinstance(outcome, CallErrored)
     assert isinstance(outcome.error, CallFailed)
 
 

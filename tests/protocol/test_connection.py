@@ -29,12 +29,12 @@ from agent.errors import (
 from agent.protocol.chunks import CLOSING
 from agent.protocol.connection import (
     MAX_CHUNK,
+    CallErrored,
     ChunkToDecode,
     Completed,
     Connection,
     ConnectionSettings,
     ConnectionState,
-    Failed,
     RequestReceived,
     StreamBroke,
     StreamChanged,
@@ -509,7 +509,7 @@ class TestCalls:
         assert conn.events_received() == []
         conn.advance(5.0)
         [event] = conn.events_received()
-        assert isinstance(event, Failed)
+        assert isinstance(event, CallErrored)
         assert (event.call_id, type(event.error)) == (call_id, CallTimeout)
         assert conn.next_deadline() is None
 
@@ -536,7 +536,7 @@ class TestCalls:
         second = conn.call("echo", {}, now=0.0, timeout=5.0)
         conn.connection_lost(SessionClosed(1006, "gone"), 0.0)
         events = conn.events_received()
-        assert [(e.call_id, type(e.error)) for e in events if isinstance(e, Failed)] == [
+        assert [(e.call_id, type(e.error)) for e in events if isinstance(e, CallErrored)] == [
             (first, SessionClosed),
             (second, SessionClosed),
         ]
@@ -563,7 +563,7 @@ class TestCalls:
         }
         conn.receive_frame(orjson.dumps(answer), 0.5)
         [event] = conn.events_received()
-        assert isinstance(event, Failed)
+        assert isinstance(event, CallErrored)
         assert isinstance(event.error, CallFailed)
         assert (event.error.text, event.error.error_data) == ("gone", {"code": "x"})
 

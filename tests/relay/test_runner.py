@@ -24,7 +24,7 @@ from agent.domain.job_machine import JobOp, answer_reasons
 from agent.domain.jobs import JobKey, StoredJob
 from agent.domain.outcomes import (
     ClosureFacts,
-    Failed,
+    JobFailed,
     JobReport,
     RestoreEffects,
     RunPlan,
@@ -475,7 +475,7 @@ async def test_a_failed_backup_is_retried_by_its_repeat(
     assert job is not None
     assert (job.status, job.attempts) == ("succeeded", 2)
     assert isinstance(job.result, Succeeded)
-    assert not isinstance(job.result, Failed)
+    assert not isinstance(job.result, JobFailed)
 
 
 async def test_each_request_is_reported_with_how_it_was_answered(store: RevisionStore) -> None:

@@ -24,9 +24,9 @@ from agent.session.handshake import (
     Call,
     ClusterRead,
     Deviation,
-    Failed,
     Handshake,
     Stage,
+    StepFailed,
     Tagged,
     renew_delay,
 )
@@ -132,7 +132,7 @@ def test_a_refused_token_fails_with_the_token_masked_and_the_refusal_as_its_caus
     """Cloudly's refusal is AuthenticationFailed; a token it echoes is masked in the text."""
     refusal = CallFailed("getIdentityByToken", f"unknown token {TOKEN}")
     outcome = _connect().receive(refusal, now=NOW)
-    assert isinstance(outcome, Failed)
+    assert isinstance(outcome, StepFailed)
     assert isinstance(outcome.error, AuthenticationFailed)
     assert str(outcome.error) == "Cloudly refused the machine token: unknown token **********"
     assert outcome.error.__cause__ is refusal
@@ -143,7 +143,7 @@ def test_an_identity_expired_on_arrival_fails() -> None:
     expired = {"identity": dict(IDENTITY_ANSWER["identity"], expiresAt=int(NOW * 1000) - 1)}
     handshake = _connect()
     outcome = handshake.receive(expired, now=NOW)
-    assert isinstance(outcome, Failed)
+    assert isinstance(outcome, StepFailed)
     assert isinstance(outcome.error, AuthenticationFailed)
     assert "already expired" in str(outcome.error)
     assert handshake.identity is None
@@ -153,7 +153,7 @@ def test_an_unusable_answer_fails_naming_the_field_never_the_value() -> None:
     """An identity without its JWT is RemoteProtocolError naming the field path."""
     answer = {"identity": {"expiresAt": 1, "password": "hunter2-SENTINEL"}}
     outcome = _connect().receive(answer, now=NOW)
-    assert isinstance(outcome, Failed)
+    assert isinstance(outcome, StepFailed)
     assert isinstance(outcome.error, RemoteProtocolError)
     assert str(outcome.error) == (
         "the getIdentityByToken answer is unusable: identity.jwt: Field required"
@@ -165,7 +165,7 @@ def test_a_refused_tag_fails_naming_it() -> None:
     """`success: false` to the tag ends the handshake; the cluster is never asked."""
     handshake = _authenticated(_connect())
     outcome = handshake.receive({"success": False}, now=NOW)
-    assert isinstance(outcome, Failed)
+    assert isinstance(outcome, StepFailed)
     assert type(outcome.error) is SessionError
     assert str(outcome.error) == "Cloudly did not accept the connection tag restore-agent"
     assert handshake.next_call() is None
@@ -176,7 +176,7 @@ def test_a_refusal_of_the_cluster_call_is_the_failure_as_it_came() -> None:
     handshake = _authenticated(Handshake.probe(Secret(TOKEN)))
     refusal = CallFailed("getClusterConfig", "not now")
     outcome = handshake.receive(refusal, now=NOW)
-    assert isinstance(outcome, Failed)
+    assert isinstance(outcome, StepFailed)
     assert outcome.error is refusal
 
 
@@ -260,7 +260,7 @@ def test_no_answer_raises_out_of_the_handshake(answer: dict[str, Any], stage: in
     for earlier in (IDENTITY_ANSWER, {"success": True})[:stage]:
         handshake.receive(earlier, now=NOW)
     outcome = handshake.receive(answer, now=NOW)
-    assert isinstance(outcome, Authenticated | Tagged | ClusterRead | Failed)
+    assert isinstance(outcome, Authenticated | Tagged | ClusterRead | StepFailed)
 
 
 def test_a_plan_that_tags_needs_the_tag() -> None:

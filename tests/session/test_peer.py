@@ -113,7 +113,8 @@ async def test_the_handler_gets_the_parsed_model_and_its_answer_is_serialised() 
 
 
 async def test_a_validation_error_inside_the_handler_is_internal_not_the_callers_fault() -> None:
-    """Only the request body's validation is invalid-request; the handler's own is a bug."""
+    """Only the request body's validation is invalid-request; the handler's own is a bug
+    (`internal`, not retryable: the same request meets the same bug)."""
 
     async def buggy(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         _Outer.model_validate({"objectRef": {"sha256": 5}})
@@ -122,11 +123,11 @@ async def test_a_validation_error_inside_the_handler_is_internal_not_the_callers
     async with peers(Routes(), routes_with(stage=buggy)) as (left, _, _, _):
         with pytest.raises(CallFailed) as caught:
             await left.call("stage", {}, timeout=2)
-    assert caught.value.error_data == {"code": "internal", "retryable": True}
+    assert caught.value.error_data == {"code": "internal", "retryable": False}
 
 
 async def test_unexpected_exception_becomes_internal_without_details() -> None:
-    """Any other exception answers code internal with a generic text."""
+    """Any other exception answers code internal, not retryable, with a generic text."""
 
     async def crash(request: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
         raise RuntimeError("secret-ish detail")
@@ -134,7 +135,7 @@ async def test_unexpected_exception_becomes_internal_without_details() -> None:
     async with peers(Routes(), routes_with(boom=crash)) as (left, _, _, _):
         with pytest.raises(CallFailed) as caught:
             await left.call("boom", {}, timeout=2)
-    assert caught.value.error_data == {"code": "internal", "retryable": True}
+    assert caught.value.error_data == {"code": "internal", "retryable": False}
     assert "secret-ish" not in caught.value.text
 
 
@@ -425,7 +426,7 @@ async def test_an_answer_now_of_none_leaves_the_request_to_its_handler() -> None
     ("error", "expected"),
     [
         (RestoreNotFound("no restore r1"), {"code": "restore-not-found", "retryable": False}),
-        (KeyError("secret detail"), {"code": "internal", "retryable": True}),
+        (KeyError("secret detail"), {"code": "internal", "retryable": False}),
     ],
 )
 async def test_what_answer_now_raises_is_answered_as_from_a_handler(

@@ -9,7 +9,7 @@ import pytest
 
 from agent.domain.job_machine import JobOp
 from agent.domain.jobs import JobKey
-from agent.domain.outcomes import Failed, JobReport, Succeeded
+from agent.domain.outcomes import JobFailed, JobReport, Succeeded
 from agent.errors import IllegalTransition, InvalidState, RevisionConflict
 from agent.secret import Secret
 from agent.store import RevisionStore
@@ -67,7 +67,7 @@ async def test_retry_after_a_failure_runs_again_and_forgets_the_old_error(
 ) -> None:
     """`failed` -> `retry` -> `running`: a new attempt, the recorded error dropped."""
     await store.move_job(KEY, op=JobOp.START, expected_revision=0, digest=DIGEST)
-    error = Failed("corestore-unavailable", "x", retryable=True)
+    error = JobFailed("corestore-unavailable", "x", retryable=True)
     await store.move_job(KEY, op=JobOp.FAIL, expected_revision=1, digest=DIGEST, result=error)
     job = await store.move_job(KEY, op=JobOp.RETRY, expected_revision=2, digest=DIGEST)
     assert (job.status, job.attempts, job.result) == ("running", 2, None)
@@ -108,7 +108,7 @@ def test_a_key_names_one_of_the_two_kinds() -> None:
 # --- restores: one row per run ------------------------------------------------------------------
 
 RESTORE = JobKey("cluster-1", "node-1", "restore", "bk-1", "svc-1")
-FAILED = Failed("corestore-unavailable", "x", retryable=True)
+FAILED = JobFailed("corestore-unavailable", "x", retryable=True)
 
 
 async def _finished_run(store: RevisionStore, key: JobKey, digest: str = DIGEST) -> JobKey:

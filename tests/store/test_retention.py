@@ -13,7 +13,7 @@ import structlog
 
 from agent.domain.job_machine import JobOp
 from agent.domain.jobs import JobKey
-from agent.domain.outcomes import Failed, Succeeded
+from agent.domain.outcomes import JobFailed, Succeeded
 from agent.domain.restore_machine import Op
 from agent.domain.restores import PreparedPlan, RestoreKey
 from agent.errors import RestoreNotFound, StoreError
@@ -76,7 +76,7 @@ async def _restore(
 async def _job(store: RevisionStore, key: JobKey, finish: JobOp | None = JobOp.SUCCEED) -> JobKey:
     started = await store.move_job(key, op=JobOp.START, expected_revision=0, digest=DIGEST)
     if finish is not None:
-        result = Succeeded({}) if finish is JobOp.SUCCEED else Failed("x", "x", retryable=True)
+        result = Succeeded({}) if finish is JobOp.SUCCEED else JobFailed("x", "x", retryable=True)
         await store.move_job(
             started.key, op=finish, expected_revision=1, digest=DIGEST, result=result
         )
