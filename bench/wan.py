@@ -19,12 +19,19 @@ Then `--keepalive-rtt` (default 400 ms): a closure both ways and a stage, while 
 pings (every `ping_interval_s`) cross the line; it reports the connections the agent made (1:
 the keepalive never misfired) and the streams that broke (0).
 
+Then the path changed (`--path-rtt`, default 200 ms): a session born at 0 ms whose line's round
+trip becomes `--path-rtt` after `--path-after` seconds (a route change, a failover), beside a
+session born at that round trip: `--path-closures` closures each (backup, then restore), the
+first started as soon as the round trip grew, the rest one after the other; each one's MB/s and
+its ratio to the same closure of the session born there.
+
 `--checkout PATH` runs the agent of another checkout (its own `.venv`), e.g. main, for a
 before/after pair: its config gets only keys every agent knows. Run from the repository root:
 
     .venv/bin/python -m bench.wan [--rtts 0,50,100,200] [--stage-mib 32] [--closure-mib 128]
         [--pieces 256,1024] [--parallel 1,4] [--form buffer] [--rate-mbit N]
-        [--keepalive-rtt 400] [--only stage,closures,keepalive] [--checkout PATH]
+        [--keepalive-rtt 400] [--path-rtt 200] [--path-after 5] [--path-closures 2]
+        [--only stage,closures,keepalive,path] [--checkout PATH]
         [--agent-streams KEY=N,..] [--json out.json] [--keep]
 
 Real time on purpose (benchmarks only): the agent's tests inject their clocks.
@@ -89,7 +96,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--form", default="buffer", help="chunk form, both ends")
     parser.add_argument("--rate-mbit", type=float, help="cap of the line, per direction")
     parser.add_argument("--keepalive-rtt", type=float, default=400.0, help="ms; 0: skip")
-    parser.add_argument("--only", default="stage,closures,keepalive", help="what to run")
+    parser.add_argument("--path-rtt", type=float, default=200.0, help="ms it grows to; 0: skip")
+    parser.add_argument("--path-after", type=float, default=5.0, help="s at 0 ms before it grows")
+    parser.add_argument("--path-closures", type=int, default=2, help="closures after it grew")
+    parser.add_argument("--only", default="stage,closures,keepalive,path", help="what to run")
     parser.add_argument("--checkout", type=Path, default=ROOT, help="the agent's checkout")
     parser.add_argument(
         "--agent-streams", default="", help="extra [streams] keys of the agent: KEY=N,KEY=N"
@@ -110,11 +120,24 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@dataclass
+class Line:
+    """A delay line child: the port it listens on, and its round trip set on the live line."""
+
+    port: int
+    control: asyncio.StreamWriter
+
+    async def set_rtt(self, rtt_ms: float) -> None:
+        """From now on every byte waits `rtt_ms / 2` each way."""
+        self.control.write(json.dumps({"delay_ms": rtt_ms / 2}).encode() + b"\n")
+        await self.control.drain()
+
+
 @contextlib.asynccontextmanager
 async def delay_line(
     target_port: int, rtt_ms: float, rate_mbit: float | None, log: Path
-) -> AsyncIterator[int]:
-    """A delay line child in front of 127.0.0.1:`target_port`; yields its port."""
+) -> AsyncIterator[Line]:
+    """A delay line child in front of 127.0.0.1:`target_port`."""
     with log.open("wb") as errors:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -126,15 +149,16 @@ async def delay_line(
             str(rtt_ms / 2),
             *([] if rate_mbit is None else ["--rate-mbit", str(rate_mbit)]),
             cwd=ROOT,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=errors,
         )
     try:
         assert process.stdout is not None
+        assert process.stdin is not None
         async with asyncio.timeout(30):
             hello = json.loads(await process.stdout.readline() or b"{}")
-        yield int(hello["port"])
+        yield Line(int(hello["port"]), process.stdin)
     finally:
         if process.returncode is None:
             process.terminate()
@@ -169,8 +193,8 @@ class Wan:
     results: dict[str, Any] = field(default_factory=dict)
 
     @contextlib.asynccontextmanager
-    async def agent_at(self, rtt_ms: float) -> AsyncIterator[None]:
-        """A fresh delay line and a fresh agent dialling through it."""
+    async def agent_at(self, rtt_ms: float) -> AsyncIterator[Line]:
+        """A fresh delay line and a fresh agent dialling through it; yields the line."""
         self.runs += 1
         name = f"{self.runs:02d}-rtt-{rtt_ms:g}"
         directory = self.work / name
@@ -179,7 +203,7 @@ class Wan:
         async with (
             delay_line(
                 self.cloudly.port, rtt_ms, self.args.rate_mbit, directory / "proxy.log"
-            ) as port,
+            ) as line,
             agent_process(
                 f"agent-{name}",
                 ["agent", "run"],
@@ -191,11 +215,11 @@ class Wan:
                 checkout=self.args.checkout,
                 corestore={"max_transfers_per_node": limit} if limit > 2 else None,
                 streams=self.args.agent_streams or None,
-                url=f"ws://127.0.0.1:{port}/",
+                url=f"ws://127.0.0.1:{line.port}/",
             ) as child,
         ):
             self.agent_log = child.log_path
-            yield
+            yield line
 
     async def stage(self, piece_kib: int, parallel: int) -> float:
         """MB/s of `--stage-mib` MiB staged as `parallel` restores at once."""
@@ -306,10 +330,11 @@ def _error(exc: BaseException) -> str:
 
 
 async def measure(wan: Wan) -> dict[str, Any]:
-    """Every cell of `--rtts`, then the keepalive check."""
+    """Every cell of `--rtts` (when stages or closures run), the keepalive check, the path
+    changed."""
     args = wan.args
     cells: dict[str, dict[str, Any]] = {}
-    for rtt in args.rtts:
+    for rtt in args.rtts if {"stage", "closures"} & args.only else []:
         say(f"RTT {rtt:g} ms")
         cell: dict[str, Any] = {}
         async with wan.agent_at(rtt):
@@ -327,7 +352,31 @@ async def measure(wan: Wan) -> dict[str, Any]:
     results: dict[str, Any] = {"cells": cells, "ratios": _ratios(cells, args)}
     if "keepalive" in args.only and args.keepalive_rtt > 0:
         results["keepalive"] = await keepalive(wan)
+    if "path" in args.only and args.path_rtt > 0:
+        results["path"] = await path_changed(wan)
     return results
+
+
+async def path_changed(wan: Wan) -> dict[str, Any]:
+    """Closures of a session born at `--path-rtt`, then of one born at 0 ms whose round trip
+    becomes `--path-rtt` after `--path-after` s (module docstring)."""
+    args = wan.args
+    rtt, mib = args.path_rtt, args.closure_mib
+    figures: dict[str, Any] = {"rtt_ms": rtt, "after_s": args.path_after}
+    say(f"born at RTT {rtt:g} ms")
+    async with wan.agent_at(rtt):
+        figures["born"] = [await wan.closure(mib) for _ in range(args.path_closures)]
+    for index, closure in enumerate(figures["born"]):
+        say(f"  closure {index + 1}: {_closure_text(closure)}")
+    say(f"born at RTT 0 ms, {rtt:g} ms after {args.path_after:g} s")
+    async with wan.agent_at(0.0) as line:
+        await asyncio.sleep(args.path_after)  # real time on purpose: the agent's own clock runs
+        await line.set_rtt(rtt)
+        figures["changed"] = [await wan.closure(mib) for _ in range(args.path_closures)]
+        figures["connections"] = wan.cloudly.count("cluster-config-read")
+    for index, closure in enumerate(figures["changed"]):
+        say(f"  closure {index + 1}: {_closure_text(closure)}")
+    return figures
 
 
 async def keepalive(wan: Wan) -> dict[str, Any]:
@@ -391,10 +440,14 @@ def report(results: dict[str, Any]) -> str:
     """The figures as Markdown tables."""
     cells, ratios = results["cells"], results["ratios"]
     keys = sorted({key for cell in cells.values() for key in _rates(cell)})
-    lines = [
-        "| RTT ms | " + " | ".join(key.removesuffix("_mb_s") for key in keys) + " |",
-        "|---" * (len(keys) + 1) + "|",
-    ]
+    lines = (
+        [
+            "| RTT ms | " + " | ".join(key.removesuffix("_mb_s") for key in keys) + " |",
+            "|---" * (len(keys) + 1) + "|",
+        ]
+        if cells
+        else []
+    )
     for rtt, cell in cells.items():
         rates = _rates(cell)
         row = [
@@ -416,7 +469,33 @@ def report(results: dict[str, Any]) -> str:
             f"{k['sessions_lost']} session loss line(s); closure {_closure_text(k['closure'])},"
             f" stage {k['stage_mb_s']:.1f} MB/s"
         )
+    if "path" in results:
+        lines += ["", *_path_report(results["path"])]
     return "\n".join(lines)
+
+
+def _path_report(path: dict[str, Any]) -> list[str]:
+    """The path-changed cell: each closure of both sessions, the grown one's ratio to the
+    born one's."""
+    rtt, after = f"{path['rtt_ms']:g} ms", f"{path['after_s']:g} s"
+    lines = [
+        "| session | closure | backup MB/s | restore MB/s |",
+        "|---|---|---|---|",
+    ]
+    for index, (born, changed) in enumerate(zip(path["born"], path["changed"], strict=True)):
+        cells: dict[str, list[str]] = {"born": [], "changed": []}
+        for way in ("backup", "restore"):
+            key = f"{way}_mb_s"
+            cells["born"].append(f"{born[key]:.1f}" if key in born else "failed")
+            if key in changed and key in born:
+                cells["changed"].append(f"{changed[key]:.1f} ({changed[key] / born[key]:.2f}x)")
+            else:
+                cells["changed"].append(f"{changed[key]:.1f}" if key in changed else "failed")
+        lines.append(f"| born at {rtt} | {index + 1} | " + " | ".join(cells["born"]) + " |")
+        lines.append(
+            f"| 0 ms, {rtt} after {after} | {index + 1} | " + " | ".join(cells["changed"]) + " |"
+        )
+    return lines
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
