@@ -23,7 +23,8 @@ Then the path changed (`--path-rtt`, default 200 ms): a session born at 0 ms who
 trip becomes `--path-rtt` after `--path-after` seconds (a route change, a failover), beside a
 session born at that round trip: `--path-closures` closures each (backup, then restore), the
 first started as soon as the round trip grew, the rest one after the other; each one's MB/s and
-its ratio to the same closure of the session born there.
+its ratio to the same closure of the session born there, and what the first backup delivered in
+each second after the change (the stand-in's progress: how soon the stream follows the path).
 
 `--checkout PATH` runs the agent of another checkout (its own `.venv`), e.g. main, for a
 before/after pair: its config gets only keys every agent knows. Run from the repository root:
@@ -369,14 +370,39 @@ async def path_changed(wan: Wan) -> dict[str, Any]:
     for index, closure in enumerate(figures["born"]):
         say(f"  closure {index + 1}: {_closure_text(closure)}")
     say(f"born at RTT 0 ms, {rtt:g} ms after {args.path_after:g} s")
+    trace: list[tuple[float, int]] = []  # the first backup: (s since the change, bytes in)
     async with wan.agent_at(0.0) as line:
         await asyncio.sleep(args.path_after)  # real time on purpose: the agent's own clock runs
         await line.set_rtt(rtt)
-        figures["changed"] = [await wan.closure(mib) for _ in range(args.path_closures)]
-        figures["connections"] = wan.cloudly.count("cluster-config-read")
+        changed_at = time.perf_counter()
+
+        def received(direction: str, done: int, total: int) -> None:
+            if direction == "received":
+                trace.append((time.perf_counter() - changed_at, done))
+
+        wan.cloudly.closure_progress = received
+        try:
+            figures["changed"] = [await wan.closure(mib)]
+        finally:
+            wan.cloudly.closure_progress = None
+        figures["changed"] += [await wan.closure(mib) for _ in range(args.path_closures - 1)]
+    figures["backup_mb_s_by_second"] = _by_second(trace)
     for index, closure in enumerate(figures["changed"]):
         say(f"  closure {index + 1}: {_closure_text(closure)}")
     return figures
+
+
+def _by_second(trace: list[tuple[float, int]]) -> list[float]:
+    """MB/s in each whole second of `trace` (seconds, bytes so far), from 0 to its last."""
+    rates, before, index = [], 0, 0
+    for second in range(1, int(trace[-1][0]) + 2 if trace else 0):
+        done = before
+        while index < len(trace) and trace[index][0] < second:
+            done = trace[index][1]
+            index += 1
+        rates.append((done - before) / 1e6)
+        before = done
+    return rates
 
 
 async def keepalive(wan: Wan) -> dict[str, Any]:
@@ -478,6 +504,7 @@ def _path_report(path: dict[str, Any]) -> list[str]:
     """The path-changed cell: each closure of both sessions, the grown one's ratio to the
     born one's."""
     rtt, after = f"{path['rtt_ms']:g} ms", f"{path['after_s']:g} s"
+    by_second = ", ".join(f"{rate:.1f}" for rate in path["backup_mb_s_by_second"])
     lines = [
         "| session | closure | backup MB/s | restore MB/s |",
         "|---|---|---|---|",
@@ -495,6 +522,7 @@ def _path_report(path: dict[str, Any]) -> list[str]:
         lines.append(
             f"| 0 ms, {rtt} after {after} | {index + 1} | " + " | ".join(cells["changed"]) + " |"
         )
+    lines.append(f"\nthe first backup after the change, MB/s in each second: {by_second}")
     return lines
 
 
