@@ -101,12 +101,17 @@ NEAR, FAR = 0.002, 0.2  # round trips, seconds
 STEP = 0.002  # the simulation's tick
 
 
-def _stream(role: Role) -> InitiatorStream:
+def _stream(
+    role: Role, *, at: float = 0.0, path_rtt: Callable[[float], float | None] = lambda now: None
+) -> InitiatorStream:
+    """A stream armed `at`, whose connection's calls measured `path_rtt`."""
     numbers = count(1)
     # Idle for longer than a span without breaking: what is tested here is the round trip.
     settings = StreamSettings(window=32, window_bytes=8 << 20, park_timeout=1.0, idle_timeout=60)
-    stream = InitiatorStream(role.value, role, settings, new_id=lambda: f"k{next(numbers)}")
-    stream.arm(0.0)
+    stream = InitiatorStream(
+        role.value, role, settings, new_id=lambda: f"k{next(numbers)}", path_rtt=path_rtt
+    )
+    stream.arm(at)
     return stream
 
 
@@ -197,3 +202,18 @@ def test_while_its_round_trip_is_probed_a_stream_keeps_a_quarter_of_its_allowanc
         stream.write(bytes(CHUNK))
     sent = [f for f in stream.poll(0.2 + RTT_SPAN + 0.1) if f.main_purpose == "chunk"]
     assert (allowance // CHUNK, len(sent)) == (17, 17 // 4)
+
+
+def test_a_connection_round_trip_older_than_the_span_no_longer_bounds_its_streams() -> None:
+    """The authentication's 1 ms, a span ago (the path grew since): a stream whose answers take
+    0.2 s sizes its allowance from them, 2 x 2 MiB / 0.2 s x 0.2 s and a chunk, not from 1 ms
+    (about one chunk)."""
+    calls = MinRoundTrip()
+    calls.sample(0.001, 0.0)
+    start = RTT_SPAN + 5.0
+    stream = _stream(Role.SEND, at=start, path_rtt=calls.current)
+    while stream.has_space():
+        stream.write(bytes(CHUNK))
+    for frame in [f for f in stream.poll(start) if f.main_purpose == "chunk"]:
+        stream.on_reply(frame.cycle_id, _answer(frame), start + 0.2)
+    assert stream.allowance == pytest.approx(17 * CHUNK, abs=1)
