@@ -60,6 +60,7 @@ from agent.corestore.client import CorestoreClient
 from agent.protocol.chunks import ChunkForm
 from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.secret import Secret
+from bench._delay_line import Line, delay_line
 from bench._procstat import machine_facts
 from bench._staging_world import (
     BEARER,
@@ -76,6 +77,7 @@ from bench._staging_world import (
     say,
     work_directory,
 )
+from bench._wan_report import closure_text, ratios, report
 from devstack.cloudly import StandInCloudly, StoredClosure, cluster_document
 from devstack.corestore.services import Services
 from devstack.driver import RestoreDriver
@@ -119,51 +121,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         if key
     }
     return args
-
-
-@dataclass
-class Line:
-    """A delay line child: the port it listens on, and its round trip set on the live line."""
-
-    port: int
-    control: asyncio.StreamWriter
-
-    async def set_rtt(self, rtt_ms: float) -> None:
-        """From now on every byte waits `rtt_ms / 2` each way."""
-        self.control.write(json.dumps({"delay_ms": rtt_ms / 2}).encode() + b"\n")
-        await self.control.drain()
-
-
-@contextlib.asynccontextmanager
-async def delay_line(
-    target_port: int, rtt_ms: float, rate_mbit: float | None, log: Path
-) -> AsyncIterator[Line]:
-    """A delay line child in front of 127.0.0.1:`target_port`."""
-    with log.open("wb") as errors:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench._delay_proxy",
-            "--target",
-            f"127.0.0.1:{target_port}",
-            "--delay-ms",
-            str(rtt_ms / 2),
-            *([] if rate_mbit is None else ["--rate-mbit", str(rate_mbit)]),
-            cwd=ROOT,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=errors,
-        )
-    try:
-        assert process.stdout is not None
-        assert process.stdin is not None
-        async with asyncio.timeout(30):
-            hello = json.loads(await process.stdout.readline() or b"{}")
-        yield Line(int(hello["port"]), process.stdin)
-    finally:
-        if process.returncode is None:
-            process.terminate()
-        await process.communicate()
 
 
 def _pieces(size: int, seed: bytes) -> Iterator[bytes]:
@@ -347,10 +304,10 @@ async def measure(wan: Wan) -> dict[str, Any]:
                         say(f"  stage {piece} KiB pieces x{parallel}: {rate:.1f} MB/s")
             if "closures" in args.only:
                 cell["closure"] = await wan.closure(args.closure_mib)
-                say(f"  closure {args.closure_mib} MiB: {_closure_text(cell['closure'])}")
+                say(f"  closure {args.closure_mib} MiB: {closure_text(cell['closure'])}")
             cell["connections"] = wan.cloudly.count("cluster-config-read")
         cells[f"{rtt:g}"] = cell
-    results: dict[str, Any] = {"cells": cells, "ratios": _ratios(cells, args)}
+    results: dict[str, Any] = {"cells": cells, "ratios": ratios(cells, args)}
     if "keepalive" in args.only and args.keepalive_rtt > 0:
         results["keepalive"] = await keepalive(wan)
     if "path" in args.only and args.path_rtt > 0:
@@ -368,7 +325,7 @@ async def path_changed(wan: Wan) -> dict[str, Any]:
     async with wan.agent_at(rtt):
         figures["born"] = [await wan.closure(mib) for _ in range(args.path_closures)]
     for index, closure in enumerate(figures["born"]):
-        say(f"  closure {index + 1}: {_closure_text(closure)}")
+        say(f"  closure {index + 1}: {closure_text(closure)}")
     say(f"born at RTT 0 ms, {rtt:g} ms after {args.path_after:g} s")
     trace: list[tuple[float, int]] = []  # the first backup: (s since the change, bytes in)
     async with wan.agent_at(0.0) as line:
@@ -388,7 +345,7 @@ async def path_changed(wan: Wan) -> dict[str, Any]:
         figures["changed"] += [await wan.closure(mib) for _ in range(args.path_closures - 1)]
     figures["backup_mb_s_by_second"] = _by_second(trace)
     for index, closure in enumerate(figures["changed"]):
-        say(f"  closure {index + 1}: {_closure_text(closure)}")
+        say(f"  closure {index + 1}: {closure_text(closure)}")
     return figures
 
 
@@ -429,101 +386,6 @@ async def keepalive(wan: Wan) -> dict[str, Any]:
         f" {seconds:.0f} s"
     )
     return figures
-
-
-def _closure_text(figures: dict[str, Any]) -> str:
-    parts = []
-    for way in ("backup", "restore"):
-        if f"{way}_mb_s" in figures:
-            same = "" if figures.get(f"{way}_identical") else " (NOT identical)"
-            parts.append(f"{way} {figures[f'{way}_mb_s']:.1f} MB/s{same}")
-        elif f"{way}_error" in figures:
-            parts.append(
-                f"{way} FAILED after {figures[f'{way}_failed_after_s']:.0f} s:"
-                f" {figures[f'{way}_error']}"
-            )
-    return ", ".join(parts)
-
-
-def _rates(cell: dict[str, Any]) -> dict[str, float]:
-    rates = {key: value for key, value in cell.items() if key.endswith("_mb_s")}
-    closure = cell.get("closure", {})
-    for way in ("backup", "restore"):
-        if f"{way}_mb_s" in closure:
-            rates[f"closure_{way}_mb_s"] = closure[f"{way}_mb_s"]
-    return rates
-
-
-def _ratios(cells: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    base = _rates(cells.get("0", {}))
-    return {
-        rtt: {key: value / base[key] for key, value in _rates(cell).items() if base.get(key)}
-        for rtt, cell in cells.items()
-    }
-
-
-def report(results: dict[str, Any]) -> str:
-    """The figures as Markdown tables."""
-    cells, ratios = results["cells"], results["ratios"]
-    keys = sorted({key for cell in cells.values() for key in _rates(cell)})
-    lines = (
-        [
-            "| RTT ms | " + " | ".join(key.removesuffix("_mb_s") for key in keys) + " |",
-            "|---" * (len(keys) + 1) + "|",
-        ]
-        if cells
-        else []
-    )
-    for rtt, cell in cells.items():
-        rates = _rates(cell)
-        row = [
-            f"{rates[key]:.1f} ({ratios.get(rtt, {}).get(key, float('nan')):.2f}x)"
-            if key in rates
-            else "failed"
-            for key in keys
-        ]
-        lines.append(f"| {rtt} | " + " | ".join(row) + " |")
-    for rtt, cell in cells.items():
-        closure = cell.get("closure")
-        if closure and ("backup_error" in closure or "restore_error" in closure):
-            lines.append(f"\nRTT {rtt} ms closure: {_closure_text(closure)}")
-    if "keepalive" in results:
-        k = results["keepalive"]
-        lines.append(
-            f"\nkeepalive at RTT {k['rtt_ms']:g} ms over {k['seconds']:.0f} s: "
-            f"{k['connections']} connection(s), {k['streams_broken']} stream(s) broken, "
-            f"{k['sessions_lost']} session loss line(s); closure {_closure_text(k['closure'])},"
-            f" stage {k['stage_mb_s']:.1f} MB/s"
-        )
-    if "path" in results:
-        lines += ["", *_path_report(results["path"])]
-    return "\n".join(lines)
-
-
-def _path_report(path: dict[str, Any]) -> list[str]:
-    """The path-changed cell: each closure of both sessions, the grown one's ratio to the
-    born one's."""
-    rtt, after = f"{path['rtt_ms']:g} ms", f"{path['after_s']:g} s"
-    by_second = ", ".join(f"{rate:.1f}" for rate in path["backup_mb_s_by_second"])
-    lines = [
-        "| session | closure | backup MB/s | restore MB/s |",
-        "|---|---|---|---|",
-    ]
-    for index, (born, changed) in enumerate(zip(path["born"], path["changed"], strict=True)):
-        cells: dict[str, list[str]] = {"born": [], "changed": []}
-        for way in ("backup", "restore"):
-            key = f"{way}_mb_s"
-            cells["born"].append(f"{born[key]:.1f}" if key in born else "failed")
-            if key in changed and key in born:
-                cells["changed"].append(f"{changed[key]:.1f} ({changed[key] / born[key]:.2f}x)")
-            else:
-                cells["changed"].append(f"{changed[key]:.1f}" if key in changed else "failed")
-        lines.append(f"| born at {rtt} | {index + 1} | " + " | ".join(cells["born"]) + " |")
-        lines.append(
-            f"| 0 ms, {rtt} after {after} | {index + 1} | " + " | ".join(cells["changed"]) + " |"
-        )
-    lines.append(f"\nthe first backup after the change, MB/s in each second: {by_second}")
-    return lines
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
