@@ -6,22 +6,24 @@ the link every later sample carries the queue, and a product sized from those wo
 queue it measures. A smallest round trip kept forever is wrong the other way: a session born on
 a near path whose round trip then grew (a route change, a failover to a far site) kept the near
 path's few milliseconds, so twice the product stayed about one chunk and a stream moved one
-chunk per round trip (4.7 MiB/s over 200 ms where a session born there moved 27 MiB/s).
+chunk per round trip (4.7 MB/s over 200 ms where a session born there moved 30.9 MB/s:
+docs/benchmarks.md, "A round trip that follows the path").
 
 So, as BBR's min-RTT filter and its ProbeRTT phase do:
 
 - a sample at most the minimum is the minimum at once (a round trip that shrinks is taken at
   once), and a sample equal to it keeps it fresh;
 - a minimum not refreshed for `span` seconds has expired, and a *probe* begins when it does
-  (`probing`): its owner keeps at most one cycle in flight, so no queue of its own lies ahead of
-  what it measures. The smallest sample of a cycle sent since the probe began is the new
-  minimum, taken at the first such sample once `probe` seconds of the probe passed (a far path
-  answers one cycle after that anyway; a near one answers many meanwhile). Not simply the
-  newest sample: with twice the product in flight a sample carries about one product of queue,
-  and a minimum taken from it doubles what is in flight at every expiry;
+  (`probing`): its owner holds back what it has in flight (a stream: to half the product, one
+  cycle where that is about a chunk; the receive budget: to its floor), so little or none of its
+  own queue lies ahead of what it measures. The smallest sample of a cycle sent since the probe
+  began is the new minimum, taken at the first such sample once `probe` seconds of the probe
+  passed (a far path answers one cycle after that anyway; a near one answers many meanwhile).
+  Not simply the newest sample: with twice the product in flight a sample carries about one
+  product of queue, and a minimum taken from it doubles what is in flight at every expiry;
 - `current(now)` is the minimum while it is fresh and None once it expired until a probe
-  measured it again (for an owner that cannot hold its cycles back, the connection's calls:
-  a stale near minimum would hold every stream to it).
+  measured it again: what the connection's calls, which cannot be held back, tell its streams
+  (a stale near minimum would hold every stream to it); the receive budget is its floor then.
 
 The owner gives each sample with the time its answer came (`now`); the cycle went out at
 `now - seconds`.
@@ -57,8 +59,8 @@ class MinRoundTrip:
         return self._value
 
     def probing(self, now: float) -> bool:
-        """Whether the minimum expired and no probe has measured it again: the owner keeps one
-        cycle in flight."""
+        """Whether the minimum expired and no probe has measured it again: the owner holds back
+        what it has in flight."""
         return self._value is not None and now > self._stamp + self.span
 
     def current(self, now: float) -> float | None:

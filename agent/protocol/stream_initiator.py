@@ -18,9 +18,10 @@ whole rate):
   link every answer carries the queue, and an allowance sized from those would grow the queue
   it measures. Of a span, not ever: a path whose round trip grew (a route change, a failover)
   would stay sized for the old one, one chunk per round trip. When the stream's smallest round
-  trip expires it probes (`round_trip.MinRoundTrip`): one cycle in flight until one sent in the
-  probe is answered, whose round trip carries none of its own queue; the best rate of the span
-  sets the allowance again at once. A round trip that shrinks counts at once. A fast far link
+  trip expires it probes (`round_trip.MinRoundTrip`): a quarter of the allowance in flight (half
+  the product; one cycle where the allowance is about a chunk) until a cycle sent in the probe
+  is answered, whose round trip carries none of its own queue; the best rate of the span sets
+  the allowance again at once. A round trip that shrinks counts at once. A fast far link
   so fills the window; a slow one (a few Mbit/s) keeps about two round trips of bytes queued
   instead of the whole window, so the session's pings and requests do not wait behind half a
   minute of frames. An answer with `backpressure: true` stops us: no new chunk goes out until
@@ -246,8 +247,7 @@ class InitiatorStream:
 
     def _room_for(self, item: bytes | Closing, now: float) -> bool:
         """SEND: whether `item` may go out at `now`: the window has room in chunks and in
-        bytes (the first chunk in flight always goes, however large; while the round trip is
-        probed, only it)."""
+        bytes (the first chunk in flight always goes, however large; `_allowed`)."""
         if len(self._cycles) >= self._cycles_max:
             return False
         size = 0 if item is CLOSING else len(item)
