@@ -234,6 +234,17 @@ class TestBudgetFromTheRoundTrip:
         assert budget.limit_at(now) == 8 * MiB
         assert budget.limit_at(0.2 + RTT_SPAN + 0.1) == 1 * MiB
 
+    def test_a_round_trip_that_grew_sizes_the_budget_after_its_probe(self) -> None:
+        """The round trip grew from 0.2 s to 0.4 s: once an invitation sent in the probe is used
+        up, 0.4 s is the smallest, and the budget twice 20 MiB/s times it."""
+        budget = ReceiveBudget(limit=1 * MiB, expiry=10.0, ceiling=64 * MiB)
+        now = 0.0
+        for took in [0.2] + [0.4] * 28:
+            budget.admit("s1", answer("s1"), now)
+            now += took
+            budget.arrived("s1", size=int(4 * MiB * took / 0.2), chunk=True, now=now)
+        assert budget.limit_at(now) == pytest.approx(2 * 20 * MiB * 0.4, abs=1)
+
 
 class TestConnection:
     def test_streams_take_turns_within_the_budget(self) -> None:
