@@ -35,8 +35,9 @@ smallest, not a recent one: once bytes queue on the link every later sample carr
 and a budget sized from those would grow the queue it measures; the authentication's calls cross
 an idle link. Of a span, not ever: a path whose round trip grew (a route change, a failover)
 would keep the budget sized for the old one. When the smallest expires the budget probes
-(`round_trip.MinRoundTrip`): it is `limit` until an invitation sent since is used up, whose
-round trip carries no more queue than `limit`, and that is the smallest again. While the budget
+(`round_trip.MinRoundTrip`): a quarter of itself (half the product), never below `limit`, until
+an invitation sent since is used up, whose round trip then carries little or none of the queue
+the budget invites, and that is the smallest again. While the budget
 is what holds the streams back the rate it delivers is `budget / rtt`, so it doubles per round
 trip until the link (or the peer, or the agent) is the bound, and a request waits behind about
 two round trips of bytes. Near Cloudly twice the product is far below `limit`: nothing changes
@@ -137,14 +138,17 @@ class ReceiveBudget:
 
     def limit_at(self, now: float) -> int | None:
         """The budget now: `limit`, or twice the measured bandwidth-delay product, up to
-        `ceiling` (module docstring)."""
+        `ceiling`; a quarter of that (half the product) while the round trip is probed (module
+        docstring)."""
         if self.limit is None or self.ceiling is None or self.ceiling <= self.limit:
             return self.limit
         self._forget_before(now - RATE_SPAN)
-        rtt = self._rtt.current(now)  # None while probing: `limit`
+        rtt = self._rtt.value
         if rtt is None or not self._rates:
             return self.limit
         product = 2 * self._rates[0][1] * rtt  # the largest rate of the span
+        if self._rtt.probing(now):
+            product /= 4
         return int(min(self.ceiling, max(self.limit, product)))
 
     def _forget_before(self, horizon: float) -> None:

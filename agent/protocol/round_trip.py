@@ -15,15 +15,16 @@ So, as BBR's min-RTT filter and its ProbeRTT phase do:
   once), and a sample equal to it keeps it fresh;
 - a minimum not refreshed for `span` seconds has expired, and a *probe* begins when it does
   (`probing`): its owner holds back what it has in flight (a stream: to half the product, one
-  cycle where that is about a chunk; the receive budget: to its floor), so little or none of its
-  own queue lies ahead of what it measures. The smallest sample of a cycle sent since the probe
-  began is the new minimum, taken at the first such sample once `probe` seconds of the probe
-  passed (a far path answers one cycle after that anyway; a near one answers many meanwhile).
-  Not simply the newest sample: with twice the product in flight a sample carries about one
-  product of queue, and a minimum taken from it doubles what is in flight at every expiry;
+  cycle where that is about a chunk; the receive budget: to half the product, never below its
+  floor), so little or none of its own queue lies ahead of what it measures. The smallest sample
+  of a cycle sent since the probe began is the new minimum, taken at the first such sample once
+  `probe` seconds of the probe passed (a far path answers one cycle after that anyway; a near
+  one answers many meanwhile). Not simply the newest sample: with twice the product in flight a
+  sample carries about one product of queue, and a minimum taken from it doubles what is in
+  flight at every expiry;
 - `current(now)` is the minimum while it is fresh and None once it expired until a probe
   measured it again: what the connection's calls, which cannot be held back, tell its streams
-  (a stale near minimum would hold every stream to it); the receive budget is its floor then.
+  (a stale near minimum would hold every stream to it).
 
 The owner gives each sample with the time its answer came (`now`); the cycle went out at
 `now - seconds`.

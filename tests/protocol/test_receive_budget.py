@@ -221,10 +221,10 @@ class TestBudgetFromTheRoundTrip:
         budget.round_trip(0.2, now)
         assert budget.limit_at(now) == int(2 * 4 * MiB * 0.2)
 
-    def test_while_its_round_trip_is_probed_the_budget_is_its_floor(self) -> None:
+    def test_while_its_round_trip_is_probed_the_budget_is_a_quarter_of_itself(self) -> None:
         """The smallest round trip (0.2 s) not seen again for a span: until an invitation sent
-        since is used up the budget is `limit`, so no more than it queues ahead of that one
-        (the rate of the span is still 20 MiB/s: twice the product would be 8 MiB)."""
+        since is used up the budget is half the product (2 MiB of 8), so none of the queue it
+        invites lies ahead of that one."""
         budget = ReceiveBudget(limit=1 * MiB, expiry=10.0, ceiling=64 * MiB)
         now = 0.0
         for took in [0.2] + [0.4] * 24:  # then every invitation waits behind a queue
@@ -232,7 +232,7 @@ class TestBudgetFromTheRoundTrip:
             now += took
             budget.arrived("s1", size=int(4 * MiB * took / 0.2), chunk=True, now=now)
         assert budget.limit_at(now) == 8 * MiB
-        assert budget.limit_at(0.2 + RTT_SPAN + 0.1) == 1 * MiB
+        assert budget.limit_at(0.2 + RTT_SPAN + 0.1) == 2 * MiB
 
     def test_a_round_trip_that_grew_sizes_the_budget_after_its_probe(self) -> None:
         """The round trip grew from 0.2 s to 0.4 s: once an invitation sent in the probe is used
@@ -298,8 +298,8 @@ def test_the_budget_follows_the_largest_rate_of_the_span(
 ) -> None:
     """Whatever the rates and pauses, the budget is twice the smallest round trip (as
     `MinRoundTrip` keeps it, tested on its own) times the largest delivery rate seen in the last
-    `RATE_SPAN` seconds, within its floor and ceiling (only the samples that can still be the
-    largest are kept)."""
+    `RATE_SPAN` seconds (a quarter of that while the round trip is probed), within its floor and
+    ceiling (only the samples that can still be the largest are kept)."""
     budget = ReceiveBudget(limit=MiB, expiry=100.0, ceiling=1 << 40)
     now, samples, smallest = 0.0, [], MinRoundTrip()
     for pause, took, size in cycles:
@@ -309,7 +309,7 @@ def test_the_budget_follows_the_largest_rate_of_the_span(
         budget.arrived("s1", size=size, chunk=True, now=now)
         samples.append((now, size / (now - sent)))
         smallest.sample(now - sent, now)
-        rtt = smallest.current(now)
+        rtt, quarter = smallest.value, 4 if smallest.probing(now) else 1
         recent = [rate for when, rate in samples if when > now - RATE_SPAN]
-        want = MiB if rtt is None or not recent else int(max(MiB, 2 * max(recent) * rtt))
+        want = MiB if rtt is None or not recent else int(max(MiB, 2 * max(recent) * rtt / quarter))
         assert budget.limit_at(now) == want
