@@ -10,6 +10,10 @@ the cap and queueing builds up as on a real link). What waits in the line is bou
 (`--buffer-mib`, default 64 MiB per direction): past it the proxy stops reading, and TCP's
 own flow control pushes back on the sender, as a full router queue would. SIGTERM stops it.
 
+The delay changes on a live line: each JSON line `{"delay_ms": N}` on stdin sets it for every
+connection, both directions (a route change, a failover): what arrives from then on waits the
+new delay; what is already in the line keeps its time, and nothing overtakes it.
+
 Benchmarks only (bench/wan.py): real time, on purpose. The agent's tests inject their clocks.
 """
 
@@ -23,15 +27,22 @@ import signal
 import sys
 from collections import deque
 
-__all__ = ["DelayLine", "main"]
+__all__ = ["Delay", "DelayLine", "main"]
 
 _READ = 256 * 1024
+
+
+class Delay:
+    """The seconds every line waits, shared by all of them (stdin changes it)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
 
 
 class DelayLine:
     """One direction of one connection: read, stamp, hold `delay` s, pace, write."""
 
-    def __init__(self, delay: float, rate: float | None, buffer: int) -> None:
+    def __init__(self, delay: Delay, rate: float | None, buffer: int) -> None:
         self._delay, self._rate, self._buffer = delay, rate, buffer
         self._queue: deque[tuple[float, bytes]] = deque()
         self._held = 0
@@ -47,7 +58,7 @@ class DelayLine:
                 while self._held >= self._buffer:
                     self._room.clear()
                     await self._room.wait()
-                self._queue.append((loop.time() + self._delay, data))
+                self._queue.append((loop.time() + self._delay.seconds, data))
                 self._held += len(data)
                 self._arrived.set()
         finally:
@@ -80,7 +91,7 @@ class DelayLine:
 
 async def _serve(args: argparse.Namespace) -> None:
     host, _, port = args.target.rpartition(":")
-    delay = args.delay_ms / 1000.0
+    delay = Delay(args.delay_ms / 1000.0)
     rate = None if args.rate_mbit is None else args.rate_mbit * 1e6 / 8
     buffer = args.buffer_mib * 1024 * 1024
     tasks: set[asyncio.Task[None]] = set()
@@ -117,10 +128,25 @@ async def _serve(args: argparse.Namespace) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
+    control = asyncio.create_task(_control(delay))
     async with server:
         await stop.wait()
+    control.cancel()
     for task in list(tasks):
         task.cancel()
+
+
+async def _control(delay: Delay) -> None:
+    """Set the delay from each `{"delay_ms": N}` line on stdin until it ends."""
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    except (OSError, ValueError):  # stdin is no pipe: a fixed delay
+        return
+    while line := await reader.readline():
+        delay.seconds = float(json.loads(line)["delay_ms"]) / 1000.0
+        print(json.dumps({"delay_ms": delay.seconds * 1000.0}), file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,12 +19,20 @@ Then `--keepalive-rtt` (default 400 ms): a closure both ways and a stage, while 
 pings (every `ping_interval_s`) cross the line; it reports the connections the agent made (1:
 the keepalive never misfired) and the streams that broke (0).
 
+Then the path changed (`--path-rtt`, default 200 ms): a session born at 0 ms whose line's round
+trip becomes `--path-rtt` after `--path-after` seconds (a route change, a failover), beside a
+session born at that round trip: `--path-closures` closures each (backup, then restore), the
+first started as soon as the round trip grew, the rest one after the other; each one's MB/s and
+its ratio to the same closure of the session born there, and what the first backup delivered in
+each second after the change (the stand-in's progress: how soon the stream follows the path).
+
 `--checkout PATH` runs the agent of another checkout (its own `.venv`), e.g. main, for a
 before/after pair: its config gets only keys every agent knows. Run from the repository root:
 
     .venv/bin/python -m bench.wan [--rtts 0,50,100,200] [--stage-mib 32] [--closure-mib 128]
         [--pieces 256,1024] [--parallel 1,4] [--form buffer] [--rate-mbit N]
-        [--keepalive-rtt 400] [--only stage,closures,keepalive] [--checkout PATH]
+        [--keepalive-rtt 400] [--path-rtt 200] [--path-after 5] [--path-closures 2]
+        [--only stage,closures,keepalive,path] [--checkout PATH]
         [--agent-streams KEY=N,..] [--json out.json] [--keep]
 
 Real time on purpose (benchmarks only): the agent's tests inject their clocks.
@@ -52,6 +60,7 @@ from agent.corestore.client import CorestoreClient
 from agent.protocol.chunks import ChunkForm
 from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.secret import Secret
+from bench._delay_line import Line, delay_line
 from bench._procstat import machine_facts
 from bench._staging_world import (
     BEARER,
@@ -68,6 +77,7 @@ from bench._staging_world import (
     say,
     work_directory,
 )
+from bench._wan_report import closure_text, ratios, report
 from devstack.cloudly import StandInCloudly, StoredClosure, cluster_document
 from devstack.corestore.services import Services
 from devstack.driver import RestoreDriver
@@ -89,7 +99,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--form", default="buffer", help="chunk form, both ends")
     parser.add_argument("--rate-mbit", type=float, help="cap of the line, per direction")
     parser.add_argument("--keepalive-rtt", type=float, default=400.0, help="ms; 0: skip")
-    parser.add_argument("--only", default="stage,closures,keepalive", help="what to run")
+    parser.add_argument("--path-rtt", type=float, default=200.0, help="ms it grows to; 0: skip")
+    parser.add_argument("--path-after", type=float, default=5.0, help="s at 0 ms before it grows")
+    parser.add_argument("--path-closures", type=int, default=2, help="closures after it grew")
+    parser.add_argument("--only", default="stage,closures,keepalive,path", help="what to run")
     parser.add_argument("--checkout", type=Path, default=ROOT, help="the agent's checkout")
     parser.add_argument(
         "--agent-streams", default="", help="extra [streams] keys of the agent: KEY=N,KEY=N"
@@ -108,37 +121,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         if key
     }
     return args
-
-
-@contextlib.asynccontextmanager
-async def delay_line(
-    target_port: int, rtt_ms: float, rate_mbit: float | None, log: Path
-) -> AsyncIterator[int]:
-    """A delay line child in front of 127.0.0.1:`target_port`; yields its port."""
-    with log.open("wb") as errors:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench._delay_proxy",
-            "--target",
-            f"127.0.0.1:{target_port}",
-            "--delay-ms",
-            str(rtt_ms / 2),
-            *([] if rate_mbit is None else ["--rate-mbit", str(rate_mbit)]),
-            cwd=ROOT,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=errors,
-        )
-    try:
-        assert process.stdout is not None
-        async with asyncio.timeout(30):
-            hello = json.loads(await process.stdout.readline() or b"{}")
-        yield int(hello["port"])
-    finally:
-        if process.returncode is None:
-            process.terminate()
-        await process.communicate()
 
 
 def _pieces(size: int, seed: bytes) -> Iterator[bytes]:
@@ -169,8 +151,8 @@ class Wan:
     results: dict[str, Any] = field(default_factory=dict)
 
     @contextlib.asynccontextmanager
-    async def agent_at(self, rtt_ms: float) -> AsyncIterator[None]:
-        """A fresh delay line and a fresh agent dialling through it."""
+    async def agent_at(self, rtt_ms: float) -> AsyncIterator[Line]:
+        """A fresh delay line and a fresh agent dialling through it; yields the line."""
         self.runs += 1
         name = f"{self.runs:02d}-rtt-{rtt_ms:g}"
         directory = self.work / name
@@ -179,7 +161,7 @@ class Wan:
         async with (
             delay_line(
                 self.cloudly.port, rtt_ms, self.args.rate_mbit, directory / "proxy.log"
-            ) as port,
+            ) as line,
             agent_process(
                 f"agent-{name}",
                 ["agent", "run"],
@@ -191,11 +173,11 @@ class Wan:
                 checkout=self.args.checkout,
                 corestore={"max_transfers_per_node": limit} if limit > 2 else None,
                 streams=self.args.agent_streams or None,
-                url=f"ws://127.0.0.1:{port}/",
+                url=f"ws://127.0.0.1:{line.port}/",
             ) as child,
         ):
             self.agent_log = child.log_path
-            yield
+            yield line
 
     async def stage(self, piece_kib: int, parallel: int) -> float:
         """MB/s of `--stage-mib` MiB staged as `parallel` restores at once."""
@@ -306,10 +288,11 @@ def _error(exc: BaseException) -> str:
 
 
 async def measure(wan: Wan) -> dict[str, Any]:
-    """Every cell of `--rtts`, then the keepalive check."""
+    """Every cell of `--rtts` (when stages or closures run), the keepalive check, the path
+    changed."""
     args = wan.args
     cells: dict[str, dict[str, Any]] = {}
-    for rtt in args.rtts:
+    for rtt in args.rtts if {"stage", "closures"} & args.only else []:
         say(f"RTT {rtt:g} ms")
         cell: dict[str, Any] = {}
         async with wan.agent_at(rtt):
@@ -321,13 +304,62 @@ async def measure(wan: Wan) -> dict[str, Any]:
                         say(f"  stage {piece} KiB pieces x{parallel}: {rate:.1f} MB/s")
             if "closures" in args.only:
                 cell["closure"] = await wan.closure(args.closure_mib)
-                say(f"  closure {args.closure_mib} MiB: {_closure_text(cell['closure'])}")
+                say(f"  closure {args.closure_mib} MiB: {closure_text(cell['closure'])}")
             cell["connections"] = wan.cloudly.count("cluster-config-read")
         cells[f"{rtt:g}"] = cell
-    results: dict[str, Any] = {"cells": cells, "ratios": _ratios(cells, args)}
+    results: dict[str, Any] = {"cells": cells, "ratios": ratios(cells, args)}
     if "keepalive" in args.only and args.keepalive_rtt > 0:
         results["keepalive"] = await keepalive(wan)
+    if "path" in args.only and args.path_rtt > 0:
+        results["path"] = await path_changed(wan)
     return results
+
+
+async def path_changed(wan: Wan) -> dict[str, Any]:
+    """Closures of a session born at `--path-rtt`, then of one born at 0 ms whose round trip
+    becomes `--path-rtt` after `--path-after` s (module docstring)."""
+    args = wan.args
+    rtt, mib = args.path_rtt, args.closure_mib
+    figures: dict[str, Any] = {"rtt_ms": rtt, "after_s": args.path_after}
+    say(f"born at RTT {rtt:g} ms")
+    async with wan.agent_at(rtt):
+        figures["born"] = [await wan.closure(mib) for _ in range(args.path_closures)]
+    for index, closure in enumerate(figures["born"]):
+        say(f"  closure {index + 1}: {closure_text(closure)}")
+    say(f"born at RTT 0 ms, {rtt:g} ms after {args.path_after:g} s")
+    trace: list[tuple[float, int]] = []  # the first backup: (s since the change, bytes in)
+    async with wan.agent_at(0.0) as line:
+        await asyncio.sleep(args.path_after)  # real time on purpose: the agent's own clock runs
+        await line.set_rtt(rtt)
+        changed_at = time.perf_counter()
+
+        def received(direction: str, done: int, total: int) -> None:
+            if direction == "received":
+                trace.append((time.perf_counter() - changed_at, done))
+
+        wan.cloudly.closure_progress = received
+        try:
+            figures["changed"] = [await wan.closure(mib)]
+        finally:
+            wan.cloudly.closure_progress = None
+        figures["changed"] += [await wan.closure(mib) for _ in range(args.path_closures - 1)]
+    figures["backup_mb_s_by_second"] = _by_second(trace)
+    for index, closure in enumerate(figures["changed"]):
+        say(f"  closure {index + 1}: {closure_text(closure)}")
+    return figures
+
+
+def _by_second(trace: list[tuple[float, int]]) -> list[float]:
+    """MB/s in each whole second of `trace` (seconds, bytes so far), from 0 to its last."""
+    rates, before, index = [], 0, 0
+    for second in range(1, int(trace[-1][0]) + 2 if trace else 0):
+        done = before
+        while index < len(trace) and trace[index][0] < second:
+            done = trace[index][1]
+            index += 1
+        rates.append((done - before) / 1e6)
+        before = done
+    return rates
 
 
 async def keepalive(wan: Wan) -> dict[str, Any]:
@@ -354,69 +386,6 @@ async def keepalive(wan: Wan) -> dict[str, Any]:
         f" {seconds:.0f} s"
     )
     return figures
-
-
-def _closure_text(figures: dict[str, Any]) -> str:
-    parts = []
-    for way in ("backup", "restore"):
-        if f"{way}_mb_s" in figures:
-            same = "" if figures.get(f"{way}_identical") else " (NOT identical)"
-            parts.append(f"{way} {figures[f'{way}_mb_s']:.1f} MB/s{same}")
-        elif f"{way}_error" in figures:
-            parts.append(
-                f"{way} FAILED after {figures[f'{way}_failed_after_s']:.0f} s:"
-                f" {figures[f'{way}_error']}"
-            )
-    return ", ".join(parts)
-
-
-def _rates(cell: dict[str, Any]) -> dict[str, float]:
-    rates = {key: value for key, value in cell.items() if key.endswith("_mb_s")}
-    closure = cell.get("closure", {})
-    for way in ("backup", "restore"):
-        if f"{way}_mb_s" in closure:
-            rates[f"closure_{way}_mb_s"] = closure[f"{way}_mb_s"]
-    return rates
-
-
-def _ratios(cells: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
-    base = _rates(cells.get("0", {}))
-    return {
-        rtt: {key: value / base[key] for key, value in _rates(cell).items() if base.get(key)}
-        for rtt, cell in cells.items()
-    }
-
-
-def report(results: dict[str, Any]) -> str:
-    """The figures as Markdown tables."""
-    cells, ratios = results["cells"], results["ratios"]
-    keys = sorted({key for cell in cells.values() for key in _rates(cell)})
-    lines = [
-        "| RTT ms | " + " | ".join(key.removesuffix("_mb_s") for key in keys) + " |",
-        "|---" * (len(keys) + 1) + "|",
-    ]
-    for rtt, cell in cells.items():
-        rates = _rates(cell)
-        row = [
-            f"{rates[key]:.1f} ({ratios.get(rtt, {}).get(key, float('nan')):.2f}x)"
-            if key in rates
-            else "failed"
-            for key in keys
-        ]
-        lines.append(f"| {rtt} | " + " | ".join(row) + " |")
-    for rtt, cell in cells.items():
-        closure = cell.get("closure")
-        if closure and ("backup_error" in closure or "restore_error" in closure):
-            lines.append(f"\nRTT {rtt} ms closure: {_closure_text(closure)}")
-    if "keepalive" in results:
-        k = results["keepalive"]
-        lines.append(
-            f"\nkeepalive at RTT {k['rtt_ms']:g} ms over {k['seconds']:.0f} s: "
-            f"{k['connections']} connection(s), {k['streams_broken']} stream(s) broken, "
-            f"{k['sessions_lost']} session loss line(s); closure {_closure_text(k['closure'])},"
-            f" stage {k['stage_mb_s']:.1f} MB/s"
-        )
-    return "\n".join(lines)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:

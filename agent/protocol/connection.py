@@ -119,6 +119,7 @@ from agent.protocol.ids import new_uni_id
 from agent.protocol.markers import find_stream_ids
 from agent.protocol.pool import BytePool
 from agent.protocol.receive_budget import ReceiveBudget
+from agent.protocol.round_trip import MinRoundTrip
 from agent.protocol.settings import ConnectionSettings, StreamSettings
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 from agent.protocol.stream_registry import StreamRegistry, outcome_of
@@ -198,8 +199,8 @@ class Connection:
         self._methods = frozenset(methods)
         self._new_id = new_id
         self._calls = CallTable(new_id=new_id, max_attempts=self.settings.max_retry_attempts)
-        self._rtt: float | None = None  # the smallest call round trip: the path's
-        self._streams = StreamRegistry(self.settings.streams, new_id, lambda: self._rtt)
+        self._rtt = MinRoundTrip()  # the smallest call round trip of the span: the path's
+        self._streams = StreamRegistry(self.settings.streams, new_id, self._rtt.current)
         self._budget = ReceiveBudget(
             self.settings.receive_budget,
             expiry=self.settings.streams.park_timeout,
@@ -726,9 +727,8 @@ class Connection:
         assert env.correlation is not None
         round_trip = self._calls.round_trip(env.correlation.id, now)
         if round_trip is not None and env.method == self._calls.method_of(env.correlation.id):
-            if self._rtt is None or round_trip < self._rtt:
-                self._rtt = round_trip
-            self._budget.round_trip(round_trip)
+            self._rtt.sample(round_trip, now)
+            self._budget.round_trip(round_trip, now)
         outcome = self._calls.on_response(env, now=now)
         if isinstance(outcome, Unmatched):
             log.info("response_unmatched", method=env.method, correlation_id=outcome.call_id)

@@ -24,18 +24,23 @@ together of about one budget per round trip: fine next to Cloudly (a few millise
 MiB per 200 ms is 42 MB/s of frames, ~11 MB/s of payload in the Buffer form, whatever the link
 could carry (measured: four stages at 200 ms moved 9.5 MB/s under it, 18.5 MB/s with a 64 MiB
 budget and 17.3 MB/s sized as below; docs/benchmarks.md, "Far links"). So with a `ceiling` the
-budget follows the link's bandwidth-delay product: the round trip is the smallest ever seen on
-the connection (its calls' round trips, told by the connection through `round_trip()`, and each
-invitation's: answer out -> that stream's next chunk in), the delivery rate the largest of the
-last `RATE_SPAN` seconds (each invitation used up is a sample: the chunk bytes arrived since it
-went out, over that time), and the budget is twice their product, never below `limit` (what it
-was tuned for next to Cloudly) nor above `ceiling` (memory at the peer and in the kernel's
-buffers, and what a request may queue behind). The smallest ever, not a recent one: once bytes
-queue on the link every later sample carries the queue, and a budget sized from those would grow
-the queue it measures; the authentication's calls cross an idle link. While the budget is what
-holds the streams back the rate it delivers is `budget / rtt`, so it doubles per round trip
-until the link (or the peer, or the agent) is the bound, and a request waits behind about two
-round trips of bytes. Near Cloudly twice the product is far below `limit`: nothing changes
+budget follows the link's bandwidth-delay product: the round trip is the smallest seen on the
+connection in the last `round_trip.RTT_SPAN` seconds (its calls' round trips, told by the
+connection through `round_trip()`, and each invitation's: answer out -> that stream's next chunk
+in), the delivery rate the largest of the last `RATE_SPAN` seconds (each invitation used up is a
+sample: the chunk bytes arrived since it went out, over that time), and the budget is twice
+their product, never below `limit` (what it was tuned for next to Cloudly) nor above `ceiling`
+(memory at the peer and in the kernel's buffers, and what a request may queue behind). The
+smallest, not a recent one: once bytes queue on the link every later sample carries the queue,
+and a budget sized from those would grow the queue it measures; the authentication's calls cross
+an idle link. Of a span, not ever: a path whose round trip grew (a route change, a failover)
+would keep the budget sized for the old one. When the smallest expires the budget probes
+(`round_trip.MinRoundTrip`): a quarter of itself (half the product), never below `limit`, until
+an invitation sent since is used up, whose round trip then carries little or none of the queue
+the budget invites, and that is the smallest again. While the budget
+is what holds the streams back the rate it delivers is `budget / rtt`, so it doubles per round
+trip until the link (or the peer, or the agent) is the bound, and a request waits behind about
+two round trips of bytes. Near Cloudly twice the product is far below `limit`: nothing changes
 there.
 
 `gate` (the connection's draw from the agent's byte budget, `agent.protocol.pool`): asked last,
@@ -50,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from agent.protocol.envelope import Envelope
+from agent.protocol.round_trip import MinRoundTrip
 
 __all__ = ["DEFAULT_ESTIMATE", "RATE_SPAN", "SIZE_MEMORY", "ReceiveBudget"]
 
@@ -82,7 +88,7 @@ class ReceiveBudget:
     ceiling: int | None = None  # bytes it may grow to from the measured round trip; None: never
     gate: Callable[[str], bool] | None = None  # may `stream_id` be invited now (byte budget)
     _invited: dict[str, _Invitation] = field(default_factory=dict)
-    _rtt: float | None = None  # the smallest round trip seen
+    _rtt: MinRoundTrip = field(default_factory=MinRoundTrip)  # the smallest of the span, probed
     _arrived: int = 0  # chunk frame bytes arrived so far
     # (when, bytes per s), the rates falling: each sample a later, smaller one may still outlive
     _rates: deque[tuple[float, float]] = field(default_factory=deque)
@@ -116,7 +122,7 @@ class ReceiveBudget:
             self._arrived += size
             if invitation is not None:
                 took = now - invitation.sent
-                self.round_trip(took)
+                self.round_trip(took, now)
                 if took > 0:
                     rate = (self._arrived - invitation.arrived) / took
                     # Only what can still be the largest is kept: a sample at most this one,
@@ -126,21 +132,23 @@ class ReceiveBudget:
                     self._rates.append((now, rate))
             self._forget_before(now - RATE_SPAN)
 
-    def round_trip(self, seconds: float) -> None:
-        """A round trip seen on the connection (a call's, an invitation's)."""
-        if self._rtt is None or seconds < self._rtt:
-            self._rtt = seconds
+    def round_trip(self, seconds: float, now: float) -> None:
+        """A round trip seen on the connection (a call's, an invitation's), ended at `now`."""
+        self._rtt.sample(seconds, now)
 
     def limit_at(self, now: float) -> int | None:
         """The budget now: `limit`, or twice the measured bandwidth-delay product, up to
-        `ceiling` (module docstring)."""
+        `ceiling`; a quarter of that (half the product) while the round trip is probed (module
+        docstring)."""
         if self.limit is None or self.ceiling is None or self.ceiling <= self.limit:
             return self.limit
         self._forget_before(now - RATE_SPAN)
-        rtt = self._rtt
+        rtt = self._rtt.value
         if rtt is None or not self._rates:
             return self.limit
         product = 2 * self._rates[0][1] * rtt  # the largest rate of the span
+        if self._rtt.probing(now):
+            product /= 4
         return int(min(self.ceiling, max(self.limit, product)))
 
     def _forget_before(self, horizon: float) -> None:

@@ -8,18 +8,25 @@ it sends the next frame, so it moves one chunk per round trip; over a far link t
 whole rate):
 - Role SEND (the marker is in our request): `chunk` frames while we have data, at most
   `window` chunks and `window_bytes` of payload unanswered at once (one always goes), and no
-  more payload than the link carries in two round trips: the round trip is the smallest seen
-  (its chunks' answers, and the connection's, `path_rtt`: its calls cross an idle link first),
-  the delivery rate the largest of the last `RATE_SPAN` seconds (each answer is a sample: the
-  payload answered since its chunk went out, over that time); twice their product, the link's
-  bandwidth-delay product, and one chunk more (so one chunk in flight can become two) bounds
-  what is in flight (a quarter of `window_bytes` until the first answer). The smallest round
-  trip, not a recent one: once chunks queue on the link every answer carries the queue, and an
-  allowance sized from those would grow the queue it measures. A fast far link so fills the
-  window; a slow one (a few Mbit/s) keeps about two round trips of bytes queued instead of the
-  whole window, so the session's pings and requests do not wait behind half a minute of
-  frames. An answer with `backpressure: true` stops us: no new chunk goes out until an answer
-  says `false`, and once nothing is in flight we probe with `feedback` every `probe_interval`. So a
+  more payload than the link carries in two round trips: the round trip is the smallest of
+  the last `round_trip.RTT_SPAN` seconds (its chunks' answers, and the connection's calls',
+  `path_rtt`: they cross an idle link first), the delivery rate the largest of the last
+  `RATE_SPAN` seconds (each answer is a sample: the payload answered since its chunk went out,
+  over that time); twice their product, the link's bandwidth-delay product, and one chunk more
+  (so one chunk in flight can become two) bounds what is in flight (a quarter of `window_bytes`
+  until the first answer). The smallest round trip, not a recent one: once chunks queue on the
+  link every answer carries the queue, and an allowance sized from those would grow the queue
+  it measures. Of a span, not ever: a path whose round trip grew (a route change, a failover)
+  would stay sized for the old one, one chunk per round trip. When the stream's smallest round
+  trip expires it probes (`round_trip.MinRoundTrip`): a quarter of the allowance in flight (half
+  the product; one cycle where the allowance is about a chunk) until a cycle sent in the probe
+  is answered, whose round trip carries none of its own queue; the best rate of the span sets
+  the allowance again at once. A round trip that shrinks counts at once. A fast far link
+  so fills the window; a slow one (a few Mbit/s) keeps about two round trips of bytes queued
+  instead of the whole window, so the session's pings and requests do not wait behind half a
+  minute of frames. An answer with `backpressure: true` stops us: no new chunk goes out until
+  an answer says `false`, and once nothing is in flight we probe with `feedback` every
+  `probe_interval`. So a
   typedrequest 3.3.0 responder, whose receive queue holds 16 items and whose `push` never
   refuses, holds at most `window` + 16 chunks; our own responder, which reports backpressure
   at `window` chunks or `window_bytes` and breaks a stream pushed past twice either, never
@@ -63,6 +70,7 @@ from typing import Final
 from agent.errors import InvalidState, RemoteProtocolError, StreamBroken
 from agent.protocol.chunks import CLOSING, ChunkForm, Closing, decode_chunk, encode_chunk
 from agent.protocol.events import broken_error
+from agent.protocol.round_trip import MinRoundTrip
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage
 from agent.protocol.stream_responder import Role
@@ -138,9 +146,10 @@ class InitiatorStream:
         settings: StreamSettings,
         *,
         new_id: Callable[[], str],
-        path_rtt: Callable[[], float | None] = lambda: None,
+        path_rtt: Callable[[float], float | None] = lambda now: None,
     ) -> None:
-        """`path_rtt` says the smallest round trip its connection has seen (None: none yet)."""
+        """`path_rtt(now)` says the smallest round trip its connection's calls measured, while
+        that is fresh (None: none, or it expired; `round_trip.MinRoundTrip.current`)."""
         self.stream_id = stream_id
         self.role = role
         self.state = InitiatorState.PENDING
@@ -163,7 +172,7 @@ class InitiatorStream:
         # SEND: what the link carries (answers' round trips, payload answered), and so how much
         # payload may be in flight: a quarter of the window until the first answer.
         self._path_rtt = path_rtt
-        self._rtt: float | None = None  # the smallest answer round trip of this stream
+        self._rtt = MinRoundTrip()  # the smallest answer round trip of this stream, probed
         self._delivered = 0  # payload answered so far
         self._rates: deque[tuple[float, float]] = deque()  # (when, bytes per s), rates falling
         self._allowance = max(1, settings.window_bytes // 4)
@@ -204,7 +213,7 @@ class InitiatorStream:
     def _data_frames(self, now: float) -> list[StreamPackage]:
         frames: list[StreamPackage] = []
         if self.role is Role.RECEIVE:
-            while self._may_read():
+            while self._may_read(now):
                 frames.append(self._send(self._frame("read", next=False, backpressure=False), now))
             return frames
         if self._peer_backpressure:
@@ -212,7 +221,7 @@ class InitiatorStream:
                 probe = self._frame("feedback", next=bool(self._queue), backpressure=False)
                 frames.append(self._send(probe, now))
             return frames
-        while self._queue and self._room_for(self._queue[0]):
+        while self._queue and self._room_for(self._queue[0], now):
             item = self._queue.popleft()
             frame = self._frame(
                 "chunk",
@@ -236,23 +245,31 @@ class InitiatorStream:
         self._in_flight_bytes += size
         return frame
 
-    def _room_for(self, item: bytes | Closing) -> bool:
-        """SEND: whether `item` may go out now: the window has room in chunks and in bytes
-        (the first chunk in flight always goes, however large)."""
+    def _room_for(self, item: bytes | Closing, now: float) -> bool:
+        """SEND: whether `item` may go out at `now`: the window has room in chunks and in
+        bytes (the first chunk in flight always goes, however large; `_allowed`)."""
         if len(self._cycles) >= self._cycles_max:
             return False
         size = 0 if item is CLOSING else len(item)
-        return not self._cycles or self._in_flight_bytes + size <= self._allowance
+        return not self._cycles or self._in_flight_bytes + size <= self._allowed(now)
 
-    def _may_read(self) -> bool:
-        """RECEIVE: whether one more `read` may go out now."""
+    def _may_read(self, now: float) -> bool:
+        """RECEIVE: whether one more `read` may go out at `now`."""
         reads = len(self._cycles)
         return (
             reads < min(self._reads_allowed, self._cycles_max)
             and len(self._queue) + reads < self._window
             and self._queued_bytes + reads * self._largest_chunk < self._window_bytes
-            and (reads == 0 or (reads + 1) * self._largest_chunk <= self._allowance)
+            and (reads == 0 or (reads + 1) * self._largest_chunk <= self._allowed(now))
         )
+
+    def _allowed(self, now: float) -> int:
+        """The payload that may be in flight at `now`: the allowance, and a quarter of it (half
+        the bandwidth-delay product) while the round trip is probed: no queue of our own then
+        lies ahead of a cycle sent, and the link still carries half its rate (BBR's ProbeRTT
+        keeps four packets; half the product is what its second version keeps). Where the
+        allowance is one chunk (the stale near minimum of a path that grew) it is one cycle."""
+        return self._allowance // 4 if self._rtt.probing(now) else self._allowance
 
     def _frame(
         self,
@@ -289,17 +306,17 @@ class InitiatorStream:
             times.append(self._keepalive_at)
         if self._cycles:
             times.append(next(iter(self._cycles.values())).sent_at + self._timeout)
-        if self._not_before > 0 and self._could_send_data():
+        if self._not_before > 0 and self._could_send_data(self._not_before):
             times.append(self._not_before)
         return min(times)
 
-    def _could_send_data(self) -> bool:
-        """Whether `_data_frames` would send a frame, the time aside."""
+    def _could_send_data(self, now: float) -> bool:
+        """Whether `_data_frames` would send a frame at `now`, the pause aside."""
         if self.role is Role.RECEIVE:
-            return self._may_read()
+            return self._may_read(now)
         if self._peer_backpressure:
             return not self._cycles
-        return bool(self._queue) and self._room_for(self._queue[0])
+        return bool(self._queue) and self._room_for(self._queue[0], now)
 
     @property
     def finished(self) -> bool:
@@ -388,7 +405,7 @@ class InitiatorStream:
         `window_bytes`."""
         self._delivered += size
         took = now - cycle.sent_at
-        self._rtt = took if self._rtt is None else min(self._rtt, took)
+        self._rtt.sample(took, now)
         if took > 0:
             rate = (self._delivered - cycle.delivered) / took
             # Only what can still be the largest is kept (the first is the span's largest).
@@ -397,8 +414,9 @@ class InitiatorStream:
             self._rates.append((now, rate))
         while self._rates and self._rates[0][0] <= now - RATE_SPAN:
             self._rates.popleft()
-        path = self._path_rtt()
-        rtt = self._rtt if path is None else min(self._rtt, path)
+        path, own = self._path_rtt(now), self._rtt.value
+        assert own is not None  # sampled above
+        rtt = own if path is None else min(own, path)
         rate = self._rates[0][1] if self._rates else 0.0
         # One chunk on top: a sample taken with n in flight says at most n, so twice it alone
         # would never let a lone chunk become two (its round trip is never below the minimum).

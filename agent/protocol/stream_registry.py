@@ -62,7 +62,8 @@ class StreamRegistry:
 
     settings: StreamSettings
     new_id: Callable[[], str]
-    path_rtt: Callable[[], float | None] = lambda: None  # the connection's smallest round trip
+    # The connection's smallest call round trip at `now`, while fresh (`MinRoundTrip.current`).
+    path_rtt: Callable[[float], float | None] = lambda now: None
     responders: dict[str, ResponderStream] = field(default_factory=dict)
     initiators: dict[str, InitiatorStream] = field(default_factory=dict)
     _cycles: dict[str, str] = field(default_factory=dict)  # cycle id -> initiator stream id

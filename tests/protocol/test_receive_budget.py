@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 from agent.protocol.connection import Connection, ConnectionSettings, StreamSettings
 from agent.protocol.envelope import Envelope
 from agent.protocol.receive_budget import RATE_SPAN, SIZE_MEMORY, ReceiveBudget
+from agent.protocol.round_trip import RTT_SPAN, MinRoundTrip
 
 MiB = 1 << 20
 
@@ -194,11 +195,11 @@ class TestBudgetFromTheRoundTrip:
         assert budget.limit_at(now) == 16 * MiB
 
     def test_a_round_trip_that_carries_a_queue_does_not_raise_the_budget(self) -> None:
-        """The smallest round trip seen counts, not a recent one: once frames queue on a slow
-        link every later sample carries the queue, and a budget grown from those would grow the
-        queue it measures. 1.25 MB/s at 400 ms: twice the product is 1 MB, under the floor."""
+        """The smallest round trip of the span counts, not a recent one: once frames queue on a
+        slow link every later sample carries the queue, and a budget grown from those would grow
+        the queue it measures. 1.25 MB/s at 400 ms: twice the product is 1 MB, under the floor."""
         budget = ReceiveBudget(limit=8 * MiB, expiry=10.0, ceiling=64 * MiB)
-        budget.round_trip(0.4)  # the authentication's calls, on an idle link
+        budget.round_trip(0.4, 0.0)  # the authentication's calls, on an idle link
         now = 0.0
         for _ in range(100):
             budget.admit("s1", answer("s1"), now)
@@ -217,8 +218,32 @@ class TestBudgetFromTheRoundTrip:
             now += 2.0
             budget.arrived("s1", size=8 * MiB, chunk=True, now=now)
         assert budget.limit_at(now) == int(2 * 4 * MiB * 2.0)
-        budget.round_trip(0.2)
+        budget.round_trip(0.2, now)
         assert budget.limit_at(now) == int(2 * 4 * MiB * 0.2)
+
+    def test_while_its_round_trip_is_probed_the_budget_is_a_quarter_of_itself(self) -> None:
+        """The smallest round trip (0.2 s) not seen again for a span: until an invitation sent
+        since is used up the budget is half the product (2 MiB of 8), so none of the queue it
+        invites lies ahead of that one."""
+        budget = ReceiveBudget(limit=1 * MiB, expiry=10.0, ceiling=64 * MiB)
+        now = 0.0
+        for took in [0.2] + [0.4] * 24:  # then every invitation waits behind a queue
+            budget.admit("s1", answer("s1"), now)
+            now += took
+            budget.arrived("s1", size=int(4 * MiB * took / 0.2), chunk=True, now=now)
+        assert budget.limit_at(now) == 8 * MiB
+        assert budget.limit_at(0.2 + RTT_SPAN + 0.1) == 2 * MiB
+
+    def test_a_round_trip_that_grew_sizes_the_budget_after_its_probe(self) -> None:
+        """The round trip grew from 0.2 s to 0.4 s: once an invitation sent in the probe is used
+        up, 0.4 s is the smallest, and the budget twice 20 MiB/s times it."""
+        budget = ReceiveBudget(limit=1 * MiB, expiry=10.0, ceiling=64 * MiB)
+        now = 0.0
+        for took in [0.2] + [0.4] * 28:
+            budget.admit("s1", answer("s1"), now)
+            now += took
+            budget.arrived("s1", size=int(4 * MiB * took / 0.2), chunk=True, now=now)
+        assert budget.limit_at(now) == pytest.approx(2 * 20 * MiB * 0.4, abs=1)
 
 
 class TestConnection:
@@ -271,18 +296,20 @@ class TestConnection:
 def test_the_budget_follows_the_largest_rate_of_the_span(
     cycles: list[tuple[float, float, int]],
 ) -> None:
-    """Whatever the rates and pauses, the budget is twice the smallest round trip times the
-    largest delivery rate seen in the last `RATE_SPAN` seconds, within its floor and ceiling
-    (only the samples that can still be the largest are kept)."""
+    """Whatever the rates and pauses, the budget is twice the smallest round trip (as
+    `MinRoundTrip` keeps it, tested on its own) times the largest delivery rate seen in the last
+    `RATE_SPAN` seconds (a quarter of that while the round trip is probed), within its floor and
+    ceiling (only the samples that can still be the largest are kept)."""
     budget = ReceiveBudget(limit=MiB, expiry=100.0, ceiling=1 << 40)
-    now, samples, rtt = 0.0, [], None
+    now, samples, smallest = 0.0, [], MinRoundTrip()
     for pause, took, size in cycles:
         sent = now = now + pause
         budget.admit("s1", answer("a"), now)
         now += took
         budget.arrived("s1", size=size, chunk=True, now=now)
         samples.append((now, size / (now - sent)))
-        rtt = now - sent if rtt is None else min(rtt, now - sent)
+        smallest.sample(now - sent, now)
+        rtt, quarter = smallest.value, 4 if smallest.probing(now) else 1
         recent = [rate for when, rate in samples if when > now - RATE_SPAN]
-        want = MiB if rtt is None or not recent else int(max(MiB, 2 * max(recent) * rtt))
+        want = MiB if rtt is None or not recent else int(max(MiB, 2 * max(recent) * rtt / quarter))
         assert budget.limit_at(now) == want

@@ -426,7 +426,7 @@ def test_the_connections_round_trip_bounds_what_a_stream_measures() -> None:
     numbers = count(1)
     settings = StreamSettings(window=16, window_bytes=8 << 20, park_timeout=1.0)
     stream = InitiatorStream(
-        "s1", Role.SEND, settings, new_id=lambda: f"k{next(numbers)}", path_rtt=lambda: 0.2
+        "s1", Role.SEND, settings, new_id=lambda: f"k{next(numbers)}", path_rtt=lambda now: 0.2
     )
     stream.arm(0.0)
     now = 0.0
