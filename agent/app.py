@@ -53,10 +53,11 @@ from agent.clock import SYSTEM_CLOCK, Clock
 from agent.config import Config, Secrets
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.corestore.credentials import CredentialSource, FixedCredentials
+from agent.credentials.contest import RecipientWatch
 from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
 from agent.credentials.provider import SealedCredentials
-from agent.errors import ConfigError, StateUnwritable
+from agent.errors import AgentError, ConfigError, StateUnwritable
 from agent.health import HealthServer, bind_listener, close_listener
 from agent.log import register_secret
 from agent.loopwatch import LoopWatch, watch_interval
@@ -326,7 +327,9 @@ async def _serve(
     )
     _warn_about(config, created=created, decoders=decoders, tightened=checked.tightens)
     corestore = config.corestore
-    sealed = _sealed_credentials(config, keys, lambda: session)
+    sealed = _sealed_credentials(
+        config, keys, lambda: session, RecipientWatch(observer, clock=clock)
+    )
     credentials: CredentialSource = sealed[1] if sealed is not None else _fixed_credentials(secrets)
     clients = CorestoreClients(
         credentials=credentials,
@@ -392,6 +395,9 @@ async def _serve(
         group.create_task(_probe_state_writes(store, status, clock), name="state-writes"),
         group.create_task(reconciler.run(), name="state-reconcile"),
     ]
+    if provider is not None:
+        check = _check_recipient(provider, status, config.cloudly.recipient_check_s, clock)
+        side_tasks.append(group.create_task(check, name="recipient-check"))
     stop_task = group.create_task(stop.wait(), name="stop-signal")
     await asyncio.wait({session_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
     stop_task.cancel()
@@ -510,8 +516,26 @@ async def _probe_state_writes(store: RevisionStore, status: AgentStatus, clock: 
                 break
 
 
+async def _check_recipient(
+    provider: SealedCredentials, status: AgentStatus, interval: float, clock: Clock
+) -> None:
+    """Every `interval` while connected, whether Cloudly still seals to the agent's recipient:
+    a second agent with the same token retires it (agent/credentials/contest.py)."""
+    while True:
+        await status.wait_until(lambda snapshot: snapshot.state is SessionState.CONNECTED)
+        await clock.sleep(interval)
+        if status.state is SessionState.CONNECTED:
+            try:
+                await provider.check_recipient()
+            except AgentError as exc:  # a broken session: the next connect checks again
+                log.debug("recipient_check_failed", error=str(exc))
+
+
 def _sealed_credentials(
-    config: Config, keys: KeyStore | None, session: Callable[[], CloudlySession]
+    config: Config,
+    keys: KeyStore | None,
+    session: Callable[[], CloudlySession],
+    watch: RecipientWatch,
 ) -> tuple[Enrollment, SealedCredentials] | None:
     """The key's enrollment and the per-node sealed credentials; None for the file option."""
     if keys is None:
@@ -525,6 +549,7 @@ def _sealed_credentials(
         caller=session,
         cluster_view=lambda: session().cluster_view,
         call_timeout=timeout,
+        watch=watch,
     )
     return enrollment, provider
 
