@@ -12,36 +12,45 @@
                                                   wrong. `check-config PATH` works too
     restore-agent status [--config PATH] [--json] the running agent, read from its health
                                                   endpoint: readiness, session, every restore
-                                                  and every relay job
-    restore-agent rotate-key --config PATH        replace the X25519 recipient key in the state
+                                                  and every relay job; exit 0 only when it
+                                                  is ready, 3 when it answers not ready, 1
+                                                  when nothing answers (below)
+    restore-agent rotate-key [--config PATH]      replace the X25519 recipient key in the state
                                                   directory and forget its enrollment, so the
                                                   next start enrolls the new key with Cloudly
                                                   (docs/credentials.md, "Rotation"); refused
                                                   while an agent runs on that directory
-    restore-agent state salvage --config PATH [--sqlite3 PATH]
+    restore-agent state salvage [--config PATH] [--sqlite3 PATH]
                                                   a damaged state database: every row SQLite
                                                   can still read into a new database in its
                                                   place, the damaged file kept aside, counts
                                                   per table printed (agent/store/salvage.py)
-    restore-agent state reset --config PATH --start-empty
+    restore-agent state reset [--config PATH] --start-empty
                                                   keep the state database aside and start
                                                   empty on purpose; both refused while an
                                                   agent runs on that directory, and both make
                                                   the next start reconcile with each node's
                                                   Corestore (agent/reconcile.py)
 
+Every command but `run` reads /etc/restore-agent/config.toml when no --config is given (the
+unit's; `run` is what the unit starts, and names it). Run as root, the commands that write in
+the state directory (`rotate-key`, `state ...`) hand what they wrote to the directory's owner,
+the unit's `DynamicUser=` (`statedir.give_back`).
+
 Exit codes (the unit's `RestartPreventExitStatus=2 65` keeps systemd from restarting only what
 a restart cannot fix; docs/operations.md has the table):
 
-    0    success
+    0    success (`status`: the agent answers and is ready)
     1    unexpected crash (logged once, with its traceback, through the redacting logger) or,
-         for `status`, an agent that cannot be read; systemd restarts
+         for `status`, no agent answers (stopped, failed, or still starting); systemd restarts
     2    configuration: the file, the secret and CA files it names, file modes, the state
          directory (missing parent, not a directory, read-only); also a state database a
          newer agent migrated (both schema versions named: install that agent again); one
          line on stderr, no traceback. argparse uses 2 for usage errors too. systemd does
          not restart
-    3    `check-config --connect` could not connect or authenticate
+    3    `check-config --connect` could not connect or authenticate; `status`: the agent
+         answers but is not ready (its reasons printed), as `systemctl is-active` says 3 for
+         a unit that is not active
     65   (EX_DATAERR) the state database is damaged (or an earlier agent moved a damaged one
          aside and nothing replaced it on purpose): one line naming the file and the way
          out (`state salvage` or `state reset --start-empty`); systemd does not restart, and
@@ -98,6 +107,7 @@ __all__ = [
     "EXIT_CONFIG",
     "EXIT_CRASH",
     "EXIT_DAMAGED",
+    "EXIT_NOT_READY",
     "EXIT_OK",
     "EXIT_TEMPORARY",
     "EXIT_UNREACHABLE",
@@ -108,6 +118,8 @@ EXIT_OK: Final = 0
 EXIT_CRASH: Final = 1
 EXIT_CONFIG: Final = 2
 EXIT_UNREACHABLE: Final = 3
+# `status` of an agent that answers but is not ready (a different command from the probe's 3).
+EXIT_NOT_READY: Final = 3
 # sysexits.h's EX_DATAERR: "the input data was incorrect in some way" (the state database).
 EXIT_DAMAGED: Final = 65
 # sysexits.h's EX_TEMPFAIL: "a temporary failure; the user is invited to retry".
@@ -200,7 +212,7 @@ def _parser() -> argparse.ArgumentParser:
         "rotate-key",
         help="replace the recipient key Cloudly seals credentials to (the agent must be stopped)",
     )
-    _config_option(rotate, required=True)
+    _config_option(rotate, required=False)
     rotate.set_defaults(command=_rotate_key)
     state = commands.add_parser(
         "state", help="an operator's way out of a damaged state database (the agent stopped)"
@@ -210,7 +222,7 @@ def _parser() -> argparse.ArgumentParser:
         "salvage",
         help="recover every row SQLite can still read into a new database; keep the damaged one",
     )
-    _config_option(salvage, required=True)
+    _config_option(salvage, required=False)
     salvage.add_argument(
         "--sqlite3",
         metavar="PATH",
@@ -221,7 +233,7 @@ def _parser() -> argparse.ArgumentParser:
     reset = actions.add_parser(
         "reset", help="keep the state database aside and start empty on purpose"
     )
-    _config_option(reset, required=True)
+    _config_option(reset, required=False)
     reset.add_argument(
         "--start-empty",
         action="store_true",
@@ -235,6 +247,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     _config_option(status, required=False)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="ask again every second until the agent is ready, for at most SECONDS (after a "
+        "start, a restart or an upgrade)",
+    )
     status.set_defaults(command=_status)
     return parser
 
@@ -341,7 +361,7 @@ def _credential_summary(config: Config) -> str:
 
 
 def _rotate_key(namespace: argparse.Namespace) -> int:
-    config = load_config(namespace.config)
+    config = load_config(_config_path(namespace))
     if config.corestore.credential_source != "sealed":
         raise ConfigError(
             "corestore.credential_source",
@@ -354,6 +374,7 @@ def _rotate_key(namespace: argparse.Namespace) -> int:
         key = rotate_key(directory)
     finally:
         held.close()
+    _give_back(directory)
     print(f"recipient key rotated: public key {key.public_key}")
     print("  the agent enrolls it with Cloudly on its next start")
     return EXIT_OK
@@ -396,12 +417,17 @@ def _probe(config: Config, checked: preflight.Checked) -> int:
 
 def _status(namespace: argparse.Namespace) -> int:
     config = load_config(_config_path(namespace))
-    try:
-        data = fetch(config.health.endpoint)
-    except StatusUnavailable as exc:
+    data, unavailable = _ask_until_ready(config, namespace.wait)
+    if data is None:
         down = statedir.read_down(config.state.directory)
         if down is None:
-            _fatal_line(f"{_PROG}: {exc}")
+            _fatal_line(f"{_PROG}: {unavailable}")
+            if statedir.down_unreadable(config.state.directory):
+                print(
+                    f"  why it is down may be recorded in {config.state.directory}, which only "
+                    "root and the agent's user can read: sudo restore-agent status",
+                    file=sys.stderr,
+                )
         elif namespace.json:
             print(json.dumps({"ready": False, "down": down}, indent=2, sort_keys=True))
         else:
@@ -413,7 +439,24 @@ def _status(namespace: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(render(data, now_ms=time.time_ns() // 1_000_000))
-    return EXIT_OK
+    return EXIT_OK if data.get("ready") is True else EXIT_NOT_READY
+
+
+def _ask_until_ready(
+    config: Config, wait: float
+) -> tuple[dict[str, Any] | None, StatusUnavailable | None]:
+    """The agent's status (or why none could be read), asked again every second while it is
+    not ready, for at most `wait` seconds."""
+    deadline = time.monotonic() + max(0.0, wait)
+    while True:
+        try:
+            data: dict[str, Any] | None = fetch(config.health.endpoint)
+            unavailable = None
+        except StatusUnavailable as exc:
+            data, unavailable = None, exc
+        if (data is not None and data.get("ready") is True) or time.monotonic() >= deadline:
+            return data, unavailable
+        time.sleep(1.0)  # an operator's command polling a daemon, not a test
 
 
 def _run(namespace: argparse.Namespace) -> int:
@@ -462,8 +505,15 @@ def _held_state(config: Config) -> statedir.StateLock:
         ) from None
 
 
+def _give_back(directory: Path) -> None:
+    """Root wrote in the state directory: its owner (the unit's user) gets it back."""
+    changed = statedir.give_back(directory)
+    if changed:
+        print(f"  handed to the state directory's owner: {', '.join(changed)}")
+
+
 def _state_salvage(namespace: argparse.Namespace) -> int:
-    config = load_config(namespace.config)
+    config = load_config(_config_path(namespace))
     salvage = importlib.import_module("agent.store.salvage")
     held = _held_state(config)
     try:
@@ -480,6 +530,7 @@ def _state_salvage(namespace: argparse.Namespace) -> int:
         return EXIT_CRASH
     finally:
         held.close()
+    _give_back(config.state.directory)
     print(f"state salvaged: {report.database} (schema version {report.schema_version})")
     print(f"  read with:    {report.tool}")
     print(f"  damaged copy: {report.kept.name} (kept)")
@@ -501,13 +552,14 @@ def _state_salvage(namespace: argparse.Namespace) -> int:
 
 
 def _state_reset(namespace: argparse.Namespace) -> int:
-    config = load_config(namespace.config)
+    config = load_config(_config_path(namespace))
     salvage = importlib.import_module("agent.store.salvage")
     held = _held_state(config)
     try:
         kept = salvage.reset(config.state.directory, name=statedir.DATABASE_FILE, now=time.time())
     finally:
         held.close()
+    _give_back(config.state.directory)
     where = config.state.directory / statedir.DATABASE_FILE
     print(f"state reset: {where} starts empty at the next start")
     if kept is not None:

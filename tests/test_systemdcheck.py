@@ -29,10 +29,13 @@ def test_the_readme_install_block_is_five_numbered_steps() -> None:
     assert "--require-hashes --no-deps -r locks/runtime.txt" in steps[1].script
     assert "pip install --no-deps dist/" in steps[1].script
     assert "pip check" in steps[1].script
-    assert "check-config --connect" in steps[3].script
-    # Checked as the unit runs: its dynamic user, its credential, its state directory.
+    assert "sudo restore-agent check-config --connect" in steps[3].script
+    # Checked as the unit runs: its dynamic user, its credential, its state directory, by the
+    # command step 2 puts on the PATH (systemd/restore-agent runs check-config so).
+    assert "systemd/restore-agent /usr/local/bin/restore-agent" in steps[1].script
+    wrapper = (REPO / "systemd" / "restore-agent").read_text()
     for property_ in ("DynamicUser=yes", "LoadCredential=machine-token:", "StateDirectory="):
-        assert f"-p {property_}" in steps[3].script
+        assert f"-p {property_}" in wrapper
     assert "systemctl enable --now restore-agent" in steps[4].script
 
 
