@@ -25,6 +25,12 @@
                                                   can still read into a new database in its
                                                   place, the damaged file kept aside, counts
                                                   per table printed (agent/store/salvage.py)
+    restore-agent state rollback [--config PATH] [--copy NAME]
+                                                  the copy start-up took before a migration
+                                                  back in place of the migrated database
+                                                  (kept aside), for the older agent
+                                                  (agent/store/rollback.py); refused while an
+                                                  agent runs on that directory
     restore-agent state reset [--config PATH] --start-empty
                                                   keep the state database aside and start
                                                   empty on purpose; both refused while an
@@ -241,6 +247,14 @@ def _parser() -> argparse.ArgumentParser:
         help="required: every record is forgotten (what Corestore holds is reconciled)",
     )
     reset.set_defaults(command=_state_reset)
+    rollback = actions.add_parser(
+        "rollback",
+        help="put the copy taken before a migration back in place (before installing the "
+        "older agent again)",
+    )
+    _config_option(rollback, required=False)
+    rollback.add_argument("--copy", metavar="NAME", help="which copy (default: the newest)")
+    rollback.set_defaults(command=_state_rollback)
     status = commands.add_parser(
         "status",
         help="the running agent: readiness, session, restores and relay jobs (health endpoint)",
@@ -565,4 +579,33 @@ def _state_reset(namespace: argparse.Namespace) -> int:
     if kept is not None:
         print(f"  previous database: {kept.name} (kept)")
     print(_NEXT_START)
+    return EXIT_OK
+
+
+def _state_rollback(namespace: argparse.Namespace) -> int:
+    config = load_config(_config_path(namespace))
+    rollback = importlib.import_module("agent.store.rollback")
+    held = _held_state(config)
+    try:
+        done = rollback.roll_back(
+            config.state.directory,
+            name=statedir.DATABASE_FILE,
+            now=time.time(),
+            copy=namespace.copy,
+        )
+    except StoreError as exc:
+        _fatal_line(f"{_PROG}: state rollback: {exc}")
+        return EXIT_CRASH
+    finally:
+        held.close()
+    _give_back(config.state.directory)
+    where = config.state.directory / statedir.DATABASE_FILE
+    print(f"state rolled back: {where} is {done.copy.name} (schema version {done.schema_version})")
+    if done.kept is not None:
+        print(f"  migrated database: {done.kept.name} (kept)")
+    print(
+        "  next: install the agent that wrote schema version "
+        f"{done.schema_version} (docs/operations.md, 'Upgrading and rolling back'), then "
+        "systemctl start restore-agent; once connected it reconciles with each node's Corestore"
+    )
     return EXIT_OK
