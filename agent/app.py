@@ -172,6 +172,12 @@ async def run(
         resources.callback(notifier.close)
         listener = bind_listener(config.health.endpoint)
         resources.callback(close_listener, listener, config.health.endpoint)
+        scrape = config.health.metrics_endpoint
+        scrape_listener = (
+            None if scrape is None else bind_listener(scrape, key="health.metrics_listen")
+        )
+        if scrape is not None and scrape_listener is not None:
+            resources.callback(close_listener, scrape_listener, scrape)
         directory = config.state.directory
         created = statedir.create(directory)
         resources.callback(statedir.lock(directory).close)
@@ -222,6 +228,8 @@ async def run(
             transfers=transfers,
         )
         address = await health.start(listener)
+        if scrape is not None and scrape_listener is not None:
+            await health.start_metrics(scrape_listener, scrape)
         # Stopped in the shutdown's order (after the relay's jobs, before the clients and the
         # store close), or here last if the state never opened.
         stop_health = _Once(lambda: _step("stop the health server", health.stop, close_s))
