@@ -393,6 +393,13 @@ def test_counts_and_durations_are_never_drawn_on_one_axis() -> None:
         "restore_agent_retention_failures_total",
         "restore_agent_state_database_vacuum_failures_total",
         "restore_agent_cloudly_unreachable_since_timestamp_seconds",
+        # every paging alert's series
+        "up",
+        "restore_agent_state_writable",
+        "restore_agent_corestore_storage_full",
+        "restore_agent_corestore_unavailable_since_seconds",
+        "restore_agent_duplicate_agent",
+        "restore_agent_recipient_retirements_total",
     ],
 )
 def test_the_dashboard_has_a_panel_for(metric: str) -> None:
