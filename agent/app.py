@@ -3,8 +3,9 @@
     the start-up checks check-config shares (agent/preflight.py: secrets read once and
     registered with the log redactor, the CA file, the state directory, the key file)
     -> the health socket bound (and the metrics socket, [health] metrics_listen) -> the
-       state directory (created, never its parents) and its lock -> the recipient key (sealed) -> RevisionStore — nothing is created before a check
-       that can still refuse start-up; a damaged or newer database refuses it (exit 65 / 2,
+       state directory (created, never its parents) and its lock -> the recipient key
+       (sealed) -> RevisionStore — nothing is created before a check that can still refuse
+       start-up; a damaged or newer database refuses it (exit 65 / 2,
        agent/cli.py); a disk that refuses the key's or the database's writes is waited out
        (agent/opening.py): the health server starts, READY=1 with a STATUS= that says why,
        and the open is tried again on a backoff until it works
