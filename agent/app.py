@@ -529,15 +529,19 @@ async def _check_recipient(
     provider: SealedCredentials, status: AgentStatus, interval: float, clock: Clock
 ) -> None:
     """Every `interval` while connected, whether Cloudly still seals to the agent's recipient:
-    a second agent with the same token retires it (agent/credentials/contest.py)."""
+    a second agent with the same token retires it (agent/credentials/contest.py). After a
+    retirement the next check comes after a fifth of it: a second agent shows sooner."""
+    delay = interval
     while True:
         await status.wait_until(lambda snapshot: snapshot.state is SessionState.CONNECTED)
-        await clock.sleep(interval)
+        await clock.sleep(delay)
         if status.state is SessionState.CONNECTED:
             try:
-                await provider.check_recipient()
+                enrolled = await provider.check_recipient()
             except AgentError as exc:  # a broken session: the next connect checks again
                 log.debug("recipient_check_failed", error=str(exc))
+                enrolled = None
+            delay = interval / 5 if enrolled is False else interval
 
 
 def _sealed_credentials(
