@@ -153,7 +153,7 @@ class CloudlyConfig(_Section):
     backoff_cap_s: Seconds = 60.0
     stable_after_s: NonNegativeSeconds = 60.0
     identity_renew_margin_s: NonNegativeSeconds = 300.0
-    recipient_check_s: Seconds = 15.0
+    recipient_check_s: Seconds = 10.0
     tag_name: Annotated[str, Field(min_length=1)] = "restore-agent"
     tag_payload: Mapping[str, Any] = Field(default_factory=dict)
     max_concurrent_requests: Annotated[int, Field(ge=1, le=4096)] = (
