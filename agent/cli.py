@@ -93,7 +93,7 @@ from typing import Any, Final, NoReturn
 
 import structlog
 
-from agent import __version__, preflight, statedir
+from agent import __version__, preflight, statecommands, statedir
 from agent.config import Config, load_config
 from agent.credentials.keys import rotate_key
 from agent.errors import (
@@ -101,10 +101,23 @@ from agent.errors import (
     ConfigError,
     StartupBlocked,
     StoreCorrupt,
-    StoreError,
     StoreNewer,
 )
-from agent.log import PRIORITIES, configure_logging, is_journal, register_secret
+from agent.exits import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CONFIG,
+    EXIT_CRASH,
+    EXIT_DAMAGED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_READY,
+    EXIT_OK,
+    EXIT_TEMPORARY,
+    EXIT_UNREACHABLE,
+    PROG,
+    fatal_line,
+    one_line,
+)
+from agent.log import configure_logging, register_secret
 from agent.statusview import StatusUnavailable, fetch, render, render_down
 
 __all__ = [
@@ -120,27 +133,9 @@ __all__ = [
     "main",
 ]
 
-EXIT_OK: Final = 0
-EXIT_CRASH: Final = 1
-EXIT_CONFIG: Final = 2
-EXIT_UNREACHABLE: Final = 3
-# `status` of an agent that answers but is not ready (a different command from the probe's 3).
-EXIT_NOT_READY: Final = 3
-# sysexits.h's EX_DATAERR: "the input data was incorrect in some way" (the state database).
-EXIT_DAMAGED: Final = 65
-# sysexits.h's EX_TEMPFAIL: "a temporary failure; the user is invited to retry".
-EXIT_TEMPORARY: Final = 75
-# What a shell reports for a process ended by SIGINT (Ctrl-C in the foreground) / SIGPIPE.
-_EXIT_INTERRUPTED: Final = 130
-EXIT_BROKEN_PIPE: Final = 141
 # Where the production install puts the configuration (see readme.md, "Install on a node").
 DEFAULT_CONFIG: Final = Path("/etc/restore-agent/config.toml")
 
-_PROG: Final = "restore-agent"
-_NEXT_START: Final = (
-    "  next: systemctl start restore-agent; once connected it lists what each node's Corestore "
-    "holds and takes what the state does not know into cleanup (restore-agent status)"
-)
 
 _log = structlog.get_logger(__name__)
 
@@ -171,7 +166,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        _fatal_line(f"{self.prog}: error: {message}")
+        fatal_line(f"{self.prog}: error: {message}")
         raise SystemExit(EXIT_CONFIG)
 
 
@@ -189,10 +184,10 @@ def _config_option(parser: argparse.ArgumentParser, *, required: bool) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog=_PROG,
+        prog=PROG,
         description="serve.zone relay-side restore agent",
     )
-    parser.add_argument("--version", action="version", version=f"{_PROG} {__version__}")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run the agent daemon")
@@ -288,13 +283,13 @@ def _guarded(command: Callable[[], int]) -> int:
     try:
         return command()
     except KeyboardInterrupt:
-        return _EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         raise  # main() ends the process quietly
     except Exception as exc:  # noqa: BLE001  # the top of the process: report once, exit 1
         refusal = _refusal_in(exc)
         if refusal is not None:
-            _fatal_line(f"{_PROG}: {refusal}")
+            fatal_line(f"{PROG}: {refusal}")
             return _exit_code(refusal)
         if not structlog.is_configured():
             configure_logging()
@@ -324,17 +319,6 @@ def _refusal_in(exc: BaseException) -> _Refusal | None:
             if found is not None:
                 return found
     return None
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())  # one line, whatever the message holds
-
-
-def _fatal_line(text: str) -> None:
-    """`text` as one line on stderr, with the error priority when stderr is the journal."""
-    line = _one_line(text)
-    prefix = f"<{PRIORITIES['error']}>" if is_journal(sys.stderr) else ""
-    print(prefix + line, file=sys.stderr)
 
 
 def _check_config(namespace: argparse.Namespace) -> int:
@@ -388,7 +372,7 @@ def _rotate_key(namespace: argparse.Namespace) -> int:
         key = rotate_key(directory)
     finally:
         held.close()
-    _give_back(directory)
+    statecommands.give_back(directory)
     print(f"recipient key rotated: public key {key.public_key}")
     print("  the agent enrolls it with Cloudly on its next start")
     return EXIT_OK
@@ -435,7 +419,7 @@ def _status(namespace: argparse.Namespace) -> int:
     if data is None:
         down = statedir.read_down(config.state.directory)
         if down is None:
-            _fatal_line(f"{_PROG}: {unavailable}")
+            fatal_line(f"{PROG}: {unavailable}")
             if statedir.down_unreadable(config.state.directory):
                 print(
                     f"  why it is down may be recorded in {config.state.directory}, which only "
@@ -488,7 +472,7 @@ def _run(namespace: argparse.Namespace) -> int:
     try:
         asyncio.run(run(config, secrets=secrets, config_path=namespace.config))
     except asyncio.CancelledError:  # a second Ctrl-C skipped the drain (agent.app)
-        return _EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED
     except Exception as exc:
         refusal = _refusal_in(exc)
         if isinstance(refusal, StoreCorrupt | StoreNewer):
@@ -496,7 +480,7 @@ def _run(namespace: argparse.Namespace) -> int:
             statedir.record_down(
                 config.state.directory,
                 reason="state-damaged" if isinstance(refusal, StoreCorrupt) else "state-newer",
-                message=_one_line(f"{_PROG}: {refusal}"),
+                message=one_line(f"{PROG}: {refusal}"),
                 exit_code=_exit_code(refusal),
                 at_ms=time.time_ns() // 1_000_000,
                 version=__version__,
@@ -505,107 +489,14 @@ def _run(namespace: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _held_state(config: Config) -> statedir.StateLock:
-    """The state directory's lock, for a command that must not run beside an agent."""
-    directory = config.state.directory
-    statedir.check(directory)
-    try:
-        return statedir.lock(directory)
-    except StartupBlocked:
-        raise StartupBlocked(
-            "state.directory",
-            f"{directory}: a restore-agent runs on this state directory: stop it first "
-            "(systemctl stop restore-agent)",
-        ) from None
-
-
-def _give_back(directory: Path) -> None:
-    """Root wrote in the state directory: its owner (the unit's user) gets it back."""
-    changed = statedir.give_back(directory)
-    if changed:
-        print(f"  handed to the state directory's owner: {', '.join(changed)}")
-
-
 def _state_salvage(namespace: argparse.Namespace) -> int:
     config = load_config(_config_path(namespace))
-    salvage = importlib.import_module("agent.store.salvage")
-    held = _held_state(config)
-    try:
-        report = salvage.salvage(
-            config.state.directory,
-            name=statedir.DATABASE_FILE,
-            now=time.time(),
-            sqlite3_cli=namespace.sqlite3,
-        )
-    except StoreNewer:
-        raise
-    except StoreError as exc:
-        _fatal_line(f"{_PROG}: state salvage: {exc}")
-        return EXIT_CRASH
-    finally:
-        held.close()
-    _give_back(config.state.directory)
-    print(f"state salvaged: {report.database} (schema version {report.schema_version})")
-    print(f"  read with:    {report.tool}")
-    print(f"  damaged copy: {report.kept.name} (kept)")
-    rows = [("TABLE", "RECOVERED", "KEPT", "DROPPED")] + [
-        (table, str(c.recovered), str(c.kept), str(c.dropped))
-        for table, c in sorted(report.tables.items())
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    for row in rows:
-        numbers = zip(row[1:], widths[1:], strict=True)
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in numbers]
-        print("  " + "  ".join(cells))
-    if report.unattributed:
-        print(
-            f"  {report.unattributed} rows SQLite found belong to no table any more: not restored"
-        )
-    print(_NEXT_START)
-    return EXIT_OK
+    return statecommands.salvage(config, sqlite3_cli=namespace.sqlite3)
 
 
 def _state_reset(namespace: argparse.Namespace) -> int:
-    config = load_config(_config_path(namespace))
-    salvage = importlib.import_module("agent.store.salvage")
-    held = _held_state(config)
-    try:
-        kept = salvage.reset(config.state.directory, name=statedir.DATABASE_FILE, now=time.time())
-    finally:
-        held.close()
-    _give_back(config.state.directory)
-    where = config.state.directory / statedir.DATABASE_FILE
-    print(f"state reset: {where} starts empty at the next start")
-    if kept is not None:
-        print(f"  previous database: {kept.name} (kept)")
-    print(_NEXT_START)
-    return EXIT_OK
+    return statecommands.reset(load_config(_config_path(namespace)))
 
 
 def _state_rollback(namespace: argparse.Namespace) -> int:
-    config = load_config(_config_path(namespace))
-    rollback = importlib.import_module("agent.store.rollback")
-    held = _held_state(config)
-    try:
-        done = rollback.roll_back(
-            config.state.directory,
-            name=statedir.DATABASE_FILE,
-            now=time.time(),
-            copy=namespace.copy,
-        )
-    except StoreError as exc:
-        _fatal_line(f"{_PROG}: state rollback: {exc}")
-        return EXIT_CRASH
-    finally:
-        held.close()
-    _give_back(config.state.directory)
-    where = config.state.directory / statedir.DATABASE_FILE
-    print(f"state rolled back: {where} is {done.copy.name} (schema version {done.schema_version})")
-    if done.kept is not None:
-        print(f"  migrated database: {done.kept.name} (kept)")
-    print(
-        "  next: install the agent that wrote schema version "
-        f"{done.schema_version} (docs/operations.md, 'Upgrading and rolling back'), then "
-        "systemctl start restore-agent; once connected it reconciles with each node's Corestore"
-    )
-    return EXIT_OK
+    return statecommands.rollback(load_config(_config_path(namespace)), copy=namespace.copy)
