@@ -339,12 +339,15 @@ def _check_config(namespace: argparse.Namespace) -> int:
 
 def _summary(config: Config) -> list[str]:
     """What an operator checks at a glance; paths and settings only, never a secret."""
+    scrape = config.health.metrics_endpoint
+    metrics = [] if scrape is None else [f"metrics:    {scrape} (/metrics alone, for Prometheus)"]
     return [
         f"cloudly:    {config.websocket_url}",
         f"token:      {config.cloudly.token_file}",
         f"credential: {_credential_summary(config)}",
         f"state:      {config.state.directory}",
         f"health:     {config.health.endpoint}",
+        *metrics,
         f"shutdown:   at most {preflight.shutdown_budget(config):g} s, below "
         f"stop_timeout_s {config.shutdown.stop_timeout_s:g} (the unit's TimeoutStopSec=)",
         f"log:        {config.log.format}, {config.log.level}",

@@ -695,3 +695,14 @@ def test_status_wait_asks_again_until_the_agent_is_ready(
     assert main(["status", "--config", str(config_path), "--json", "--wait", "60"]) == 0
     assert slept == [1.0, 1.0]
     assert json.loads(capsys.readouterr().out)["ready"] is True
+
+
+def test_check_config_names_the_metrics_listener_when_there_is_one(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with config_path.open("a") as config:
+        config.write('\n[health]\nmetrics_listen = "127.0.0.2:9734"\n')
+    assert main(["check-config", str(config_path)]) == 0
+    assert (
+        "  metrics:    127.0.0.2:9734 (/metrics alone, for Prometheus)" in capsys.readouterr().out
+    )
