@@ -11,9 +11,16 @@ in one pass) are built when a C compiler and the Python headers are there. When 
   tag of a wheel with native code: its file name tells which build it is;
 - the agent logs `chunk_decoder_pure` at warning level at every start (agent/app.py).
 
+It also writes the version (`agent/_version.py`, read by `agent/__init__.py`): the release
+`agent.RELEASE`, then how many commits and which one the build is made of, from git
+(`0.1.0+412.g85e71b5c0a1d`, `.dirty` for a tree with changes; the release alone at a clean
+`v<release>` tag). Without git (a source tree without `.git`) the file is left as it is.
+
 Everything else about the package lives in pyproject.toml.
 """
 
+import re
+import subprocess
 import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
@@ -22,6 +29,50 @@ from setuptools import Extension, setup
 from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CCompilerError, CompileError, ExecError, PlatformError
+
+_ROOT = Path(__file__).resolve().parent
+_VERSION_FILE = _ROOT / "agent" / "_version.py"
+
+
+def _git(*args: str) -> str | None:
+    """git's answer in this checkout, None without git or a repository. `safe.directory`:
+    a checkout another user owns (root building an operator's clone) is still read."""
+    try:
+        done = subprocess.run(
+            ["git", "-c", "safe.directory=*", "-C", str(_ROOT), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def _write_version() -> None:
+    """`agent/_version.py` from git: the release, then the commit count and the commit."""
+    commit, count = _git("rev-parse", "--short=12", "HEAD"), _git("rev-list", "--count", "HEAD")
+    if not commit or not count:
+        return
+    init = (_ROOT / "agent" / "__init__.py").read_text()
+    release = re.search(r'^RELEASE = "([^"]+)"$', init, re.MULTILINE)
+    if release is None:
+        raise SystemExit("setup.py: agent/__init__.py names no RELEASE")
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    tagged = _git("tag", "--points-at", "HEAD", "--list", f"v{release.group(1)}")
+    version = release.group(1)
+    if dirty or not tagged:
+        version += f"+{count}.g{commit}" + (".dirty" if dirty else "")
+    text = (
+        '"""Written by the build (setup.py) from git; not in the repository."""\n\n'
+        f'VERSION = "{version}"\n'
+    )
+    if not _VERSION_FILE.exists() or _VERSION_FILE.read_text() != text:
+        _VERSION_FILE.write_text(text)
+
+
+_write_version()
 
 _NATIVE = "agent._bufferform"
 _BUILD_ERRORS = (CCompilerError, CompileError, ExecError, PlatformError, OSError)

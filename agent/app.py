@@ -2,9 +2,10 @@
 
     the start-up checks check-config shares (agent/preflight.py: secrets read once and
     registered with the log redactor, the CA file, the state directory, the key file)
-    -> the health socket bound -> the state directory (created, never its parents) and its
-       lock -> the recipient key (sealed) -> RevisionStore — nothing is created before a check
-       that can still refuse start-up; a damaged or newer database refuses it (exit 65 / 2,
+    -> the health socket bound (and the metrics socket, [health] metrics_listen) -> the
+       state directory (created, never its parents) and its lock -> the recipient key
+       (sealed) -> RevisionStore — nothing is created before a check that can still refuse
+       start-up; a damaged or newer database refuses it (exit 65 / 2,
        agent/cli.py); a disk that refuses the key's or the database's writes is waited out
        (agent/opening.py): the health server starts, READY=1 with a STATUS= that says why,
        and the open is tried again on a backoff until it works
@@ -53,10 +54,11 @@ from agent.clock import SYSTEM_CLOCK, Clock
 from agent.config import Config, Secrets
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.corestore.credentials import CredentialSource, FixedCredentials
+from agent.credentials.contest import RecipientWatch
 from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
 from agent.credentials.provider import SealedCredentials
-from agent.errors import ConfigError, StateUnwritable
+from agent.errors import AgentError, ConfigError, StateUnwritable
 from agent.health import HealthServer, bind_listener, close_listener
 from agent.log import register_secret
 from agent.loopwatch import LoopWatch, watch_interval
@@ -171,6 +173,12 @@ async def run(
         resources.callback(notifier.close)
         listener = bind_listener(config.health.endpoint)
         resources.callback(close_listener, listener, config.health.endpoint)
+        scrape = config.health.metrics_endpoint
+        scrape_listener = (
+            None if scrape is None else bind_listener(scrape, key="health.metrics_listen")
+        )
+        if scrape is not None and scrape_listener is not None:
+            resources.callback(close_listener, scrape_listener, scrape)
         directory = config.state.directory
         created = statedir.create(directory)
         resources.callback(statedir.lock(directory).close)
@@ -221,6 +229,8 @@ async def run(
             transfers=transfers,
         )
         address = await health.start(listener)
+        if scrape is not None and scrape_listener is not None:
+            await health.start_metrics(scrape_listener, scrape)
         # Stopped in the shutdown's order (after the relay's jobs, before the clients and the
         # store close), or here last if the state never opened.
         stop_health = _Once(lambda: _step("stop the health server", health.stop, close_s))
@@ -326,7 +336,9 @@ async def _serve(
     )
     _warn_about(config, created=created, decoders=decoders, tightened=checked.tightens)
     corestore = config.corestore
-    sealed = _sealed_credentials(config, keys, lambda: session)
+    sealed = _sealed_credentials(
+        config, keys, lambda: session, RecipientWatch(observer, clock=clock)
+    )
     credentials: CredentialSource = sealed[1] if sealed is not None else _fixed_credentials(secrets)
     clients = CorestoreClients(
         credentials=credentials,
@@ -392,6 +404,9 @@ async def _serve(
         group.create_task(_probe_state_writes(store, status, clock), name="state-writes"),
         group.create_task(reconciler.run(), name="state-reconcile"),
     ]
+    if provider is not None:
+        check = _check_recipient(provider, status, config.cloudly.recipient_check_s, clock)
+        side_tasks.append(group.create_task(check, name="recipient-check"))
     stop_task = group.create_task(stop.wait(), name="stop-signal")
     await asyncio.wait({session_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
     stop_task.cancel()
@@ -510,8 +525,30 @@ async def _probe_state_writes(store: RevisionStore, status: AgentStatus, clock: 
                 break
 
 
+async def _check_recipient(
+    provider: SealedCredentials, status: AgentStatus, interval: float, clock: Clock
+) -> None:
+    """Every `interval` while connected, whether Cloudly still seals to the agent's recipient:
+    a second agent with the same token retires it (agent/credentials/contest.py). After a
+    retirement the next check comes after a fifth of it: a second agent shows sooner."""
+    delay = interval
+    while True:
+        await status.wait_until(lambda snapshot: snapshot.state is SessionState.CONNECTED)
+        await clock.sleep(delay)
+        if status.state is SessionState.CONNECTED:
+            try:
+                enrolled = await provider.check_recipient()
+            except AgentError as exc:  # a broken session: the next connect checks again
+                log.debug("recipient_check_failed", error=str(exc))
+                enrolled = None
+            delay = interval / 5 if enrolled is False else interval
+
+
 def _sealed_credentials(
-    config: Config, keys: KeyStore | None, session: Callable[[], CloudlySession]
+    config: Config,
+    keys: KeyStore | None,
+    session: Callable[[], CloudlySession],
+    watch: RecipientWatch,
 ) -> tuple[Enrollment, SealedCredentials] | None:
     """The key's enrollment and the per-node sealed credentials; None for the file option."""
     if keys is None:
@@ -525,6 +562,7 @@ def _sealed_credentials(
         caller=session,
         cluster_view=lambda: session().cluster_view,
         call_timeout=timeout,
+        watch=watch,
     )
     return enrollment, provider
 

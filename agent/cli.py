@@ -12,36 +12,51 @@
                                                   wrong. `check-config PATH` works too
     restore-agent status [--config PATH] [--json] the running agent, read from its health
                                                   endpoint: readiness, session, every restore
-                                                  and every relay job
-    restore-agent rotate-key --config PATH        replace the X25519 recipient key in the state
+                                                  and every relay job; exit 0 only when it
+                                                  is ready, 3 when it answers not ready, 1
+                                                  when nothing answers (below)
+    restore-agent rotate-key [--config PATH]      replace the X25519 recipient key in the state
                                                   directory and forget its enrollment, so the
                                                   next start enrolls the new key with Cloudly
                                                   (docs/credentials.md, "Rotation"); refused
                                                   while an agent runs on that directory
-    restore-agent state salvage --config PATH [--sqlite3 PATH]
+    restore-agent state salvage [--config PATH] [--sqlite3 PATH]
                                                   a damaged state database: every row SQLite
                                                   can still read into a new database in its
                                                   place, the damaged file kept aside, counts
                                                   per table printed (agent/store/salvage.py)
-    restore-agent state reset --config PATH --start-empty
+    restore-agent state rollback [--config PATH] [--copy NAME]
+                                                  the copy start-up took before a migration
+                                                  back in place of the migrated database
+                                                  (kept aside), for the older agent
+                                                  (agent/store/rollback.py); refused while an
+                                                  agent runs on that directory
+    restore-agent state reset [--config PATH] --start-empty
                                                   keep the state database aside and start
                                                   empty on purpose; both refused while an
                                                   agent runs on that directory, and both make
                                                   the next start reconcile with each node's
                                                   Corestore (agent/reconcile.py)
 
+Every command but `run` reads /etc/restore-agent/config.toml when no --config is given (the
+unit's; `run` is what the unit starts, and names it). Run as root, the commands that write in
+the state directory (`rotate-key`, `state ...`) hand what they wrote to the directory's owner,
+the unit's `DynamicUser=` (`statedir.give_back`).
+
 Exit codes (the unit's `RestartPreventExitStatus=2 65` keeps systemd from restarting only what
 a restart cannot fix; docs/operations.md has the table):
 
-    0    success
+    0    success (`status`: the agent answers and is ready)
     1    unexpected crash (logged once, with its traceback, through the redacting logger) or,
-         for `status`, an agent that cannot be read; systemd restarts
+         for `status`, no agent answers (stopped, failed, or still starting); systemd restarts
     2    configuration: the file, the secret and CA files it names, file modes, the state
          directory (missing parent, not a directory, read-only); also a state database a
          newer agent migrated (both schema versions named: install that agent again); one
          line on stderr, no traceback. argparse uses 2 for usage errors too. systemd does
          not restart
-    3    `check-config --connect` could not connect or authenticate
+    3    `check-config --connect` could not connect or authenticate; `status`: the agent
+         answers but is not ready (its reasons printed), as `systemctl is-active` says 3 for
+         a unit that is not active
     65   (EX_DATAERR) the state database is damaged (or an earlier agent moved a damaged one
          aside and nothing replaced it on purpose): one line naming the file and the way
          out (`state salvage` or `state reset --start-empty`); systemd does not restart, and
@@ -78,7 +93,7 @@ from typing import Any, Final, NoReturn
 
 import structlog
 
-from agent import __version__, preflight, statedir
+from agent import __version__, preflight, statecommands, statedir
 from agent.config import Config, load_config
 from agent.credentials.keys import rotate_key
 from agent.errors import (
@@ -86,10 +101,23 @@ from agent.errors import (
     ConfigError,
     StartupBlocked,
     StoreCorrupt,
-    StoreError,
     StoreNewer,
 )
-from agent.log import PRIORITIES, configure_logging, is_journal, register_secret
+from agent.exits import (
+    EXIT_BROKEN_PIPE,
+    EXIT_CONFIG,
+    EXIT_CRASH,
+    EXIT_DAMAGED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_READY,
+    EXIT_OK,
+    EXIT_TEMPORARY,
+    EXIT_UNREACHABLE,
+    PROG,
+    fatal_line,
+    one_line,
+)
+from agent.log import configure_logging, register_secret
 from agent.statusview import StatusUnavailable, fetch, render, render_down
 
 __all__ = [
@@ -98,31 +126,16 @@ __all__ = [
     "EXIT_CONFIG",
     "EXIT_CRASH",
     "EXIT_DAMAGED",
+    "EXIT_NOT_READY",
     "EXIT_OK",
     "EXIT_TEMPORARY",
     "EXIT_UNREACHABLE",
     "main",
 ]
 
-EXIT_OK: Final = 0
-EXIT_CRASH: Final = 1
-EXIT_CONFIG: Final = 2
-EXIT_UNREACHABLE: Final = 3
-# sysexits.h's EX_DATAERR: "the input data was incorrect in some way" (the state database).
-EXIT_DAMAGED: Final = 65
-# sysexits.h's EX_TEMPFAIL: "a temporary failure; the user is invited to retry".
-EXIT_TEMPORARY: Final = 75
-# What a shell reports for a process ended by SIGINT (Ctrl-C in the foreground) / SIGPIPE.
-_EXIT_INTERRUPTED: Final = 130
-EXIT_BROKEN_PIPE: Final = 141
 # Where the production install puts the configuration (see readme.md, "Install on a node").
 DEFAULT_CONFIG: Final = Path("/etc/restore-agent/config.toml")
 
-_PROG: Final = "restore-agent"
-_NEXT_START: Final = (
-    "  next: systemctl start restore-agent; once connected it lists what each node's Corestore "
-    "holds and takes what the state does not know into cleanup (restore-agent status)"
-)
 
 _log = structlog.get_logger(__name__)
 
@@ -153,7 +166,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        _fatal_line(f"{self.prog}: error: {message}")
+        fatal_line(f"{self.prog}: error: {message}")
         raise SystemExit(EXIT_CONFIG)
 
 
@@ -171,10 +184,10 @@ def _config_option(parser: argparse.ArgumentParser, *, required: bool) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog=_PROG,
+        prog=PROG,
         description="serve.zone relay-side restore agent",
     )
-    parser.add_argument("--version", action="version", version=f"{_PROG} {__version__}")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="run the agent daemon")
@@ -200,7 +213,7 @@ def _parser() -> argparse.ArgumentParser:
         "rotate-key",
         help="replace the recipient key Cloudly seals credentials to (the agent must be stopped)",
     )
-    _config_option(rotate, required=True)
+    _config_option(rotate, required=False)
     rotate.set_defaults(command=_rotate_key)
     state = commands.add_parser(
         "state", help="an operator's way out of a damaged state database (the agent stopped)"
@@ -210,7 +223,7 @@ def _parser() -> argparse.ArgumentParser:
         "salvage",
         help="recover every row SQLite can still read into a new database; keep the damaged one",
     )
-    _config_option(salvage, required=True)
+    _config_option(salvage, required=False)
     salvage.add_argument(
         "--sqlite3",
         metavar="PATH",
@@ -221,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     reset = actions.add_parser(
         "reset", help="keep the state database aside and start empty on purpose"
     )
-    _config_option(reset, required=True)
+    _config_option(reset, required=False)
     reset.add_argument(
         "--start-empty",
         action="store_true",
@@ -229,12 +242,28 @@ def _parser() -> argparse.ArgumentParser:
         help="required: every record is forgotten (what Corestore holds is reconciled)",
     )
     reset.set_defaults(command=_state_reset)
+    rollback = actions.add_parser(
+        "rollback",
+        help="put the copy taken before a migration back in place (before installing the "
+        "older agent again)",
+    )
+    _config_option(rollback, required=False)
+    rollback.add_argument("--copy", metavar="NAME", help="which copy (default: the newest)")
+    rollback.set_defaults(command=_state_rollback)
     status = commands.add_parser(
         "status",
         help="the running agent: readiness, session, restores and relay jobs (health endpoint)",
     )
     _config_option(status, required=False)
     status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="ask again every second until the agent is ready, for at most SECONDS (after a "
+        "start, a restart or an upgrade)",
+    )
     status.set_defaults(command=_status)
     return parser
 
@@ -254,13 +283,13 @@ def _guarded(command: Callable[[], int]) -> int:
     try:
         return command()
     except KeyboardInterrupt:
-        return _EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         raise  # main() ends the process quietly
     except Exception as exc:  # noqa: BLE001  # the top of the process: report once, exit 1
         refusal = _refusal_in(exc)
         if refusal is not None:
-            _fatal_line(f"{_PROG}: {refusal}")
+            fatal_line(f"{PROG}: {refusal}")
             return _exit_code(refusal)
         if not structlog.is_configured():
             configure_logging()
@@ -292,17 +321,6 @@ def _refusal_in(exc: BaseException) -> _Refusal | None:
     return None
 
 
-def _one_line(text: str) -> str:
-    return " ".join(text.split())  # one line, whatever the message holds
-
-
-def _fatal_line(text: str) -> None:
-    """`text` as one line on stderr, with the error priority when stderr is the journal."""
-    line = _one_line(text)
-    prefix = f"<{PRIORITIES['error']}>" if is_journal(sys.stderr) else ""
-    print(prefix + line, file=sys.stderr)
-
-
 def _check_config(namespace: argparse.Namespace) -> int:
     path = _config_path(namespace)
     config = load_config(path)
@@ -321,12 +339,15 @@ def _check_config(namespace: argparse.Namespace) -> int:
 
 def _summary(config: Config) -> list[str]:
     """What an operator checks at a glance; paths and settings only, never a secret."""
+    scrape = config.health.metrics_endpoint
+    metrics = [] if scrape is None else [f"metrics:    {scrape} (/metrics alone, for Prometheus)"]
     return [
         f"cloudly:    {config.websocket_url}",
         f"token:      {config.cloudly.token_file}",
         f"credential: {_credential_summary(config)}",
         f"state:      {config.state.directory}",
         f"health:     {config.health.endpoint}",
+        *metrics,
         f"shutdown:   at most {preflight.shutdown_budget(config):g} s, below "
         f"stop_timeout_s {config.shutdown.stop_timeout_s:g} (the unit's TimeoutStopSec=)",
         f"log:        {config.log.format}, {config.log.level}",
@@ -341,7 +362,7 @@ def _credential_summary(config: Config) -> str:
 
 
 def _rotate_key(namespace: argparse.Namespace) -> int:
-    config = load_config(namespace.config)
+    config = load_config(_config_path(namespace))
     if config.corestore.credential_source != "sealed":
         raise ConfigError(
             "corestore.credential_source",
@@ -354,6 +375,7 @@ def _rotate_key(namespace: argparse.Namespace) -> int:
         key = rotate_key(directory)
     finally:
         held.close()
+    statecommands.give_back(directory)
     print(f"recipient key rotated: public key {key.public_key}")
     print("  the agent enrolls it with Cloudly on its next start")
     return EXIT_OK
@@ -396,12 +418,17 @@ def _probe(config: Config, checked: preflight.Checked) -> int:
 
 def _status(namespace: argparse.Namespace) -> int:
     config = load_config(_config_path(namespace))
-    try:
-        data = fetch(config.health.endpoint)
-    except StatusUnavailable as exc:
+    data, unavailable = _ask_until_ready(config, namespace.wait)
+    if data is None:
         down = statedir.read_down(config.state.directory)
         if down is None:
-            _fatal_line(f"{_PROG}: {exc}")
+            fatal_line(f"{PROG}: {unavailable}")
+            if statedir.down_unreadable(config.state.directory):
+                print(
+                    f"  why it is down may be recorded in {config.state.directory}, which only "
+                    "root and the agent's user can read: sudo restore-agent status",
+                    file=sys.stderr,
+                )
         elif namespace.json:
             print(json.dumps({"ready": False, "down": down}, indent=2, sort_keys=True))
         else:
@@ -413,7 +440,24 @@ def _status(namespace: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(render(data, now_ms=time.time_ns() // 1_000_000))
-    return EXIT_OK
+    return EXIT_OK if data.get("ready") is True else EXIT_NOT_READY
+
+
+def _ask_until_ready(
+    config: Config, wait: float
+) -> tuple[dict[str, Any] | None, StatusUnavailable | None]:
+    """The agent's status (or why none could be read), asked again every second while it is
+    not ready, for at most `wait` seconds."""
+    deadline = time.monotonic() + max(0.0, wait)
+    while True:
+        try:
+            data: dict[str, Any] | None = fetch(config.health.endpoint)
+            unavailable = None
+        except StatusUnavailable as exc:
+            data, unavailable = None, exc
+        if (data is not None and data.get("ready") is True) or time.monotonic() >= deadline:
+            return data, unavailable
+        time.sleep(1.0)  # an operator's command polling a daemon, not a test
 
 
 def _run(namespace: argparse.Namespace) -> int:
@@ -431,7 +475,7 @@ def _run(namespace: argparse.Namespace) -> int:
     try:
         asyncio.run(run(config, secrets=secrets, config_path=namespace.config))
     except asyncio.CancelledError:  # a second Ctrl-C skipped the drain (agent.app)
-        return _EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED
     except Exception as exc:
         refusal = _refusal_in(exc)
         if isinstance(refusal, StoreCorrupt | StoreNewer):
@@ -439,7 +483,7 @@ def _run(namespace: argparse.Namespace) -> int:
             statedir.record_down(
                 config.state.directory,
                 reason="state-damaged" if isinstance(refusal, StoreCorrupt) else "state-newer",
-                message=_one_line(f"{_PROG}: {refusal}"),
+                message=one_line(f"{PROG}: {refusal}"),
                 exit_code=_exit_code(refusal),
                 at_ms=time.time_ns() // 1_000_000,
                 version=__version__,
@@ -448,69 +492,14 @@ def _run(namespace: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _held_state(config: Config) -> statedir.StateLock:
-    """The state directory's lock, for a command that must not run beside an agent."""
-    directory = config.state.directory
-    statedir.check(directory)
-    try:
-        return statedir.lock(directory)
-    except StartupBlocked:
-        raise StartupBlocked(
-            "state.directory",
-            f"{directory}: a restore-agent runs on this state directory: stop it first "
-            "(systemctl stop restore-agent)",
-        ) from None
-
-
 def _state_salvage(namespace: argparse.Namespace) -> int:
-    config = load_config(namespace.config)
-    salvage = importlib.import_module("agent.store.salvage")
-    held = _held_state(config)
-    try:
-        report = salvage.salvage(
-            config.state.directory,
-            name=statedir.DATABASE_FILE,
-            now=time.time(),
-            sqlite3_cli=namespace.sqlite3,
-        )
-    except StoreNewer:
-        raise
-    except StoreError as exc:
-        _fatal_line(f"{_PROG}: state salvage: {exc}")
-        return EXIT_CRASH
-    finally:
-        held.close()
-    print(f"state salvaged: {report.database} (schema version {report.schema_version})")
-    print(f"  read with:    {report.tool}")
-    print(f"  damaged copy: {report.kept.name} (kept)")
-    rows = [("TABLE", "RECOVERED", "KEPT", "DROPPED")] + [
-        (table, str(c.recovered), str(c.kept), str(c.dropped))
-        for table, c in sorted(report.tables.items())
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    for row in rows:
-        numbers = zip(row[1:], widths[1:], strict=True)
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in numbers]
-        print("  " + "  ".join(cells))
-    if report.unattributed:
-        print(
-            f"  {report.unattributed} rows SQLite found belong to no table any more: not restored"
-        )
-    print(_NEXT_START)
-    return EXIT_OK
+    config = load_config(_config_path(namespace))
+    return statecommands.salvage(config, sqlite3_cli=namespace.sqlite3)
 
 
 def _state_reset(namespace: argparse.Namespace) -> int:
-    config = load_config(namespace.config)
-    salvage = importlib.import_module("agent.store.salvage")
-    held = _held_state(config)
-    try:
-        kept = salvage.reset(config.state.directory, name=statedir.DATABASE_FILE, now=time.time())
-    finally:
-        held.close()
-    where = config.state.directory / statedir.DATABASE_FILE
-    print(f"state reset: {where} starts empty at the next start")
-    if kept is not None:
-        print(f"  previous database: {kept.name} (kept)")
-    print(_NEXT_START)
-    return EXIT_OK
+    return statecommands.reset(load_config(_config_path(namespace)))
+
+
+def _state_rollback(namespace: argparse.Namespace) -> int:
+    return statecommands.rollback(load_config(_config_path(namespace)), copy=namespace.copy)

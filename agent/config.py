@@ -153,6 +153,7 @@ class CloudlyConfig(_Section):
     backoff_cap_s: Seconds = 60.0
     stable_after_s: NonNegativeSeconds = 60.0
     identity_renew_margin_s: NonNegativeSeconds = 300.0
+    recipient_check_s: Seconds = 10.0
     tag_name: Annotated[str, Field(min_length=1)] = "restore-agent"
     tag_payload: Mapping[str, Any] = Field(default_factory=dict)
     max_concurrent_requests: Annotated[int, Field(ge=1, le=4096)] = (
@@ -366,7 +367,9 @@ class HealthListen:
         return f"{host}:{self.port}"
 
 
-def _parse_listen(text: str) -> HealthListen:
+def _parse_listen(text: str, *, loopback: bool = True) -> HealthListen:
+    if text.startswith("unix:") and not loopback:
+        raise ValueError("must be HOST:PORT (the node's IP address and a port)")
     if text.startswith("unix:"):
         path = Path(text.removeprefix("unix:"))
         if not path.is_absolute():
@@ -375,12 +378,15 @@ def _parse_listen(text: str) -> HealthListen:
     host, separator, port_text = text.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not separator or not port_text.isdigit() or int(port_text) > 65535:
+        if not loopback:
+            raise ValueError("must be HOST:PORT (the node's IP address and a port)")
         raise ValueError("must be HOST:PORT (a loopback IP and a port) or unix:/PATH")
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        raise ValueError("the host must be an IP address (127.0.0.1 or ::1), not a name") from None
-    if not address.is_loopback:
+        example = "127.0.0.1 or ::1" if loopback else "the node's, e.g. 10.0.0.5"
+        raise ValueError(f"the host must be an IP address ({example}), not a name") from None
+    if loopback and not address.is_loopback:
         raise ValueError("must be a loopback address (127.0.0.0/8 or ::1): nothing else listens")
     return HealthListen(host=str(address), port=int(port_text))
 
@@ -394,16 +400,36 @@ class HealthConfig(_Section):
     # watchdog is pinged only then.
     max_loop_lag_s: Annotated[float, Field(gt=0, le=60.0, allow_inf_nan=False)] = 2.0
 
+    # `/metrics` alone, on an address Prometheus reaches (the node's): docs/operations.md,
+    # "Scraping the agents". None: only the loopback endpoint serves it.
+    metrics_listen: str | None = None
+
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, listen: str) -> str:
         _parse_listen(listen)
         return listen
 
+    @field_validator("metrics_listen")
+    @classmethod
+    def _check_metrics_listen(cls, listen: str | None) -> str | None:
+        if listen is not None:
+            _parse_listen(listen, loopback=False)
+        return listen
+
     @property
     def endpoint(self) -> HealthListen:
         """`listen`, parsed."""
         return _parse_listen(self.listen)
+
+    @property
+    def metrics_endpoint(self) -> HealthListen | None:
+        """`metrics_listen`, parsed (None: not set)."""
+        return (
+            None
+            if self.metrics_listen is None
+            else _parse_listen(self.metrics_listen, loopback=False)
+        )
 
 
 class LogConfig(_Section):

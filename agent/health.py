@@ -1,4 +1,5 @@
-"""The local health endpoint: the agent's only listener (aiohttp, loopback TCP or a unix socket).
+"""The local health endpoint (aiohttp, loopback TCP or a unix socket), and `/metrics` alone on
+the node's address when `[health] metrics_listen` asks for it.
 
     GET /healthz      200 while the event loop is healthy (`LoopWatch`: its timer fired
                       recently and on time), else 503; the lag in the body
@@ -27,6 +28,11 @@ replaced. An address in use (another agent, or one still stopping) is `StartupBl
 75: systemd restarts the unit, and the port is usually free by then); any other bind failure
 (no such directory, permission) is a `ConfigError` naming `health.listen` (exit 2).
 Every answer is JSON but `/metrics`; no handler writes anything.
+
+`[health] metrics_listen` (optional) is a second listener, on an address Prometheus reaches
+(the node's), serving `GET /metrics` alone (`start_metrics`): the same text, nothing else of the
+node's state (docs/operations.md, "Scraping the agents"). Its bind errors name
+`health.metrics_listen`.
 """
 
 from __future__ import annotations
@@ -69,9 +75,10 @@ _BACKLOG: Final = 64
 _KEY: Final = "health.listen"
 
 
-def bind_listener(listen: HealthListen) -> socket.socket:
-    """The endpoint's listening socket, bound and listening (non-blocking)."""
-    sock = _unix_listener(listen) if listen.path is not None else _tcp_listener(listen)
+def bind_listener(listen: HealthListen, *, key: str = _KEY) -> socket.socket:
+    """The endpoint's listening socket, bound and listening (non-blocking); `key` is the
+    configuration key a bind error names."""
+    sock = _unix_listener(listen) if listen.path is not None else _tcp_listener(listen, key)
     sock.setblocking(False)
     return sock
 
@@ -84,7 +91,7 @@ def close_listener(sock: socket.socket, listen: HealthListen) -> None:
             listen.path.unlink()
 
 
-def _tcp_listener(listen: HealthListen) -> socket.socket:
+def _tcp_listener(listen: HealthListen, key: str = _KEY) -> socket.socket:
     host = str(listen.host)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -95,7 +102,7 @@ def _tcp_listener(listen: HealthListen) -> socket.socket:
         sock.listen(_BACKLOG)
     except OSError as exc:
         sock.close()
-        raise _bind_error(listen, exc) from exc
+        raise _bind_error(listen, exc, key) from exc
     return sock
 
 
@@ -133,11 +140,13 @@ def _remove_stale_socket(listen: HealthListen) -> None:
     raise _bind_error(listen, OSError(errno.EADDRINUSE, os.strerror(errno.EADDRINUSE)))
 
 
-def _bind_error(listen: HealthListen, exc: OSError) -> ConfigError | StartupBlocked:
+def _bind_error(
+    listen: HealthListen, exc: OSError, key: str = _KEY
+) -> ConfigError | StartupBlocked:
     reason = f"cannot listen on {listen}: {exc.strerror or exc}"
     if exc.errno == errno.EADDRINUSE:
-        return StartupBlocked(_KEY, f"{reason} (another agent, or one still stopping)")
-    return ConfigError(_KEY, reason)
+        return StartupBlocked(key, f"{reason} (another agent, or one still stopping)")
+    return ConfigError(key, reason)
 
 
 class HealthServer:
@@ -167,6 +176,7 @@ class HealthServer:
         self._clock = clock
         self._transfers = transfers or TransferGate(NodeLimits())
         self._runner: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
         self.address: str | None = None
         """Where it listens once started (`127.0.0.1:PORT` or `unix:/path`)."""
 
@@ -211,8 +221,31 @@ class HealthServer:
         _log.info("health_listening", address=self.address)
         return self.address
 
+    async def start_metrics(self, sock: socket.socket, listen: HealthListen) -> str:
+        """Serve `GET /metrics` alone on `sock` (bound by `bind_listener` from `[health]
+        metrics_listen`); returns the bound address."""
+        app = web.Application()
+        app.add_routes([web.get("/metrics", self._metrics_text)])
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_S
+        )
+        await runner.setup()
+        try:
+            await web.SockSite(runner, sock).start()
+        except BaseException:
+            await runner.cleanup()
+            sock.close()
+            raise
+        self._metrics_runner = runner
+        address = _address(sock, listen)
+        _log.info("metrics_listening", address=address)
+        return address
+
     async def stop(self) -> None:
         """Stop listening; requests in progress finish (idempotent)."""
+        metrics_runner, self._metrics_runner = self._metrics_runner, None
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         runner, self._runner = self._runner, None
         if runner is None:
             return

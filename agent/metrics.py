@@ -48,6 +48,10 @@ the library's process and platform collectors are registered on it too.
     restore_agent_reconcile_orphans_total{what}           what Corestore held that the state
                                                           did not know, taken into cleanup:
                                                           restore | import
+    restore_agent_recipient_retirements_total             times Cloudly retired the agent's
+                                                          unexpired recipient
+    restore_agent_duplicate_agent                         1 while another agent seems to
+                                                          enroll with the same token
     restore_agent_staged_bytes_total                      chunk bytes Corestore accepted
     restore_agent_verified_bytes_total                    bytes of objects proven complete
     restore_agent_chunk_retries_total{reason}             unavailable | integrity
@@ -428,6 +432,18 @@ class Metrics:
             ["node"],
             registry=r,
         )
+        self._retirements = Counter(
+            f"{_NS}_recipient_retirements",
+            "Times Cloudly answered unknown-recipient for the agent's unexpired recipient "
+            "(retired: another enrollment for the cluster, or Cloudly forgot it).",
+            registry=r,
+        )
+        self._duplicate = Gauge(
+            f"{_NS}_duplicate_agent",
+            "1 while another agent seems to enroll with this cluster's machine token (the "
+            "agent's recipient retired again and again), else 0.",
+            registry=r,
+        )
         self._writable.set(1)
         for cause in CAUSES:
             self._write_failures.labels(cause=cause)
@@ -585,6 +601,14 @@ class Metrics:
     def orphans_adopted(self, *, what: str, count: int) -> None:
         """Count what reconciliation took into cleanup."""
         self._orphans.labels(what=what).inc(count)
+
+    def recipient_retired(self) -> None:
+        """Count a retirement of the agent's recipient."""
+        self._retirements.inc()
+
+    def duplicate_agent(self, *, text: str | None) -> None:
+        """Whether another agent seems to use the same token."""
+        self._duplicate.set(0 if text is None else 1)
 
     def loop_lag(self, *, seconds: float) -> None:
         """Record how late the loop was."""

@@ -31,6 +31,9 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
     agent/transfers/budget.py      BudgetObserver      the byte budget's drawn bytes and
                                                        waiters; how long a draw waited
     agent/memory.py                BudgetObserver      the allocator gave memory back
+    agent/credentials/contest.py   RecipientObserver   Cloudly retired the agent's recipient;
+                                                       another agent uses the same token (or
+                                                       no longer)
     agent/relay/runner.py          RelayObserver       how a relay request was answered
                                                        (kind, answer: a new run, joined,
                                                        resumed, recorded, ...)
@@ -261,6 +264,12 @@ class NullObserver:
     def orphans_adopted(self, *, what: str, count: int) -> None:
         """Nothing."""
 
+    def recipient_retired(self) -> None:
+        """Nothing."""
+
+    def duplicate_agent(self, *, text: str | None) -> None:
+        """Nothing."""
+
     def loop_lag(self, *, seconds: float) -> None:
         """Nothing."""
 
@@ -398,3 +407,11 @@ class Tee:
     def orphans_adopted(self, *, what: str, count: int) -> None:
         """To each part."""
         self._each("orphans_adopted", what=what, count=count)
+
+    def recipient_retired(self) -> None:
+        """To each part."""
+        self._each("recipient_retired")
+
+    def duplicate_agent(self, *, text: str | None) -> None:
+        """To each part."""
+        self._each("duplicate_agent", text=text)

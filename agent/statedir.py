@@ -21,6 +21,12 @@
                        `restore-agent status` shows when no agent answers; the next start
                        that opens the state removes it (`clear_down`)
 
+    give_back(directory)
+                       a command run as root (`rotate-key`, `state salvage`, `state reset`)
+                       hands what it wrote in the directory to the directory's owner (under
+                       the unit `DynamicUser=`'s, which could not read a root-owned 0600 key
+                       or database)
+
 The database (`agent/store/`) and the recipient key (`agent/credentials/keys.py`) are created
 inside the directory only after these checks, the lock and the health endpoint's bind passed.
 """
@@ -47,6 +53,8 @@ __all__ = [
     "check",
     "clear_down",
     "create",
+    "down_unreadable",
+    "give_back",
     "lock",
     "read_down",
     "record_down",
@@ -191,3 +199,28 @@ def clear_down(directory: Path) -> None:
     """The agent started: a refusal recorded before is over."""
     with contextlib.suppress(OSError):
         (directory / DOWN_FILE).unlink()
+
+
+def give_back(directory: Path, *, euid: int | None = None) -> list[str]:
+    """As root, hand every entry of `directory` (not below it) that another user owns to the
+    directory's owner and group; the names changed. Nothing as another user, or when root owns
+    the directory itself. systemd gives the unit's `DynamicUser=` the directory (it chowns it
+    at start when its owner is not that user), but never a file inside that root made."""
+    if (os.geteuid() if euid is None else euid) != 0:
+        return []
+    owner = directory.stat()
+    if owner.st_uid == 0:
+        return []
+    changed = []
+    for entry in sorted(directory.iterdir()):
+        held = entry.lstat()
+        if (held.st_uid, held.st_gid) != (owner.st_uid, owner.st_gid):
+            os.chown(entry, owner.st_uid, owner.st_gid, follow_symlinks=False)
+            changed.append(entry.name)
+    return changed
+
+
+def down_unreadable(directory: Path) -> bool:
+    """Whether this user cannot look into `directory` for why the agent is down (the unit's
+    directory is 0700: only root and the agent's user can)."""
+    return directory.exists() and not os.access(directory, os.R_OK | os.X_OK)

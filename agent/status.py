@@ -24,7 +24,8 @@ node's state disk refuses writes: the agent is not ready while it holds), `cores
 (a node's Corestore answered that its disk is full), `corestore-unavailable` (a node's
 Corestore has given no usable answer since the time named: its calls ride it out up to
 `[corestore] outage_tolerance_s`), `state-recovered` (the state was salvaged or reset;
-reconciliation with the nodes' Corestore is due). `StatusHooks` sets them from the
+reconciliation with the nodes' Corestore is due), `duplicate-agent` (another agent enrolls with
+the same machine token: the agent is not ready while it holds). `StatusHooks` sets them from the
 parts' observer hooks (`agent.observe`).
 """
 
@@ -41,6 +42,7 @@ from agent.clock import SYSTEM_CLOCK, Clock
 from agent.errors import InvalidState, StateUnwritable
 
 __all__ = [
+    "DUPLICATE_AGENT",
     "NOT_READY_CONDITIONS",
     "STATE_UNWRITABLE",
     "TRANSITIONS",
@@ -61,7 +63,10 @@ __all__ = [
 STATE_UNWRITABLE: Final = StateUnwritable.code
 """The condition of a state disk that refuses writes (`state-unwritable`, its wire code too)."""
 
-NOT_READY_CONDITIONS: Final = frozenset({STATE_UNWRITABLE})
+DUPLICATE_AGENT: Final = "duplicate-agent"
+"""The condition of a second agent with the same token (agent/credentials/contest.py)."""
+
+NOT_READY_CONDITIONS: Final = frozenset({STATE_UNWRITABLE, DUPLICATE_AGENT})
 """The conditions under which the agent is not ready (each is also a readiness reason)."""
 
 
@@ -511,3 +516,13 @@ class StatusHooks:
             )
         else:
             self._status.clear_condition("state-recovered")
+
+    def recipient_retired(self) -> None:
+        """A retirement alone names nothing (the watch decides when it is a second agent)."""
+
+    def duplicate_agent(self, *, text: str | None) -> None:
+        """`duplicate-agent` while another agent seems to use the same token: not ready."""
+        if text is None:
+            self._status.clear_condition(DUPLICATE_AGENT)
+        else:
+            self._status.set_condition(DUPLICATE_AGENT, text)

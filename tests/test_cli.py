@@ -648,3 +648,61 @@ def test_status_json_is_written_at_once_with_its_newline(
     assert main(["status", "--config", str(config_path), "--json"]) == 0
     assert len(writes) == 1
     assert writes[0].endswith("}\n")
+
+
+def test_status_of_an_agent_that_answers_not_ready_exits_3(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The agent answers but /readyz says 503: its reasons are printed, exit 3 (as
+    `systemctl is-active` says 3 for a unit that is not active), so a script can tell."""
+    answer = {"ready": False, "reasons": {"session": "the Cloudly session is connecting"}}
+    monkeypatch.setattr("agent.cli.fetch", lambda listen: answer)
+    assert main(["status", "--config", str(config_path), "--json"]) == 3
+    assert json.loads(capsys.readouterr().out)["reasons"] == answer["reasons"]
+
+
+def test_rotate_key_without_config_reads_the_units_configuration(
+    sealed_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`restore-agent rotate-key` as a runbook writes it: the installed config by default."""
+    monkeypatch.setattr("agent.cli.DEFAULT_CONFIG", sealed_config)
+    state = sealed_config.parent / "state"
+    KeyStore.open(state).close()
+    old = (state / KEY_FILE).read_bytes()
+    assert main(["rotate-key"]) == 0
+    assert (state / KEY_FILE).read_bytes() != old
+    assert capsys.readouterr().out.startswith("recipient key rotated: public key ")
+
+
+def test_state_reset_without_config_reads_the_units_configuration(
+    sealed_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("agent.cli.DEFAULT_CONFIG", sealed_config)
+    (sealed_config.parent / "state").mkdir()
+    assert main(["state", "reset", "--start-empty"]) == 0
+    assert capsys.readouterr().out.startswith("state reset: ")
+
+
+def test_status_wait_asks_again_until_the_agent_is_ready(
+    config_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`status --wait 60` after a restart: not ready twice, then ready: exit 0, one second
+    between the asks, the ready answer printed."""
+    answers = [{"ready": False}, {"ready": False}, {"ready": True, "session": {}}]
+    slept: list[float] = []
+    monkeypatch.setattr("agent.cli.fetch", lambda listen: answers.pop(0))
+    monkeypatch.setattr("agent.cli.time.sleep", slept.append)
+    assert main(["status", "--config", str(config_path), "--json", "--wait", "60"]) == 0
+    assert slept == [1.0, 1.0]
+    assert json.loads(capsys.readouterr().out)["ready"] is True
+
+
+def test_check_config_names_the_metrics_listener_when_there_is_one(
+    config_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with config_path.open("a") as config:
+        config.write('\n[health]\nmetrics_listen = "127.0.0.2:9734"\n')
+    assert main(["check-config", str(config_path)]) == 0
+    assert (
+        "  metrics:    127.0.0.2:9734 (/metrics alone, for Prometheus)" in capsys.readouterr().out
+    )

@@ -1,6 +1,7 @@
 """Specification of the node's named conditions: set from the parts' hooks, a readiness reason
-only for the state disk, shown by `restore-agent status` (and why the agent is down when it
-does not answer), said in `STATUS=`, and counted in the metrics."""
+only for the state disk and a second agent with the token, shown by `restore-agent status` (and
+why the agent is down when it does not answer), said in `STATUS=`, and counted in the
+metrics."""
 
 from __future__ import annotations
 
@@ -28,6 +29,17 @@ def test_an_unwritable_state_disk_makes_the_agent_not_ready_with_its_cause() -> 
     hooks.state_writable()
     reasons = readiness(status.snapshot(), store_open=True, now=0.0, stale_after=30)
     assert "state-unwritable" not in reasons
+
+
+def test_a_second_agent_with_the_token_makes_the_agent_not_ready_until_it_is_gone() -> None:
+    """`duplicate-agent` is a readiness reason with the watch's sentence, until it clears."""
+    status, hooks = _status()
+    hooks.duplicate_agent(text="another agent enrolls with this cluster's machine token")
+    reasons = readiness(status.snapshot(), store_open=True, now=0.0, stale_after=30)
+    assert reasons["duplicate-agent"] == "another agent enrolls with this cluster's machine token"
+    hooks.duplicate_agent(text=None)
+    reasons = readiness(status.snapshot(), store_open=True, now=0.0, stale_after=30)
+    assert "duplicate-agent" not in reasons
 
 
 def test_a_full_corestore_is_named_per_node_but_is_no_readiness_reason() -> None:

@@ -781,6 +781,31 @@ def test_anything_but_loopback_is_refused(tmp_path: Path, listen: str, reason: s
     assert str(error) == f"config health.listen: {reason}"
 
 
+def test_the_metrics_listener_is_off_unless_named(tmp_path: Path) -> None:
+    assert load_config(write_config(tmp_path, MINIMAL)).health.metrics_endpoint is None
+
+
+def test_the_metrics_listener_takes_the_nodes_address(tmp_path: Path) -> None:
+    """`metrics_listen` serves /metrics alone, on an address Prometheus reaches: not loopback."""
+    text = MINIMAL + '[health]\nmetrics_listen = "10.1.2.3:9734"\n'
+    assert str(load_config(write_config(tmp_path, text)).health.metrics_endpoint) == "10.1.2.3:9734"
+
+
+@pytest.mark.parametrize(
+    ("listen", "reason"),
+    [
+        ("unix:/run/metrics.sock", "must be HOST:PORT (the node's IP address and a port)"),
+        ("node-1:9734", "the host must be an IP address (the node's, e.g. 10.0.0.5), not a name"),
+        ("10.1.2.3", "must be HOST:PORT (the node's IP address and a port)"),
+    ],
+)
+def test_a_metrics_listener_that_is_no_ip_and_port_is_refused(
+    tmp_path: Path, listen: str, reason: str
+) -> None:
+    error = config_error(tmp_path, MINIMAL + f'[health]\nmetrics_listen = "{listen}"\n')
+    assert str(error) == f"config health.metrics_listen: {reason}"
+
+
 # --- secrets as systemd credentials --------------------------------------------------------------
 
 

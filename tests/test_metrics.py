@@ -112,6 +112,20 @@ def test_a_credential_rejection_is_counted() -> None:
     assert _value(metrics, "restore_agent_corestore_credential_rejections_total") == 2
 
 
+def test_a_second_agent_with_the_token_is_a_gauge_beside_the_retirements() -> None:
+    """Each retirement of the recipient counts; the gauge is 1 while the watch says another
+    agent uses the token, 0 before and after."""
+    metrics = Metrics()
+    assert _value(metrics, "restore_agent_duplicate_agent") == 0
+    metrics.recipient_retired()
+    metrics.recipient_retired()
+    metrics.duplicate_agent(text="another agent enrolls with this cluster's machine token")
+    assert _value(metrics, "restore_agent_recipient_retirements_total") == 2
+    assert _value(metrics, "restore_agent_duplicate_agent") == 1
+    metrics.duplicate_agent(text=None)
+    assert _value(metrics, "restore_agent_duplicate_agent") == 0
+
+
 def test_since_when_a_nodes_corestore_is_unavailable_is_a_gauge() -> None:
     """Set to the outage's start (epoch seconds) while it lasts, back to 0 once it answers."""
     metrics = Metrics()

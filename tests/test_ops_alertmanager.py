@@ -236,9 +236,24 @@ def test_a_state_disk_that_refuses_writes_silences_its_nodes_not_ready(
     assert states == {"active": {_key(disk), _key(elsewhere)}, "suppressed": {_key(not_ready)}}
 
 
+def test_a_second_agent_with_the_token_silences_its_nodes_not_ready(
+    alertmanager: Alertmanager,
+) -> None:
+    """The named cause pages; NotReady on its node does not."""
+    alerts = _fired_together(
+        "a second agent with the token and the agent is not ready because of it (inhibited)"
+    )
+    alertmanager.post(alerts)
+    states = alertmanager.silenced(len(alerts))
+    [duplicate] = [a for a in alerts if a["alertname"] == "RestoreAgentDuplicateAgent"]
+    [not_ready] = [a for a in alerts if a["alertname"] == "RestoreAgentNotReady"]
+    assert states == {"active": {_key(duplicate)}, "suppressed": {_key(not_ready)}}
+
+
 def test_every_inhibition_rule_has_a_case_here() -> None:
     """Six rules, each silencing in one of the cases above (fleet: session and, by the same
-    labels, `depends_on: cloudly`; session; token and enrollment; restarting; state disk)."""
+    labels, `depends_on: cloudly`; session; token and enrollment; restarting; state disk and a
+    second agent with the token)."""
     rules = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())["inhibit_rules"]
     sources = sorted(rule["source_matchers"][0] for rule in rules)
     assert sources == sorted(
@@ -248,7 +263,7 @@ def test_every_inhibition_rule_has_a_case_here() -> None:
             'alertname="RestoreAgentCloudlySessionDown"',
             'alertname=~"RestoreAgentMachineTokenRefused|RestoreAgentEnrollmentFailing"',
             'alertname="RestoreAgentRestarting"',
-            'alertname="RestoreAgentStateUnwritable"',
+            'alertname=~"RestoreAgentStateUnwritable|RestoreAgentDuplicateAgent"',
         ]
     )
 

@@ -202,6 +202,18 @@ def test_every_alert_has_a_runbook_in_the_operations_guide() -> None:
     assert headings == {rule["alert"] for rule in _rules()}
 
 
+def test_every_alert_links_its_runbook_for_alertmanager() -> None:
+    """`runbook_url` is the `runbook` anchor as a link: under the external label
+    `restore_agent_runbooks`, else the copy readme.md installs on every node."""
+    for rule in _rules():
+        annotations = rule["annotations"]
+        anchor = annotations["runbook"].split("#", 1)[1]
+        assert annotations["runbook_url"] == (
+            "{{ with $externalLabels.restore_agent_runbooks }}{{ . }}{{ else }}"
+            f"file:///opt/restore-agent/share/operations.md{{{{ end }}}}#{anchor}"
+        ), rule["alert"]
+
+
 def test_every_alert_has_a_unit_test_that_fires_it() -> None:
     """The promtool unit tests expect each alert to fire at least once."""
     tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
@@ -381,6 +393,13 @@ def test_counts_and_durations_are_never_drawn_on_one_axis() -> None:
         "restore_agent_retention_failures_total",
         "restore_agent_state_database_vacuum_failures_total",
         "restore_agent_cloudly_unreachable_since_timestamp_seconds",
+        # every paging alert's series
+        "up",
+        "restore_agent_state_writable",
+        "restore_agent_corestore_storage_full",
+        "restore_agent_corestore_unavailable_since_seconds",
+        "restore_agent_duplicate_agent",
+        "restore_agent_recipient_retirements_total",
     ],
 )
 def test_the_dashboard_has_a_panel_for(metric: str) -> None:

@@ -4,6 +4,7 @@ build without a compiler that says what it lacks."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,9 +12,12 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
+
+import agent
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -126,3 +130,41 @@ def test_a_wheel_built_without_a_compiler_says_so_and_is_tagged_pure(tmp_path: P
         name for name in names if name.startswith(("agent/_bufferform.", "agent/_sha256pair."))
     ]
     assert native == ["agent/_bufferform.pyi", "agent/_sha256pair.pyi"]
+
+
+def _git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(  # a fixed argument list
+        ["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True, timeout=60
+    )
+    return done.stdout.strip()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_a_build_names_the_commit_it_was_made_of(tmp_path: Path) -> None:
+    """A build from a clone writes the release, the commit count and the commit; a commit more
+    is another version (pip never takes a new build for the installed one), and changes to a
+    tracked file say `.dirty`."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+
+    def built() -> str:
+        subprocess.run(  # setup.py writes the version as any build does
+            [sys.executable, "setup.py", "--version"],
+            cwd=clone,
+            capture_output=True,
+            check=True,
+            timeout=120,
+        )
+        written = (clone / "agent" / "_version.py").read_text()
+        [version] = re.findall(r'^VERSION = "([^"]+)"$', written, re.MULTILINE)
+        return version
+
+    count, commit = _git(clone, "rev-list", "--count", "HEAD"), _git(clone, "rev-parse", "HEAD")
+    first = built()
+    assert first == f"{agent.RELEASE}+{count}.g{commit[:12]}"
+    (clone / "readme.md").write_text("changed\n")
+    assert built() == f"{first}.dirty"
+    _git(clone, "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qam", "next")
+    second = built()
+    assert Version(second) > Version(first)
+    assert second.startswith(f"{agent.RELEASE}+{int(count) + 1}.g")

@@ -87,3 +87,21 @@ def test_the_record_of_a_refused_start_is_whole_even_when_writes_are_short(
     assert down is not None
     assert down["message"] == message
     assert stat.S_IMODE((tmp_path / statedir.DOWN_FILE).stat().st_mode) == 0o600
+
+
+def test_give_back_changes_nothing_for_another_user_than_root(tmp_path: Path) -> None:
+    (tmp_path / "recipient.key").write_bytes(b"k")
+    assert statedir.give_back(tmp_path, euid=1000) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can own a file for another user")
+def test_give_back_hands_what_root_wrote_to_the_directorys_owner(tmp_path: Path) -> None:
+    """rotate-key run as root: the new key belongs to the unit's user, as the directory does."""
+    directory = tmp_path / "state"
+    directory.mkdir()
+    os.chown(directory, 4321, 4321)
+    (directory / "recipient.key").write_bytes(b"k")
+    (directory / "agent.lock").write_bytes(b"")
+    assert statedir.give_back(directory) == ["agent.lock", "recipient.key"]
+    owners = {(p.stat().st_uid, p.stat().st_gid) for p in directory.iterdir()}
+    assert owners == {(4321, 4321)}

@@ -13,7 +13,7 @@ from agent.config import load_config
 from devstack.systemdcheck.checks import CHECKS
 from devstack.systemdcheck.lifecycle import _same_line
 from devstack.systemdcheck.node import _leftovers
-from devstack.systemdcheck.readme import install_steps, set_keys
+from devstack.systemdcheck.readme import install_steps, set_keys, sh_blocks
 from devstack.systemdcheck.service import TEST_NODE_KEYS
 from devstack.systemdcheck.systemd import JournalEntry, parse_timespan
 
@@ -29,10 +29,13 @@ def test_the_readme_install_block_is_five_numbered_steps() -> None:
     assert "--require-hashes --no-deps -r locks/runtime.txt" in steps[1].script
     assert "pip install --no-deps dist/" in steps[1].script
     assert "pip check" in steps[1].script
-    assert "check-config --connect" in steps[3].script
-    # Checked as the unit runs: its dynamic user, its credential, its state directory.
+    assert "sudo restore-agent check-config --connect" in steps[3].script
+    # Checked as the unit runs: its dynamic user, its credential, its state directory, by the
+    # command step 2 puts on the PATH (systemd/restore-agent runs check-config so).
+    assert "systemd/restore-agent /usr/local/bin/restore-agent" in steps[1].script
+    wrapper = (REPO / "systemd" / "restore-agent").read_text()
     for property_ in ("DynamicUser=yes", "LoadCredential=machine-token:", "StateDirectory="):
-        assert f"-p {property_}" in steps[3].script
+        assert f"-p {property_}" in wrapper
     assert "systemctl enable --now restore-agent" in steps[4].script
 
 
@@ -135,7 +138,7 @@ def test_the_fatal_line_matches_as_text_or_as_a_record_but_for_its_time() -> Non
 def test_every_check_has_one_name_and_the_reboot_comes_last() -> None:
     """The host script counts the checks by name; the reboot ends the run."""
     names = [name for name, _, _ in CHECKS]
-    assert len(names) == len(set(names)) == 20
+    assert len(names) == len(set(names)) == 24
     assert names[0] == "install"
     assert names[-1] == "reboot"
 
@@ -155,3 +158,24 @@ def test_what_the_relay_keeps_on_corestore_is_no_leftover_of_a_restore(tmp_path:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"x")
     assert _leftovers(tmp_path) == ["staging-archives/sa-1/objects/a.bin"]
+
+
+def test_a_sections_shell_blocks_end_at_the_next_heading_of_its_level() -> None:
+    """A shell comment inside a block (`# 1. ...`) is no heading."""
+    text = "## A\n```sh\n# 1. a step\none\n```\n### A.1\n```sh\ntwo\n```\n## B\n```sh\nthree\n```\n"
+    assert sh_blocks(text, "## A") == ["# 1. a step\none\n", "two\n"]
+    assert sh_blocks(text, "### A.1") == ["two\n"]
+
+
+def test_the_runbooks_and_day_two_pages_the_checks_run_have_their_blocks() -> None:
+    """The systemd checks run these blocks as written: each section has them."""
+    text = (REPO / "docs" / "operations.md").read_text()
+    assert "sudo restore-agent status" in sh_blocks(text, "### Runbooks")[0]
+    assert (
+        "sudo restore-agent rotate-key"
+        in sh_blocks(text, "### Rotating credentials, and in which order")[0]
+    )
+    assert "$NEW_MACHINE_TOKEN" in sh_blocks(text, "### Rotating the machine token")[0]
+    upgrade = sh_blocks(text, "## Upgrading and rolling back")
+    assert any("--force-reinstall" in block for block in upgrade)
+    assert any("sudo restore-agent state rollback" in block for block in upgrade)

@@ -123,3 +123,25 @@ def test_the_unit_declares_the_memory_ceiling_the_budget_implies() -> None:
     high = memory_high(MemoryConfig().budget_bytes, frame)
     assert _size(service["MemoryHigh"][0]) == high
     assert _size(service["MemoryMax"][0]) >= high * 4 // 3
+
+
+WRAPPER = ROOT / "systemd" / "restore-agent"
+
+
+def test_the_wrapper_runs_check_config_with_the_units_user_credentials_and_sandbox() -> None:
+    """The command on the PATH runs `check-config` through systemd-run with the very
+    properties of the unit that decide what `run` can read and write."""
+    text = WRAPPER.read_text()
+    given = dict(value.split("=", 1) for value in re.findall(r"-p (\S+)", text))
+    service = _unit()["Service"]
+    for key in ("DynamicUser", "StateDirectory", "StateDirectoryMode", "ProtectSystem"):
+        assert given[key] == service[key][0], key
+    assert given["ProtectHome"] == service["ProtectHome"][0]
+    assert [given["LoadCredential"]] == service["LoadCredential"]
+
+
+def test_the_wrapper_runs_the_binary_the_unit_runs() -> None:
+    [exec_start] = _unit()["Service"]["ExecStart"]
+    [agent] = re.findall(r"^AGENT=(\S+)$", WRAPPER.read_text(), re.MULTILINE)
+    assert exec_start.split()[0] == agent
+    assert WRAPPER.stat().st_mode & 0o111, "the wrapper is executable in the checkout"

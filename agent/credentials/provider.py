@@ -11,14 +11,19 @@ The agent's default `CredentialSource` (`agent.corestore.credentials`):
 - `retain(view)`: a node that left the cluster document loses its bearer at once.
 
 Cloudly answering `unknown-recipient` makes the agent enroll again (once) and ask again (once);
-a second `unknown-recipient` is `CredentialUnavailable`. Material that does not open, or opens
-to no usable bearer, is `SealedMaterialRefused`; nothing is held then. The bearer lives in memory
-only, as a `Secret` registered with the log redactor; it is never written anywhere.
+a second `unknown-recipient` is `CredentialUnavailable`. Each such answer is a retirement of the
+agent's recipient, told to the `RecipientWatch` (agent/credentials/contest.py: another agent
+with the same token retires it again and again); `check_recipient()`, run periodically while
+connected, asks for one node's material so a retirement is seen even when no work asks.
+Material that does not open, or opens to no usable bearer, is `SealedMaterialRefused`; nothing
+is held then. The bearer lives in memory only, as a `Secret` registered with the log redactor;
+it is never written anywhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -33,6 +38,7 @@ from agent.contracts.credentials import (
 )
 from agent.corestore.sanitize import sanitize_code
 from agent.credentials.binding import credential_info, open_credential
+from agent.credentials.contest import RecipientWatch
 from agent.credentials.enrollment import Enrollment, read_answer
 from agent.credentials.keys import EnrollmentRecord, RecipientKey
 from agent.errors import (
@@ -63,14 +69,17 @@ class SealedCredentials:
         caller: Callable[[], Caller],
         cluster_view: Callable[[], ClusterView | None],
         call_timeout: float = 30.0,
+        watch: RecipientWatch | None = None,
     ) -> None:
         """`caller()` is the session to ask (read when a credential is fetched);
-        `cluster_view()` the session's current cluster view."""
+        `cluster_view()` the session's current cluster view; `watch` hears of each retirement
+        of the agent's recipient and each periodic check that found it enrolled."""
         self._key = key
         self._enrollment = enrollment
         self._caller = caller
         self._cluster_view = cluster_view
         self._call_timeout = call_timeout
+        self._watch = watch
         self._held: dict[str, Secret] = {}
         self._held_for: str | None = None  # the cluster the held bearers are bound to
         self._fetching: dict[str, asyncio.Lock] = {}
@@ -139,6 +148,8 @@ class SealedCredentials:
             _log.warning(
                 "recipient_unknown_to_cloudly", recipient_id=record.recipient_id, node_id=node_id
             )
+            if self._watch is not None:
+                self._watch.retired(record.recipient_id)
             record = await self._enrolled(cluster_id, replacing=record.recipient_id)
             try:
                 reply = await self._ask(node_id, record)
@@ -158,6 +169,31 @@ class SealedCredentials:
             aead_id=answer.material.aead_id,
         )
         return cluster_id, bearer
+
+    async def check_recipient(self) -> bool | None:
+        """Whether Cloudly still seals to the agent's recipient, asked with the first node of
+        the cluster view (enrolling again when it does not, as a fetch would); None when it
+        could not be asked (no view, no node, not enrolled, no answer, another refusal)."""
+        view = self._cluster_view()
+        if view is None or not view.nodes:
+            return None
+        node_id = min(view.nodes)
+        try:
+            record = await self._enrolled(view.cluster_id)
+            await self._ask(node_id, record)
+        except CallFailed as exc:
+            if exc.error_data.get("code") != UNKNOWN_RECIPIENT:
+                return None
+            if self._watch is not None:
+                self._watch.retired(record.recipient_id)
+            with contextlib.suppress(CredentialUnavailable):
+                await self._enrolled(view.cluster_id, replacing=record.recipient_id)
+            return False
+        except CredentialUnavailable:
+            return None
+        if self._watch is not None:
+            self._watch.confirmed()
+        return True
 
     async def _enrolled(self, cluster_id: str, *, replacing: str | None = None) -> EnrollmentRecord:
         try:

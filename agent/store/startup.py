@@ -12,6 +12,13 @@ is refused the same way. A database a newer agent migrated is refused with `Stor
 failing) raises `StateUnwritable` (`faults.py`); the composition root waits for it and tries
 again. Any other lock or I/O error is `StoreError`, and the file stays where it is.
 
+Before a migration changes an existing database, a copy of it is taken beside it
+(`<name>.schema-<version>-<UTC timestamp>`, `VACUUM INTO`: one consistent file, 0600): the way
+back to the agent that wrote it, which refuses the migrated file (docs/operations.md,
+"Upgrading and rolling back"). A copy the disk has no room for is `StateUnwritable` and nothing
+is migrated (the agent waits, not ready, as for any full disk): the first start of an upgrade
+that migrates needs the database's size free, and its `VACUUM` below as much again.
+
 The file gives freed pages back (`auto_vacuum = INCREMENTAL`; retention then runs `PRAGMA
 incremental_vacuum`, `forgetting.py`). A new database is made so from its first page. A database
 an older agent made is not (the mode of an existing file changes only by rewriting it): it is
@@ -31,6 +38,7 @@ import contextlib
 import logging
 import shutil
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Final
@@ -50,7 +58,7 @@ from agent.store.files import (
 )
 from agent.store.schema import MIGRATIONS, VERSION_TABLE, split_statements
 
-__all__ = ["SALVAGE_HINT", "open_database"]
+__all__ = ["SALVAGE_HINT", "copy_name", "open_database"]
 
 SALVAGE_HINT: Final = (
     "stop the agent and run `restore-agent state salvage --config PATH` (recovers every row "
@@ -112,7 +120,7 @@ async def open_database(
             await db.close()
             raise _damaged(path, problem)
         await _configure(db, path)
-        await _migrate(db, migrations, epoch_ms(clock))
+        await _migrate(db, path, migrations, epoch_ms(clock))
         vacuum = await _switch_to_incremental_vacuum(db, path, free_bytes, clock)
         if vacuum is not None:
             observer.vacuum_failed(reason=vacuum)
@@ -257,8 +265,51 @@ def _check_schema_version(current: int, known: int) -> None:
         )
 
 
-async def _migrate(db: aiosqlite.Connection, migrations: Sequence[str], now_ms: int) -> None:
-    """Run the missing migrations in one transaction; refuse a newer schema."""
+def copy_name(name: str, version: int, now_ms: int) -> str:
+    """The name of the copy taken of database `name` at schema `version` before a migration."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_ms / 1000))
+    return f"{name}.schema-{version}-{stamp}"
+
+
+async def _copy_before_migrating(
+    db: aiosqlite.Connection, path: Path, migrations: Sequence[str], now_ms: int
+) -> Path | None:
+    """A copy of an existing database a migration is about to change (None: nothing to
+    migrate, or a new database). One agent holds the directory's lock: nothing writes between
+    the copy and the migration."""
+    await db.execute_fetchall(VERSION_TABLE)
+    rows = list(await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM schema_version"))
+    current = int(rows[0][0])
+    if current == 0 or current >= len(migrations):
+        return None
+    copy = path.with_name(copy_name(path.name, current, now_ms))
+    try:
+        await db.execute_fetchall("VACUUM INTO ?", (str(copy),))
+        copy.chmod(0o600)
+    except (sqlite3.Error, OSError) as exc:
+        with contextlib.suppress(OSError):
+            copy.unlink()
+        raise store_error(
+            exc, f"cannot copy the state database {path} before migrating it", path.parent
+        ) from exc
+    _log.info(
+        "state_database_copied_before_migration",
+        path=str(path),
+        copy=str(copy),
+        schema_version=current,
+        migrating_to=len(migrations),
+        hint="the way back to the agent that wrote it (docs/operations.md, 'Upgrading and "
+        "rolling back'); remove it once the upgrade is kept",
+    )
+    return copy
+
+
+async def _migrate(
+    db: aiosqlite.Connection, path: Path, migrations: Sequence[str], now_ms: int
+) -> None:
+    """Run the missing migrations in one transaction, after a copy of the database they
+    change; refuse a newer schema."""
+    await _copy_before_migrating(db, path, migrations, now_ms)
     await db.execute_fetchall("BEGIN IMMEDIATE")
     try:
         await db.execute_fetchall(VERSION_TABLE)

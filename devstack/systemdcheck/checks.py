@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
-from devstack.systemdcheck import lifecycle, service, state
+from devstack.systemdcheck import daytwo, lifecycle, service, state
 from devstack.systemdcheck.memory import memory
 from devstack.systemdcheck.node import CONFIG, DROP_IN, Node
 from devstack.systemdcheck.stack import Stack
@@ -40,6 +40,18 @@ CHECKS: Final[tuple[tuple[str, str, Check], ...]] = (
     ),
     ("security", "systemd-analyze security of the loaded unit <= 1.5", service.security),
     ("journal-warning", "-p warning: the agent's warnings, no info", service.journal_warning),
+    ("runbooks", "docs/operations.md's runbook blocks run as written", daytwo.runbooks),
+    (
+        "token-rotation",
+        "'Rotating the machine token' as written: checked, restarted, ready",
+        daytwo.token_rotation,
+    ),
+    ("rotate-key", "rotate-key as root: the unit's user's key, enrolled, ready", daytwo.rotate_key),
+    (
+        "upgrade",
+        "A -> B (a migration more) -> rollback to A, as written; no work lost",
+        daytwo.upgrade,
+    ),
     ("exit-2", "a broken config exits 2 and is not restarted", lifecycle.exit_2),
     ("journal-fatal", "-p warning shows the broken config's line", lifecycle.journal_fatal),
     ("state-full", "a full state disk: up, not ready, no restart", state.state_full),
@@ -51,7 +63,10 @@ CHECKS: Final[tuple[tuple[str, str, Check], ...]] = (
     ("start-limit", "the start limit holds", lifecycle.start_limit),
     ("reboot", "after a reboot the enabled unit runs and connects", lifecycle.rebooted),
 )
-_LIMIT_S: Final = {"install": 900.0}  # each check's overall deadline; the rest 240 s
+_LIMIT_S: Final = {
+    "install": 900.0,
+    "upgrade": 1800.0,
+}  # each check's overall deadline; the rest 240 s
 
 
 class Report:

@@ -5,7 +5,9 @@ edits a test node makes to the configuration the README installs.
 numbered steps (`# 1. ...` starts step 1), so the checks run exactly what the README says and
 a README change is tested as written. `set_keys(toml, {(section, key): value})` replaces the
 value of keys that are set in the text (a key the text does not set is an error, so an edit
-never silently misses).
+never silently misses). `sh_blocks(text, heading)` is every ```sh block of the section under
+`heading` (down to the next heading of its level or above), so the checks run a runbook or a
+day-two page as written.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["INSTALL_HEADING", "Step", "install_steps", "set_keys"]
+__all__ = ["INSTALL_HEADING", "Step", "install_steps", "set_keys", "sh_blocks"]
 
 INSTALL_HEADING: Final = "## Install on a node"
 _STEP: Final = re.compile(r"^# (\d+)\. (.*)$")
@@ -75,3 +77,23 @@ def _key_line(lines: list[str], section: str, key: str) -> int:
         elif current == section and re.match(rf"{re.escape(key)}\s*=", stripped):
             return number
     raise ValueError(f"[{section}] {key} is not set in the configuration")
+
+
+def sh_blocks(text: str, heading: str) -> list[str]:
+    """The ```sh blocks of the section `heading` (a whole heading line, `#` marks included)."""
+    found = re.search(rf"^{re.escape(heading)}$", text, re.MULTILINE)
+    if found is None:
+        raise ValueError(f"no {heading!r} section")
+    level = len(heading) - len(heading.lstrip("#"))
+    lines, fenced = [], False
+    for line in text[found.end() :].splitlines(keepends=True):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(rf"#{{1,{level}}} ", line):
+            break  # a heading (a shell comment inside a block is none)
+        lines.append(line)
+    section = "".join(lines)
+    blocks = re.findall(r"^```sh\n(.*?)^```$", section, re.MULTILINE | re.DOTALL)
+    if not blocks:
+        raise ValueError(f"{heading!r} has no ```sh block")
+    return blocks

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.contracts.cluster import ClusterView, NodeView
+from agent.credentials.contest import RecipientWatch
 from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
 from agent.credentials.provider import SealedCredentials
@@ -55,7 +56,7 @@ class Cloudly:
             if seen == kind and all(what.get(k) == v for k, v in detail.items())
         )
 
-    def provider(self) -> SealedCredentials:
+    def provider(self, *, watch: RecipientWatch | None = None) -> SealedCredentials:
         """A credential provider asking this Cloudly, for the current `view`."""
         return SealedCredentials(
             key=self.keys.key,
@@ -63,6 +64,7 @@ class Cloudly:
             caller=lambda: self.peer,
             cluster_view=lambda: self.view,
             call_timeout=5.0,
+            watch=watch,
         )
 
 

@@ -13,7 +13,9 @@ import structlog
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from agent.contracts.credentials import METHOD_GET_CREDENTIAL_MATERIAL, b64url
-from agent.credentials.keys import ENROLLMENT_FILE
+from agent.credentials.contest import RecipientWatch
+from agent.credentials.enrollment import Enrollment
+from agent.credentials.keys import ENROLLMENT_FILE, KeyStore
 from agent.credentials.provider import SealedCredentials
 from agent.errors import CredentialUnavailable, SealedMaterialRefused, SessionClosed
 from agent.log import scrub_text
@@ -277,3 +279,59 @@ async def test_no_key_material_or_bearer_reaches_the_logs(
     assert len(sealed) == 6
     assert [canary for canary in canaries if any(canary in text for text in texts)] == []
     assert scrub_text(f"x {BEARERS['node-a']} y") == "x ********** y"
+
+
+class _Heard:
+    """A fake RecipientObserver."""
+
+    def __init__(self) -> None:
+        self.retired = 0
+        self.duplicate: list[str | None] = []
+
+    def recipient_retired(self) -> None:
+        self.retired += 1
+
+    def duplicate_agent(self, *, text: str | None) -> None:
+        self.duplicate.append(text)
+
+
+async def test_a_check_finds_the_recipient_enrolled(tmp_path: Path) -> None:
+    """check_recipient asks for one node's material with the current recipient: True."""
+    heard = _Heard()
+    async with cloudly_side(tmp_path, BEARERS) as cloudly:
+        provider = cloudly.provider(watch=RecipientWatch(heard, clock=cloudly.clock))
+        assert await provider.check_recipient() is True
+        assert cloudly.count("credential-sealed", node_id="node-a") == 1
+    assert heard.retired == 0
+
+
+async def test_a_check_sees_a_recipient_another_agent_retired_and_enrolls_again(
+    tmp_path: Path,
+) -> None:
+    """Another key enrolls for the cluster (a second agent with the token): the next check
+    finds the recipient retired (False), tells the watch, and enrolls again."""
+    heard = _Heard()
+    async with cloudly_side(tmp_path / "a", BEARERS) as cloudly:
+        provider = cloudly.provider(watch=RecipientWatch(heard, clock=cloudly.clock))
+        assert await provider.check_recipient() is True
+        other_keys = KeyStore.open(tmp_path / "b")
+        try:
+            other = Enrollment(other_keys, call_timeout=5.0, clock=cloudly.clock)
+            first = await other.ensure(cloudly.peer, CLUSTER)
+            assert await provider.check_recipient() is False
+            assert await provider.check_recipient() is True
+            await other.ensure(cloudly.peer, CLUSTER, replacing=first.recipient_id)
+            assert await provider.check_recipient() is False
+        finally:
+            other_keys.close()
+        assert cloudly.count("recipient-enrolled") == 5
+    assert heard.retired == 2
+    assert len(heard.duplicate) == 1
+    assert heard.duplicate[0] is not None
+
+
+async def test_a_check_without_a_cluster_view_asks_nothing(tmp_path: Path) -> None:
+    async with cloudly_side(tmp_path, BEARERS) as cloudly:
+        cloudly.view = None
+        assert await cloudly.provider().check_recipient() is None
+        assert cloudly.kinds() == []
