@@ -4,11 +4,17 @@ It takes and returns the domain's values (`agent.domain`: `RestoreKey`, `StoredS
 `JobKey`, `StoredJob`) and builds its SQL from the domain's transition tables; it imports no
 engine.
 
-- `store`: `RevisionStore` — open/check/migrate the database, `get`, `mutate`, `list_unfinished`,
-  the plan written once at prepare (`plan`, `resource_mappings`, `manifest_entry`,
-  `staging_complete`), the resumable-staging progress (`record_chunk`, `verified_chunks`,
-  `mark_object_written`, `written_objects`, `forget_object`) and the relay jobs (`get_job`,
-  `list_jobs`, `running_restore`, `move_job`; their SQL in `job_table`).
+- `store`: `RevisionStore` — opens (checks, migrates) the database and answers every call by
+  handing it to the small object that owns its concern, each over `database`'s connections:
+  `node_states` (`get`, `kept`, `mutate`, `list_unfinished`; the plan written with a new
+  state), `plans` (`plan`, `resource_mappings`, `manifest_entry`, `staging_complete`),
+  `staging` (the resumable-staging progress: `record_chunk`, `verified_chunks`,
+  `mark_object_written`, `written_objects`, `forget_object`), `relay_jobs` (`get_job`,
+  `list_jobs`, `running_restore`, `last_restore`, `mark_delivered`, `move_job`; their SQL in
+  `job_table`), `reports` (what an operator and the metrics see) and `upkeep` (retention's
+  steps; their SQL in `forgetting`).
+- `database`: the connections, their lock, sqlite3's failures as `StoreError`, a write the disk
+  refused (`faults`).
 - `records`: the records it returns (`ChunkRecord`, `ObjectRecord`, `ManifestEntry`) and
   `StatusSummary` for the metrics.
 - `codec`: node states and plans to JSON and back; `transitions`: a table's moves as SQL.

@@ -3,8 +3,8 @@
 `status_moves(table, op)` gives the `CASE status WHEN .. THEN .. END` that moves each status
 `op` may leave to its target, the `IN (..)` list of those statuses for the `WHERE`, and their
 parameters; None when the op starts from nothing only (an `INSERT`, not an `UPDATE`). Both the
-isolated-restore states (`store.py`, from `RESTORE_TABLE`) and the relay jobs (`job_table.py`,
-from `JOB_TABLE`) build their statements with it, so SQLite enforces the same
+isolated-restore states (`node_states.py`, from `RESTORE_TABLE`) and the relay jobs
+(`job_table.py`, from `JOB_TABLE`) build their statements with it, so SQLite enforces the same
 `agent.domain.table.TransitionTable` the Python side checks.
 """
 

@@ -13,7 +13,7 @@ import pytest
 from agent.domain.restore_machine import Op
 from agent.domain.restores import RestoreKey
 from agent.errors import RevisionConflict, StoreError
-from agent.store import RevisionStore, store as store_module
+from agent.store import RevisionStore, node_states
 from tests.store.states import KEY, node_state, plan
 
 
@@ -41,8 +41,8 @@ class CountingReader:
 
 
 def counting(store: RevisionStore, *, hold: bool = False) -> CountingReader:
-    reader = CountingReader(store._reader, hold=hold)  # type: ignore[arg-type]
-    store._reader = reader  # type: ignore[assignment]
+    reader = CountingReader(store._database._reader, hold=hold)  # type: ignore[arg-type]
+    store._database._reader = reader  # type: ignore[assignment]
     return reader
 
 
@@ -57,7 +57,7 @@ async def test_a_read_is_answered_while_a_write_holds_the_connection(
 ) -> None:
     """With the writer's connection taken (a long transaction, queued chunk records), `get()`
     still answers: a status never queues behind staging's writes."""
-    async with prepared_store._lock:  # what every write holds while it runs
+    async with prepared_store._database._lock:  # what every write holds while it runs
         async with asyncio.timeout(5):
             stored = await prepared_store.get(KEY)
     assert stored is not None
@@ -151,7 +151,7 @@ async def test_memory_holds_the_most_recently_used_states_only(
     store: RevisionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past `CACHED_STATES` the least recently used state is read from the file again."""
-    monkeypatch.setattr(store_module, "CACHED_STATES", 2)
+    monkeypatch.setattr(node_states, "CACHED_STATES", 2)
     keys = [KEY, *(RestoreKey("cluster-1", "node-1", f"restore-{n}") for n in "bc")]
     for key in keys:
         await store.mutate(
