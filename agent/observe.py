@@ -9,7 +9,7 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
     agent/session/client.py        SessionObserver     a session authenticated; one lost (cause)
     agent/session/peer.py          PeerObserver        a request answered (method, code, s);
                                                        stream bytes in and out
-    agent/store/store.py           StoreObserver       a mutation (op, outcome, s); a chunk
+    agent/store/ (the store)       StoreObserver       a mutation (op, outcome, s); a chunk
                                                        recorded (bytes staged); an object
                                                        written (bytes verified); a write the
                                                        disk refused (cause); writes again
