@@ -62,6 +62,7 @@ PURE = [
     AGENT / "transfers" / "limits.py",
     AGENT / "session" / "faults.py",
     AGENT / "session" / "handshake.py",
+    AGENT / "session" / "lifecycle.py",
     AGENT / "session" / "outage.py",
 ]
 
