@@ -11,11 +11,13 @@ machine moves only to what the table answers). Its users:
   `guard`; `sources` is what the store builds its compare-and-swap SQL from;
 - the protocol's stream machines (`INITIATOR_TABLE`, `RESPONDER_TABLE`) and the session's
   lifecycle (`agent.session.lifecycle.LIFECYCLE_TABLE`): `next` moves them, an illegal move is
-  a bug of the agent's own (`InvalidState`); each move carries a note saying when it happens.
+  a bug of the agent's own (`InvalidState`); each move carries a note saying when it happens;
+- the session state the status shows (`agent.status.STATE_TABLE`, whose events are the states
+  entered).
 
-Every table renders as Markdown (`render`), which the docs embed and a test checks. It sits on
-the ground floor (it imports only the errors) so that the domain, the protocol and the session
-share it without importing each other.
+The tables the docs show render as Markdown (`render`), embedded there and checked by tests.
+The type sits on the ground floor (it imports only the errors) so that the domain, the
+protocol, the session and the status share it without importing each other.
 """
 
 from __future__ import annotations
