@@ -6,8 +6,10 @@ server, tests) call `snapshot()` and get an immutable `StatusSnapshot`, or await
 does I/O or holds a secret: errors are stored as their text (agent errors never quote a secret),
 the identity only as its expiry.
 
-The session state is a state machine with one transition table (`TRANSITIONS`); an illegal move
-raises `InvalidState` and changes nothing.
+The session state is a state machine with one transition table (`STATE_TABLE`, an
+`agent.table.TransitionTable` whose events are the states entered; `TRANSITIONS` lists the same
+moves by state); an illegal move raises `InvalidState` and changes nothing. The session moves it
+to show its own lifecycle (`agent.session.lifecycle.PUBLISHED`).
 
 Beside the state (whose `state_since` moves at every retry) the status keeps the outage: since
 when Cloudly has been unreachable (the end of the last session, or the agent's start when it
@@ -36,14 +38,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Final, Protocol
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.errors import InvalidState, StateUnwritable
+from agent.table import TransitionTable
 
 __all__ = [
     "DUPLICATE_AGENT",
     "NOT_READY_CONDITIONS",
+    "STATE_TABLE",
     "STATE_UNWRITABLE",
     "TRANSITIONS",
     "AgentStatus",
@@ -87,15 +92,28 @@ _S = SessionState
 # Every attempt that fails goes through BACKING_OFF (even with a zero delay), so the reconnect
 # count and the last error are recorded in exactly one place. DRAINING and STOPPED are reachable
 # from everywhere because a signal may arrive at any moment.
-TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = {
-    _S.STARTING: frozenset({_S.CONNECTING, _S.DRAINING, _S.STOPPED}),
-    _S.CONNECTING: frozenset({_S.AUTHENTICATING, _S.BACKING_OFF, _S.DRAINING, _S.STOPPED}),
-    _S.AUTHENTICATING: frozenset({_S.CONNECTED, _S.BACKING_OFF, _S.DRAINING, _S.STOPPED}),
-    _S.CONNECTED: frozenset({_S.BACKING_OFF, _S.DRAINING, _S.STOPPED}),
-    _S.BACKING_OFF: frozenset({_S.CONNECTING, _S.DRAINING, _S.STOPPED}),
-    _S.DRAINING: frozenset({_S.STOPPED}),
-    _S.STOPPED: frozenset(),
+_ONWARD: Final[Mapping[SessionState, tuple[SessionState, ...]]] = {
+    _S.STARTING: (_S.CONNECTING, _S.DRAINING, _S.STOPPED),
+    _S.CONNECTING: (_S.AUTHENTICATING, _S.BACKING_OFF, _S.DRAINING, _S.STOPPED),
+    _S.AUTHENTICATING: (_S.CONNECTED, _S.BACKING_OFF, _S.DRAINING, _S.STOPPED),
+    _S.CONNECTED: (_S.BACKING_OFF, _S.DRAINING, _S.STOPPED),
+    _S.BACKING_OFF: (_S.CONNECTING, _S.DRAINING, _S.STOPPED),
+    _S.DRAINING: (_S.STOPPED,),
+    _S.STOPPED: (),
 }
+
+STATE_TABLE: Final = TransitionTable[SessionState, SessionState](
+    {(state, to): to for state, onward in _ONWARD.items() for to in onward}
+)
+"""The shown session state's table: the event is the state entered (`move_to`)."""
+
+TRANSITIONS: Final[Mapping[SessionState, frozenset[SessionState]]] = MappingProxyType(
+    {
+        state: frozenset(to for (source, _), to in STATE_TABLE.moves.items() if source is state)
+        for state in SessionState
+    }
+)
+"""Where each state may go, every state listed (`STATE_TABLE`'s moves, by state)."""
 
 
 class NodeViewLike(Protocol):
@@ -350,7 +368,7 @@ class AgentStatus:
 
     def move_to(self, state: SessionState) -> None:
         """Enter `state`; raises `InvalidState` (and changes nothing) if the move is illegal."""
-        if state not in TRANSITIONS[self._state]:
+        if not STATE_TABLE.allows(self._state, state):
             raise InvalidState(f"session state cannot move from {self._state} to {state}")
         now = self._clock()
         if state is SessionState.CONNECTING and self._state is SessionState.BACKING_OFF:

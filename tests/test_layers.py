@@ -11,9 +11,10 @@
 - Only the CLI imports the composition root `agent.app`.
 - The product holds only the daemon: nothing in `agent/` imports the stand-ins (`devstack`) or
   the tests' helpers, and the wheel built from `pyproject.toml` holds `agent/` and nothing else.
-- The sans-I/O protocol (`agent/protocol/`) depends on nothing of the agent but the errors and
-  the contracts; so does the domain (`agent/domain/`: the transition tables, keys, records and
-  the replay rule), on which both the engines and the store depend.
+- The sans-I/O protocol (`agent/protocol/`) depends on nothing of the agent but the errors, the
+  contracts and the one table type (`agent/table.py`, which imports only the errors); so does
+  the domain (`agent/domain/`: the transition tables, keys, records and the replay rule), on
+  which both the engines and the store depend.
 - The protocol's stream machines and their registry are its own: outside `agent/protocol/` (and
   its tests, `tests/protocol/`) nothing imports them; the `Connection` hands out stream ids,
   values and bytes.
@@ -53,6 +54,7 @@ PURE = [
     *(AGENT / "credentials" / name for name in ("hpke.py", "binding.py")),
     AGENT / "errors.py",
     AGENT / "secret.py",
+    AGENT / "table.py",
     AGENT / "config.py",
     AGENT / "observe.py",
     AGENT / "overview.py",
@@ -60,6 +62,7 @@ PURE = [
     AGENT / "transfers" / "limits.py",
     AGENT / "session" / "faults.py",
     AGENT / "session" / "handshake.py",
+    AGENT / "session" / "lifecycle.py",
     AGENT / "session" / "outage.py",
 ]
 
@@ -162,10 +165,24 @@ def _product_imports(path: Path) -> set[str]:
     return {name for name in found if name in MODULES}
 
 
+def test_the_table_type_imports_only_the_errors() -> None:
+    """`agent/table.py`, the one transition table type, sits on the ground floor: of the
+    product it imports only `agent.errors`, so the domain, the protocol and the session share
+    it without importing each other."""
+    assert _product_imports(AGENT / "table.py") == {"agent.errors"}
+
+
 def test_the_protocol_depends_only_on_errors_and_contracts() -> None:
-    """`agent/protocol/` imports, of the product, only itself, `agent.errors` and contracts
-    (and the optional native codec `agent._bufferform`, a compiled leaf that imports nothing)."""
-    allowed = ("agent.protocol", "agent.errors", "agent.contracts", "agent._bufferform")
+    """`agent/protocol/` imports, of the product, only itself, `agent.errors`, contracts and the
+    table type `agent.table` (and the optional native codec `agent._bufferform`, a compiled leaf
+    that imports nothing)."""
+    allowed = (
+        "agent.protocol",
+        "agent.errors",
+        "agent.contracts",
+        "agent.table",
+        "agent._bufferform",
+    )
     strays = {
         module: sorted(name for name in _product_imports(path) if not name.startswith(allowed))
         for module, path in MODULES.items()
@@ -222,9 +239,10 @@ def test_the_stream_machines_stay_inside_the_protocol() -> None:
 
 
 def test_the_domain_depends_only_on_errors_and_contracts() -> None:
-    """`agent/domain/` imports, of the product, only itself, `agent.errors` and contracts: the
-    engines and the store build on it, it builds on neither (nor on any I/O)."""
-    allowed = ("agent.domain", "agent.errors", "agent.contracts")
+    """`agent/domain/` imports, of the product, only itself, `agent.errors`, contracts and the
+    table type `agent.table`: the engines and the store build on it, it builds on neither (nor
+    on any I/O)."""
+    allowed = ("agent.domain", "agent.errors", "agent.contracts", "agent.table")
     strays = {
         module: sorted(name for name in _product_imports(path) if not name.startswith(allowed))
         for module, path in MODULES.items()

@@ -5,7 +5,7 @@ exact (cluster, node, `backup`, backupId, serviceId): one backupId is one backup
 key adds its run number (1, 2, ... per service on its node): a backup may be restored many
 times, and every restore request is a run of its own.
 
-One table, `JOB_TABLE` (an `agent.domain.table.TransitionTable`), says which operation may move a
+One table, `JOB_TABLE` (an `agent.table.TransitionTable`), says which operation may move a
 job from which status to which; `JOB_TABLE.decide()` answers the next status or raises
 `IllegalTransition` and changes nothing. The store builds its compare-and-swap SQL from the same
 table, so an illegal move cannot be persisted either.
@@ -48,8 +48,8 @@ from types import MappingProxyType
 from typing import Final, Literal, get_args
 
 from agent.domain.answer_fate import HELD
-from agent.domain.table import TransitionTable
 from agent.errors import InvalidState
+from agent.table import TransitionTable
 
 __all__ = [
     "FINISHED",
@@ -99,7 +99,8 @@ JOB_TABLE: Final = TransitionTable[JobStatus, JobOp](
         ("running", JobOp.FAIL): "failed",
         ("running", JobOp.RESUME): "running",
         ("failed", JobOp.RETRY): "running",
-    }
+    },
+    column="operation",
 )
 """The job machine (no guarded moves)."""
 

@@ -1,6 +1,6 @@
 """The isolated-restore node state machine, as data.
 
-One table, `RESTORE_TABLE` (an `agent.domain.table.TransitionTable`), says which operation may
+One table, `RESTORE_TABLE` (an `agent.table.TransitionTable`), says which operation may
 move a node state from which status to which status (`None` is "no state exists yet", revision
 0). `RESTORE_TABLE.decide()` either answers the next status or raises `IllegalTransition`; it is
 pure and changes nothing, so the engine asks it before doing any work and the store asks it
@@ -74,7 +74,7 @@ import enum
 from typing import Final
 
 from agent.contracts.isolatedrestore import NODE_STATUSES, NodeStatus
-from agent.domain.table import TransitionTable
+from agent.table import TransitionTable
 
 __all__ = [
     "FORGETTABLE",
@@ -145,6 +145,7 @@ RESTORE_TABLE: Final = TransitionTable[NodeStatus, Op](
         ("failed", Op.RESUME_PREPARE): "the failure is retryable",
         ("failed", Op.RESUME_EXECUTE): "the failure is retryable",
     },
+    column="operation",
 )
 """(status or None for absent, operation) -> next status; anything missing is illegal. The
 two `execute`s are legal only once every manifest object is written; the two resumes only when

@@ -18,7 +18,8 @@ Inside, in the order the bytes go:
   payload out of its frame undecoded; `bytearrays` turns the payload into bytes (the native
   codec or the pure path);
 - `stream_registry`: the streams of one connection and the routing of stream frames;
-- `stream_responder` / `stream_initiator`: one stream, seen from each role. These machines and
+- `stream_responder` / `stream_initiator`: one stream, seen from each role, its life one table
+  (an `agent.table.TransitionTable`, the agent's one table type). These machines and
   the registry are the connection's own: nothing outside this package imports them
   (tests/test_layers.py);
 - `ids`: `uni_` ids.

@@ -1,6 +1,6 @@
 """The initiator side of one VirtualStream (wire.md §4.2-4.4): we fired the outer request, we drive.
 
-Its life is `INITIATOR_TABLE` (`stream_table.StreamTable`); what it has in flight is data: the
+Its life is `INITIATOR_TABLE` (`agent.table.TransitionTable`); what it has in flight is data: the
 cycles it sent and awaits (`_cycles`), one keep-alive cycle, its queue.
 
 A window of data cycles is in flight, not one (typedrequest 3.3.0 waits for each answer before
@@ -74,7 +74,7 @@ from agent.protocol.round_trip import MinRoundTrip
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import StreamPackage
 from agent.protocol.stream_responder import Role
-from agent.protocol.stream_table import StreamTable
+from agent.table import TransitionTable
 
 __all__ = ["INITIATOR_TABLE", "RATE_SPAN", "InitiatorEvent", "InitiatorState", "InitiatorStream"]
 
@@ -100,7 +100,7 @@ class InitiatorEvent(enum.Enum):
 
 _S, _E = InitiatorState, InitiatorEvent
 
-INITIATOR_TABLE: Final = StreamTable[InitiatorState, InitiatorEvent](
+INITIATOR_TABLE: Final = TransitionTable[InitiatorState, InitiatorEvent].noted(
     {
         (_S.PENDING, _E.ARM): (_S.OPEN, "the request carrying its marker went out"),
         (_S.PENDING, _E.BREAK): (_S.OVER, "aborted before its marker went out: nothing to say"),
@@ -507,7 +507,7 @@ class InitiatorStream:
             raise InvalidState("the stream is already closed")
 
     def _move(self, event: InitiatorEvent) -> None:
-        self.state = INITIATOR_TABLE.next(self.state, event, stream_id=self.stream_id)
+        self.state = INITIATOR_TABLE.next(self.state, event, subject=f"stream {self.stream_id}")
 
     def _broken_error(self) -> StreamBroken:
         return broken_error(self.stream_id, self.broken_reason, self.not_served, self.malformed)

@@ -1,6 +1,6 @@
 """The responder side of one VirtualStream (wire.md §4.2-4.4): we only answer the peer's frames.
 
-Its life is `RESPONDER_TABLE` (`stream_table.StreamTable`); what it holds is data: its queue,
+Its life is `RESPONDER_TABLE` (`agent.table.TransitionTable`); what it holds is data: its queue,
 the frames waiting behind a chunk being decoded, the `read`s it parked. Every answer is a
 `StreamAnswer`: the envelope and whether it invites the initiator's next chunk (the
 connection's receive budget counts those).
@@ -62,7 +62,7 @@ from agent.protocol.envelope import Envelope
 from agent.protocol.events import broken_error
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_frames import Purpose, StreamPackage, stream_reply
-from agent.protocol.stream_table import StreamTable
+from agent.table import TransitionTable
 
 __all__ = [
     "RESPONDER_TABLE",
@@ -111,7 +111,7 @@ _BREAKS: Final = (
     "a sender past twice the window, or a local abort"
 )
 
-RESPONDER_TABLE: Final = StreamTable[StreamState, ResponderEvent](
+RESPONDER_TABLE: Final = TransitionTable[StreamState, ResponderEvent].noted(
     {
         (_S.OPEN, _E.HOLD): (_S.HELD, "RECEIVE: its request waits for a transfer slot"),
         (_S.HELD, _E.READ): (_S.OPEN, "RECEIVE: its handler reads it"),
@@ -519,7 +519,7 @@ class ResponderStream:
         return max(self.closed_at, self.last_seen) + self._idle_timeout
 
     def _move(self, event: ResponderEvent, now: float) -> None:
-        self.state = RESPONDER_TABLE.next(self.state, event, stream_id=self.stream_id)
+        self.state = RESPONDER_TABLE.next(self.state, event, subject=f"stream {self.stream_id}")
         if self.done and self.closed_at is None:  # abandon() may have started the clock
             self.closed_at = now
 

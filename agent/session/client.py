@@ -7,9 +7,13 @@ routes, given by the composition root, plus the session's own `pushClusterConfig
                                   getClusterConfig; then the connect step: the enrollment)
                -> connected (handlers served, identity renewed before it expires)
     any loss   -> backing-off (full-jitter delay) -> connecting ...
-    close()    -> draining (no new requests, in-flight ones finish) -> socket closed 1001 -> stopped
+    close()    -> draining (no new requests, in-flight ones finish) -> stopping (socket closed
+                  1001) -> stopped
 
-This module is the reconnect loop and one connection's lifecycle. `authentication` drives the
+The session holds one state, a `lifecycle.Lifecycle`, moved only through `LIFECYCLE_TABLE` (an
+illegal move raises `InvalidState` and changes nothing: `run()` twice, `run()` once stopped);
+the status shows it (`lifecycle.PUBLISHED`). This module is the reconnect loop and one
+connection's lifecycle. `authentication` drives the
 sans-I/O `handshake` over the connection (and renews the identity; `probe()` runs it untagged);
 `cluster` holds what the session knows of its cluster; `faults` decides each loss (a loss or a
 bug, its cause, the wait), `outage` how loudly it is logged; `keepalive` pings (1011 when
@@ -37,7 +41,7 @@ from agent.clock import SYSTEM_CLOCK, Clock
 from agent.config import websocket_url
 from agent.contracts.base import StreamMarker
 from agent.contracts.cluster import METHOD_SET_TAG, ClusterView
-from agent.errors import AgentError, InvalidState, SessionClosed
+from agent.errors import AgentError, SessionClosed
 from agent.log import scrub_text
 from agent.observe import NULL_OBSERVER, PeerObserver, SessionObserver
 from agent.protocol.handlers import ByteSink, ByteSource, Caller, Routes
@@ -48,11 +52,18 @@ from agent.session.cluster import ClusterKnowledge
 from agent.session.delivery import DeliveryTracker
 from agent.session.faults import Loss, Reconnects, session_loss
 from agent.session.keepalive import keep_alive
+from agent.session.lifecycle import (
+    INTAKE_STOPPED,
+    LIFECYCLE_TABLE,
+    PUBLISHED,
+    Lifecycle,
+    LifecycleEvent,
+)
 from agent.session.outage import Outage, log_failure
 from agent.session.peer import Peer
 from agent.session.settings import SessionSettings
 from agent.session.transport import CloseCode, WebsocketTransport, connect_transport, tls_context
-from agent.status import AgentStatus, SessionState
+from agent.status import AgentStatus
 
 # METHOD_SET_TAG and SessionSettings are importable from here too (the stand-in, the app).
 __all__ = ["METHOD_SET_TAG", "CloudlySession", "ConnectStep", "SessionObservers", "SessionSettings"]
@@ -104,10 +115,8 @@ class CloudlySession:
         self._peer: Peer | None = None  # set only while authenticated and connected
         self._connections = itertools.count(1)  # each connection's number (the ping rule's)
         self._connected_at: float | None = None
-        self._stopping = asyncio.Event()
-        self._stopped = asyncio.Event()
-        self._draining = False
-        self._running = False
+        self._state = Lifecycle.IDLE  # moved only by _move(), through LIFECYCLE_TABLE
+        self._moved = asyncio.Event()  # set (and replaced) on every move: _until() waits on it
 
     # --- what the rest of the agent uses ----------------------------------------------------
 
@@ -167,9 +176,7 @@ class CloudlySession:
 
     def stop_intake(self) -> None:
         """Answer new requests with `shutting-down` and stop reconnecting (state `draining`)."""
-        if self._status.state not in (SessionState.DRAINING, SessionState.STOPPED):
-            self._status.move_to(SessionState.DRAINING)
-        self._draining = True
+        self._move(LifecycleEvent.STOP_INTAKE)
         if self._peer is not None:
             self._peer.stop_intake()
 
@@ -188,40 +195,44 @@ class CloudlySession:
         """
         self.stop_intake()
         await self.drain(drain_timeout)
-        self._stopping.set()
-        if self._running:
-            await self._stopped.wait()
-        elif self._status.state is not SessionState.STOPPED:
-            self._status.move_to(SessionState.STOPPED)
+        # While run() runs this is `stopping` and run()'s end `stopped`; else `stopped` at once.
+        self._move(LifecycleEvent.CLOSE)
+        await self._until(Lifecycle.STOPPED)
 
     async def run(self) -> None:
-        """Keep a session up until `close()` or cancellation."""
-        if self._running:
-            raise InvalidState("CloudlySession.run() is already running")
-        self._running = True
-        self._stopped.clear()
+        """Keep a session up until `close()` or cancellation; `InvalidState` while it runs or
+        once it stopped."""
+        self._move(LifecycleEvent.RUN)
         try:
             await self._run_until_stopped()
         finally:
-            self._running = False
-            if self._status.state is not SessionState.STOPPED:
-                self._status.move_to(SessionState.STOPPED)
+            self._move(LifecycleEvent.END)
             log.info("cloudly_session_stopped")
-            self._stopped.set()
+
+    # --- the lifecycle ----------------------------------------------------------------------
+
+    def _move(self, event: LifecycleEvent) -> None:
+        """Move the lifecycle (`InvalidState`, nothing changed, if the table has no such move)
+        and show it in the status."""
+        to = LIFECYCLE_TABLE.next(self._state, event, subject="the Cloudly session")
+        published = PUBLISHED[to]
+        if self._status.state is not published:
+            self._status.move_to(published)  # before the state: a refusal leaves both as they were
+        self._state = to
+        self._moved.set()
+        self._moved = asyncio.Event()
+
+    async def _until(self, *states: Lifecycle) -> None:
+        while self._state not in states:
+            await self._moved.wait()
+
+    def _should_stop(self) -> bool:
+        return self._state in INTAKE_STOPPED
 
     # --- the reconnect loop -----------------------------------------------------------------
 
-    def _should_stop(self) -> bool:
-        return self._stopping.is_set() or self._draining
-
-    def _enter(self, state: SessionState) -> None:
-        # Once close() began the state stays `draining` until `stopped`: that is the truth.
-        if not self._draining:
-            self._status.move_to(state)
-
     async def _run_until_stopped(self) -> None:
-        while not self._should_stop():
-            self._enter(SessionState.CONNECTING)
+        while not self._should_stop():  # run() moved to `connecting` (or `draining`)
             self._connected_at = None
             try:
                 await self._one_session()
@@ -234,9 +245,11 @@ class CloudlySession:
             if self._should_stop():
                 return
             loss = self._report(error)
-            self._enter(SessionState.BACKING_OFF)
+            self._move(LifecycleEvent.LOSE)
             log.debug("cloudly_backing_off", delay_s=round(loss.delay, 3), attempt=loss.attempt)
             await self._sleep_unless_stopping(loss.delay)
+            if not self._should_stop():
+                self._move(LifecycleEvent.CONNECT)
 
     def _session_lasted(self) -> float:
         # 0 for an attempt that never got connected: it must grow the backoff window.
@@ -257,7 +270,7 @@ class CloudlySession:
     async def _sleep_unless_stopping(self, delay: float) -> None:
         async with asyncio.TaskGroup() as group:
             sleeper = group.create_task(self._clock.sleep(delay))
-            stopper = group.create_task(self._stopping.wait())
+            stopper = group.create_task(self._until(Lifecycle.STOPPING, Lifecycle.STOPPED))
             await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
             sleeper.cancel()
             stopper.cancel()
@@ -308,7 +321,7 @@ class CloudlySession:
                     deliveries=deliveries,
                 )
                 group.create_task(pings, name="cloudly-keepalive")
-                self._enter(SessionState.AUTHENTICATING)
+                self._move(LifecycleEvent.AUTHENTICATE)
                 identity, view = await self._auth.connect(peer)
                 if self._connect_step is not None:
                     await self._connect_step(peer, view)
@@ -324,23 +337,23 @@ class CloudlySession:
         finally:
             self._go_dead()
             deliveries.lost()  # what no pong confirmed on this connection never will be
-            if self._stopping.is_set():
+            if self._state is Lifecycle.STOPPING:
                 close_code, reason = CloseCode.GOING_AWAY, "going away"
             await transport.close(close_code, reason)
 
     async def _close_on_stop(self, transport: WebsocketTransport) -> None:
-        await self._stopping.wait()
+        await self._until(Lifecycle.STOPPING, Lifecycle.STOPPED)
         # The peer's reader then sees the close and ends the session's task group.
         await transport.close(CloseCode.GOING_AWAY, "going away")
 
     def _go_live(self, peer: Peer) -> None:
         self._peer = peer
-        if self._draining:  # stop_intake() came while we were authenticating
+        if self._should_stop():  # stop_intake() came while we were authenticating
             peer.stop_intake()
         peer.start_serving()  # `cloudly_connected` below says so
         self._connected_at = self._clock.monotonic()
         self._status.bind_in_flight(lambda: peer.in_flight)
-        self._enter(SessionState.CONNECTED)
+        self._move(LifecycleEvent.GO_LIVE)
         self._observer.session_connected(reconnect=self._ever_connected)
         self._ever_connected = True
         view = self._cluster.view

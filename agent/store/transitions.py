@@ -5,7 +5,7 @@
 parameters; None when the op starts from nothing only (an `INSERT`, not an `UPDATE`). Both the
 isolated-restore states (`node_states.py`, from `RESTORE_TABLE`) and the relay jobs
 (`job_table.py`, from `JOB_TABLE`) build their statements with it, so SQLite enforces the same
-`agent.domain.table.TransitionTable` the Python side checks.
+`agent.table.TransitionTable` the Python side checks.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from agent.domain.table import TransitionTable
+from agent.table import TransitionTable
 
 __all__ = ["StatusMoves", "status_moves"]
 

@@ -23,18 +23,18 @@ def test_the_docs_show_both_tables_as_the_code_has_them() -> None:
 def test_a_move_the_table_does_not_list_raises() -> None:
     """An illegal move raises `InvalidState`; `allows` says so without raising."""
     assert not INITIATOR_TABLE.allows(InitiatorState.OVER, InitiatorEvent.ARM)
-    with pytest.raises(InvalidState, match="arm is illegal in over"):
-        INITIATOR_TABLE.next(InitiatorState.OVER, InitiatorEvent.ARM, stream_id="s1")
+    with pytest.raises(InvalidState, match="stream s1: arm is illegal in over"):
+        INITIATOR_TABLE.next(InitiatorState.OVER, InitiatorEvent.ARM, subject="stream s1")
 
 
 def test_only_over_is_final_for_a_stream_we_drive() -> None:
     """Every stream we drive ends OVER: the farewell is always said."""
-    assert INITIATOR_TABLE.final(InitiatorState) == {InitiatorState.OVER}
+    assert INITIATOR_TABLE.terminal(InitiatorState) == {InitiatorState.OVER}
 
 
 def test_ended_and_broken_are_final_for_a_stream_we_answer_for() -> None:
     """A stream we answer for stays ENDED or BROKEN once there."""
-    assert RESPONDER_TABLE.final(StreamState) == {StreamState.ENDED, StreamState.BROKEN}
+    assert RESPONDER_TABLE.terminal(StreamState) == {StreamState.ENDED, StreamState.BROKEN}
 
 
 def test_every_live_responder_state_can_break() -> None:
