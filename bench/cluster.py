@@ -95,7 +95,7 @@ from bench._staging_world import (
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.driver import METHOD_GET_STATUS, RestoreDriver, RestorePlan
 
-__all__ = ["main"]
+__all__ = ["fairness_at_once", "main", "parse"]
 
 MiB = 2**20
 GiB = 2**30
@@ -462,7 +462,8 @@ def report(result: dict[str, Any], facts: dict[str, str], args: argparse.Namespa
     result["targets"] = verdicts
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options, checked (what `main` runs with)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run: 4 streams, 2 nodes")
     parser.add_argument("--streams", type=int, default=16)
@@ -505,6 +506,11 @@ def main(argv: list[str] | None = None) -> None:
         args.nodes = args.pollers + 1
     if args.quick:
         args.streams, args.nodes, args.corestores, args.mib = 4, 2, 2, 16
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
     configure_logging("console", "warning", sys.stderr)
     facts = machine_facts()
     facts["loadavg_at_start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
