@@ -123,6 +123,8 @@ def session_settings(config: Config) -> SessionSettings:
                 chunk_form=streams.chunk_form,
             ),
             max_concurrent_requests=cloudly.max_concurrent_requests,
+            max_stream_requests=cloudly.max_stream_requests,
+            max_stream_requests_per_node=cloudly.max_stream_requests_per_node,
             receive_budget=streams.receive_budget_bytes,
             receive_budget_max=streams.receive_budget_max_bytes,
         ),

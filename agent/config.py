@@ -156,8 +156,14 @@ class CloudlyConfig(_Section):
     recipient_check_s: Seconds = 10.0
     tag_name: Annotated[str, Field(min_length=1)] = "restore-agent"
     tag_payload: Mapping[str, Any] = Field(default_factory=dict)
+    # Seats per request class (agent.protocol.admission): control requests, requests that
+    # carry or wait for a stream, and of those one node's share.
     max_concurrent_requests: Annotated[int, Field(ge=1, le=4096)] = (
         _CONNECTION.max_concurrent_requests
+    )
+    max_stream_requests: Annotated[int, Field(ge=1, le=16384)] = _CONNECTION.max_stream_requests
+    max_stream_requests_per_node: Annotated[int, Field(ge=1, le=16384)] = (
+        _CONNECTION.max_stream_requests_per_node
     )
 
     @field_validator("url")

@@ -23,6 +23,12 @@ the library's process and platform collectors are registered on it too.
     restore_agent_requests_total{method,code}             Cloudly's requests by outcome code
     restore_agent_request_duration_seconds{method}        their handling time (histogram)
     restore_agent_requests_in_flight                      being handled now
+    restore_agent_request_class_in_flight{class}          requests holding a seat of their
+                                                          class: control | stream (a status
+                                                          answered from memory holds none)
+    restore_agent_request_class_deferred_total{class}     requests answered `retry` because
+                                                          their class (or their node's share
+                                                          of it) was full
     restore_agent_restores{status}                        node states in the store by status
     restore_agent_restores_oldest_seconds{status}         since the least recently changed
                                                           of them changed (0: none)
@@ -127,6 +133,7 @@ from agent import __version__
 from agent.contracts.isolatedrestore import NODE_STATUSES
 from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, answer_reasons
 from agent.observe import Direction
+from agent.protocol.admission import REQUEST_CLASSES
 from agent.status import SessionState, StatusSnapshot
 from agent.store.faults import CAUSES
 from agent.store.records import StatusSummary
@@ -229,6 +236,16 @@ class Metrics:
         self._in_flight = Gauge(
             f"{_NS}_requests_in_flight", "Requests from Cloudly being handled.", registry=r
         )
+        self._class_in_flight = Gauge(
+            f"{_NS}_request_class_in_flight",
+            "Requests from Cloudly holding a seat of their class (control, stream).",
+            ["class"], registry=r,
+        )  # fmt: skip
+        self._class_deferred = Counter(
+            f"{_NS}_request_class_deferred",
+            "Requests from Cloudly answered retry because their class was full.",
+            ["class"], registry=r,
+        )  # fmt: skip
         self._restores = Gauge(
             f"{_NS}_restores", "Isolated-restore node states in the store, by status.",
             ["status"], registry=r,
@@ -470,6 +487,9 @@ class Metrics:
             self._vacuum_failures.labels(reason=reason)
         for direction in ("in", "out"):
             self._stream_bytes.labels(direction=direction)
+        for request_class in REQUEST_CLASSES:
+            self._class_in_flight.labels(request_class)
+            self._class_deferred.labels(request_class)
 
     # --- scrape time ------------------------------------------------------------------------
 
@@ -521,6 +541,14 @@ class Metrics:
         """Count a request by outcome and time it."""
         self._requests.labels(method=method, code=code).inc()
         self._request_seconds.labels(method=method).observe(seconds)
+
+    def requests_seated(self, *, request_class: str, count: int) -> None:
+        """Set the class's seated requests."""
+        self._class_in_flight.labels(request_class).set(count)
+
+    def requests_deferred(self, *, request_class: str, count: int) -> None:
+        """Count requests their class turned away."""
+        self._class_deferred.labels(request_class).inc(count)
 
     def stream_bytes(self, *, direction: Direction, count: int) -> None:
         """Count stream payload bytes."""

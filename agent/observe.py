@@ -8,7 +8,9 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
     part                           protocol            what it reports
     agent/session/client.py        SessionObserver     a session authenticated; one lost (cause)
     agent/session/peer.py          PeerObserver        a request answered (method, code, s);
-                                                       stream bytes in and out
+                                                       stream bytes in and out; requests
+                                                       seated per class; one deferred
+                                                       (`retry`: its class was full)
     agent/store/ (the store)       StoreObserver       a mutation (op, outcome, s); a chunk
                                                        recorded (bytes staged); an object
                                                        written (bytes verified); a write the
@@ -81,6 +83,13 @@ class PeerObserver(Protocol):
 
     def request_handled(self, *, method: str, code: str, seconds: float) -> None:
         """A request of `method` was answered: `code` is `ok` or the wire error code."""
+
+    def requests_seated(self, *, request_class: str, count: int) -> None:
+        """`count` requests of `request_class` (control, stream) hold a seat now."""
+
+    def requests_deferred(self, *, request_class: str, count: int) -> None:
+        """`count` more requests were answered `retry`: their class (or their node's share of
+        it) was full."""
 
     def stream_bytes(self, *, direction: Direction, count: int) -> None:
         """`count` payload bytes of a VirtualStream were received (`in`) or sent (`out`)."""
@@ -210,6 +219,12 @@ class NullObserver:
     def request_handled(self, *, method: str, code: str, seconds: float) -> None:
         """Nothing."""
 
+    def requests_seated(self, *, request_class: str, count: int) -> None:
+        """Nothing."""
+
+    def requests_deferred(self, *, request_class: str, count: int) -> None:
+        """Nothing."""
+
     def stream_bytes(self, *, direction: Direction, count: int) -> None:
         """Nothing."""
 
@@ -319,6 +334,14 @@ class Tee:
     def request_handled(self, *, method: str, code: str, seconds: float) -> None:
         """To each part."""
         self._each("request_handled", method=method, code=code, seconds=seconds)
+
+    def requests_seated(self, *, request_class: str, count: int) -> None:
+        """To each part."""
+        self._each("requests_seated", request_class=request_class, count=count)
+
+    def requests_deferred(self, *, request_class: str, count: int) -> None:
+        """To each part."""
+        self._each("requests_deferred", request_class=request_class, count=count)
 
     def stream_bytes(self, *, direction: Direction, count: int) -> None:
         """To each part."""

@@ -249,6 +249,28 @@ def test_session_settings_follow_the_configuration(tmp_path: Path) -> None:
     assert settings.connection.receive_budget == 32 * 2**20
 
 
+def test_the_request_class_bounds_reach_the_connection(tmp_path: Path) -> None:
+    """`[cloudly]`'s seats per request class become the connection's, one key each."""
+    config = Config.model_validate(
+        {
+            "cloudly": {
+                "url": "https://cloudly.example",
+                "token_file": str(tmp_path / "t"),
+                "max_concurrent_requests": 8,
+                "max_stream_requests": 100,
+                "max_stream_requests_per_node": 10,
+            },
+            "corestore": {"credential_source": "file", "credential_file": str(tmp_path / "c")},
+        }
+    )
+    connection = app.session_settings(config).connection
+    assert (
+        connection.max_concurrent_requests,
+        connection.max_stream_requests,
+        connection.max_stream_requests_per_node,
+    ) == (8, 100, 10)
+
+
 async def test_the_secrets_it_reads_are_masked_in_every_log_line(
     tmp_path: Path, cloudly: StandInCloudly
 ) -> None:

@@ -269,6 +269,28 @@ def test_run_with_a_bad_config_never_starts_the_app(
     assert app_runs == []
 
 
+SEATS = "max_stream_requests = 1024\nmax_stream_requests_per_node = {per_node}\n"
+
+
+@pytest.mark.parametrize("per_node", [32, 0])
+def test_check_config_and_run_agree_on_the_request_class_bounds(
+    per_node: int, config_path: Path, app_runs: list[Config]
+) -> None:
+    """`check-config` accepts the request class bounds exactly when `run` does (a share of
+    zero seats is refused by both)."""
+    seats = SEATS.format(per_node=per_node)
+    config_path.write_text(
+        CONFIG.replace('token_file = "machine-token"\n', f'token_file = "machine-token"\n{seats}'),
+        encoding="utf-8",
+    )
+    checked = main(["check-config", str(config_path)])
+    ran = main(["run", "--config", str(config_path)])
+    assert (checked, ran) == ((0, 0) if per_node else (2, 2))
+    assert [config.cloudly.max_stream_requests_per_node for config in app_runs] == (
+        [per_node] if per_node else []
+    )
+
+
 def test_run_with_a_bad_secret_file_never_starts_the_app(
     config_path: Path, app_runs: list[Config], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -244,3 +244,21 @@ def test_the_transfer_wait_is_a_duration_histogram() -> None:
     names = _names(metrics)
     assert "restore_agent_transfer_wait_duration_seconds_count" in names
     assert "restore_agent_transfer_wait_seconds_count" not in names
+
+
+def test_each_request_class_has_its_seats_held_as_a_gauge() -> None:
+    """The seats a class holds now, per class; both classes exist before any request."""
+    metrics = Metrics()
+    assert _value(metrics, "restore_agent_request_class_in_flight", **{"class": "control"}) == 0
+    metrics.requests_seated(request_class="stream", count=3)
+    assert _value(metrics, "restore_agent_request_class_in_flight", **{"class": "stream"}) == 3
+
+
+def test_each_request_class_counts_its_deferred_requests() -> None:
+    """A request answered `retry` counts against its own class only."""
+    metrics = Metrics()
+    metrics.requests_deferred(request_class="stream", count=1)
+    metrics.requests_deferred(request_class="stream", count=1)
+    name = "restore_agent_request_class_deferred_total"
+    assert _value(metrics, name, **{"class": "stream"}) == 2
+    assert _value(metrics, name, **{"class": "control"}) == 0

@@ -17,6 +17,8 @@ Inside, in the order the bytes go:
 - `chunks`: binary `chunkData` forms and the closing bit; `chunk_frames` cuts a chunk's
   payload out of its frame undecoded; `bytearrays` turns the payload into bytes (the native
   codec or the pure path);
+- `admission`: the seats of each request class (control, stream; a node's share of the
+  stream seats), the connection's intake rule 4;
 - `stream_registry`: the streams of one connection and the routing of stream frames;
 - `stream_responder` / `stream_initiator`: one stream, seen from each role, its life one table
   (an `agent.table.TransitionTable`, the agent's one table type). These machines and

@@ -30,10 +30,13 @@ Intake rules for a request frame, in this order:
 2. a method nobody routes: the typedrequest text "There is no available method for this call on
    the server side", code `unknown-method`;
 3. a `request` that is no JSON object: `invalid-request`;
-4. `max_concurrent_requests` already being handled: a `retry` answer (no `error`), so the caller
-   sends the identical request again after `busy_retry_ms` (typedrequest callers do this on
-   their own; our `CallTable` does too). A flood therefore costs one small answer per frame,
-   never a handler or its memory;
+4. its class full (`agent.protocol.admission`: control requests and requests that carry or
+   wait for a stream have their own seats, and each node its share of the stream seats): a
+   `retry` answer (no `error`) naming the class, so the caller sends the identical request
+   again after `busy_retry_ms` (typedrequest callers do this on their own; our `CallTable`
+   does too). A flood therefore costs one small answer per frame, never a handler or its
+   memory. A request its route may answer from memory takes no seat; should it need its
+   handler after all, the driver asks for its seat (`seat()`), which may turn it away the same;
 5. every stream marker in the request registers a stream we answer for; a duplicate stream id
    refuses the request (`invalid-request`) and unregisters the ones it had already opened;
 6. otherwise a `RequestReceived` event: the driver runs the route and ends the request with
@@ -89,6 +92,14 @@ from agent.errors import (
     ShuttingDown,
     StreamBroken,
     wire_error_data,
+)
+from agent.protocol.admission import (
+    CONTROL,
+    Admission,
+    AdmissionBounds,
+    AdmissionTable,
+    AdmissionView,
+    Deferred,
 )
 from agent.protocol.calls import CallErrored, CallTable, Completed, Unmatched
 from agent.protocol.chunks import Closing
@@ -185,8 +196,18 @@ class Connection:
         new_id: Callable[[], str] = new_uni_id,
         pool: BytePool | None = None,
         first_frame_bytes: int = 16 * 1024 * 1024,
+        admissions: Mapping[str, Admission] | None = None,
     ) -> None:
         self.settings = settings or ConnectionSettings()
+        # How each method's requests are admitted (a method not named: control).
+        self._admissions = dict(admissions or {})
+        self._seats = AdmissionTable(
+            AdmissionBounds(
+                control=self.settings.max_concurrent_requests,
+                stream=self.settings.max_stream_requests,
+                stream_per_node=self.settings.max_stream_requests_per_node,
+            )
+        )
         self._pool = pool
         self._first_frame = first_frame_bytes
         self._largest_frame = 0  # the largest chunk frame seen (what a reservation assumes)
@@ -246,6 +267,11 @@ class Connection:
     def in_flight(self) -> int:
         """Requests being handled right now."""
         return len(self._requests)
+
+    @property
+    def seats(self) -> AdmissionView:
+        """The request classes' seats held now and the requests each turned away (to read)."""
+        return self._seats
 
     def can_write(self, stream_id: str) -> bool:
         """Whether `write(stream_id, ...)` acts now (as `select` reports a socket writable):
@@ -347,6 +373,7 @@ class Connection:
                 stream.abort("the session closed")
             self._touch(stream)
         self._requests.clear()
+        self._seats.clear()
 
     # --- requests we handle ----------------------------------------------------------------------
 
@@ -367,6 +394,7 @@ class Connection:
             return []  # the session closed meanwhile: nobody is waiting for the answer
         frame = encode_reply(reply(request.env, dict(response)))
         del self._requests[request_id]
+        self._unseat(request_id)
         self._outbox.append(frame)
         announced = set(find_stream_ids(response))
         self._release_request_streams(request, now)
@@ -383,12 +411,28 @@ class Connection:
         request = self._requests.pop(request_id, None)
         if request is None or self._closed is not None:
             return
+        self._unseat(request_id)
         self._outbox.append(
             encode_reply(error_reply(request.env, str(error), wire_error_data(error)))
         )
         self._release_request_streams(request, now)
         for stream in request.reply_streams:
             self._abort_responder(stream, "the request failed", now)
+
+    def seat(self, request_id: int, now: float) -> bool:
+        """Request `request_id`, let in without a seat (its route may answer from memory),
+        needs its handler after all: True once it holds a control seat; False when its class
+        is full, and it was answered `retry` (it is over)."""
+        request = self._requests.get(request_id)
+        if request is None:
+            return False
+        deferred = self._seats.seat(request_id)
+        if deferred is not None:
+            del self._requests[request_id]
+            self._defer(request.env, deferred)
+            self._release_request_streams(request, now)
+            return False
+        return True
 
     def read_request_stream(self, request_id: int, stream_id: str) -> None:
         """Stream `stream_id` of request `request_id` is read by its handler (`take`); once
@@ -700,11 +744,11 @@ class Connection:
         if not isinstance(env.request, dict):
             self._refuse_now(env, InvalidRequest("request: the request is not a JSON object"))
             return
-        limit = self.settings.max_concurrent_requests
-        if len(self._requests) >= limit:
-            log.warning("request_deferred", method=env.method, in_flight=len(self._requests))
-            reason = f"the agent is busy with {limit} requests; send it again"
-            self._outbox.append(encode_reply(retry_reply(env, self.settings.busy_retry_ms, reason)))
+        request_id = self._request_ids + 1
+        admission = self._admissions.get(env.method, CONTROL)
+        deferred = self._seats.admit(request_id, admission, env.request)
+        if deferred is not None:
+            self._defer(env, deferred)
             return
         stream_ids = tuple(find_stream_ids(env.request))
         for index, stream_id in enumerate(stream_ids):
@@ -713,15 +757,27 @@ class Connection:
             except RemoteProtocolError as exc:
                 for opened in stream_ids[:index]:
                     self._streams.forget_responder(opened)
+                self._seats.release(request_id)
                 self._refuse_now(env, InvalidRequest(f"request: {exc}"))
                 return
             # With a byte budget, a stream is invited only once its reader reads: the reader
             # holds a buffer by then, so what the stream draws always comes back.
             if self._pool is not None:
                 registered.hold()
-        self._request_ids += 1
-        self._requests[self._request_ids] = _Request(env, stream_ids)
-        self._events.append(RequestReceived(self._request_ids, env.method, env.request, stream_ids))
+        self._request_ids = request_id
+        self._requests[request_id] = _Request(env, stream_ids)
+        self._events.append(RequestReceived(request_id, env.method, env.request, stream_ids))
+
+    def _defer(self, env: Envelope, deferred: Deferred) -> None:
+        """Answer `env` `retry`: its class is full (counted, by class)."""
+        cls = deferred.request_class
+        in_flight = self._seats.in_flight(cls)
+        log.warning("request_deferred", method=env.method, request_class=cls, in_flight=in_flight)
+        retry = retry_reply(env, self.settings.busy_retry_ms, deferred.reason)
+        self._outbox.append(encode_reply(retry))
+
+    def _unseat(self, request_id: int) -> None:
+        self._seats.release(request_id)
 
     def _on_response(self, env: Envelope, now: float) -> None:
         assert env.correlation is not None

@@ -16,13 +16,14 @@ byte-stream faces (`ByteSource`, `ByteSink`, `Producer`) and the face that calls
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import ValidationError
 
 from agent.contracts.base import StreamMarker, WireModel, first_problem
 from agent.errors import InvalidRequest, InvalidState
+from agent.protocol.admission import CONTROL, Admission
 from agent.protocol.delivery import Mark
 
 __all__ = [
@@ -136,12 +137,16 @@ class Route(Generic[Req, Resp]):
 
     `answer_now`, for a read whose answer may be in memory: called in the same turn that read
     the request, it answers it there (or raises its refusal), or returns None for `handler` to
-    answer the usual way. A status call then waits for no task queued ahead of it."""
+    answer the usual way. A status call then waits for no task queued ahead of it.
+
+    `admission`: the class of its requests (`agent.protocol.admission`): control unless it
+    carries or waits for a stream (`stream_class(node_field)`)."""
 
     method: str
     request: type[Req]
     handler: Handler[Req, Resp]
     answer_now: AnswerNow[Req, Resp] | None = None
+    admission: Admission = CONTROL
 
     def parse(self, body: Mapping[str, Any]) -> Req:
         """The request model of `body`; `InvalidRequest` naming the first bad field path."""
@@ -173,6 +178,15 @@ class Routes:
     def methods(self) -> frozenset[str]:
         """Every routed method."""
         return frozenset(self._table)
+
+    @property
+    def admissions(self) -> dict[str, Admission]:
+        """How each method's requests are admitted (a route that may answer from memory is
+        let in without a seat: `answers_now`)."""
+        return {
+            route.method: replace(route.admission, answers_now=route.answer_now is not None)
+            for route in self
+        }
 
     def get(self, method: str) -> Route[Any, Any] | None:
         """The route of `method`, if any."""

@@ -3,7 +3,7 @@ here once.
 
 `StreamSettings` is what every stream of a connection shares; `ConnectionSettings` holds it
 (`streams`) next to the connection's own knobs. The configuration's `[streams]` section and
-`[cloudly] max_concurrent_requests` take their defaults from these classes, so an operator's
+`[cloudly]`'s request bounds take their defaults from these classes, so an operator's
 default and the protocol's are the same number.
 """
 
@@ -64,8 +64,10 @@ class StreamSettings:
 @dataclass(frozen=True, slots=True)
 class ConnectionSettings:
     """Tunables of one connection: its streams' (`streams`), how often a call is sent again on
-    `retry` advice (`max_retry_attempts`), how many requests are handled at once
-    (`max_concurrent_requests`), how long a caller turned away for that waits
+    `retry` advice (`max_retry_attempts`), how many requests are handled at once, by class
+    (`agent.protocol.admission`: `max_concurrent_requests` control requests,
+    `max_stream_requests` requests that carry or wait for a stream, of those at most
+    `max_stream_requests_per_node` for one node), how long a caller turned away for that waits
     (`busy_retry_ms`), and how many bytes of chunk frames our answers invite at once across
     the streams we receive (`receive_budget`, None: no bound; `receive_budget.ReceiveBudget`),
     which grows with the measured bandwidth-delay product up to `receive_budget_max` (None:
@@ -74,6 +76,8 @@ class ConnectionSettings:
     streams: StreamSettings = field(default_factory=StreamSettings)
     max_retry_attempts: int = 5
     max_concurrent_requests: int = 64
+    max_stream_requests: int = 512
+    max_stream_requests_per_node: int = 64
     busy_retry_ms: int = 1000
     receive_budget: int | None = 4 * 1024 * 1024
     receive_budget_max: int | None = 64 * 1024 * 1024
@@ -81,6 +85,10 @@ class ConnectionSettings:
     def __post_init__(self) -> None:
         if self.max_concurrent_requests < 1:
             raise InvalidState("max_concurrent_requests must be at least 1")
+        if self.max_stream_requests < 1 or self.max_stream_requests_per_node < 1:
+            raise InvalidState(
+                "max_stream_requests and max_stream_requests_per_node must be at least 1"
+            )
         if self.receive_budget is not None and self.receive_budget < 1:
             raise InvalidState("receive_budget must be positive (None: no bound)")
         if self.receive_budget_max is not None and self.receive_budget_max < 1:

@@ -3,7 +3,8 @@
 Each names its exact request model (camelCase only; a body that fails it is `invalid-request`
 naming the field, before the service sees it) and answers its response model. A backup and a
 restore hand the service their request's context too: where the request arrived and whether
-its answer reached Cloudly decide how a repeat is answered (docs/relay.md). Refusals are the
+its answer reached Cloudly decide how a repeat is answered (docs/relay.md). A backup and a
+restore are stream requests (`agent.protocol.admission`), a prune control. Refusals are the
 service's `AgentError`s, turned into `error {text, data: {code, retryable, ...}}` by the session.
 """
 
@@ -20,6 +21,7 @@ from agent.contracts.relay import (
     RestoreClusterServiceRequest,
     RestoreClusterServiceResponse,
 )
+from agent.protocol.admission import stream_class
 from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.relay.service import RelayService
 
@@ -46,8 +48,19 @@ def relay_routes(relay: RelayService) -> Routes:
 
     return Routes(
         [
-            Route(METHOD_BACKUP_CLUSTER_SERVICE, BackupClusterServiceRequest, backup),
-            Route(METHOD_RESTORE_CLUSTER_SERVICE, RestoreClusterServiceRequest, restore),
+            # A backup or restore moves its database closure, or waits its node's turn to.
+            Route(
+                METHOD_BACKUP_CLUSTER_SERVICE,
+                BackupClusterServiceRequest,
+                backup,
+                admission=stream_class("nodeId"),
+            ),
+            Route(
+                METHOD_RESTORE_CLUSTER_SERVICE,
+                RestoreClusterServiceRequest,
+                restore,
+                admission=stream_class("nodeId"),
+            ),
             Route(METHOD_PRUNE_CLUSTER_NODE_ARCHIVE, PruneClusterNodeArchiveRequest, prune),
         ]
     )

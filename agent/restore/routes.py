@@ -2,7 +2,8 @@
 
 Each route names its exact request model (camelCase only; a body that fails it is refused with
 `invalid-request` naming the field, never the value, before the engine sees it) and answers the
-response model. Refusals are the engine's `AgentError`s, turned into `error {text, data: {code,
+response model. A stage is a stream request (`agent.protocol.admission`), the rest control.
+Refusals are the engine's `AgentError`s, turned into `error {text, data: {code,
 retryable, ...}}` by the session.
 """
 
@@ -22,6 +23,7 @@ from agent.contracts.isolatedrestore import (
     PrepareIsolatedRestoreRequest,
     StageIsolatedRestoreArchiveRequest,
 )
+from agent.protocol.admission import stream_class
 from agent.protocol.handlers import ByteSource, RequestContext, Route, Routes
 from agent.restore.engine import IsolatedRestoreEngine
 
@@ -66,7 +68,13 @@ def isolated_restore_routes(engine: IsolatedRestoreEngine) -> Routes:
     return Routes(
         [
             Route(METHOD_PREPARE, PrepareIsolatedRestoreRequest, prepare),
-            Route(METHOD_STAGE, StageIsolatedRestoreArchiveRequest, stage),
+            # A stage carries its object's stream, or waits its node's turn to: stream class.
+            Route(
+                METHOD_STAGE,
+                StageIsolatedRestoreArchiveRequest,
+                stage,
+                admission=stream_class("targetNodeName"),
+            ),
             Route(
                 METHOD_GET_STATUS,
                 GetIsolatedRestoreStatusRequest,

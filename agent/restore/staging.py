@@ -222,9 +222,10 @@ async def stage_object(work: StagingWork, open_source: Callable[[], ByteSource])
     await _align_records(work, verified)
 
     transfer = _Transfer(work, verified)
-    # The first buffer before the stream is read: a stream being read is emptied by its reader,
-    # so what it holds of the byte budget always comes back.
-    await transfer.buffers.prime()
+    # Its buffers before the stream is read: a stream being read is emptied by its reader, so
+    # what it holds of the byte budget always comes back; all of them, so every stage that
+    # moves moves at the same depth (the others wait their turn holding nothing).
+    await transfer.buffers.prime(whole=True)
     error: AgentError | None = None
     try:
         async with asyncio.TaskGroup() as group:

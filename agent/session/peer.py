@@ -67,6 +67,7 @@ from agent.protocol.delivery import Mark
 from agent.protocol.handlers import AnswerNow, ByteSink, ByteSource, Producer, Route, Routes
 from agent.protocol.ids import new_uni_id
 from agent.protocol.pool import WatchedPool
+from agent.session.admission import AdmissionReport
 from agent.session.delivery import DeliveryTracker, OnDelivered
 from agent.session.streams import HandlerContext, Signal, Sink, Source, marker_of
 
@@ -106,8 +107,14 @@ class Peer:
         deliveries: DeliveryTracker | None = None,
     ) -> None:
         self.connection = Connection(
-            routes.methods, settings, new_id=new_id, pool=pool, first_frame_bytes=first_frame_bytes
+            routes.methods,
+            settings,
+            new_id=new_id,
+            pool=pool,
+            first_frame_bytes=first_frame_bytes,
+            admissions=routes.admissions,
         )
+        self._admission = AdmissionReport(observer)
         self._pool = pool
         self._deliveries = deliveries
         self._number = 0 if deliveries is None else deliveries.connection
@@ -303,7 +310,8 @@ class Peer:
                 parsed = None  # parsed once: what answer_now leaves goes to the handler as is
                 if route.answer_now is not None:
                     parsed = self._answer_now(route, route.answer_now, event)
-                    if parsed is None:
+                    # Not answered from memory: its handler needs a seat (or it is deferred).
+                    if parsed is None or not self.connection.seat(event.request_id, self.now()):
                         continue
                 task = self._spawn(self._serve(route, event, self._arrival, parsed))
                 if task is not None:
@@ -311,6 +319,7 @@ class Peer:
                     task.add_done_callback(self._handlers.pop)
             elif (waiter := self._waiters.get(event.call_id)) is not None and not waiter.done():
                 waiter.set_result(event)
+        self._admission.report(self.connection.seats)
 
     def _refuse_not_ready(self, event: RequestReceived) -> None:
         """Answer a request that came before serving started; the caller sends it again."""

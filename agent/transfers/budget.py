@@ -277,6 +277,11 @@ class Holding:
             self._held += size
         return taken
 
+    def most_at_once(self, size: int) -> int:
+        """How many draws of `size` bytes one waiting draw can ever hold (the budget beyond
+        its reserve)."""
+        return (self._budget.limit - self._budget.reserve) // size
+
     def give(self, size: int) -> None:
         """Give back `size` of the bytes this transfer holds."""
         if size > self._held:

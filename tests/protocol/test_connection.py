@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 from itertools import count
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import pytest
@@ -26,6 +26,7 @@ from agent.errors import (
     SessionClosed,
     StreamBroken,
 )
+from agent.protocol.admission import Admission, stream_class
 from agent.protocol.chunks import CLOSING
 from agent.protocol.connection import (
     MAX_CHUNK,
@@ -830,3 +831,91 @@ class TestTime:
             assert after is None or after > now
             if after is None:
                 break
+
+
+class TestRequestClasses:
+    """Intake rule 4 by class: control and stream requests have their own seats."""
+
+    ADMISSIONS: ClassVar = {"stage": stream_class("node"), "status": Admission(answers_now=True)}
+
+    def classed(self, **changes: Any) -> Connection:
+        settings = ConnectionSettings(streams=STREAMS, busy_retry_ms=250, **changes)
+        numbers = count(1)
+        return Connection(
+            ("stage", "echo", "status"),
+            settings,
+            new_id=lambda: f"id{next(numbers)}",
+            admissions=self.ADMISSIONS,
+        )
+
+    def test_a_control_request_is_handled_while_every_stream_seat_is_taken(self) -> None:
+        """Stream requests at their bound: the next stage is deferred, a control request runs."""
+        conn = self.classed(max_stream_requests=3, max_stream_requests_per_node=3)
+        for number in range(4):
+            conn.receive_frame(request("stage", {"node": f"n{number}"}, f"s{number}"), 0.0)
+        conn.receive_frame(request("echo", {}, "control"), 0.0)
+        assert [event.method for event in requests(conn)] == ["stage"] * 3 + ["echo"]
+        [busy] = sent(conn)
+        assert busy["correlation"]["id"] == "s3"
+        assert busy["retry"] == {
+            "waitForMs": 250,
+            "reason": "the agent is busy with 3 stream requests; send it again",
+        }
+
+    def test_one_nodes_flood_does_not_defer_another_nodes_stage(self) -> None:
+        """A node past its share is deferred; another node's stage is handled."""
+        conn = self.classed(max_stream_requests=16, max_stream_requests_per_node=2)
+        for number in range(5):
+            conn.receive_frame(request("stage", {"node": "a"}, f"a{number}"), 0.0)
+        conn.receive_frame(request("stage", {"node": "b"}, "b0"), 0.0)
+        handled = [event.request["node"] for event in requests(conn)]
+        assert handled == ["a", "a", "b"]
+        assert [answer["correlation"]["id"] for answer in sent(conn)] == ["a2", "a3", "a4"]
+
+    def test_a_deferral_is_counted_against_its_class(self) -> None:
+        """Each `retry` of a full class counts in the connection's seats, by class."""
+        conn = self.classed(max_concurrent_requests=1)
+        conn.receive_frame(request("echo", {}, "c1"), 0.0)
+        conn.receive_frame(request("echo", {}, "c2"), 0.0)
+        assert conn.seats.refused == {"control": 1, "stream": 0}
+
+    def test_ending_a_request_gives_its_seat_back(self) -> None:
+        """The seats held are read off the connection; an answered request holds none."""
+        conn = self.classed()
+        conn.receive_frame(request("stage", {"node": "a"}, "s1"), 0.0)
+        conn.receive_frame(request("stage", {"node": "b"}, "s2"), 0.0)
+        first = requests(conn)[0]
+        conn.respond(first.request_id, {}, 0.0)
+        assert (conn.seats.in_flight("stream"), conn.seats.in_flight("control")) == (1, 0)
+
+    def test_a_request_answered_from_memory_is_handled_with_every_seat_taken(self) -> None:
+        """A route that may answer from memory is let in without a seat."""
+        conn = self.classed(max_concurrent_requests=1, max_stream_requests=1)
+        conn.receive_frame(request("echo", {}, "c1"), 0.0)
+        conn.receive_frame(request("stage", {"node": "a"}, "s1"), 0.0)
+        conn.receive_frame(request("status", {}, "st"), 0.0)
+        assert [event.method for event in requests(conn)] == ["echo", "stage", "status"]
+        assert sent(conn) == []
+
+    def test_one_that_needs_its_handler_with_control_full_is_asked_to_retry(self) -> None:
+        """`seat()` for a request let in without a seat, control full: `retry`, and it is over."""
+        conn = self.classed(max_concurrent_requests=1)
+        conn.receive_frame(request("echo", {}, "c1"), 0.0)
+        conn.receive_frame(request("status", {}, "st"), 0.0)
+        status = requests(conn)[-1]
+        assert conn.seat(status.request_id, 0.0) is False
+        [busy] = sent(conn)
+        assert busy["correlation"]["id"] == "st"
+        assert "control requests" in busy["retry"]["reason"]
+        conn.respond(status.request_id, {}, 0.0)
+        assert sent(conn) == []
+
+    def test_one_that_needs_its_handler_takes_a_control_seat(self) -> None:
+        """`seat()` with room: True, and the request holds a control seat until it ends."""
+        conn = self.classed(max_concurrent_requests=1)
+        conn.receive_frame(request("status", {}, "st"), 0.0)
+        status = requests(conn)[-1]
+        assert conn.seat(status.request_id, 0.0) is True
+        conn.receive_frame(request("echo", {}, "c1"), 0.0)
+        [busy] = sent(conn)
+        assert busy["correlation"]["id"] == "c1"
