@@ -4,12 +4,12 @@
 in one pass) are built when a C compiler and the Python headers are there. When they are not,
 `optional=True` lets the build go on without them: the agent runs on its pure decode path
 (agent/protocol/bytearrays.py), about 3x slower, and hashes each chunk twice with hashlib
-(agent/chunking.py), about 1.4x the CPU. That must not pass unnoticed, so then:
+(agent/transfers/chunking.py), about 1.4x the CPU. That must not pass unnoticed, so then:
 
 - the build prints a banner saying so (pip shows a build's output with `-v`);
 - the wheel is tagged `py3-none-any`, what it holds, instead of the interpreter and platform
   tag of a wheel with native code: its file name tells which build it is;
-- the agent logs `chunk_decoder_pure` at warning level at every start (agent/app.py).
+- the agent logs `chunk_decoder_pure` at warning level at every start (agent/entry/app.py).
 
 It also writes the version (`agent/_version.py`, read by `agent/__init__.py`): the release
 `agent.RELEASE`, then how many commits and which one the build is made of, from git

@@ -1,5 +1,5 @@
 """`python -m agent`: the same entry point as the `restore-agent` console script."""
 
-from agent.cli import main
+from agent.entry.cli import main
 
 raise SystemExit(main())

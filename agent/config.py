@@ -351,7 +351,7 @@ class MemoryConfig(_Section):
 class ShutdownConfig(_Section):
     """`[shutdown]`: how long a stop may take. The drain and the six close steps (each with
     1 s of grace) must end below `stop_timeout_s`, the unit's `TimeoutStopSec=`
-    (agent/preflight.py refuses it otherwise)."""
+    (agent/startup/preflight.py refuses it otherwise)."""
 
     drain_timeout_s: Seconds = 20.0
     close_timeout_s: Seconds = 5.0
@@ -606,7 +606,7 @@ def read_secret_file(path: Path, key: str) -> Secret:
     `path` may name a systemd credential (`${CREDENTIALS_DIRECTORY}/NAME`). Refuses a missing,
     non-regular, empty, multi-line or oversized file and one that group or others may access.
     One trailing newline is stripped. The composition root registers the value with the log
-    redactor (`agent.app.run`), so it cannot appear in log output.
+    redactor (`agent.entry.app.run`), so it cannot appear in log output.
     """
     path = credential_path(path, key)
     try:

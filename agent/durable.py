@@ -9,7 +9,7 @@ entries made to last.
     fsync_directory(directory)     the renames and removals in `directory` survive a crash
 
 The one home of both for the recipient key and its enrollment (`agent.credentials.keys`), the
-record of a refused start (`agent.statedir`), the record of a salvaged or reset state and the
+record of a refused start (`agent.store.statedir`), the record of a salvaged or reset state and the
 salvage itself (`agent.store.recovery`, `agent.store.salvage`). Imports nothing of the agent.
 """
 

@@ -2,7 +2,7 @@
 
 Each part takes the narrow protocol it reports to, defaulting to `NULL_OBSERVER` (which does
 nothing), so a part never knows what watches it and its tests need no metrics at all. The
-composition root passes `agent.metrics.Metrics`, the one implementation, which turns every
+composition root passes `agent.watch.metrics.Metrics`, the one implementation, which turns every
 call into Prometheus samples. Nothing here imports an I/O or metrics library.
 
     part                           protocol            what it reports
@@ -24,15 +24,15 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
     agent/corestore/client.py                          one resend of a route; a control
                                                        credential refused for good; a node's
                                                        Corestore full (or not any more)
-    agent/reconcile.py             ReconcileObserver   the state was salvaged or reset (how,
+    agent/startup/reconcile.py             ReconcileObserver   the state was salvaged or reset (how,
                                                        when); reconciliation with Corestore
                                                        pending or done; orphans taken over
-    agent/loopwatch.py             LoopObserver        one event-loop lag measurement
+    agent/watch/loopwatch.py             LoopObserver        one event-loop lag measurement
     agent/transfers/gate.py        TransferObserver    a node's moving and queued transfers
                                                        changed; how long one waited its turn
     agent/transfers/budget.py      BudgetObserver      the byte budget's drawn bytes and
                                                        waiters; how long a draw waited
-    agent/memory.py                BudgetObserver      the allocator gave memory back
+    agent/transfers/memory.py                BudgetObserver      the allocator gave memory back
     agent/credentials/contest.py   RecipientObserver   Cloudly retired the agent's recipient;
                                                        another agent uses the same token (or
                                                        no longer)
@@ -41,7 +41,7 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
                                                        resumed, recorded, ...)
 
 Hooks are called on the event loop, synchronously, and must not raise or block. `Tee` hands
-every hook to several observers (the metrics and the status' own, `agent.status.StatusHooks`).
+every hook to several observers (the metrics and the status' own, `agent.watch.status.StatusHooks`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The pass-through baseline of bench/staging.py: the agent's session, a trivial forwarding handler.
 
-Runs `agent.app.run()` — the same composition root, Cloudly session, Peer, stream window and
+Runs `agent.entry.app.run()` — the same composition root, Cloudly session, Peer, stream window and
 Corestore client as the agent — with ONE extra route the engine does not use:
 `benchForward {archive: <stream>, endpoint, grant, stagingArchiveId, path, size, sha256,
 chunkDigests}`. It re-cuts the stream into `[corestore] chunk_size` chunks with the engine's own
-`rechunk()` (`agent.chunking`) and PUTs each to the reference Corestore's chunk route through
-`CorestoreClient`,
+`rechunk()` (`agent.transfers.chunking`) and PUTs each to the reference Corestore's chunk route
+through `CorestoreClient`,
 `max_in_flight` chunks queued between reader and uploader exactly like the engine — but it
 hashes nothing (each chunk's sha256 header comes from `chunkDigests`, computed by the bench
 before any timing) and persists nothing (no revision store, no routing, no grants check). When
@@ -24,16 +24,16 @@ import sys
 import time
 from pathlib import Path
 
-from agent import app
-from agent.chunking import rechunk
 from agent.config import Config, Secrets, load_config, load_secrets
 from agent.contracts.base import StreamMarker, WireModel
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
 from agent.corestore.credentials import FixedCredentials
+from agent.entry import app
 from agent.log import configure_logging
 from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.retry import RetryPolicy
 from agent.secret import Secret
+from agent.transfers.chunking import rechunk
 
 __all__ = ["METHOD_FORWARD", "main"]
 

@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 
-from agent import chunking
+from agent.transfers import chunking
 
 GiB = 2**30
 

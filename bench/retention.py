@@ -10,7 +10,7 @@ which must stay. Then, in this process as the agent runs it, one retention pass
 event loop:
 
 - a ticker that sleeps `--tick-ms` again and again and records how late it wakes (the loop lag,
-  measured as `agent/loopwatch.py` does);
+  measured as `agent/watch/loopwatch.py` does);
 - a reader that asks the store for one node state every `--read-ms` (what a status request does)
   and records how long each answer takes (how long a request waits behind retention's steps).
 

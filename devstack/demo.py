@@ -12,7 +12,8 @@ stand-in Cloudly, which seals it to the agent's key: the agent enrolls its key o
 fetches the bearer sealed (`--credential-source sealed`, the default, as in production);
 `--credential-source file` writes it to a 0600 file instead (the development option). The stand-in
 Cloudly and the reference Corestore listen on 127.0.0.1 (free ports); the real agent
-(`agent.app.run`) runs in this process and connects to them over its websocket session. Then, as
+(`agent.entry.app.run`) runs in this process and connects to them over its websocket session. Then,
+as
 Cloudly would, `RestoreDriver` prepares a restore of three resources (a database dump, a bucket of
 files, a volume image of `--size` bytes), stages every object on a VirtualStream, executes, waits
 for `ready`, checks every staged object's sha256 on Corestore's disk, cleans up, waits for `cleaned`
@@ -48,11 +49,11 @@ from typing import Any, Final, TextIO
 
 import structlog
 
-from agent import app
 from agent.config import load_config
+from agent.entry import app
 from agent.errors import AgentError, CallFailed
 from agent.log import configure_logging
-from agent.status import AgentStatus, SessionState
+from agent.watch.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.corestore import CorestoreHandle, start
 from devstack.corestore.storage import Storage, sha256_file

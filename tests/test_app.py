@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 import structlog
 
-from agent import app
 from agent.config import Config
+from agent.entry import app
 from agent.errors import AgentError, CallFailed, ConfigError, SessionClosed
 from agent.log import scrub_text
-from agent.preflight import STEP_GRACE_S
 from agent.protocol.handlers import RequestContext, Routes
 from agent.secret import MASK
-from agent.status import AgentStatus, SessionState, StatusSnapshot
+from agent.startup.preflight import STEP_GRACE_S
+from agent.watch.status import AgentStatus, SessionState, StatusSnapshot
 from devstack.cloudly import StandInCloudly, cluster_document
 from tests.clock import ManualClock
 from tests.session._helpers import body_route

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from agent.chunking import THREAD_HASH_MIN, ChunkBuffers, Digests, rechunk
 from agent.transfers.budget import ByteBudget
+from agent.transfers.chunking import THREAD_HASH_MIN, ChunkBuffers, Digests, rechunk
 
 
 class Pieces:

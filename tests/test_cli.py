@@ -19,10 +19,10 @@ import structlog
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from agent import __version__
-from agent.cli import main
 from agent.config import Config, Secrets
 from agent.contracts.credentials import b64url
 from agent.credentials.keys import ENROLLMENT_FILE, KEY_FILE, KeyStore
+from agent.entry.cli import main
 from agent.errors import ConfigError
 from devstack.cloudly import ABSENT, StandInCloudly, cluster_document
 from tests.processes import run_agent
@@ -74,15 +74,15 @@ def _config_path(tmp_path: Path) -> Path:
 
 
 def install_app(monkeypatch: pytest.MonkeyPatch, run: AppRun) -> None:
-    """Stand in for agent.app (owned by the composition root) with a module exposing `run`."""
-    module = types.ModuleType("agent.app")
+    """Stand in for agent.entry.app (owned by the composition root) with a module exposing `run`."""
+    module = types.ModuleType("agent.entry.app")
     module.run = run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "agent.app", module)
+    monkeypatch.setitem(sys.modules, "agent.entry.app", module)
 
 
 @pytest.fixture
 def app_runs(monkeypatch: pytest.MonkeyPatch) -> list[Config]:
-    """agent.app stood in by a `run` that records each Config it is started with."""
+    """agent.entry.app stood in by a `run` that records each Config it is started with."""
     runs: list[Config] = []
 
     async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
@@ -231,7 +231,7 @@ def test_run_requires_a_config_option(capsys: pytest.CaptureFixture[str]) -> Non
 def test_run_starts_the_app_with_the_loaded_config(
     config_path: Path, app_runs: list[Config]
 ) -> None:
-    """`run --config PATH` awaits agent.app.run with the validated Config, exit 0."""
+    """`run --config PATH` awaits agent.entry.app.run with the validated Config, exit 0."""
     assert main(["run", "--config", str(config_path)]) == 0
     [config] = app_runs
     assert config.websocket_url == "wss://cloudly.example.com"
@@ -244,7 +244,7 @@ def test_run_configures_logging_from_the_config(
     config_path.write_text(CONFIG.replace('"info"', '"warning"'), encoding="utf-8")
 
     async def run(config: Config, *, secrets: Secrets, config_path: Path) -> None:
-        log = structlog.get_logger("agent.app")
+        log = structlog.get_logger("agent.entry.app")
         log.info("not_shown")
         log.warning("shown", token=TOKEN)
 
@@ -253,14 +253,14 @@ def test_run_configures_logging_from_the_config(
     out, err = capsys.readouterr()
     assert out == ""
     [line] = [json.loads(text) for text in err.splitlines()]
-    assert (line["event"], line["level"], line["logger"]) == ("shown", "warning", "agent.app")
+    assert (line["event"], line["level"], line["logger"]) == ("shown", "warning", "agent.entry.app")
     assert TOKEN not in err
 
 
 def test_run_with_a_bad_config_never_starts_the_app(
     config_path: Path, app_runs: list[Config], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A configuration error stops `run` before agent.app is called, exit 2."""
+    """A configuration error stops `run` before agent.entry.app is called, exit 2."""
     config_path.write_text(CONFIG + "[streams]\nwindow = 0\n", encoding="utf-8")
     assert main(["run", "--config", str(config_path)]) == 2
     assert one_error_line(capsys.readouterr().err) == (
@@ -665,7 +665,7 @@ def test_status_json_is_written_at_once_with_its_newline(
         def flush(self) -> None:
             pass
 
-    monkeypatch.setattr("agent.cli.fetch", lambda listen: {"ready": True, "session": {}})
+    monkeypatch.setattr("agent.entry.cli.fetch", lambda listen: {"ready": True, "session": {}})
     monkeypatch.setattr(sys, "stdout", Recorder())
     assert main(["status", "--config", str(config_path), "--json"]) == 0
     assert len(writes) == 1
@@ -678,7 +678,7 @@ def test_status_of_an_agent_that_answers_not_ready_exits_3(
     """The agent answers but /readyz says 503: its reasons are printed, exit 3 (as
     `systemctl is-active` says 3 for a unit that is not active), so a script can tell."""
     answer = {"ready": False, "reasons": {"session": "the Cloudly session is connecting"}}
-    monkeypatch.setattr("agent.cli.fetch", lambda listen: answer)
+    monkeypatch.setattr("agent.entry.cli.fetch", lambda listen: answer)
     assert main(["status", "--config", str(config_path), "--json"]) == 3
     assert json.loads(capsys.readouterr().out)["reasons"] == answer["reasons"]
 
@@ -687,7 +687,7 @@ def test_rotate_key_without_config_reads_the_units_configuration(
     sealed_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`restore-agent rotate-key` as a runbook writes it: the installed config by default."""
-    monkeypatch.setattr("agent.cli.DEFAULT_CONFIG", sealed_config)
+    monkeypatch.setattr("agent.entry.cli.DEFAULT_CONFIG", sealed_config)
     state = sealed_config.parent / "state"
     KeyStore.open(state).close()
     old = (state / KEY_FILE).read_bytes()
@@ -699,7 +699,7 @@ def test_rotate_key_without_config_reads_the_units_configuration(
 def test_state_reset_without_config_reads_the_units_configuration(
     sealed_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("agent.cli.DEFAULT_CONFIG", sealed_config)
+    monkeypatch.setattr("agent.entry.cli.DEFAULT_CONFIG", sealed_config)
     (sealed_config.parent / "state").mkdir()
     assert main(["state", "reset", "--start-empty"]) == 0
     assert capsys.readouterr().out.startswith("state reset: ")
@@ -712,8 +712,8 @@ def test_status_wait_asks_again_until_the_agent_is_ready(
     between the asks, the ready answer printed."""
     answers = [{"ready": False}, {"ready": False}, {"ready": True, "session": {}}]
     slept: list[float] = []
-    monkeypatch.setattr("agent.cli.fetch", lambda listen: answers.pop(0))
-    monkeypatch.setattr("agent.cli.time.sleep", slept.append)
+    monkeypatch.setattr("agent.entry.cli.fetch", lambda listen: answers.pop(0))
+    monkeypatch.setattr("agent.entry.cli.time.sleep", slept.append)
     assert main(["status", "--config", str(config_path), "--json", "--wait", "60"]) == 0
     assert slept == [1.0, 1.0]
     assert json.loads(capsys.readouterr().out)["ready"] is True

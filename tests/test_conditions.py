@@ -5,11 +5,11 @@ metrics."""
 
 from __future__ import annotations
 
-from agent.app import status_line
-from agent.metrics import Metrics
-from agent.overview import readiness
-from agent.status import AgentStatus, StatusHooks
-from agent.statusview import render, render_down
+from agent.entry.app import status_line
+from agent.watch.metrics import Metrics
+from agent.watch.overview import readiness
+from agent.watch.status import AgentStatus, StatusHooks
+from agent.watch.statusview import render, render_down
 from tests.clock import ManualClock
 
 NOW_MS = 1_700_000_100_000

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import _parser
+from agent.entry.cli import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = (ROOT / "readme.md", ROOT / "docs" / "operations.md")

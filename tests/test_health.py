@@ -1,6 +1,6 @@
 """The running agent seen from outside: its health endpoint and what it tells systemd.
 
-The real composition root (`agent.app.run`) against the stand-in Cloudly; the health endpoint
+The real composition root (`agent.entry.app.run`) against the stand-in Cloudly; the health endpoint
 on 127.0.0.1 port 0 (or a unix socket); a real unix datagram socket stands in for systemd's
 notify socket.
 """
@@ -22,15 +22,16 @@ import aiohttp
 import pytest
 import structlog
 
-from agent import app, statedir
-from agent.cli import main
 from agent.config import Config
+from agent.entry import app
+from agent.entry.cli import main
 from agent.errors import StartupBlocked
 from agent.log import configure_logging
-from agent.notify import Notifier
 from agent.protocol.bytearrays import codec_backends
 from agent.protocol.handlers import RequestContext, Routes
-from agent.status import AgentStatus, SessionState, StatusSnapshot
+from agent.store import statedir
+from agent.watch.notify import Notifier
+from agent.watch.status import AgentStatus, SessionState, StatusSnapshot
 from devstack.cloudly import ABSENT, StandInCloudly, cluster_document
 from tests.session._helpers import body_route
 

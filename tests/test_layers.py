@@ -5,10 +5,10 @@
   bindings, the per-node transfer limits, errors, secrets, config) imports no I/O library and
   no asyncio.
 - Each I/O library has one adapter home: aiohttp in `agent/corestore/transport.py` (the
-  Corestore client) and `agent/health.py` (the health endpoint), websockets in
+  Corestore client) and `agent/watch/health.py` (the health endpoint), websockets in
   `agent/session/transport.py`, aiosqlite in `agent/store/`, prometheus_client in
-  `agent/metrics.py`.
-- Only the CLI imports the composition root `agent.app`.
+  `agent/watch/metrics.py`.
+- Only the CLI imports the composition root `agent.entry.app`.
 - The product holds only the daemon: nothing in `agent/` imports the stand-ins (`devstack`) or
   the tests' helpers, and the wheel built from `pyproject.toml` holds `agent/` and nothing else.
 - The sans-I/O protocol (`agent/protocol/`) depends on nothing of the agent but the errors, the
@@ -57,8 +57,8 @@ PURE = [
     AGENT / "table.py",
     AGENT / "config.py",
     AGENT / "observe.py",
-    AGENT / "overview.py",
-    AGENT / "progress.py",
+    AGENT / "watch" / "overview.py",
+    AGENT / "transfers" / "progress.py",
     AGENT / "transfers" / "limits.py",
     AGENT / "session" / "faults.py",
     AGENT / "session" / "handshake.py",
@@ -69,10 +69,10 @@ PURE = [
 IO_LIBRARIES = {"asyncio", "aiohttp", "aiosqlite", "websockets", "prometheus_client"}
 
 ADAPTER_HOMES = {
-    "aiohttp": {"corestore/transport.py", "health.py"},
+    "aiohttp": {"corestore/transport.py", "watch/health.py"},
     "websockets": {"session/transport.py"},
     "aiosqlite": {"store/"},
-    "prometheus_client": {"metrics.py"},
+    "prometheus_client": {"watch/metrics.py"},
 }
 
 
@@ -91,7 +91,7 @@ def _imported_roots(path: Path) -> Iterator[str]:
             and isinstance(node.args[0], ast.Constant)
             and isinstance(node.args[0].value, str)
         ):
-            yield node.args[0].value  # importlib.import_module("agent.app")
+            yield node.args[0].value  # importlib.import_module("agent.entry.app")
 
 
 def _relative(path: Path) -> str:
@@ -122,13 +122,13 @@ def test_each_io_library_stays_in_its_adapter(library: str) -> None:
 
 
 def test_only_the_cli_imports_the_composition_root() -> None:
-    """`agent.app` is wired by the CLI, nothing else in the product."""
+    """`agent.entry.app` is wired by the CLI, nothing else in the product."""
     importers = {
         _relative(path)
         for path in AGENT.rglob("*.py")
-        if any(name == "agent.app" for name in _imported_roots(path))
+        if any(name == "agent.entry.app" for name in _imported_roots(path))
     }
-    assert importers == {"cli.py"}
+    assert importers == {"entry/cli.py"}
 
 
 def test_the_product_imports_no_stand_in_and_no_test_helper() -> None:
@@ -365,7 +365,7 @@ def test_the_architecture_layout_names_every_module() -> None:
     """Every module of `agent/` is named in docs/architecture.md's layout, a package's modules
     within its package's entry."""
     blocks = _layout_blocks()
-    assert "app.py" in blocks, "the layout was not found: the rule checks nothing"
+    assert "entry/" in blocks, "the layout was not found: the rule checks nothing"
     missing = []
     for path in sorted(AGENT.rglob("*.py")):
         if path.name in ("__init__.py", "__main__.py"):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.loopwatch import LoopWatch, watch_interval
-from agent.notify import Notifier
+from agent.watch.loopwatch import LoopWatch, watch_interval
+from agent.watch.notify import Notifier
 from tests.clock import ManualClock
 
 

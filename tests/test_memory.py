@@ -10,8 +10,8 @@ import weakref
 
 import structlog
 
-from agent.memory import Trimmer, resident_bytes, trim_function
 from agent.transfers.budget import ByteBudget
+from agent.transfers.memory import Trimmer, resident_bytes, trim_function
 from tests.clock import ManualClock
 
 

@@ -1,13 +1,13 @@
-"""Specification of `agent.metrics`: what /metrics exposes, computed from plain data."""
+"""Specification of `agent.watch.metrics`: what /metrics exposes, computed from plain data."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.metrics import Metrics
-from agent.status import AgentStatus, SessionState
 from agent.store import StatusSummary
 from agent.transfers.budget import ByteBudget
+from agent.watch.metrics import Metrics
+from agent.watch.status import AgentStatus, SessionState
 from tests.clock import ManualClock
 
 NOW_MS = 1_700_000_000_000

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from agent.notify import Notifier, watchdog_seconds
+from agent.watch.notify import Notifier, watchdog_seconds
 
 
 @pytest.fixture

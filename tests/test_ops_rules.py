@@ -1,5 +1,5 @@
 """The shipped alert rules and dashboard (ops/): every metric and label they use is one the
-agent exposes (agent/metrics.py), every alert has a runbook and a unit test, and promtool
+agent exposes (agent/watch/metrics.py), every alert has a runbook and a unit test, and promtool
 accepts the rules and passes their unit tests (when promtool is installed)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.metrics import Metrics
-from agent.status import AgentStatus, SessionState
 from agent.store import StatusSummary
+from agent.watch.metrics import Metrics
+from agent.watch.status import AgentStatus, SessionState
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "ops" / "prometheus" / "restore-agent.rules.yml"

@@ -16,7 +16,8 @@ from agent.contracts.isolatedrestore import (
 from agent.domain.jobs import JobKey, StoredJob
 from agent.domain.outcomes import result_from_json
 from agent.domain.restores import StoredState
-from agent.overview import (
+from agent.transfers.limits import NodeLimits, TransferView
+from agent.watch.overview import (
     RestoreFacts,
     job_rows,
     readiness,
@@ -24,9 +25,8 @@ from agent.overview import (
     transfers_body,
     with_transfers,
 )
-from agent.status import ClusterSummary, NodeSummary, SessionState, StatusSnapshot
-from agent.statusview import render
-from agent.transfers.limits import NodeLimits, TransferView
+from agent.watch.status import ClusterSummary, NodeSummary, SessionState, StatusSnapshot
+from agent.watch.statusview import render
 from tests.store.states import KEY, node_state
 
 NOW = 1_000_000.0

@@ -1,4 +1,4 @@
-"""Specification of `agent.preflight`: the checks `run` and `check-config` share."""
+"""Specification of `agent.startup.preflight`: the checks `run` and `check-config` share."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from agent.config import Config, ShutdownConfig
 from agent.errors import ConfigError
-from agent.preflight import check, shutdown_budget, tls_context
+from agent.startup.preflight import check, shutdown_budget, tls_context
 
 
 def _config(tmp_path: Path, url: str = "wss://cloudly.example.com", **cloudly: str) -> Config:
@@ -119,7 +119,7 @@ def test_the_default_shutdown_fits_with_room(tmp_path: Path) -> None:
 
 def test_a_budget_that_reaches_the_stop_timeout_is_refused(tmp_path: Path) -> None:
     """Equal is not below: systemd's kill and the last step would race. The drain is a step
-    with its second of grace like the close steps (agent/app.py): 53 + 1 s of drain and six
+    with its second of grace like the close steps (agent/entry/app.py): 53 + 1 s of drain and six
     steps of 5 + 1 s take 90 s."""
     config = _config(tmp_path).model_copy(
         update={"shutdown": ShutdownConfig(drain_timeout_s=53, close_timeout_s=5)}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.progress import ProgressPace
+from agent.transfers.progress import ProgressPace
 
 
 def test_reports_within_the_interval_are_not_due() -> None:

@@ -1,4 +1,4 @@
-"""The periodic recipient check (agent/app.py): while connected, every `recipient_check_s`;
+"""The periodic recipient check (agent/entry/app.py): while connected, every `recipient_check_s`;
 after a retirement, again after a fifth of it, so a second agent with the token shows sooner;
 a check that fails is no crash."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.app import _check_recipient
+from agent.entry.app import _check_recipient
 from agent.errors import CredentialUnavailable
-from agent.status import AgentStatus, SessionState
+from agent.watch.status import AgentStatus, SessionState
 from tests.clock import ManualClock
 
 

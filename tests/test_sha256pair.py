@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from agent import chunking
+from agent.transfers import chunking
 
 pair: ModuleType | None
 try:

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import structlog
 
-from agent import app
-from agent.cli import main
 from agent.config import load_config
 from agent.credentials.keys import KEY_FILE
+from agent.entry import app
+from agent.entry.cli import main
 from agent.errors import ConfigError, StartupBlocked
-from agent.status import AgentStatus, SessionState
+from agent.watch.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from tests.processes import agent_environ
 
@@ -342,7 +342,7 @@ def test_the_pure_decode_path_is_a_warning_at_start_up(tmp_path: Path) -> None:
     stderr = tmp_path / "agent.err"
     without_native = (
         "import sys; sys.modules['agent._bufferform'] = None; "
-        "from agent.cli import main; sys.exit(main(sys.argv[1:]))"
+        "from agent.entry.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     with stderr.open("wb") as err:
         process = subprocess.Popen(

@@ -2,7 +2,7 @@
 
 - a full (or read-only) state disk: the agent stays up, not ready (`state-unwritable`),
   serving health, and tries again after a backoff on its clock until the disk takes writes,
-  then starts; never a crash, never an exit systemd would count (agent/opening.py);
+  then starts; never a crash, never an exit systemd would count (agent/startup/opening.py);
 - a damaged state database: one fatal line naming the file and the way out, exit 65 (the
   unit's `RestartPreventExitStatus=`), at every start, and the record `status` prints;
 - a state database a newer agent migrated: one line naming both schema versions and the way
@@ -23,14 +23,14 @@ import aiohttp
 import pytest
 import structlog
 
-from agent import app, statedir
 from agent.config import load_config
+from agent.entry import app
 from agent.errors import StateUnwritable, StoreError
-from agent.opening import open_waiting
 from agent.retry import Backoff
-from agent.status import AgentStatus
-from agent.store import DB_NAME, RevisionStore
+from agent.startup.opening import open_waiting
+from agent.store import DB_NAME, RevisionStore, statedir
 from agent.store.schema import SCHEMA_VERSION
+from agent.watch.status import AgentStatus
 from tests.clock import ManualClock
 from tests.disk import small_disk
 from tests.processes import agent_environ, run_agent
@@ -69,7 +69,7 @@ def _config(tmp_path: Path, state: Path) -> Path:
     return path
 
 
-# --- the wait itself (agent/opening.py) -----------------------------------------------------
+# --- the wait itself (agent/startup/opening.py) ---------------------------------------------------
 
 
 async def test_the_open_is_tried_again_after_a_backoff_on_the_clock() -> None:

@@ -1,4 +1,4 @@
-"""Specification of `agent.statedir`: the state directory's checks, creation and lock."""
+"""Specification of `agent.store.statedir`: the state directory's checks, creation and lock."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import statedir
 from agent.errors import ConfigError, StartupBlocked
+from agent.store import statedir
 
 
 def test_an_existing_writable_directory_passes(tmp_path: Path) -> None:

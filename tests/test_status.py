@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from agent.errors import InvalidState
-from agent.status import TRANSITIONS, AgentStatus, SessionState, unreachable_sentence
+from agent.watch.status import TRANSITIONS, AgentStatus, SessionState, unreachable_sentence
 from tests.clock import ManualClock
 
 

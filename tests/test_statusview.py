@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from agent.config import HealthListen
-from agent.statusview import fetch, render
+from agent.watch.statusview import fetch, render
 
 
 @pytest.fixture

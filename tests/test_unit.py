@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import CloudlyConfig, MemoryConfig, ShutdownConfig
-from agent.memory import memory_high
-from agent.preflight import longest_stop
+from agent.startup.preflight import longest_stop
+from agent.transfers.memory import memory_high
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "restore-agent.service"
@@ -82,7 +82,7 @@ def test_secrets_and_state_come_from_systemd_directories() -> None:
 def test_the_stop_timeout_outlasts_the_agents_own_shutdown() -> None:
     """TimeoutStopSec exceeds the drain deadline plus the bounded close steps (socket,
     engine, relay jobs, health endpoint, clients, store), each with its second of grace
-    (`agent.preflight.longest_stop`), so systemd never kills a clean shutdown."""
+    (`agent.startup.preflight.longest_stop`), so systemd never kills a clean shutdown."""
     assert float(_unit()["Service"]["TimeoutStopSec"][0]) > longest_stop(ShutdownConfig())
 
 
@@ -117,7 +117,7 @@ def _size(value: str) -> int:
 
 def test_the_unit_declares_the_memory_ceiling_the_budget_implies() -> None:
     """MemoryHigh= is idle + the default byte budget + the measured constant for the default
-    frame limit (agent.memory.memory_high); MemoryMax= is a hard stop above it."""
+    frame limit (agent.transfers.memory.memory_high); MemoryMax= is a hard stop above it."""
     service = _unit()["Service"]
     frame = CloudlyConfig.model_fields["max_frame_bytes"].default
     high = memory_high(MemoryConfig().budget_bytes, frame)

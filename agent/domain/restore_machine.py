@@ -35,8 +35,8 @@ again (as SQL built from the same table) inside the compare-and-swap that persis
                                                          salvaged or reset state forgot
 
 `prepare`, `stage`, `execute` and `cleanup` are Cloudly's requests; the others are the engine's
-own progress writes, and `adopt` is reconciliation's (`agent/reconcile.py`): after the state was
-salvaged or reset, a restore Corestore still holds that the state does not know becomes a
+own progress writes, and `adopt` is reconciliation's (`agent/startup/reconcile.py`): after the
+state was salvaged or reset, a restore Corestore still holds that the state does not know becomes a
 `cleanup-failed` state, which Cloudly's next cleanup cleans like any other. Every one of them
 is a mutation and advances the revision by one.
 

@@ -30,8 +30,9 @@ is unknown is confirmed by the import's state, never sent twice. Any other failu
 import: the database stays as it was. A responder that cannot serve a stream
 in its response (typedrequest 3.3.0 echoes our `read`) fails fast as `StreamNotServed`.
 
-Both directions hash with `agent.chunking.Digests` (large pieces in a worker thread, off the
-event loop) and the import cuts its chunks with `agent.chunking.rechunk`, as staging does.
+Both directions hash with `agent.transfers.chunking.Digests` (large pieces in a worker thread, off
+the
+event loop) and the import cuts its chunks with `agent.transfers.chunking.rechunk`, as staging does.
 
 Both draw from the agent's byte budget through the transfer's share of it (`draws`): the import
 assembles its chunks in buffers drawn from it (`ChunkBuffers`, as staging does); the export
@@ -69,7 +70,6 @@ from typing import Any, Protocol, TypeVar
 import structlog
 from pydantic import ValidationError
 
-from agent.chunking import ChunkBuffers, Digests, Draws, rechunk
 from agent.clock import Clock
 from agent.contracts.base import StreamMarker, first_problem
 from agent.contracts.relay import (
@@ -94,6 +94,7 @@ from agent.errors import (
 )
 from agent.protocol.connection import MAX_CHUNK
 from agent.protocol.handlers import ByteSink, ByteSource, Caller
+from agent.transfers.chunking import ChunkBuffers, Digests, Draws, rechunk
 
 __all__ = ["CloudlyCalls", "Progress", "committed_import", "receive_closure", "send_closure"]
 

@@ -61,7 +61,6 @@ from agent.domain.outcomes import ClosureFacts, JobReport, RestoreEffects, RunPl
 from agent.domain.replay import request_digest
 from agent.errors import CorestoreRefused, SessionClosed, StreamBroken
 from agent.observe import NULL_OBSERVER, RelayObserver
-from agent.progress import ProgressPace
 from agent.protocol.handlers import ByteSink, ByteSource
 from agent.relay.closures import (
     CloudlyCalls,
@@ -75,6 +74,7 @@ from agent.relay.runner import JobRunner, Requester, Started
 from agent.relay.settings import RelaySettings
 from agent.store import RevisionStore
 from agent.transfers import NodeLimits, Transfer, TransferGate
+from agent.transfers.progress import ProgressPace
 
 __all__ = ["RelayService", "reconcile_restore"]
 
@@ -345,7 +345,7 @@ async def reconcile_restore(client: CorestoreClient, stored: StoredJob) -> Succe
 
 
 def _subject(key: JobKey) -> tuple[str, ...]:
-    """What a closure transfer names in the transfer view: its job (`agent.overview`)."""
+    """What a closure transfer names in the transfer view: its job (`agent.watch.overview`)."""
     return (
         "job",
         key.cluster_id,

@@ -10,10 +10,10 @@ for the object's progress first, and
 - otherwise every chunk is sent.
 
 Chunks: the stream's pieces are re-cut into `chunk_size` chunks (the last one shorter) by the
-agent's one re-chunker (`agent.chunking.rechunk`, one copy per chunk, refusing bytes past the
-manifest size at once). Each is hashed together with the running whole-object digest
-(`agent.chunking.Digests`: in a worker thread when large, so the event loop keeps serving the
-websocket), then queued for the uploader. PUTs of one object
+agent's one re-chunker (`agent.transfers.chunking.rechunk`, one copy per chunk, refusing bytes past
+the manifest size at once). Each is hashed together with the running whole-object digest
+(`agent.transfers.chunking.Digests`: in a worker thread when large, so the event loop keeps serving
+the websocket), then queued for the uploader. PUTs of one object
 go one at a time in offset order, because Corestore counts only a contiguous verified prefix (a
 chunk past it is refused as `offset-gap`); `max_in_flight` bounds the queue between the stream
 and the uploader, so memory stays below `(max_in_flight + 2) * chunk_size` plus the stream
@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from agent.chunking import ChunkBuffers, Digests, Draws, rechunk
 from agent.clock import Clock
 from agent.contracts.backup import BackupArchiveObject
 from agent.corestore.client import CorestoreClient
@@ -56,11 +55,12 @@ from agent.errors import (
     StreamBroken,
     first_leaf,
 )
-from agent.progress import ProgressPace
 from agent.protocol.handlers import ByteSource
 from agent.restore.settings import EngineSettings
 from agent.secret import Secret
 from agent.store import RevisionStore
+from agent.transfers.chunking import ChunkBuffers, Digests, Draws, rechunk
+from agent.transfers.progress import ProgressPace
 
 __all__ = ["StageOutcome", "StagingWork", "stage_object"]
 

@@ -35,7 +35,7 @@ from agent.session.handshake import (
     renew_delay,
 )
 from agent.session.settings import SessionSettings
-from agent.status import AgentStatus
+from agent.watch.status import AgentStatus
 
 __all__ = ["Authentication"]
 

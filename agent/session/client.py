@@ -63,7 +63,7 @@ from agent.session.outage import Outage, log_failure
 from agent.session.peer import Peer
 from agent.session.settings import SessionSettings
 from agent.session.transport import CloseCode, WebsocketTransport, connect_transport, tls_context
-from agent.status import AgentStatus
+from agent.watch.status import AgentStatus
 
 # METHOD_SET_TAG and SessionSettings are importable from here too (the stand-in, the app).
 __all__ = ["METHOD_SET_TAG", "CloudlySession", "ConnectStep", "SessionObservers", "SessionSettings"]

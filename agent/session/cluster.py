@@ -28,7 +28,7 @@ from agent.contracts.cluster import (
 from agent.errors import MisroutedCluster
 from agent.protocol.handlers import RequestContext, Route
 from agent.session.handshake import Deviation
-from agent.status import AgentStatus
+from agent.watch.status import AgentStatus
 
 __all__ = ["ClusterKnowledge"]
 

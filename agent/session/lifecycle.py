@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
-from agent.status import SessionState
 from agent.table import TransitionTable
+from agent.watch.status import SessionState
 
 __all__ = ["INTAKE_STOPPED", "LIFECYCLE_TABLE", "PUBLISHED", "Lifecycle", "LifecycleEvent"]
 

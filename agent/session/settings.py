@@ -1,6 +1,6 @@
 """`SessionSettings`: what the Cloudly session needs from the configuration.
 
-Plain data, built by the composition root (`agent.app.session_settings`) and read by the
+Plain data, built by the composition root (`agent.entry.app.session_settings`) and read by the
 session (`agent.session.client`) and its authentication (`agent.session.authentication`).
 """
 

@@ -20,6 +20,8 @@ engine.
 - `codec`: node states and plans to JSON and back; `transitions`: a table's moves as SQL.
 - `schema`: the ordered migrations; `startup`: the start-up checks.
 - `files`: directory/file modes and moving a damaged database aside.
+- `statedir`: the state directory the store lives in: its checks, its creation, the one-agent
+  lock and the record of a refused start.
 """
 
 from agent.store.records import ChunkRecord, ObjectRecord, StatusSummary

@@ -1,7 +1,7 @@
 """The record of a salvaged or reset state: `<state>/state-recovery.json`.
 
 `restore-agent state salvage` and `state reset` (`salvage.py`) write it when they put a new
-database in place; the agent reads it at every start (`agent/reconcile.py`): while
+database in place; the agent reads it at every start (`agent/startup/reconcile.py`): while
 `reconciledAt` is unset it reconciles with each node's Corestore (what Corestore holds that the
 state does not know is taken into cleanup work), noting each node done (`reconciledNodes`), then
 sets `reconciledAt`. The file stays afterwards: `restore_agent_state_recovered_timestamp_seconds`

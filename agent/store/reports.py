@@ -1,5 +1,5 @@
-"""`Reports`: what an operator and the metrics see of the store (`agent/overview.py`,
-`agent/metrics.py`), read in one pass each.
+"""`Reports`: what an operator and the metrics see of the store (`agent/watch/overview.py`,
+`agent/watch/metrics.py`), read in one pass each.
 
 The most recently changed node states (`list_states`), how many each status has
 (`count_by_status`), per status of node states and relay jobs the count and the oldest change

@@ -51,7 +51,6 @@ from agent.domain.restore_machine import Op
 from agent.domain.restores import PreparedPlan, RestoreKey, StoredState
 from agent.errors import StateUnwritable
 from agent.observe import NULL_OBSERVER, StoreObserver
-from agent.statedir import DATABASE_FILE
 from agent.store import forgetting
 from agent.store.database import Database
 from agent.store.node_states import NodeStates, StateMemory
@@ -61,6 +60,7 @@ from agent.store.relay_jobs import RelayJobs
 from agent.store.reports import Reports
 from agent.store.staging import StagingProgress
 from agent.store.startup import open_database, open_reader
+from agent.store.statedir import DATABASE_FILE
 from agent.store.upkeep import Upkeep
 
 __all__ = ["DB_NAME", "RevisionStore"]
@@ -219,7 +219,7 @@ class RevisionStore:
         (true for an empty manifest)."""
         return await self._plans.staging_complete(key)
 
-    # --- what an operator sees (reports.py, for agent/overview.py and the metrics) -----------
+    # --- what an operator sees (reports.py, for agent/watch/overview.py and the metrics) ----------
 
     async def list_states(self, limit: int = 500) -> list[StoredState]:
         """Up to `limit` node states, the most recently changed first."""

@@ -6,6 +6,10 @@ and who waits (FIFO per node) and the token bucket of each node's rate, as data 
 passed in (pure); `gate`: `TransferGate`, its asyncio face, shared by the engine and the relay
 (`slot()`, the paced `Transfer` streams, `view()` for the health endpoint); `budget`: the one
 byte budget every transfer draws from (`ByteBudget`, a `Holding` per moving transfer).
+
+The bytes in transit live here too: `chunking` (the one re-chunker and the one hashing policy of
+staging and both closure directions), `progress` (when a transfer's progress line is due) and
+`memory` (memory comes back once the byte budget is idle: the `Trimmer`).
 """
 
 from agent.transfers.gate import Transfer, TransferGate

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from agent.config import ShutdownConfig
-from agent.preflight import longest_stop
+from agent.startup.preflight import longest_stop
 from devstack.corestore.storage import Storage
 from devstack.driver import MiB, StageProgress, demo_plan
 from devstack.systemdcheck.node import AGENT, CONFIG, DROP_IN, SMALL, Node, expect_status

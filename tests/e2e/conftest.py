@@ -7,7 +7,7 @@ Test modules cannot import this file (importlib mode), so everything travels as 
   cluster whose node points at it (stream chunk form from the `chunk_form` fixture), hooks on
   Corestore's requests as they arrive (`stack.on_hit`) and once handled (`stack.on_handled`:
   the effect applied, its answer not yet sent), and ways to
-  run the real agent against them: in-process (`async with stack.agent():`, `agent.app.run`
+  run the real agent against them: in-process (`async with stack.agent():`, `agent.entry.app.run`
   with its websocket session) or as a subprocess (`await stack.spawn()`, `python -m agent run`).
   The agent gets its Corestore bearer as production does: sealed to its own key by the stand-in
   Cloudly's credential authority (`credential_source="file"` as a keyword selects the file
@@ -41,13 +41,13 @@ from typing import Any
 import pytest
 import structlog
 
-from agent import app
 from agent.config import Config
 from agent.contracts.credentials import b64url
 from agent.corestore.routes import RouteName
 from agent.credentials.keys import KEY_FILE
+from agent.entry import app
 from agent.log import configure_logging
-from agent.status import AgentStatus, SessionState
+from agent.watch.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.corestore import CorestoreHandle, start
 from devstack.corestore.storage import Storage
@@ -178,7 +178,7 @@ class Stack:
         cloudly: dict[str, Any] | None = None,
         **corestore: Any,
     ) -> AsyncIterator[AgentStatus]:
-        """The real agent in-process (`agent.app.run`), connected; stopped in order on exit.
+        """The real agent in-process (`agent.entry.app.run`), connected; stopped in order on exit.
         `streams` and `memory` are its `[streams]` and `[memory]` sections (the defaults when
         None); `cloudly` keys are added to its `[cloudly]` section."""
         data = self.config_data(**corestore)

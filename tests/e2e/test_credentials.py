@@ -1,4 +1,5 @@
-"""The sealed credential path end to end: the real agent (`agent.app.run`, its websocket session),
+"""The sealed credential path end to end: the real agent (`agent.entry.app.run`, its websocket
+session),
 the stand-in Cloudly with its credential authority, two reference Corestores with their own
 bearers. A fresh state directory enrolls, fetches each node's bearer sealed to its key, stages and
 restores on both nodes; a rotated bearer is fetched again once; no secret leaks anywhere.
@@ -21,16 +22,16 @@ import pytest
 import structlog
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from agent import app
-from agent.cli import main as cli_main
 from agent.config import Config, load_config
 from agent.contracts.credentials import b64url
 from agent.corestore.routes import RouteName
 from agent.credentials.keys import ENROLLMENT_FILE, KEY_FILE
+from agent.entry import app
+from agent.entry.cli import main as cli_main
 from agent.errors import CallFailed
 from agent.secret import Secret
-from agent.status import AgentStatus, SessionState, StatusSnapshot
 from agent.store import DB_NAME
+from agent.watch.status import AgentStatus, SessionState, StatusSnapshot
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.corestore import CorestoreHandle, start
 from devstack.credentials import CredentialAuthority

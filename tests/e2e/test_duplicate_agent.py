@@ -11,8 +11,8 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from agent.overview import readiness
-from agent.status import DUPLICATE_AGENT, AgentStatus, StatusSnapshot
+from agent.watch.overview import readiness
+from agent.watch.status import DUPLICATE_AGENT, AgentStatus, StatusSnapshot
 
 FAST_CHECKS: dict[str, Any] = {"recipient_check_s": 0.05}
 

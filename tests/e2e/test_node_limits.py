@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from agent.config import HealthListen
-from agent.statusview import fetch, render
+from agent.watch.statusview import fetch, render
 from devstack.driver import RestorePlan
 
 STALL_S, IDLE_S = 0.5, 1.5  # [streams] deadlines, far below the wait

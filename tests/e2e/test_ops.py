@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agent.cli import main
 from agent.corestore.routes import RouteName
+from agent.entry.cli import main
 from devstack.driver import RestorePlan
 
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agent import app
 from agent.config import Config
-from agent.status import AgentStatus, SessionState
+from agent.entry import app
+from agent.watch.status import AgentStatus, SessionState
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRAPE = ROOT / "ops" / "prometheus" / "scrape.yml"

@@ -3,8 +3,8 @@
 A restore is left `cleanup-failed` (Corestore refused to delete its scratch resources), a
 closure import is left open, and the state database is damaged where the restore's row lives.
 The agent then refuses to start; an operator salvages (or resets) the state; the agent starts,
-reconciles with the node's Corestore (agent/reconcile.py): it adopts the restore it no longer
-knew as `cleanup-failed` and aborts the import. Cloudly's next cleanup of the restore (its
+reconciles with the node's Corestore (agent/startup/reconcile.py): it adopts the restore it no
+longer knew as `cleanup-failed` and aborts the import. Cloudly's next cleanup of the restore (its
 stale revision is answered `revision-conflict` with the current one; the cleanup at that one
 proceeds) ends `cleaned`, and Corestore's disk holds nothing of either.
 """

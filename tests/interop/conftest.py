@@ -27,11 +27,11 @@ from typing import IO, Any, Protocol
 
 import pytest
 
-from agent.app import session_settings
 from agent.config import load_config, read_secret_file
+from agent.entry.app import session_settings
 from agent.protocol.handlers import Route, Routes
 from agent.session.client import CloudlySession
-from agent.status import AgentStatus, SessionState, StatusSnapshot
+from agent.watch.status import AgentStatus, SessionState, StatusSnapshot
 
 __all__ = [
     "TOKEN",

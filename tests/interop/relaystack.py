@@ -1,6 +1,6 @@
 """The whole agent against the Node stand-in Cloudly and the reference Corestore.
 
-The relay tests need the real daemon, not only its session: `agent.app.run` serves
+The relay tests need the real daemon, not only its session: `agent.entry.app.run` serves
 `backupClusterService` / `restoreClusterService` with its job runner and its state database,
 and reaches the node's Corestore (`devstack.corestore`, in this process, so a test reads its
 disk and its counters). The agent connects to whatever URL it is given (here the splitting
@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from agent import app
 from agent.config import Config
-from agent.status import AgentStatus, SessionState
+from agent.entry import app
+from agent.watch.status import AgentStatus, SessionState
 from tests.interop.conftest import TOKEN, NodeCloudly
 from tests.processes import REPO, agent_environ
 

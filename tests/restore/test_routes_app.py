@@ -7,11 +7,11 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from agent import app
 from agent.config import Config
 from agent.contracts.isolatedrestore import METHOD_GET_STATUS, METHOD_PREPARE, METHOD_STAGE
-from agent.status import AgentStatus, SessionState
+from agent.entry import app
 from agent.store import RevisionStore
+from agent.watch.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 
 TOKEN = "machine-token-9f8e7d6c5b4a3921"

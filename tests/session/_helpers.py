@@ -19,7 +19,7 @@ from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.session.client import CloudlySession
 from agent.session.peer import Peer
-from agent.status import SessionState, StatusSnapshot
+from agent.watch.status import SessionState, StatusSnapshot
 from tests.memory import MemoryTransport, transport_pair
 
 __all__ = ["FAST", "Body", "body_route", "is_connected", "peers", "running"]

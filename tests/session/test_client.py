@@ -17,7 +17,7 @@ from agent.errors import CallFailed, SessionClosed
 from agent.protocol.handlers import RequestContext, Routes
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import AgentStatus, SessionState
+from agent.watch.status import AgentStatus, SessionState
 from devstack.cloudly import ABSENT, StandInCloudly, cluster_document
 from tests.session._helpers import body_route, is_connected, running
 

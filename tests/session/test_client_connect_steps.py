@@ -17,7 +17,7 @@ from agent.errors import CallFailed, EnrollmentFailed
 from agent.protocol.handlers import Caller, RequestContext, Routes
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import AgentStatus, SessionState
+from agent.watch.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.credentials import CredentialAuthority
 from tests.session._helpers import body_route, is_connected, running

@@ -11,7 +11,7 @@ from agent.clock import SYSTEM_CLOCK
 from agent.retry import Backoff
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import AgentStatus, SessionState
+from agent.watch.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from tests.clock import ManualClock
 from tests.session._helpers import is_connected, running

@@ -11,7 +11,7 @@ from agent.errors import AuthenticationFailed
 from agent.protocol.handlers import RequestContext, Route, Routes
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import AgentStatus
+from agent.watch.status import AgentStatus
 from devstack.cloudly import AgentConnection, Document, StandInCloudly, cluster_document
 
 TOKEN = "machine-token-5e2b7c4d19a08f3e"

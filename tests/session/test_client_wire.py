@@ -18,7 +18,7 @@ from cryptography.x509.oid import NameOID
 from agent.errors import SessionClosed
 from agent.secret import Secret
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import AgentStatus, SessionState
+from agent.watch.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from tests.session._helpers import is_connected, running
 

@@ -19,7 +19,7 @@ from agent.session.lifecycle import (
     Lifecycle,
     LifecycleEvent,
 )
-from agent.status import TRANSITIONS as STATUS_MOVES, AgentStatus, SessionState
+from agent.watch.status import TRANSITIONS as STATUS_MOVES, AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from tests.session._helpers import is_connected, running
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli import main
+from agent.entry.cli import main
 from agent.errors import StoreNewer
 from agent.store import DB_NAME
 from agent.store.recovery import read_recovery

@@ -226,7 +226,7 @@ def test_neither_runs_beside_an_agent(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, time\nfrom pathlib import Path\nfrom agent import statedir\n"
+            "import sys, time\nfrom pathlib import Path\nfrom agent.store import statedir\n"
             "held = statedir.lock(Path(sys.argv[1]))\nprint('held', flush=True)\n"
             "sys.stdin.read()\n",
             str(state),

@@ -134,9 +134,9 @@ from agent.contracts.isolatedrestore import NODE_STATUSES
 from agent.domain.job_machine import JOB_KINDS, JOB_STATUSES, answer_reasons
 from agent.observe import Direction
 from agent.protocol.admission import REQUEST_CLASSES
-from agent.status import SessionState, StatusSnapshot
 from agent.store.faults import CAUSES
 from agent.store.records import StatusSummary
+from agent.watch.status import SessionState, StatusSnapshot
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 

@@ -23,7 +23,7 @@ import structlog
 
 __all__ = ["Notifier", "watchdog_seconds"]
 
-_log = structlog.get_logger("agent.notify")
+_log = structlog.get_logger("agent.watch.notify")
 
 # Longer status texts are cut: systemctl shows one line, and a datagram must stay small.
 _MAX_STATUS: Final = 400

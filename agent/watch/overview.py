@@ -1,6 +1,6 @@
 """What an operator sees of the daemon: readiness with its reasons, and one row per restore.
 
-Pure: the health server (`agent/health.py`) gathers the facts (a status snapshot, whether the
+Pure: the health server (`agent/watch/health.py`) gathers the facts (a status snapshot, whether the
 store is open, the stored node states with their staging totals) and these functions turn
 them into the JSON it serves; `restore-agent status` prints the same JSON as a table.
 
@@ -55,8 +55,8 @@ from agent import __version__
 from agent.domain.jobs import StoredJob
 from agent.domain.outcomes import JobFailed, Succeeded
 from agent.domain.restores import StoredState
-from agent.status import NOT_READY_CONDITIONS, SessionState, StatusSnapshot
 from agent.transfers.limits import TransferEntry, TransferView
+from agent.watch.status import NOT_READY_CONDITIONS, SessionState, StatusSnapshot
 
 __all__ = [
     "BYTES_STATUSES",

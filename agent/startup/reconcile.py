@@ -47,13 +47,13 @@ from agent.errors import AgentError, RevisionConflict
 from agent.observe import NULL_OBSERVER, ReconcileObserver
 from agent.restore.state import adopted_state
 from agent.retry import Backoff
-from agent.status import AgentStatus, SessionState, StatusSnapshot
 from agent.store import RevisionStore
 from agent.store.recovery import RecoveryRecord, read_recovery, write_recovery
+from agent.watch.status import AgentStatus, SessionState, StatusSnapshot
 
 __all__ = ["MAX_PAGES", "Reconciler"]
 
-_log = structlog.get_logger("agent.reconcile")
+_log = structlog.get_logger("agent.startup.reconcile")
 
 MAX_PAGES: Final = 10_000
 """The most listing pages one walk reads (100 entries each): a bound on a peer's answers."""

@@ -4,8 +4,8 @@
 `http.client`, so the command needs nothing the daemon runs on) for `/readyz`, `/v1/restores`,
 `/v1/jobs` and `/v1/transfers` and returns them as one JSON-ready mapping (`--json` prints
 it); `render()` turns that into the text below. The answers are read as the agent serves
-them (`agent/health.py`, `agent/overview.py`: every time in epoch milliseconds); a field the
-text needs but does not find is shown as `-`.
+them (`agent/watch/health.py`, `agent/watch/overview.py`: every time in epoch milliseconds); a
+field the text needs but does not find is shown as `-`.
 
     agent:    ready (version 0.1.0, up 5 h)   (or: not ready, then one line per reason)
     session:  connected for 2 h, cluster cluster-1, last pong 3 s ago
@@ -50,7 +50,7 @@ from typing import Any, Final
 
 from agent.config import HealthListen
 from agent.errors import AgentError
-from agent.status import human_duration, unreachable_sentence
+from agent.watch.status import human_duration, unreachable_sentence
 
 __all__ = ["StatusUnavailable", "fetch", "render", "render_down"]
 

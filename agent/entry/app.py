@@ -1,13 +1,13 @@
 """The composition root: `run(config)` builds everything, runs it, and shuts it down in order.
 
-    the start-up checks check-config shares (agent/preflight.py: secrets read once and
+    the start-up checks check-config shares (agent/startup/preflight.py: secrets read once and
     registered with the log redactor, the CA file, the state directory, the key file)
     -> the health socket bound (and the metrics socket, [health] metrics_listen) -> the
        state directory (created, never its parents) and its lock -> the recipient key
        (sealed) -> RevisionStore — nothing is created before a check that can still refuse
        start-up; a damaged or newer database refuses it (exit 65 / 2,
-       agent/cli.py); a disk that refuses the key's or the database's writes is waited out
-       (agent/opening.py): the health server starts, READY=1 with a STATUS= that says why,
+       agent/entry/cli.py); a disk that refuses the key's or the database's writes is waited out
+       (agent/startup/opening.py): the health server starts, READY=1 with a STATUS= that says why,
        and the open is tried again on a backoff until it works
     -> the health server serving (the store attached once open) -> the start-up line
        (version, config, Cloudly URL, state, integrity; then the warnings)
@@ -21,7 +21,7 @@
         (WATCHDOG=1 only from a healthy loop), STATUS= on every change of the session, the
         store's retention (old finished records forgotten, `[state] retention_days`), the
         probe of a state disk that refused a write, the reconciliation of a salvaged or reset
-        state with each node's Corestore (agent/reconcile.py); SIGTERM/SIGINT set `stop`
+        state with each node's Corestore (agent/startup/reconcile.py); SIGTERM/SIGINT set `stop`
     shutdown, each step bounded: STOPPING=1 -> stop intake -> drain in-flight requests
         (drain_timeout_s) -> close the socket with 1001 -> stop the engine's background work
         -> stop the relay's jobs -> stop the health server -> close the Corestore clients
@@ -48,8 +48,7 @@ from pathlib import Path
 
 import structlog
 
-from agent import __version__, statedir
-from agent.chunking import DIGESTS_BACKEND
+from agent import __version__
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.config import Config, Secrets
 from agent.corestore.client import CorestoreClients, CorestoreTimeouts
@@ -59,19 +58,11 @@ from agent.credentials.enrollment import Enrollment
 from agent.credentials.keys import KeyStore
 from agent.credentials.provider import SealedCredentials
 from agent.errors import AgentError, ConfigError, StateUnwritable
-from agent.health import HealthServer, bind_listener, close_listener
 from agent.log import register_secret
-from agent.loopwatch import LoopWatch, watch_interval
-from agent.memory import Trimmer, trim_function
-from agent.metrics import Metrics
-from agent.notify import Notifier, watchdog_seconds
 from agent.observe import Tee
-from agent.opening import OPEN_BACKOFF, open_waiting
-from agent.preflight import STEP_GRACE_S, Checked, check
 from agent.protocol.bytearrays import codec_backends
 from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import Routes
-from agent.reconcile import Reconciler
 from agent.relay.routes import relay_routes
 from agent.relay.service import RelayService
 from agent.relay.settings import RelaySettings
@@ -80,22 +71,31 @@ from agent.restore.routes import isolated_restore_routes
 from agent.restore.settings import EngineSettings
 from agent.retry import Backoff, RetryPolicy
 from agent.session.client import CloudlySession, SessionSettings
-from agent.status import (
+from agent.startup.opening import OPEN_BACKOFF, open_waiting
+from agent.startup.preflight import STEP_GRACE_S, Checked, check
+from agent.startup.reconcile import Reconciler
+from agent.store import RevisionStore, statedir
+from agent.store.faults import store_error
+from agent.store.retention import Retention, RetentionSettings
+from agent.transfers import NodeLimits, TransferGate
+from agent.transfers.budget import ByteBudget
+from agent.transfers.chunking import DIGESTS_BACKEND
+from agent.transfers.memory import Trimmer, trim_function
+from agent.watch.health import HealthServer, bind_listener, close_listener
+from agent.watch.loopwatch import LoopWatch, watch_interval
+from agent.watch.metrics import Metrics
+from agent.watch.notify import Notifier, watchdog_seconds
+from agent.watch.status import (
     STATE_UNWRITABLE,
     AgentStatus,
     SessionState,
     StatusHooks,
     StatusSnapshot,
 )
-from agent.store import RevisionStore
-from agent.store.faults import store_error
-from agent.store.retention import Retention, RetentionSettings
-from agent.transfers import NodeLimits, TransferGate
-from agent.transfers.budget import ByteBudget
 
 __all__ = ["run", "session_settings", "status_line"]
 
-log = structlog.get_logger("agent.app")
+log = structlog.get_logger("agent.entry.app")
 
 
 def session_settings(config: Config) -> SessionSettings:
@@ -153,7 +153,7 @@ async def run(
     named in the start-up line. `notifier` defaults to `$NOTIFY_SOCKET`'s. `on_ready` is called
     with the health endpoint's address once it listens (right after `READY=1`).
     `handle_signals=False` leaves SIGTERM/SIGINT to a caller that owns them (the demo).
-    `clock` paces the waits for a state disk that refuses writes (agent/opening.py) and the
+    `clock` paces the waits for a state disk that refuses writes (agent/startup/opening.py) and the
     probes of one that did while the agent runs.
     """
     # What can refuse start-up comes before anything is created: the checks check-config
@@ -213,7 +213,7 @@ async def run(
             budget=budget,
         )
         # The state opens first (a damaged or newer database refuses start-up with one line);
-        # a disk that refuses its writes keeps the agent waiting (agent/opening.py), serving
+        # a disk that refuses its writes keeps the agent waiting (agent/startup/opening.py), serving
         # the endpoint meanwhile so that it says why.
         opened: tuple[KeyStore | None, RevisionStore] | None = None
         refusal: StateUnwritable | None = None
@@ -443,7 +443,7 @@ class _Once:
 class _Ready:
     """`READY=1` (with the first `STATUS=`) and the `on_ready` callback, sent once: when the
     state is open and the health endpoint listens, or at the first refusal of a state disk
-    that does not take writes (the agent then waits, serving health: agent/opening.py)."""
+    that does not take writes (the agent then waits, serving health: agent/startup/opening.py)."""
 
     def __init__(
         self,

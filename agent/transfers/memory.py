@@ -77,7 +77,7 @@ def memory_high(budget_bytes: int, max_frame_bytes: int) -> int:
     return IDLE_ALLOWANCE + budget_bytes + FRAME_COPIES * max_frame_bytes + SLACK
 
 
-_log = structlog.get_logger("agent.memory")
+_log = structlog.get_logger("agent.transfers.memory")
 
 
 def trim_function() -> Callable[[], object] | None:

@@ -5,17 +5,17 @@ the node's address when `[health] metrics_listen` asks for it.
                       recently and on time), else 503; the lag in the body
     GET /readyz       200 when the Cloudly session is connected with a recent pong, the store
                       is open and takes writes and the cluster document is usable; else 503
-                      with each reason under a stable key (`agent.overview.readiness`); the
+                      with each reason under a stable key (`agent.watch.overview.readiness`); the
                       session status, the agent's version and uptime (`agent`) and the node's
                       named conditions (`conditions`) either way
-    GET /metrics      the Prometheus text of `agent.metrics.Metrics`, gauges refreshed first
-    GET /v1/restores  every node state as the operator's rows (`agent.overview.restore_rows`):
+    GET /metrics      the Prometheus text of `agent.watch.metrics.Metrics`, gauges refreshed first
+    GET /v1/restores  every node state as the operator's rows (`agent.watch.overview.restore_rows`):
                       key, status, revision, age, progress; never a grant (none is stored)
     GET /v1/jobs      every relay job (service backups and restores) as the operator's rows
-                      (`agent.overview.job_rows`): key, status, revision, attempts, age, the
+                      (`agent.watch.overview.job_rows`): key, status, revision, attempts, age, the
                       types a restore restored and whether it was partial; never the service
     GET /v1/transfers the per-node transfer limits, each node's moving and queued transfers
-                      and every one of them (`agent.overview.transfers_body`); the restore and
+                      and every one of them (`agent.watch.overview.transfers_body`); the restore and
                       job rows carry their own as `transfer`
 
 `bind_listener()` binds the socket first of all start-up steps (before the store or the key
@@ -50,9 +50,11 @@ from aiohttp import web
 from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
 from agent.config import HealthListen
 from agent.errors import ConfigError, StartupBlocked, StoreError
-from agent.loopwatch import LoopWatch
-from agent.metrics import CONTENT_TYPE, Metrics
-from agent.overview import (
+from agent.store import RevisionStore, StatusSummary
+from agent.transfers import NodeLimits, TransferGate
+from agent.watch.loopwatch import LoopWatch
+from agent.watch.metrics import CONTENT_TYPE, Metrics
+from agent.watch.overview import (
     BYTES_STATUSES,
     RestoreFacts,
     agent_facts,
@@ -62,13 +64,11 @@ from agent.overview import (
     transfers_body,
     with_transfers,
 )
-from agent.status import AgentStatus, StatusSnapshot
-from agent.store import RevisionStore, StatusSummary
-from agent.transfers import NodeLimits, TransferGate
+from agent.watch.status import AgentStatus, StatusSnapshot
 
 __all__ = ["HealthServer", "bind_listener", "close_listener"]
 
-_log = structlog.get_logger("agent.health")
+_log = structlog.get_logger("agent.watch.health")
 _SOCKET_MODE: Final = 0o600
 _SHUTDOWN_S: Final = 1.0
 _BACKLOG: Final = 64

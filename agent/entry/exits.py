@@ -1,4 +1,4 @@
-"""The command line's exit codes and its one fatal line (agent/cli.py's table says what each
+"""The command line's exit codes and its one fatal line (agent/entry/cli.py's table says what each
 code means; docs/operations.md, "Start-up and exit codes")."""
 
 from __future__ import annotations

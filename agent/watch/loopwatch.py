@@ -21,12 +21,12 @@ from typing import Any, Final, NoReturn
 import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
-from agent.notify import Notifier
 from agent.observe import NULL_OBSERVER, LoopObserver
+from agent.watch.notify import Notifier
 
 __all__ = ["LoopWatch", "watch_interval"]
 
-_log = structlog.get_logger("agent.loopwatch")
+_log = structlog.get_logger("agent.watch.loopwatch")
 _MAX_INTERVAL: Final = 1.0
 
 

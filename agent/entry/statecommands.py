@@ -2,7 +2,7 @@
 database, or back to the agent before a migration, with the agent stopped (each takes the state
 directory's lock: refused, exit 75, while an agent runs on it). Run as root, what they write in
 the state directory is handed to its owner, the unit's `DynamicUser=` (`statedir.give_back`);
-`rotate-key` does the same (agent/cli.py).
+`rotate-key` does the same (agent/entry/cli.py).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Final
 
-from agent import statedir
 from agent.config import Config
+from agent.entry.exits import EXIT_CRASH, EXIT_OK, PROG, fatal_line
 from agent.errors import StartupBlocked, StoreError, StoreNewer
-from agent.exits import EXIT_CRASH, EXIT_OK, PROG, fatal_line
+from agent.store import statedir
 
 __all__ = ["NEXT_START", "give_back", "held_state", "reset", "rollback", "salvage"]
 

@@ -3,7 +3,7 @@
     restore-agent run --config PATH               the daemon (what the systemd unit runs)
     restore-agent check-config --config PATH [--connect]
                                                   every check `run` makes before it creates
-                                                  or connects anything (agent/preflight.py):
+                                                  or connects anything (agent/startup/preflight.py):
                                                   the file, the secrets and the CA file it
                                                   names, the state directory and key file;
                                                   "config OK" only when they all pass.
@@ -36,7 +36,7 @@
                                                   empty on purpose; both refused while an
                                                   agent runs on that directory, and both make
                                                   the next start reconcile with each node's
-                                                  Corestore (agent/reconcile.py)
+                                                  Corestore (agent/startup/reconcile.py)
 
 Every command but `run` reads /etc/restore-agent/config.toml when no --config is given (the
 unit's; `run` is what the unit starts, and names it). Run as root, the commands that write in
@@ -72,8 +72,8 @@ agent/log.py) it starts with `<3>`, so `journalctl -p warning` shows why a start
 start refused for its state database (65, or 2 for a newer schema) also leaves the line in
 `<state>/agent-down.json`, which `status` prints when no agent answers.
 A full or read-only state disk is no exit at all: the agent waits, serving health
-(agent/opening.py).
-`agent.app` is imported only by `run` and the session only by `--connect`, so the other
+(agent/startup/opening.py).
+`agent.entry.app` is imported only by `run` and the session only by `--connect`, so the other
 commands work without the daemon's dependencies. The demo is not part of the product: it lives
 in the repository's `devstack` package.
 """
@@ -93,17 +93,11 @@ from typing import Any, Final, NoReturn
 
 import structlog
 
-from agent import __version__, preflight, statecommands, statedir
+from agent import __version__
 from agent.config import Config, load_config
 from agent.credentials.keys import rotate_key
-from agent.errors import (
-    AgentError,
-    ConfigError,
-    StartupBlocked,
-    StoreCorrupt,
-    StoreNewer,
-)
-from agent.exits import (
+from agent.entry import statecommands
+from agent.entry.exits import (
     EXIT_BROKEN_PIPE,
     EXIT_CONFIG,
     EXIT_CRASH,
@@ -117,8 +111,17 @@ from agent.exits import (
     fatal_line,
     one_line,
 )
+from agent.errors import (
+    AgentError,
+    ConfigError,
+    StartupBlocked,
+    StoreCorrupt,
+    StoreNewer,
+)
 from agent.log import configure_logging, register_secret
-from agent.statusview import StatusUnavailable, fetch, render, render_down
+from agent.startup import preflight
+from agent.store import statedir
+from agent.watch.statusview import StatusUnavailable, fetch, render, render_down
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -324,7 +327,7 @@ def _refusal_in(exc: BaseException) -> _Refusal | None:
 def _check_config(namespace: argparse.Namespace) -> int:
     path = _config_path(namespace)
     config = load_config(path)
-    # The very checks `run` makes (agent/preflight.py), secrets included: outside the unit a
+    # The very checks `run` makes (agent/startup/preflight.py), secrets included: outside the unit a
     # credential cannot be read, and `run` would stop there too.
     checked = preflight.check(config)
     print(f"config OK: {path}")
@@ -385,8 +388,8 @@ def _probe(config: Config, checked: preflight.Checked) -> int:
     """Connect to Cloudly once and say what works and what does not."""
     session_module = importlib.import_module("agent.session.client")
     faults = importlib.import_module("agent.session.faults")
-    app_settings = importlib.import_module("agent.app").session_settings
-    status = importlib.import_module("agent.status").AgentStatus()
+    app_settings = importlib.import_module("agent.entry.app").session_settings
+    status = importlib.import_module("agent.watch.status").AgentStatus()
     secrets = checked.secrets
     for secret in secrets.all():
         register_secret(secret)
@@ -470,11 +473,11 @@ def _run(namespace: argparse.Namespace) -> int:
     for secret in secrets.all():
         register_secret(secret)  # from here on no log line can carry them
     configure_logging(config.log.format, config.log.level)
-    app = importlib.import_module("agent.app")
+    app = importlib.import_module("agent.entry.app")
     run: Callable[..., Coroutine[Any, Any, None]] = app.run
     try:
         asyncio.run(run(config, secrets=secrets, config_path=namespace.config))
-    except asyncio.CancelledError:  # a second Ctrl-C skipped the drain (agent.app)
+    except asyncio.CancelledError:  # a second Ctrl-C skipped the drain (agent.entry.app)
         return EXIT_INTERRUPTED
     except Exception as exc:
         refusal = _refusal_in(exc)

@@ -12,7 +12,7 @@ it) and returns what it read, so `run` reads nothing twice:
                           it (readme.md's step 4 checks the config as the unit runs it)
     the CA file           `cloudly.ca_file`, loaded into the TLS context the session uses
                           (wss:// only, as the session)
-    the state directory   `agent.statedir.check`: a directory the agent can write, or a
+    the state directory   `agent.store.statedir.check`: a directory the agent can write, or a
                           missing one whose parent exists
     the recipient key     with the sealed source, an existing `recipient.key` must be a private
                           32-byte file (`agent.credentials.keys.check_key_file`)
@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from agent import statedir
 from agent.config import Config, Secrets, ShutdownConfig, credential_path, load_secrets
 from agent.credentials.keys import check_key_file
 from agent.errors import ConfigError
+from agent.store import statedir
 
 __all__ = [
     "CLOSE_STEPS",
@@ -55,11 +55,11 @@ __all__ = [
 ]
 
 CLOSE_STEPS: Final = 6
-"""The bounded steps after the drain (agent/app.py): the Cloudly socket, the engine's work,
+"""The bounded steps after the drain (agent/entry/app.py): the Cloudly socket, the engine's work,
 the relay's jobs, the health server, the Corestore clients, the store."""
 STEP_GRACE_S: Final = 1.0
 """How far each step of a stop, the drain included, may overrun its bound before it is
-abandoned (agent/app.py)."""
+abandoned (agent/entry/app.py)."""
 _DIR_MODE: Final = 0o700
 _FILE_MODE: Final = 0o600
 
@@ -89,7 +89,7 @@ def check(config: Config, *, secrets: Secrets | None = None) -> Checked:
 
 def longest_stop(shutdown: ShutdownConfig) -> float:
     """The longest an ordered stop may take: the drain, then each close step, each with its
-    grace (agent/app.py)."""
+    grace (agent/entry/app.py)."""
     drain, close = shutdown.drain_timeout_s, shutdown.close_timeout_s
     return drain + STEP_GRACE_S + CLOSE_STEPS * (close + STEP_GRACE_S)
 

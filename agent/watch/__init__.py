@@ -1,0 +1,10 @@
+"""The operator's face: what the agent shows of itself and how it is watched.
+
+- `status`: `AgentStatus`, the daemon's state as plain data (the session and start-up write it).
+- `overview`: readiness reasons, restore and job rows with their transfers (pure).
+- `health`: the aiohttp health server (`/healthz`, `/readyz`, `/metrics`, `/v1/...`).
+- `metrics`: every metric on the app's own registry (the only prometheus_client user).
+- `notify`: sd_notify (READY=1, STATUS=, WATCHDOG=1, STOPPING=1); `loopwatch`: event-loop lag,
+  WATCHDOG=1 only from a healthy loop.
+- `statusview`: `restore-agent status`: reads the health endpoint and prints it.
+"""
