@@ -5,6 +5,7 @@ editing the installed config, reading what systemctl and journalctl print."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from devstack.systemdcheck.node import _leftovers
 from devstack.systemdcheck.readme import install_steps, set_keys, sh_blocks
 from devstack.systemdcheck.service import TEST_NODE_KEYS
 from devstack.systemdcheck.systemd import JournalEntry, parse_timespan
+from devstack.systemdcheck.topology import SECOND_PROPERTIES, second_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -138,9 +140,50 @@ def test_the_fatal_line_matches_as_text_or_as_a_record_but_for_its_time() -> Non
 def test_every_check_has_one_name_and_the_reboot_comes_last() -> None:
     """The host script counts the checks by name; the reboot ends the run."""
     names = [name for name, _, _ in CHECKS]
-    assert len(names) == len(set(names)) == 24
+    assert len(names) == len(set(names)) == 25
     assert names[0] == "install"
     assert names[-1] == "reboot"
+
+
+def test_docs_list_every_check_in_the_order_they_run() -> None:
+    """docs/operations.md, "Tested under a real systemd": one row per check, as the table."""
+    text = (REPO / "docs" / "operations.md").read_text()
+    section = text.split("## Tested under a real systemd", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \|", section, re.MULTILINE)
+    assert rows == [name for name, _, _ in CHECKS]
+
+
+def test_the_topology_check_runs_while_the_unit_is_still_enabled_and_running() -> None:
+    """It needs the installed unit running and ready; `runbooks` (the duplicate-agent page's
+    fix disables it) comes after it."""
+    names = [name for name, _, _ in CHECKS]
+    assert names.index("journal-warning") < names.index("topology") < names.index("runbooks")
+
+
+def test_the_second_agent_differs_from_the_installed_one_only_where_another_node_would(
+    tmp_path: Path,
+) -> None:
+    """Its config loads, with a state directory and a health socket of its own and the same
+    Cloudly and token file; it runs as the unit runs its agent (the unit file's lines), with
+    directories of its own."""
+    edits = {("cloudly", "url"): '"http://127.0.0.1:4711"', **TEST_NODE_KEYS}
+    installed = set_keys((REPO / "config.example.toml").read_text(), edits)
+    (tmp_path / "installed.toml").write_text(installed)
+    (tmp_path / "second.toml").write_text(second_config(installed))
+    one, two = load_config(tmp_path / "installed.toml"), load_config(tmp_path / "second.toml")
+    assert (two.cloudly.url, two.cloudly.token_file) == (one.cloudly.url, one.cloudly.token_file)
+    assert two.cloudly.recipient_check_s == one.cloudly.recipient_check_s
+    assert two.state.directory != one.state.directory
+    assert str(two.health.endpoint) == "unix:/run/restore-agent-second/health.sock"
+    assert str(two.state.directory) == "/var/lib/restore-agent-second"
+    unit = (REPO / "systemd" / "restore-agent.service").read_text().splitlines()
+    for line in SECOND_PROPERTIES:
+        key, _, value = line.partition("=")
+        if key in ("StateDirectory", "RuntimeDirectory"):
+            assert f"{key}=restore-agent" in unit
+            assert value == "restore-agent-second"
+        else:
+            assert line in unit
 
 
 def test_what_the_relay_keeps_on_corestore_is_no_leftover_of_a_restore(tmp_path: Path) -> None:

@@ -1,11 +1,12 @@
 """The checks of the unit under a real systemd, in the order they run, and their report.
 
-`CHECKS` is the one table: name, what it proves, the check (`service.py`, `lifecycle.py`). Each
-prints one line, `PASS  name  what was seen` or `FAIL  name  what was seen instead`, appended to
-the results file the host script counts. After a failed check a recovery (no drop-in, the good
-configuration, `reset-failed`, start, connected) lets the next one start from a running unit;
-when the install fails, or a recovery does, the rest is not run (the host counts those as
-failed). `reboot` runs in the machine booted again (`after_reboot`).
+`CHECKS` is the one table: name, what it proves, the check (`service.py`, `topology.py`,
+`daytwo.py`, `lifecycle.py`...). Each prints one line, `PASS  name  what was seen` or
+`FAIL  name  what was seen instead`, appended to the results file the host script counts. After
+a failed check a recovery (no drop-in, the good configuration, `reset-failed`, start,
+connected) lets the next one start from a running unit; when the install fails, or a recovery
+does, the rest is not run (the host counts those as failed). `reboot` runs in the machine
+booted again (`after_reboot`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from devstack.systemdcheck.memory import memory
 from devstack.systemdcheck.node import CONFIG, DROP_IN, Node
 from devstack.systemdcheck.stack import Stack
 from devstack.systemdcheck.systemd import CheckFailed, run
+from devstack.systemdcheck.topology import topology
 
 __all__ = ["CHECKS", "Report", "after_reboot", "run_checks"]
 
@@ -40,6 +42,11 @@ CHECKS: Final[tuple[tuple[str, str, Check], ...]] = (
     ),
     ("security", "systemd-analyze security of the loaded unit <= 1.5", service.security),
     ("journal-warning", "-p warning: the agent's warnings, no info", service.journal_warning),
+    (
+        "topology",
+        "a second agent with the same token: duplicate-agent; stopped, ready again",
+        topology,
+    ),
     ("runbooks", "docs/operations.md's runbook blocks run as written", daytwo.runbooks),
     (
         "token-rotation",
