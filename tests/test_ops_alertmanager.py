@@ -83,13 +83,17 @@ class Alertmanager:
         """Send `alerts` as firing now (as Prometheus does)."""
         self._call("POST", "/api/v2/alerts", [{"labels": labels} for labels in alerts])
 
-    def silenced(self, count: int) -> dict[str, set[tuple[tuple[str, str], ...]]]:
-        """`{"active": {...}, "suppressed": {...}}` once all `count` alerts are there; each
-        alert as its sorted label pairs."""
+    def silenced(
+        self, count: int, *, suppressed: int
+    ) -> dict[str, set[tuple[tuple[str, str], ...]]]:
+        """`{"active": {...}, "suppressed": {...}}` once all `count` alerts are there and
+        Alertmanager marked `suppressed` of them so (its inhibitor marks them a moment after
+        they arrive), or after 30 s as they stand; each alert as its sorted label pairs."""
         deadline = time.monotonic() + 30
         while True:
             alerts = self._call("GET", "/api/v2/alerts")
-            if len(alerts) >= count or time.monotonic() > deadline:
+            marked = sum(1 for alert in alerts if alert["status"]["state"] == "suppressed")
+            if (len(alerts) >= count and marked >= suppressed) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         states: dict[str, set[tuple[tuple[str, str], ...]]] = {"active": set(), "suppressed": set()}
@@ -165,7 +169,7 @@ def test_a_fleet_wide_cloudly_outage_pages_once(alertmanager: Alertmanager) -> N
     [not_ready] = _fired_together("the agent is not ready for fifteen minutes")
     not_ready = {**not_ready, "instance": "node-3"}
     alertmanager.post([*alerts, not_ready])
-    states = alertmanager.silenced(len(alerts) + 1)
+    states = alertmanager.silenced(len(alerts) + 1, suppressed=3)
     fleet = [a for a in alerts if a["alertname"] == "RestoreAgentCloudlyUnreachableFleetWide"]
     nodes = [a for a in alerts if a["alertname"] == "RestoreAgentCloudlySessionDown"]
     assert (len(fleet), len(nodes)) == (1, 2)
@@ -186,7 +190,7 @@ def test_the_session_down_alert_silences_its_nodes_not_ready_only(
     [not_ready] = [a for a in alerts if a["alertname"] == "RestoreAgentNotReady"]
     elsewhere = {**not_ready, "instance": "node-2"}
     alertmanager.post([*alerts, elsewhere])
-    states = alertmanager.silenced(len(alerts) + 1)
+    states = alertmanager.silenced(len(alerts) + 1, suppressed=1)
     [session] = [a for a in alerts if a["alertname"] == "RestoreAgentCloudlySessionDown"]
     assert states == {
         "active": {_key(session), _key(elsewhere)},
@@ -202,7 +206,7 @@ def test_a_refused_machine_token_silences_the_session_down_alert(
         "Cloudly refuses the machine token (and the session is down because of it)"
     )
     alertmanager.post(alerts)
-    states = alertmanager.silenced(len(alerts))
+    states = alertmanager.silenced(len(alerts), suppressed=1)
     [token] = [a for a in alerts if a["alertname"] == "RestoreAgentMachineTokenRefused"]
     [session] = [a for a in alerts if a["alertname"] == "RestoreAgentCloudlySessionDown"]
     assert states == {"active": {_key(token)}, "suppressed": {_key(session)}}
@@ -214,7 +218,7 @@ def test_a_restart_loop_silences_the_down_alert(alertmanager: Alertmanager) -> N
         "the agent restarts and its scrape fails between starts (Down inhibited)"
     )
     alertmanager.post(alerts)
-    states = alertmanager.silenced(len(alerts))
+    states = alertmanager.silenced(len(alerts), suppressed=1)
     [restarting] = [a for a in alerts if a["alertname"] == "RestoreAgentRestarting"]
     [down] = [a for a in alerts if a["alertname"] == "RestoreAgentDown"]
     assert states == {"active": {_key(restarting)}, "suppressed": {_key(down)}}
@@ -231,7 +235,7 @@ def test_a_state_disk_that_refuses_writes_silences_its_nodes_not_ready(
     [not_ready] = [a for a in alerts if a["alertname"] == "RestoreAgentNotReady"]
     elsewhere = {**not_ready, "instance": "node-2"}
     alertmanager.post([*alerts, elsewhere])
-    states = alertmanager.silenced(len(alerts) + 1)
+    states = alertmanager.silenced(len(alerts) + 1, suppressed=1)
     [disk] = [a for a in alerts if a["alertname"] == "RestoreAgentStateUnwritable"]
     assert states == {"active": {_key(disk), _key(elsewhere)}, "suppressed": {_key(not_ready)}}
 
@@ -244,7 +248,7 @@ def test_a_second_agent_with_the_token_silences_its_nodes_not_ready(
         "a second agent with the token and the agent is not ready because of it (inhibited)"
     )
     alertmanager.post(alerts)
-    states = alertmanager.silenced(len(alerts))
+    states = alertmanager.silenced(len(alerts), suppressed=1)
     [duplicate] = [a for a in alerts if a["alertname"] == "RestoreAgentDuplicateAgent"]
     [not_ready] = [a for a in alerts if a["alertname"] == "RestoreAgentNotReady"]
     assert states == {"active": {_key(duplicate)}, "suppressed": {_key(not_ready)}}
