@@ -19,7 +19,10 @@ Inside, in the order the bytes go:
   codec or the pure path);
 - `admission`: the seats of each request class (control, stream; a node's share of the
   stream seats), the connection's intake rule 4;
-- `stream_registry`: the streams of one connection and the routing of stream frames;
+- `receive_budget`: the bytes the connection's answers invite at once; `stream_charges`: what
+  each stream we receive on holds of the agent's byte budget (`pool`), drawn and given back;
+- `stream_registry`: the streams of one connection and the routing of stream frames (and which
+  frame is a chunk a stream keeps, drawn for first);
 - `stream_responder` / `stream_initiator`: one stream, seen from each role, its life one table
   (an `agent.table.TransitionTable`, the agent's one table type). These machines and
   the registry are the connection's own: nothing outside this package imports them

@@ -52,16 +52,10 @@ next frame of it is answered (`stream_responder`); other streams' frames and req
 wait.
 
 The byte budget (`pool`, `agent.protocol.pool`; none by default): a chunk frame of a stream we
-answer for is drawn for before it is invited. The answer that invites it reserves what the frame
-may need (a quarter more than the largest chunk frame the connection has seen, 7/4 of that to
-leave room for its decoded bytes; `first_frame_bytes` before any was seen) and is held, first in
-line, until the budget has it. A frame that arrives takes its reservation; one that arrives
-without (it was not invited) or needs more is drawn for at once, and when the budget cannot take
-it the frame is dropped and its stream breaks ("the peer sent more than the agent's byte budget
-let it"). A request's stream is held (answered `backpressure`) until its handler reads it, so
-nothing is invited for a stream nobody empties. What a stream holds shrinks as its chunks are
-decoded; a chunk's bytes stay drawn until its reader asks for the next one (`take`), or stops.
-Streams nobody reads yet draw only beyond the budget's reserve.
+answer for is drawn for before it is invited, and a frame the budget has no room for breaks its
+stream; what each stream holds, and when it comes back, is `stream_charges.StreamCharges`'s
+(`first_frame_bytes`: what the first reservation assumes). A request's stream is held (answered
+`backpressure`) until its handler reads it, so nothing is invited for a stream nobody empties.
 
 A malformed envelope that still names a method and a request correlation id gets an
 `invalid-request` answer that echoes nothing of it; anything else malformed is dropped with a
@@ -75,7 +69,6 @@ most once); no answer carries a peer's payload back. Nothing here logs a payload
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -132,6 +125,7 @@ from agent.protocol.pool import BytePool
 from agent.protocol.receive_budget import ReceiveBudget
 from agent.protocol.round_trip import MinRoundTrip
 from agent.protocol.settings import ConnectionSettings, StreamSettings
+from agent.protocol.stream_charges import StreamCharges, no_room_reason
 from agent.protocol.stream_initiator import InitiatorState, InitiatorStream
 from agent.protocol.stream_registry import StreamRegistry, outcome_of
 from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role, StreamAnswer
@@ -158,10 +152,6 @@ UNKNOWN_METHOD_TEXT: Final = "There is no available method for this call on the 
 # A write larger than this goes out as several chunks: one 1 MiB chunk is a ~4 MB frame in the
 # Buffer form already, and the window bounds memory as window x chunk size.
 MAX_CHUNK: Final = 1 << 20
-# What a chunk frame may need from the byte budget, as a fraction of its size: the frame, and
-# its decoded bytes beside it while it is decoded (base64 decodes to 3/4 of its text, the
-# Buffer form to at most 1/2).
-_NEED_NUM, _NEED_DEN = 7, 4
 
 _Stream = InitiatorStream | ResponderStream
 
@@ -208,15 +198,8 @@ class Connection:
                 stream_per_node=self.settings.max_stream_requests_per_node,
             )
         )
-        self._pool = pool
-        self._first_frame = first_frame_bytes
-        self._largest_frame = 0  # the largest chunk frame seen (what a reservation assumes)
-        self._charged: dict[str, int] = {}  # per stream we answer for: bytes drawn now
-        self._reserved: dict[str, int] = {}  # ... of which for the frame its answer invited
-        self._deferred: dict[str, deque[int]] = {}  # ... held by frames waiting their turn
-        self._decoding: dict[str, int] = {}  # ... frame bytes of chunks being decoded
-        self._taken: dict[str, int] = {}  # ... chunk bytes its reader took last
-        self._reading: set[str] = set()  # streams whose reader reads
+        # What each stream we receive on holds of the byte budget (None: no budget).
+        self._charges = None if pool is None else StreamCharges(pool, first_frame_bytes)
         self._methods = frozenset(methods)
         self._new_id = new_id
         self._calls = CallTable(new_id=new_id, max_attempts=self.settings.max_retry_attempts)
@@ -226,7 +209,7 @@ class Connection:
             self.settings.receive_budget,
             expiry=self.settings.streams.park_timeout,
             ceiling=self.settings.receive_budget_max,
-            gate=None if pool is None else self._reserve_frame,
+            gate=None if self._charges is None else self._charges.reserve,
         )
         self._requests: dict[int, _Request] = {}
         self._request_ids = 0
@@ -336,8 +319,8 @@ class Connection:
             self._touch(responder)
             self._release(responder, now)
         self._send_answers(self._budget.release(now))
-        for stream_id in [s for s in self._charged if s not in self._streams.responders]:
-            self._uncharge(stream_id)
+        if self._charges is not None:
+            self._charges.keep_only(self._streams.responders)
         for stream in list(self._streams.initiators.values()):
             self._pump(stream, now)
 
@@ -360,8 +343,8 @@ class Connection:
         self._closed = reason
         self._outbox.clear()
         self._budget.clear()
-        for stream_id in list(self._charged):
-            self._uncharge(stream_id)
+        if self._charges is not None:
+            self._charges.clear()
         for call_id in self._calls.clear():
             self._events.append(
                 CallErrored(call_id, SessionClosed(reason.close_code, reason.reason))
@@ -447,7 +430,8 @@ class Connection:
         if stream is None:  # pragma: no cover - kept with its request
             raise StreamBroken(f"stream {stream_id} is gone")
         stream.read_now()
-        self._reading.add(stream_id)
+        if self._charges is not None:
+            self._charges.reading(stream_id)
 
     def hold_request_stream(self, request_id: int, stream_id: str) -> None:
         """Stream `stream_id` of request `request_id` will be read later: until its handler
@@ -567,17 +551,7 @@ class Connection:
         `StreamBroken` once it broke and what came before was taken."""
         stream = self._live(stream_id)
         if isinstance(stream, ResponderStream):
-            # The reader asks for the next chunk: it is done with the one before.
-            self._taken.pop(stream_id, None)
-            try:
-                responder_item = stream.take()
-            except StreamBroken:
-                self._settle_charge(stream)
-                raise
-            if isinstance(responder_item, bytes) and self._pool is not None:
-                self._taken[stream_id] = len(responder_item)  # drawn until the next take
-            self._settle_charge(stream)
-            return responder_item
+            return self._take_received(stream)
         try:
             item = stream.take()
         except StreamBroken:
@@ -594,7 +568,8 @@ class Connection:
             return
         if isinstance(stream, ResponderStream):
             stream.abandon(now)
-            self._taken.pop(stream_id, None)
+            if self._charges is not None:
+                self._charges.took(stream_id, 0)
             self._settle_charge(stream)
         elif stream.role is Role.RECEIVE:
             stream.stop_reading()
@@ -615,7 +590,8 @@ class Connection:
             token.raw = None
             return
         was_open = not stream.done
-        self._decoding[stream_id] = max(0, self._decoding.get(stream_id, 0) - token.size)
+        if self._charges is not None:
+            self._charges.decoded(stream_id, token.size)
         stream.settle(token, outcome, now)
         if was_open and stream.broken:
             log.warning("stream_broken", stream_id=stream_id, reason=stream.broken_reason)
@@ -678,11 +654,8 @@ class Connection:
             self._send_answers(self._budget.forget(stream.stream_id, now))
         received = stream.take_to_decode()
         if received:
-            if self._pool is not None:
-                decoding = sum(chunk.size for chunk in received)
-                self._decoding[stream.stream_id] = (
-                    self._decoding.get(stream.stream_id, 0) + decoding
-                )
+            if self._charges is not None:
+                self._charges.decoding(stream.stream_id, sum(chunk.size for chunk in received))
             self._events.extend(ChunkToDecode(stream.stream_id, c) for c in received)
         self._settle_charge(stream)
 
@@ -762,7 +735,7 @@ class Connection:
                 return
             # With a byte budget, a stream is invited only once its reader reads: the reader
             # holds a buffer by then, so what the stream draws always comes back.
-            if self._pool is not None:
+            if self._charges is not None:
                 registered.hold()
         self._request_ids = request_id
         self._requests[request_id] = _Request(env, stream_ids)
@@ -795,111 +768,46 @@ class Connection:
 
     # --- the byte budget ---------------------------------------------------------------------
 
-    def _reserve_frame(self, stream_id: str) -> bool:
-        """The receive budget's gate: draw for the frame an answer of `stream_id` invites."""
-        assert self._pool is not None
-        if stream_id in self._reserved:
-            return True  # one invitation at a time: the one out is reserved already
-        # Chunk frames of one sender vary with their bytes (a Buffer-form frame is 2 to 4 times
-        # its chunk): a quarter above the largest seen.
-        seen = self._largest_frame * 5 // 4
-        need = _need(min(seen, self._first_frame) if seen else self._first_frame)
-        keep = 0 if stream_id in self._reading else self._pool.reserve
-        if not self._pool.try_take(need, keep=keep):
-            return False
-        self._reserved[stream_id] = need
-        self._charged[stream_id] = self._charged.get(stream_id, 0) + need
-        return True
-
-    def _charge_frame(
-        self, env: Envelope, size: int, now: float
-    ) -> tuple[bool, ResponderStream | None, int]:
-        """Draw for a chunk frame of a stream we answer for before the stream takes it: its
-        reservation, or the budget at once. (False, ...): it does not fit, and its stream
-        broke; else the stream drawn for (None: no chunk frame we keep) and what was drawn."""
-        assert self._pool is not None
-        package = env.request
-        if not isinstance(package, dict) or package.get("mainPurpose") != "chunk":
-            return True, None, 0
-        stream_id = package.get("streamId")
-        stream = self._streams.responders.get(stream_id) if isinstance(stream_id, str) else None
-        if stream is None or stream.done or stream.role is not Role.RECEIVE:
-            return True, None, 0  # dropped or answered without being kept
-        self._largest_frame = max(self._largest_frame, size)
-        need = _need(size)
-        reserved = self._reserved.pop(stream.stream_id, 0)
-        more = need - reserved
-        keep = 0 if stream.stream_id in self._reading else self._pool.reserve
-        if more > 0 and not self._pool.try_take(more, keep=keep):
-            self._abort_responder(
-                stream,
-                f"a chunk frame of {size} bytes came that the agent's byte budget had no room "
-                "for: the peer sent more than it was invited to",
-                now,
-            )
-            self._release(stream, now)
-            return False, None, 0
-        # A reservation larger than the frame's need is given back by `_settle_charge`.
-        self._charged[stream.stream_id] = self._charged.get(stream.stream_id, 0) + max(more, 0)
-        return True, stream, need
-
     def _settle_charge(self, stream: ResponderStream) -> None:
-        """Give back what `stream` no longer holds: decoded frames, chunks its reader is done
-        with, the reservation of a stream that is over."""
-        if self._pool is None:
-            return
-        stream_id = stream.stream_id
-        charged = self._charged.get(stream_id)
-        if charged is None:
-            return
-        if stream.done:
-            self._reserved.pop(stream_id, None)
-        deferred = self._deferred.get(stream_id)
-        if deferred is not None:
-            while len(deferred) > stream.waiting:
-                deferred.popleft()  # answered in order: the oldest are in the queue now
-        holds = (
-            self._reserved.get(stream_id, 0)
-            + stream.queued_bytes
-            + (self._decoding.get(stream_id, 0) * (_NEED_NUM - _NEED_DEN)) // _NEED_DEN
-            + self._taken.get(stream_id, 0)
-            + (sum(deferred) if deferred else 0)
-        )
-        if holds < charged:
-            self._charged[stream_id] = holds
-            self._pool.give(charged - holds)
+        """Give back what `stream` no longer holds of the byte budget."""
+        if self._charges is not None:
+            self._charges.settle(stream)
 
-    def _uncharge(self, stream_id: str) -> None:
-        """Give back everything stream `stream_id` holds (it is gone)."""
-        for table in (self._reserved, self._deferred, self._decoding, self._taken):
-            table.pop(stream_id, None)
-        self._reading.discard(stream_id)
-        charged = self._charged.pop(stream_id, 0)
-        if charged and self._pool is not None:
-            self._pool.give(charged)
+    def _take_received(self, stream: ResponderStream) -> bytes | Closing | None:
+        """`take` on a stream we receive on: the reader asks for the next chunk, so it is done
+        with the one before (even when this raises); the one it gets stays drawn until then."""
+        charges = self._charges
+        if charges is not None:
+            charges.took(stream.stream_id, 0)
+        try:
+            item = stream.take()
+        except StreamBroken:
+            self._settle_charge(stream)
+            raise
+        if charges is not None and isinstance(item, bytes):
+            charges.took(stream.stream_id, len(item))
+        self._settle_charge(stream)
+        return item
 
     def _on_stream_frame(self, env: Envelope, now: float, size: int) -> None:
-        drawn_for: ResponderStream | None = None
-        if self._pool is not None:
-            proceed, drawn_for, need = self._charge_frame(env, size, now)
-            if not proceed:
-                return
-            waiting = 0 if drawn_for is None else drawn_for.waiting
+        charges = self._charges
+        keeper = None if charges is None else self._streams.chunk_keeper(env)
+        if charges is not None and keeper is not None and not charges.draw(keeper.stream_id, size):
+            self._abort_responder(keeper, no_room_reason(size), now)
+            self._release(keeper, now)
+            return
         result = self._streams.on_frame(env, now)
-        if drawn_for is not None and drawn_for.waiting > waiting:
+        if charges is not None and keeper is not None and result.waits:
             # It waits behind a chunk being decoded: its whole draw stays with it meanwhile.
-            self._deferred.setdefault(drawn_for.stream_id, deque()).append(need)
+            charges.wait(keeper.stream_id, size)
         if result.dropped:
             log.debug("stream_frame_unrouted", stream_id=result.stream_id, reason=result.dropped)
         responder = (
             None if result.stream_id is None else self._streams.responders.get(result.stream_id)
         )
-        if responder is not None and isinstance(env.request, dict):
-            purpose = env.request.get("mainPurpose")
-            if purpose in ("chunk", "feedback"):
-                self._budget.arrived(
-                    responder.stream_id, size=size, chunk=purpose == "chunk", now=now
-                )
+        if responder is not None and result.used is not None:
+            chunk = result.used == "chunk"
+            self._budget.arrived(responder.stream_id, size=size, chunk=chunk, now=now)
         if result.reply is not None:
             if responder is not None:
                 self._answer_stream(responder, result.reply, now)
@@ -915,8 +823,3 @@ class Connection:
         if initiator is not None:
             self._touch(initiator)
             self._pump(initiator, now)
-
-
-def _need(frame_bytes: int) -> int:
-    """What a chunk frame of `frame_bytes` may hold of the byte budget until it is decoded."""
-    return frame_bytes * _NEED_NUM // _NEED_DEN

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from agent.errors import InvalidState, RemoteProtocolError
 from agent.protocol.envelope import Envelope
@@ -42,6 +42,8 @@ from agent.protocol.stream_responder import ResponderStream, Role, StreamAnswer
 __all__ = ["ECHO_MEMORY", "OVER_MEMORY", "FrameResult", "StreamRegistry", "outcome_of"]
 
 ECHO_MEMORY: Final = 1024
+# The frames that use up a stream's invitation, by purpose (`FrameResult.used`).
+_USES: Final[dict[str, Literal["chunk", "probe"]]] = {"chunk": "chunk", "feedback": "probe"}
 # How many forgotten streams' outcomes are remembered, so that a late local call on one (a
 # producer back after its stream broke and lingered out) is answered as the stream would have.
 OVER_MEMORY: Final = 1024
@@ -54,6 +56,10 @@ class FrameResult:
     reply: StreamAnswer | None = None
     stream_id: str | None = None
     dropped: str = ""  # why the frame was dropped (for the log), empty if it was not
+    # A frame a stream we answer for took that uses up the invitation its last answer sent
+    # (the receive budget counts it): a chunk, or a `feedback` probe.
+    used: Literal["chunk", "probe"] | None = None
+    waits: bool = False  # it waits behind a chunk of its stream being decoded
 
 
 @dataclass(slots=True)
@@ -125,7 +131,26 @@ class StreamRegistry:
         responder = self.responders.get(package.stream_id)
         if responder is None:
             return self._echo_once(env, package)
-        return FrameResult(reply=responder.handle(env, package, now), stream_id=responder.stream_id)
+        waiting = responder.waiting
+        reply = responder.handle(env, package, now)
+        return FrameResult(
+            reply=reply,
+            stream_id=responder.stream_id,
+            used=_USES.get(package.main_purpose),
+            waits=responder.waiting > waiting,
+        )
+
+    def chunk_keeper(self, env: Envelope) -> ResponderStream | None:
+        """The stream we answer for that keeps the chunk frame `env` (`keeps_chunks`), which the
+        connection draws for before the frame is routed; None for any other frame. Read from
+        the frame as it came, before its package is checked: the draw comes first, so a
+        malformed chunk frame naming such a stream is drawn for like any other."""
+        package = env.request
+        if not isinstance(package, dict) or package.get("mainPurpose") != "chunk":
+            return None
+        stream_id = package.get("streamId")
+        stream = self.responders.get(stream_id) if isinstance(stream_id, str) else None
+        return stream if stream is not None and stream.keeps_chunks else None
 
     def _echo_once(self, env: Envelope, package: StreamPackage) -> FrameResult:
         if package.cycle_id in self._echoed:

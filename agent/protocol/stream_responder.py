@@ -273,6 +273,12 @@ class ResponderStream:
         return StreamAnswer(stream_reply(request, answer, echo_request=echo_request), invites)
 
     @property
+    def keeps_chunks(self) -> bool:
+        """Whether a chunk frame of it is kept (queued for its reader), and so drawn for from
+        the byte budget before it is handled: it receives and is not over."""
+        return self.role is Role.RECEIVE and not self.done
+
+    @property
     def done(self) -> bool:
         """Whether the stream is over (ENDED or BROKEN)."""
         return self.state in (StreamState.ENDED, StreamState.BROKEN)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from itertools import count
 
 import orjson
 import pytest
 
 from agent.errors import RemoteProtocolError
-from agent.protocol.chunks import CLOSING
+from agent.protocol.chunks import CLOSING, RawChunk
 from agent.protocol.envelope import Envelope, decode_envelope, encode_envelope
 from agent.protocol.settings import StreamSettings
 from agent.protocol.stream_initiator import InitiatorState
@@ -168,3 +169,62 @@ def test_sans_io_round_trip_keeps_every_byte_in_both_directions() -> None:
     assert up_reader.state is StreamState.ENDED
     assert down_writer.state is StreamState.ENDED
     assert isinstance(down_writer, ResponderStream)
+
+
+# --- what the byte budget draws for, and what the receive budget counts ------------------------
+
+
+def chunk_request(stream_id: str, **package: object) -> Envelope:
+    body = {"streamId": stream_id, "cycleId": "k1", "cycle": "request", "mainPurpose": "chunk"}
+    return Envelope("##VirtualStream##", body | package, None)
+
+
+def test_a_chunk_frame_names_the_receiving_stream_that_keeps_it() -> None:
+    streams = registry("b")
+    stream = streams.open_responder("s1", Role.RECEIVE, 0.0)
+    assert streams.chunk_keeper(chunk_request("s1")) is stream
+
+
+def test_a_chunk_frame_of_a_stream_we_send_on_is_kept_by_none() -> None:
+    streams = registry("b")
+    streams.open_responder("s1", Role.SEND, 0.0)
+    assert streams.chunk_keeper(chunk_request("s1")) is None
+
+
+def test_a_chunk_frame_of_an_unknown_stream_is_kept_by_none() -> None:
+    assert registry("b").chunk_keeper(chunk_request("nope")) is None
+
+
+def test_a_frame_that_is_no_chunk_is_kept_by_none() -> None:
+    streams = registry("b")
+    streams.open_responder("s1", Role.RECEIVE, 0.0)
+    assert streams.chunk_keeper(chunk_request("s1", mainPurpose="feedback")) is None
+
+
+def test_a_malformed_chunk_frame_still_names_its_keeper() -> None:
+    """The draw comes before the package is checked: a chunk frame without a cycle id is drawn
+    for like any other (and then dropped by the routing)."""
+    streams = registry("b")
+    stream = streams.open_responder("s1", Role.RECEIVE, 0.0)
+    env = chunk_request("s1", cycleId=None)
+    assert streams.chunk_keeper(env) is stream
+    assert streams.on_frame(env, 0.0).dropped
+
+
+@pytest.mark.parametrize(
+    ("purpose", "used"), [("chunk", "chunk"), ("feedback", "probe"), ("keepAlive", None)]
+)
+def test_a_chunk_or_a_probe_uses_up_its_streams_invitation(purpose: str, used: str) -> None:
+    streams = registry("b")
+    streams.open_responder("s1", Role.RECEIVE, 0.0)
+    env = chunk_request("s1", mainPurpose=purpose, chunkData=[1], keepAlive=True)
+    assert streams.on_frame(env, 0.0).used == used
+
+
+def test_a_frame_behind_a_chunk_being_decoded_waits() -> None:
+    streams = StreamRegistry(replace(SETTINGS, inline_decode_max=0), lambda: "id")
+    streams.open_responder("s1", Role.RECEIVE, 0.0)
+    raw = RawChunk("buffer", memoryview(b"[1]"), 60)
+    first = streams.on_frame(chunk_request("s1", chunkData=raw), 0.0)
+    second = streams.on_frame(chunk_request("s1", cycleId="k2", chunkData=[2]), 0.0)
+    assert (first.waits, second.waits) == (False, True)

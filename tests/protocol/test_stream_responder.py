@@ -407,3 +407,20 @@ def test_small_chunks_are_still_decoded_at_once() -> None:
     send(stream, "chunk", **{"chunk_data": RawChunk("buffer", memoryview(b"[5]"), 100)})
     assert stream.take_to_decode() == []
     assert stream.take() == b"\x05"
+
+
+# --- what the byte budget draws for -----------------------------------------------------------
+
+
+def test_a_stream_we_receive_on_keeps_its_chunks() -> None:
+    assert responder(Role.RECEIVE).keeps_chunks
+
+
+def test_a_stream_we_send_on_keeps_no_chunks() -> None:
+    assert not responder(Role.SEND).keeps_chunks
+
+
+def test_a_stream_that_is_over_keeps_no_chunks() -> None:
+    stream = responder(Role.RECEIVE)
+    stream.abort("the test stopped it", 1.0)
+    assert not stream.keeps_chunks
