@@ -201,6 +201,8 @@ async def test_a_stream_that_stops_moving_breaks_after_the_stall_bound_on_the_ag
     """A backup's closure that Cloudly stops reading: the agent's stream waits, still waiting a
     second short of `stall_timeout_s` on its clock, and breaks at it; the backup fails
     `transfer-interrupted`, retryable."""
+    # Two chunks: fewer than the stream's window, so the agent never waits for room; its one
+    # wait is for the closing bit's acknowledgement, begun once, its deadline fixed then.
     database = hashlib.shake_256(b"stalled on the agent's clock").digest(100 * KiB)
     corestore.services.write_database(SERVICE_ID, [database])
     cloudly.stall_next_closure(1)
