@@ -8,6 +8,10 @@ drives something else: each sleep ends at once in virtual time, and `slept` keep
 (and `TimeoutError` raised) when `advance()` moves the clock to its deadline, never by real
 time passing. A timeout is no sleeper: `next_wakeup()` and `advancing()` step only sleeps, so
 a deadline fires once something (a test, a sleeper's step) moves the clock past it.
+`sleepers` and `timeouts` say which waits are pending right now (their deadlines);
+`until(condition)` waits, without polling, until a wait a test looks for has begun: it asks
+again each time someone starts a sleep or a bounded block on this clock. A test that drives a
+whole agent moves time only once the wait it means to end is in place.
 `monotonic()` and `time()` move together; wall time starts at
 the real time rounded down to a whole second (identities issued by a stand-in on its own clock
 are then valid, and epoch milliseconds convert back without rounding).
@@ -18,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 
 __all__ = ["ManualClock", "advancing"]
@@ -33,6 +37,7 @@ class ManualClock:
         self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
         self._timeouts: list[_ManualTimeout] = []
         self._sleeping: asyncio.Event | None = None
+        self._began: asyncio.Event | None = None  # set (and replaced) as any wait begins
         self.slept: list[float] = []  # every delay anyone asked to sleep, in order
 
     def monotonic(self) -> float:
@@ -52,6 +57,7 @@ class ManualClock:
         entry = (self._elapsed + seconds, wake)
         self._sleepers.append(entry)
         self._event().set()
+        self._wait_began()
         try:
             await wake
         finally:
@@ -67,9 +73,27 @@ class ManualClock:
         return _ManualTimeout(self, deadline)
 
     @property
+    def sleepers(self) -> list[float]:
+        """The deadlines of the sleeps pending right now, earliest first."""
+        return sorted(deadline for deadline, _ in self._sleepers)
+
+    @property
     def timeouts(self) -> list[float]:
         """The deadlines of the blocks bounded right now, earliest first."""
         return sorted(t.deadline for t in self._timeouts if t.deadline is not None)
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Return once `condition()` holds, asking it now and again each time a sleep or a
+        bounded block begins on this clock (bound the wait from outside, in real time)."""
+        while not condition():
+            if self._began is None:
+                self._began = asyncio.Event()
+            await self._began.wait()
+
+    def _wait_began(self) -> None:
+        began, self._began = self._began, None
+        if began is not None:
+            began.set()
 
     async def next_wakeup(self) -> float:
         """The earliest monotonic deadline anyone sleeps until (waits until someone sleeps)."""
@@ -131,6 +155,7 @@ class _ManualTimeout:
         self._task, self._cancelling = task, task.cancelling()
         if self.deadline is not None:
             self._clock._timeouts.append(self)
+            self._clock._wait_began()
             if self.due(self._clock.monotonic()):
                 # As asyncio does: a deadline already passed cancels at the first await.
                 self._soon = asyncio.get_running_loop().call_soon(self.expire)

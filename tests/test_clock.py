@@ -87,6 +87,38 @@ class TestManualTimeouts:
             await task
 
 
+class TestWaitsBeginning:
+    async def test_until_returns_once_the_sleep_it_looks_for_has_begun(self) -> None:
+        """A 3 s sleep begun after a 1 s one: `until` holds on through the first and returns
+        at the second, which `sleepers` then lists by its deadline."""
+        clock = ManualClock()
+        clock.advance(2.0)
+        looking = asyncio.create_task(clock.until(lambda: 5.0 in clock.sleepers))
+        first = asyncio.ensure_future(clock.sleep(1.0))
+        await asyncio.sleep(0)  # the first sleep begins; `until` asks again
+        assert not looking.done()
+        second = asyncio.ensure_future(clock.sleep(3.0))
+        async with asyncio.timeout(5):
+            await looking
+        assert clock.sleepers == [3.0, 5.0]
+        clock.advance(3.0)
+        await asyncio.gather(first, second)
+        assert clock.sleepers == []
+
+    async def test_until_sees_a_bounded_block_begin(self) -> None:
+        """A block bounded on the clock wakes `until` as a sleep does."""
+        clock = ManualClock()
+        looking = asyncio.create_task(clock.until(lambda: clock.timeouts == [5.0]))
+        await asyncio.sleep(0)
+        assert not looking.done()
+        task = await _started(_bounded(clock, 5.0, asyncio.Event()))
+        async with asyncio.timeout(5):
+            await looking
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 class TestSystemTimeouts:
     async def test_a_passed_deadline_times_out_at_once(self) -> None:
         """`timeout_at` a monotonic time already gone, and `timeout(0)`: `TimeoutError`."""

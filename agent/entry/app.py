@@ -153,8 +153,14 @@ async def run(
     named in the start-up line. `notifier` defaults to `$NOTIFY_SOCKET`'s. `on_ready` is called
     with the health endpoint's address once it listens (right after `READY=1`).
     `handle_signals=False` leaves SIGTERM/SIGINT to a caller that owns them (the demo).
-    `clock` paces the waits for a state disk that refuses writes (agent/startup/opening.py) and the
-    probes of one that did while the agent runs.
+    `clock` is every part's time: each part built here that waits or measures is given it
+    (the session's backoff, keepalive and stream bounds, the engine, the relay, the store and
+    its retention, the transfer gate and byte budget, the loop watch, STATUS=, the trimmer,
+    the enrollment and recipient checks, the health server, the shutdown's bounds), and so is
+    the status made here when none is given. A test passes a clock it moves by hand and the
+    whole agent runs in that time. Only the network libraries' own bounds stay on the loop's
+    time (the websocket's opening and closing handshakes, one Corestore HTTP exchange): they
+    bound I/O, not the agent's pace.
     """
     # What can refuse start-up comes before anything is created: the checks check-config
     # shares, then the health address and the state directory's lock (both may be busy for a
@@ -164,7 +170,7 @@ async def run(
     secrets = checked.secrets
     for secret in secrets.all():
         register_secret(secret)
-    status = status if status is not None else AgentStatus()
+    status = status if status is not None else AgentStatus(clock=clock)
     stop = stop if stop is not None else asyncio.Event()
     notifier = notifier if notifier is not None else Notifier.from_environment()
     metrics = Metrics()
@@ -190,11 +196,12 @@ async def run(
             max_lag=config.health.max_loop_lag_s,
             notifier=notifier,
             watchdog=watchdog_s is not None,
+            clock=clock,
             observer=metrics,
         )
         # One byte budget for every byte a transfer holds (docs/operations.md, "Memory"), and
         # memory given back once it has been idle a moment.
-        budget = ByteBudget(config.memory.budget_bytes, observer=metrics)
+        budget = ByteBudget(config.memory.budget_bytes, clock=clock, observer=metrics)
         trimmer = Trimmer(
             clock=clock,
             trim=trim_function(),
@@ -209,6 +216,7 @@ async def run(
                 config.corestore.max_transfers_per_node,
                 config.corestore.max_bytes_per_s_per_node,
             ),
+            clock=clock,
             observer=metrics,
             budget=budget,
         )
@@ -218,7 +226,7 @@ async def run(
         opened: tuple[KeyStore | None, RevisionStore] | None = None
         refusal: StateUnwritable | None = None
         try:
-            opened = await _open_state(config, observer)
+            opened = await _open_state(config, observer, clock)
         except StateUnwritable as exc:
             refusal = exc
         health = HealthServer(
@@ -228,6 +236,7 @@ async def run(
             metrics=metrics,
             loop_watch=loop_watch,
             stale_after=config.cloudly.ping_interval_s + config.cloudly.ping_timeout_s,
+            clock=clock,
             transfers=transfers,
         )
         address = await health.start(listener)
@@ -235,14 +244,16 @@ async def run(
             await health.start_metrics(scrape_listener, scrape)
         # Stopped in the shutdown's order (after the relay's jobs, before the clients and the
         # store close), or here last if the state never opened.
-        stop_health = _Once(lambda: _step("stop the health server", health.stop, close_s))
+        stop_health = _Once(lambda: _step("stop the health server", health.stop, close_s, clock))
         resources.push_async_callback(stop_health)
-        ready = _Ready(notifier, status, address, on_ready)
+        ready = _Ready(notifier, status, address, on_ready, clock)
         with _stop_on_signals(stop) if handle_signals else contextlib.nullcontext():
             async with asyncio.TaskGroup() as group:
                 side_tasks = [
                     group.create_task(loop_watch.run(), name="loop-watch"),
-                    group.create_task(_tell_systemd(status, notifier), name="systemd-status"),
+                    group.create_task(
+                        _tell_systemd(status, notifier, clock=clock), name="systemd-status"
+                    ),
                     group.create_task(trimmer.run(), name="memory-trimmer"),
                 ]
                 if refusal is not None:
@@ -252,7 +263,7 @@ async def run(
 
                     refused(refusal, 1)
                     opened = await open_waiting(
-                        lambda: _open_state(config, observer),
+                        lambda: _open_state(config, observer, clock),
                         clock=clock,
                         stop=stop,
                         refused=refused,
@@ -262,7 +273,9 @@ async def run(
                     keys, store = opened
                     if keys is not None:
                         resources.callback(keys.close)
-                    resources.push_async_callback(_step, "close the store", store.aclose, close_s)
+                    resources.push_async_callback(
+                        _step, "close the store", store.aclose, close_s, clock
+                    )
                     if hooks.unwritable_cause is not None:
                         log.info("state_writable_at_start", state_directory=str(directory))
                         observer.state_writable()
@@ -339,16 +352,19 @@ async def _serve(
     _warn_about(config, created=created, decoders=decoders, tightened=checked.tightens)
     corestore = config.corestore
     sealed = _sealed_credentials(
-        config, keys, lambda: session, RecipientWatch(observer, clock=clock)
+        config, keys, lambda: session, RecipientWatch(observer, clock=clock), clock
     )
     credentials: CredentialSource = sealed[1] if sealed is not None else _fixed_credentials(secrets)
     clients = CorestoreClients(
         credentials=credentials,
         timeouts=CorestoreTimeouts.from_config(corestore),
         retry=RetryPolicy(attempts=corestore.retries + 1, tolerance=corestore.outage_tolerance_s),
+        clock=clock,
         observer=observer,
     )
-    resources.push_async_callback(_step, "close the Corestore clients", clients.close, close_s)
+    resources.push_async_callback(
+        _step, "close the Corestore clients", clients.close, close_s, clock
+    )
     engine = IsolatedRestoreEngine(
         store=store,
         clients=clients,
@@ -357,6 +373,7 @@ async def _serve(
         cluster_view=lambda: session.cluster_view,
         settings=EngineSettings.from_config(corestore),
         transfers=transfers,
+        clock=clock,
     )
     relay = RelayService(
         store=store,
@@ -366,6 +383,7 @@ async def _serve(
         cloudly=lambda: session.connection(),
         settings=RelaySettings.from_config(corestore, config.cloudly),
         transfers=transfers,
+        clock=clock,
         observer=metrics,
     )
     routes = isolated_restore_routes(engine) + relay_routes(relay) + (extra_routes or Routes())
@@ -381,12 +399,16 @@ async def _serve(
             else lambda caller, view: enrollment.ensure(caller, view.cluster_id)
         ),
         view_watcher=None if provider is None else provider.retain,
+        clock=clock,
         ssl_context=checked.tls,
         observer=metrics,
         pool=transfers.budget,
     )
     retention = Retention(
-        store, RetentionSettings.from_days(config.state.retention_days), observer=metrics
+        store,
+        RetentionSettings.from_days(config.state.retention_days),
+        clock=clock,
+        observer=metrics,
     )
     reconciler = Reconciler(
         store=store,
@@ -416,12 +438,16 @@ async def _serve(
     notifier.stopping(_draining(in_flight))
     log.info("agent_stopping", in_flight=in_flight)
     session.stop_intake()
-    await _step("drain in-flight work", lambda: session.drain(drain_s), drain_s)
-    if not await _step("close the Cloudly socket", lambda: session.close(0.0), close_s):
+    await _step("drain in-flight work", lambda: session.drain(drain_s), drain_s, clock)
+    if not await _step("close the Cloudly socket", lambda: session.close(0.0), close_s, clock):
         session_task.cancel()  # the TaskGroup awaits it
-    if not await _step("stop the engine's work", lambda: engine.owner.close(close_s), close_s):
+    if not await _step(
+        "stop the engine's work", lambda: engine.owner.close(close_s), close_s, clock
+    ):
         engine_task.cancel()
-    if not await _step("stop the relay's jobs", lambda: relay.runner.close(close_s), close_s):
+    if not await _step(
+        "stop the relay's jobs", lambda: relay.runner.close(close_s), close_s, clock
+    ):
         relay_task.cancel()
     for task in side_tasks:
         task.cancel()
@@ -451,9 +477,10 @@ class _Ready:
         status: AgentStatus,
         address: str,
         on_ready: Callable[[str], None] | None,
+        clock: Clock,
     ) -> None:
         self._notifier, self._status, self._address = notifier, status, address
-        self._on_ready = on_ready
+        self._on_ready, self._clock = on_ready, clock
         self._sent = False
 
     def send(self) -> None:
@@ -461,12 +488,14 @@ class _Ready:
         if self._sent:
             return
         self._sent = True
-        self._notifier.ready(status_line(self._status.snapshot(), SYSTEM_CLOCK.time()))
+        self._notifier.ready(status_line(self._status.snapshot(), self._clock.time()))
         if self._on_ready is not None:
             self._on_ready(self._address)
 
 
-async def _open_state(config: Config, observer: Tee) -> tuple[KeyStore | None, RevisionStore]:
+async def _open_state(
+    config: Config, observer: Tee, clock: Clock
+) -> tuple[KeyStore | None, RevisionStore]:
     """The recipient key (created on first start; None for the file option), then the
     database. A disk that refuses their writes is `StateUnwritable` (nothing stays open)."""
     directory = config.state.directory
@@ -480,7 +509,7 @@ async def _open_state(config: Config, observer: Tee) -> tuple[KeyStore | None, R
                 raise error from exc
             raise
     try:
-        store = await RevisionStore.open(directory, observer=observer)
+        store = await RevisionStore.open(directory, clock=clock, observer=observer)
     except BaseException:
         if keys is not None:
             keys.close()
@@ -551,13 +580,14 @@ def _sealed_credentials(
     keys: KeyStore | None,
     session: Callable[[], CloudlySession],
     watch: RecipientWatch,
+    clock: Clock,
 ) -> tuple[Enrollment, SealedCredentials] | None:
     """The key's enrollment and the per-node sealed credentials; None for the file option."""
     if keys is None:
         return None
     log.info("recipient_key_loaded", public_key=keys.key.public_key)
     timeout = config.cloudly.call_timeout_s
-    enrollment = Enrollment(keys, call_timeout=timeout)
+    enrollment = Enrollment(keys, call_timeout=timeout, clock=clock)
     provider = SealedCredentials(
         key=keys.key,
         enrollment=enrollment,
@@ -660,7 +690,7 @@ async def _tell_systemd(
     status: AgentStatus,
     notifier: Notifier,
     *,
-    clock: Clock = SYSTEM_CLOCK,
+    clock: Clock,
     refresh_s: float = _STATUS_REFRESH_S,
 ) -> None:
     """`STATUS=` on every change of the status line: the session's transitions and errors,
@@ -679,7 +709,7 @@ async def _tell_systemd(
 
 
 async def _step(
-    name: str, work: Callable[[], Awaitable[None]], bound_s: float, clock: Clock = SYSTEM_CLOCK
+    name: str, work: Callable[[], Awaitable[None]], bound_s: float, clock: Clock
 ) -> bool:
     """Await `work()` for at most `bound_s` (+ grace) seconds on `clock`; log and return False
     if it overran."""
