@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import pytest
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 
 from agent.errors import InvalidState, SessionClosed
 from agent.protocol.delivery import Mark
 from agent.protocol.handlers import RequestContext, Routes
 from agent.session.delivery import DeliveryTracker
 from agent.session.peer import Peer
-from agent.session.transport import WebsocketTransport, connect_transport, quiet_websocket_logger
+from agent.session.transport import WebsocketTransport
 from tests.session._helpers import FAST, body_route
-
-ServerHandler = Callable[[ServerConnection], Awaitable[None]]
+from tests.session._sockets import ServerHandler, open_transport
 
 _TEXT, _PING = 0x1, 0x9
 
@@ -71,40 +70,6 @@ def _frames(write: bytes) -> list[tuple[int, bytes]]:
     return frames
 
 
-async def _open(port: int) -> WebsocketTransport:
-    return await connect_transport(
-        f"ws://127.0.0.1:{port}/",
-        ssl_context=None,
-        max_size=2**20,
-        compression=None,
-        ping_interval=None,
-        ping_timeout=None,
-        open_timeout=5.0,
-        close_timeout=2.0,
-    )
-
-
-@pytest.fixture
-async def server_factory() -> AsyncIterator[Callable[[ServerHandler], Awaitable[int]]]:
-    servers: list[Server] = []
-
-    async def start(handler: ServerHandler) -> int:
-        server = await serve(
-            handler,
-            "127.0.0.1",
-            0,
-            compression=None,
-            logger=quiet_websocket_logger("tests.websocket.server"),
-        )
-        servers.append(server)
-        return int(server.sockets[0].getsockname()[1])
-
-    yield start
-    for server in servers:
-        server.close()
-        await server.wait_closed()
-
-
 async def test_frames_and_the_ping_behind_them_are_one_write(
     server_factory: Callable[[ServerHandler], Awaitable[int]],
 ) -> None:
@@ -117,7 +82,7 @@ async def test_frames_and_the_ping_behind_them_are_one_write(
             await received.put(await ws.recv())
         await ws.wait_closed()
 
-    transport = await _open(await server_factory(handler))
+    transport = await open_transport(await server_factory(handler))
     log = _logged(transport)
     try:
         pending = await transport.send_then_ping([b'{"n":1}', b'{"n":2}'])
@@ -138,7 +103,7 @@ async def test_a_ping_sent_with_frames_is_numbered_like_a_ping_sent_alone(
     async def handler(ws: ServerConnection) -> None:
         await ws.wait_closed()
 
-    transport = await _open(await server_factory(handler))
+    transport = await open_transport(await server_factory(handler))
     log = _logged(transport)
     try:
         await transport.ping()
@@ -159,7 +124,7 @@ async def test_frames_and_a_ping_on_a_closed_connection_raise_session_closed(
     async def handler(ws: ServerConnection) -> None:
         await ws.wait_closed()
 
-    transport = await _open(await server_factory(handler))
+    transport = await open_transport(await server_factory(handler))
     await transport.close(1001, "going away")
     log = _logged(transport)
     with pytest.raises(SessionClosed) as caught:
@@ -181,7 +146,7 @@ async def test_only_the_agents_connection_sends_frames_with_a_ping(
         else:
             await refused.put(None)
 
-    transport = await _open(await server_factory(handler))
+    transport = await open_transport(await server_factory(handler))
     try:
         assert isinstance(await refused.get(), InvalidState)
     finally:
@@ -209,7 +174,7 @@ async def test_a_peer_writes_an_awaited_answer_and_its_ping_in_one_write(
         ctx.on_delivered(delivered.append)
         return {"answer": body["n"]}
 
-    transport = await _open(await server_factory(cloudly))
+    transport = await open_transport(await server_factory(cloudly))
     log = _logged(transport)
     tracker = DeliveryTracker(1, transport)
     agent = Peer(transport, Routes([body_route("ask", ask)]), settings=FAST, deliveries=tracker)

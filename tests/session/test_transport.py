@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import ServerConnection
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed
 from websockets.uri import parse_uri
@@ -20,48 +20,10 @@ from websockets.uri import parse_uri
 from agent.errors import ConfigError, InvalidState, SessionClosed, SessionError, UpgradeRefused
 from agent.session.pieces import PieceReader
 from agent.session.transport import (
-    WebsocketTransport,
-    connect_transport,
     install_piece_reader,
-    quiet_websocket_logger,
     tls_context,
 )
-
-ServerHandler = Callable[[ServerConnection], Awaitable[None]]
-
-
-async def _open(port: int, *, max_size: int = 2**20) -> WebsocketTransport:
-    return await connect_transport(
-        f"ws://127.0.0.1:{port}/",
-        ssl_context=None,
-        max_size=max_size,
-        compression=None,
-        ping_interval=None,
-        ping_timeout=None,
-        open_timeout=5.0,
-        close_timeout=2.0,
-    )
-
-
-@pytest.fixture
-async def server_factory() -> AsyncIterator[Callable[[ServerHandler], Awaitable[int]]]:
-    servers: list[Server] = []
-
-    async def start(handler: ServerHandler) -> int:
-        server = await serve(
-            handler,
-            "127.0.0.1",
-            0,
-            compression=None,
-            logger=quiet_websocket_logger("tests.websocket.server"),
-        )
-        servers.append(server)
-        return int(server.sockets[0].getsockname()[1])
-
-    yield start
-    for server in servers:
-        server.close()
-        await server.wait_closed()
+from tests.session._sockets import open_transport
 
 
 async def test_text_frame_arrives_as_bytes(server_factory: Callable[..., Awaitable[int]]) -> None:
@@ -71,7 +33,7 @@ async def test_text_frame_arrives_as_bytes(server_factory: Callable[..., Awaitab
         await ws.send('{"method":"ä"}')
         await ws.wait_closed()
 
-    transport = await _open(await server_factory(handler))
+    transport = await open_transport(await server_factory(handler))
     assert await transport.recv() == '{"method":"ä"}'.encode()
     await transport.close()
 
@@ -84,7 +46,7 @@ async def test_send_emits_one_text_frame(server_factory: Callable[..., Awaitable
         await received.put(await ws.recv())
         await ws.wait_closed()
 
-    transport = await _open(await server_factory(handler))
+    transport = await open_transport(await server_factory(handler))
     await transport.send('{"x":"ü"}'.encode())
     assert await received.get() == '{"x":"ü"}'
     await transport.close()
@@ -98,7 +60,7 @@ async def test_peer_close_becomes_session_closed_with_code_and_reason(
     async def handler(ws: ServerConnection) -> None:
         await ws.close(4000, "bye")
 
-    transport = await _open(await server_factory(handler))
+    transport = await open_transport(await server_factory(handler))
     with pytest.raises(SessionClosed) as caught:
         await transport.recv()
     assert (caught.value.close_code, caught.value.reason) == (4000, "bye")
@@ -113,7 +75,7 @@ async def test_send_after_close_raises_session_closed(
     async def handler(ws: ServerConnection) -> None:
         await ws.wait_closed()
 
-    transport = await _open(await server_factory(handler))
+    transport = await open_transport(await server_factory(handler))
     await transport.close(1001, "going away")
     with pytest.raises(SessionClosed) as caught:
         await transport.send(b"{}")
@@ -130,7 +92,7 @@ async def test_our_close_code_reaches_the_peer(
         await ws.wait_closed()
         await seen.put(ws.close_code)
 
-    transport = await _open(await server_factory(handler))
+    transport = await open_transport(await server_factory(handler))
     await transport.close(1001, "going away")
     assert await seen.get() == 1001
 
@@ -144,7 +106,7 @@ async def test_frame_above_max_size_closes_with_1009(
         await ws.send("x" * 2048)
         await ws.wait_closed()
 
-    transport = await _open(await server_factory(handler), max_size=1024)
+    transport = await open_transport(await server_factory(handler), max_size=1024)
     with pytest.raises(SessionClosed) as caught:
         await transport.recv()
     assert caught.value.close_code == 1009
@@ -157,7 +119,7 @@ async def test_refused_connection_is_a_session_error() -> None:
     listener.close()
     await listener.wait_closed()
     with pytest.raises(SessionError, match=f"127.0.0.1:{port}") as caught:
-        await _open(port)
+        await open_transport(port)
     assert isinstance(caught.value.__cause__, OSError)
 
 
@@ -175,7 +137,7 @@ async def test_non_websocket_server_is_an_upgrade_refused_with_its_status() -> N
     port = listener.sockets[0].getsockname()[1]
     try:
         with pytest.raises(UpgradeRefused, match="refused the websocket") as caught:
-            await _open(port)
+            await open_transport(port)
     finally:
         listener.close()
         await listener.wait_closed()
@@ -192,7 +154,7 @@ async def test_frames_are_never_logged_even_at_debug(
         await ws.send(await ws.recv())
         await ws.wait_closed()
 
-    transport = await _open(await server_factory(handler))
+    transport = await open_transport(await server_factory(handler))
     await transport.send(b'{"token":"tok-SECRET-123"}')
     assert await transport.recv() == b'{"token":"tok-SECRET-123"}'
     await transport.close()
@@ -293,7 +255,7 @@ async def test_a_pong_counts_the_messages_the_websocket_read_before_it(
     port = await raw_server(
         _text(b"one") + _text(b"two"), lambda payload: _frame(0xA, payload) + _text(b"three")
     )
-    transport = await _open(port)
+    transport = await open_transport(port)
     try:
         pong = await transport.ping()
         assert pong.after == 2
@@ -308,7 +270,7 @@ async def test_a_message_the_peer_wrote_before_its_pong_counts_before_it(
 ) -> None:
     """A message and the pong in one write, the message first: the pong came after it."""
     port = await raw_server(b"", lambda payload: _text(b"first") + _frame(0xA, payload))
-    transport = await _open(port)
+    transport = await open_transport(port)
     try:
         assert (await transport.ping()).after == 1
         assert await transport.recv() == b"first"
@@ -328,7 +290,7 @@ async def test_the_agents_connection_reads_frames_through_the_piece_reader(
         await ws.send("after")
         await ws.wait_closed()
 
-    transport = await _open(await server_factory(handler), max_size=8 << 20)
+    transport = await open_transport(await server_factory(handler), max_size=8 << 20)
     try:
         assert isinstance(transport._connection.protocol.reader, PieceReader)
         assert await transport.recv() == payload.encode()
