@@ -204,19 +204,7 @@ class HealthServer:
                 web.get("/v1/transfers", self._transfers_view),
             ]
         )
-        # A scrape in progress at shutdown gets a second, not aiohttp's default minute: the
-        # app bounds this step by close_timeout_s anyway.
-        runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_S
-        )
-        await runner.setup()
-        try:
-            await web.SockSite(runner, sock).start()
-        except BaseException:
-            await runner.cleanup()
-            sock.close()
-            raise
-        self._runner = runner
+        self._runner = await _serve_on(app, sock)
         self.address = _address(sock, self._listen)
         _log.info("health_listening", address=self.address)
         return self.address
@@ -226,17 +214,7 @@ class HealthServer:
         metrics_listen`); returns the bound address."""
         app = web.Application()
         app.add_routes([web.get("/metrics", self._metrics_text)])
-        runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_S
-        )
-        await runner.setup()
-        try:
-            await web.SockSite(runner, sock).start()
-        except BaseException:
-            await runner.cleanup()
-            sock.close()
-            raise
-        self._metrics_runner = runner
+        self._metrics_runner = await _serve_on(app, sock)
         address = _address(sock, listen)
         _log.info("metrics_listening", address=address)
         return address
@@ -334,3 +312,18 @@ def _address(sock: socket.socket, listen: HealthListen) -> str:
         return str(listen)
     host, port = sock.getsockname()[:2]
     return str(HealthListen(host=str(host), port=int(port)))
+
+
+async def _serve_on(app: web.Application, sock: socket.socket) -> web.AppRunner:
+    """`app` served on the bound `sock`; its runner. On failure nothing is left open."""
+    # A scrape in progress at shutdown gets a second, not aiohttp's default minute: the app
+    # bounds this step by close_timeout_s anyway.
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_S)
+    await runner.setup()
+    try:
+        await web.SockSite(runner, sock).start()
+    except BaseException:
+        await runner.cleanup()
+        sock.close()
+        raise
+    return runner
