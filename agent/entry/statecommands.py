@@ -7,8 +7,10 @@ the state directory is handed to its owner, the unit's `DynamicUser=` (`statedir
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
@@ -39,6 +41,18 @@ def held_state(config: Config) -> statedir.StateLock:
         ) from None
 
 
+@contextlib.contextmanager
+def _stopped(config: Config) -> Iterator[Path]:
+    """The state directory, held (no agent runs on it) for the block; once the block ends
+    without an error, what root wrote there is handed to its owner."""
+    held = held_state(config)
+    try:
+        yield config.state.directory
+    finally:
+        held.close()
+    give_back(config.state.directory)
+
+
 def give_back(directory: Path) -> None:
     """Root wrote in the state directory: its owner (the unit's user) gets it back."""
     changed = statedir.give_back(directory)
@@ -49,22 +63,16 @@ def give_back(directory: Path) -> None:
 def salvage(config: Config, *, sqlite3_cli: str | None) -> int:
     """`restore-agent state salvage` (agent/store/salvage.py)."""
     salvaging = importlib.import_module("agent.store.salvage")
-    held = held_state(config)
     try:
-        report = salvaging.salvage(
-            config.state.directory,
-            name=statedir.DATABASE_FILE,
-            now=time.time(),
-            sqlite3_cli=sqlite3_cli,
-        )
+        with _stopped(config) as directory:
+            report = salvaging.salvage(
+                directory, name=statedir.DATABASE_FILE, now=time.time(), sqlite3_cli=sqlite3_cli
+            )
     except StoreNewer:
         raise
     except StoreError as exc:
         fatal_line(f"{PROG}: state salvage: {exc}")
         return EXIT_CRASH
-    finally:
-        held.close()
-    give_back(config.state.directory)
     print(f"state salvaged: {report.database} (schema version {report.schema_version})")
     print(f"  read with:    {report.tool}")
     print(f"  damaged copy: {report.kept.name} (kept)")
@@ -88,12 +96,8 @@ def salvage(config: Config, *, sqlite3_cli: str | None) -> int:
 def reset(config: Config) -> int:
     """`restore-agent state reset --start-empty` (agent/store/salvage.py)."""
     salvage = importlib.import_module("agent.store.salvage")
-    held = held_state(config)
-    try:
-        kept = salvage.reset(config.state.directory, name=statedir.DATABASE_FILE, now=time.time())
-    finally:
-        held.close()
-    give_back(config.state.directory)
+    with _stopped(config) as directory:
+        kept = salvage.reset(directory, name=statedir.DATABASE_FILE, now=time.time())
     where = config.state.directory / statedir.DATABASE_FILE
     print(f"state reset: {where} starts empty at the next start")
     if kept is not None:
@@ -105,20 +109,14 @@ def reset(config: Config) -> int:
 def rollback(config: Config, *, copy: str | None) -> int:
     """`restore-agent state rollback` (agent/store/rollback.py)."""
     rolling = importlib.import_module("agent.store.rollback")
-    held = held_state(config)
     try:
-        done = rolling.roll_back(
-            config.state.directory,
-            name=statedir.DATABASE_FILE,
-            now=time.time(),
-            copy=copy,
-        )
+        with _stopped(config) as directory:
+            done = rolling.roll_back(
+                directory, name=statedir.DATABASE_FILE, now=time.time(), copy=copy
+            )
     except StoreError as exc:
         fatal_line(f"{PROG}: state rollback: {exc}")
         return EXIT_CRASH
-    finally:
-        held.close()
-    give_back(config.state.directory)
     where = config.state.directory / statedir.DATABASE_FILE
     print(f"state rolled back: {where} is {done.copy.name} (schema version {done.schema_version})")
     if done.kept is not None:
