@@ -95,10 +95,16 @@ class RecipientWatch:
     def __init__(self, observer: RecipientObserver, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self._observer = observer
         self._clock = clock
+        self._counted: str | None = None  # the recipient whose retirement was counted last
         self.contest = Contest()
 
     def retired(self, recipient_id: str) -> None:
-        """Cloudly said it does not know `recipient_id`, which had not expired."""
+        """Cloudly said it does not know `recipient_id`, which had not expired. One recipient
+        is retired once: several fetches (or a fetch and the periodic check) that meet the
+        same retired recipient at the same time count one retirement, not a second agent."""
+        if recipient_id == self._counted:
+            return
+        self._counted = recipient_id
         before, self.contest = self.contest, self.contest.retired(self._clock.monotonic())
         self._observer.recipient_retired()
         count = len(self.contest.retired_at)

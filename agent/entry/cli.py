@@ -371,14 +371,9 @@ def _rotate_key(namespace: argparse.Namespace) -> int:
             "corestore.credential_source",
             'is "file": the agent holds no recipient key to rotate',
         )
-    directory = config.state.directory
-    statedir.create(directory)
-    held = statedir.lock(directory)  # no agent, whatever its credential source, runs on it
-    try:
+    statedir.create(config.state.directory)
+    with statecommands.stopped(config) as directory:  # no agent, whatever its source, runs on it
         key = rotate_key(directory)
-    finally:
-        held.close()
-    statecommands.give_back(directory)
     print(f"recipient key rotated: public key {key.public_key}")
     print("  the agent enrolls it with Cloudly on its next start")
     return EXIT_OK

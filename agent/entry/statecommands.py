@@ -19,7 +19,7 @@ from agent.entry.exits import EXIT_CRASH, EXIT_OK, PROG, fatal_line
 from agent.errors import StartupBlocked, StoreError, StoreNewer
 from agent.store import statedir
 
-__all__ = ["NEXT_START", "give_back", "held_state", "reset", "rollback", "salvage"]
+__all__ = ["NEXT_START", "give_back", "held_state", "reset", "rollback", "salvage", "stopped"]
 
 NEXT_START: Final = (
     "  next: systemctl start restore-agent; once connected it lists what each node's Corestore "
@@ -42,7 +42,7 @@ def held_state(config: Config) -> statedir.StateLock:
 
 
 @contextlib.contextmanager
-def _stopped(config: Config) -> Iterator[Path]:
+def stopped(config: Config) -> Iterator[Path]:
     """The state directory, held (no agent runs on it) for the block; once the block ends
     without an error, what root wrote there is handed to its owner."""
     held = held_state(config)
@@ -64,7 +64,7 @@ def salvage(config: Config, *, sqlite3_cli: str | None) -> int:
     """`restore-agent state salvage` (agent/store/salvage.py)."""
     salvaging = importlib.import_module("agent.store.salvage")
     try:
-        with _stopped(config) as directory:
+        with stopped(config) as directory:
             report = salvaging.salvage(
                 directory, name=statedir.DATABASE_FILE, now=time.time(), sqlite3_cli=sqlite3_cli
             )
@@ -96,7 +96,7 @@ def salvage(config: Config, *, sqlite3_cli: str | None) -> int:
 def reset(config: Config) -> int:
     """`restore-agent state reset --start-empty` (agent/store/salvage.py)."""
     salvage = importlib.import_module("agent.store.salvage")
-    with _stopped(config) as directory:
+    with stopped(config) as directory:
         kept = salvage.reset(directory, name=statedir.DATABASE_FILE, now=time.time())
     where = config.state.directory / statedir.DATABASE_FILE
     print(f"state reset: {where} starts empty at the next start")
@@ -110,7 +110,7 @@ def rollback(config: Config, *, copy: str | None) -> int:
     """`restore-agent state rollback` (agent/store/rollback.py)."""
     rolling = importlib.import_module("agent.store.rollback")
     try:
-        with _stopped(config) as directory:
+        with stopped(config) as directory:
             done = rolling.roll_back(
                 directory, name=statedir.DATABASE_FILE, now=time.time(), copy=copy
             )

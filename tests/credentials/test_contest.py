@@ -62,8 +62,8 @@ def test_the_watch_says_a_second_agent_once_at_error(caplog: pytest.LogCaptureFi
     heard, clock = Heard(), ManualClock(start=0.0)
     watch = RecipientWatch(heard, clock=clock)
     with structlog.testing.capture_logs() as logs:
-        for _ in range(3):
-            watch.retired("recipient-1")
+        for n in range(3):
+            watch.retired(f"recipient-{n}")
             clock.advance(15.0)
     errors = [entry for entry in logs if entry["log_level"] == "error"]
     assert [entry["event"] for entry in errors] == ["duplicate_agent_suspected"]
@@ -71,6 +71,18 @@ def test_the_watch_says_a_second_agent_once_at_error(caplog: pytest.LogCaptureFi
     assert heard.retired == 3
     assert len(heard.duplicate) == 2
     assert all(heard.duplicate)
+
+
+def test_one_recipient_met_retired_by_several_fetches_is_one_retirement() -> None:
+    """Fetches for several nodes (and the periodic check) that meet the same retired recipient
+    at once count it once: no second agent is suspected from one retirement."""
+    heard, clock = Heard(), ManualClock(start=0.0)
+    watch = RecipientWatch(heard, clock=clock)
+    for _ in range(3):
+        watch.retired("recipient-1")
+    assert heard.retired == 1
+    assert not watch.contest.contested
+    assert heard.duplicate == []
 
 
 def test_the_watch_says_when_the_other_agent_is_gone() -> None:
