@@ -377,7 +377,7 @@ class Connection:
             return []  # the session closed meanwhile: nobody is waiting for the answer
         frame = encode_reply(reply(request.env, dict(response)))
         del self._requests[request_id]
-        self._unseat(request_id)
+        self._seats.release(request_id)
         self._outbox.append(frame)
         announced = set(find_stream_ids(response))
         self._release_request_streams(request, now)
@@ -394,7 +394,7 @@ class Connection:
         request = self._requests.pop(request_id, None)
         if request is None or self._closed is not None:
             return
-        self._unseat(request_id)
+        self._seats.release(request_id)
         self._outbox.append(
             encode_reply(error_reply(request.env, str(error), wire_error_data(error)))
         )
@@ -748,9 +748,6 @@ class Connection:
         log.warning("request_deferred", method=env.method, request_class=cls, in_flight=in_flight)
         retry = retry_reply(env, self.settings.busy_retry_ms, deferred.reason)
         self._outbox.append(encode_reply(retry))
-
-    def _unseat(self, request_id: int) -> None:
-        self._seats.release(request_id)
 
     def _on_response(self, env: Envelope, now: float) -> None:
         assert env.correlation is not None

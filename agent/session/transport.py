@@ -225,16 +225,9 @@ class WebsocketTransport:
 
     async def start_ping(self) -> PendingPong:
         """Write a ping now, behind every frame sent before (no frame can come between: the
-        write happens before anything is awaited); its pong, to await. Only the agent's client
-        connection (`connect_transport`) counts messages, so only it pings (`InvalidState`
-        otherwise); `SessionClosed` once the connection is gone."""
-        counting = self._counting()
-        data = b"agent-%d" % next(self._pings)
-        try:
-            waiter = await counting.ping(data)
-        except ConnectionClosed as exc:
-            raise SessionClosed(*_close_details(exc)) from exc
-        return PendingPong(counting, data, waiter)
+        write happens before anything is awaited); its pong, to await. `send_then_ping` with no
+        frames: the same write, the same numbering."""
+        return await self.send_then_ping(())
 
     async def send_then_ping(self, frames: Sequence[bytes]) -> PendingPong:
         """Write `frames` (each one text frame) and a ping behind them in ONE write to the
