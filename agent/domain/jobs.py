@@ -12,12 +12,17 @@ delivered.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TypeAlias
 
 from agent.domain.job_machine import JOB_KINDS, JobKind, JobStatus
 from agent.domain.outcomes import JobResult, RunPlan
 from agent.errors import InvalidState
 
-__all__ = ["JobKey", "StoredJob"]
+__all__ = ["JobKey", "JobScope", "StoredJob"]
+
+
+JobScope: TypeAlias = "tuple[str, str, str, str, str]"
+"""What one job at a time may hold (`JobKey.scope`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +48,7 @@ class JobKey:
             raise InvalidState("JobKey.run must be 0 for a backup, a whole number for a restore")
 
     @property
-    def scope(self) -> tuple[str, str, str, str, str]:
+    def scope(self) -> JobScope:
         """What one job at a time may hold: a backup's exact key, a restore's service on its
         node (whichever backup it restores)."""
         backup = self.backup_id if self.kind == "backup" else ""

@@ -13,11 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from agent.domain.answer_fate import AnswerFate, answer_fate
-from agent.domain.jobs import JobKey, StoredJob
+from agent.domain.jobs import JobKey, JobScope, StoredJob
 
 __all__ = ["AnswerBook"]
-
-Scope = tuple[str, str, str, str, str]
 
 
 @dataclass(slots=True)
@@ -35,7 +33,7 @@ class AnswerBook:
     """Where each service's last restore run's answer went (module docstring)."""
 
     def __init__(self) -> None:
-        self._runs: dict[Scope, _Given] = {}
+        self._runs: dict[JobScope, _Given] = {}
 
     def ended(self, key: JobKey, revision: int) -> None:
         """Run `key` recorded its outcome at `revision` here; nobody was given it yet."""

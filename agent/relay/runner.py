@@ -66,7 +66,7 @@ from agent.domain.job_machine import (
     backup_meets,
     restore_meets,
 )
-from agent.domain.jobs import JobKey, StoredJob
+from agent.domain.jobs import JobKey, JobScope, StoredJob
 from agent.domain.outcomes import JobFailed, JobResult, JsonObject, RunPlan, Succeeded
 from agent.errors import (
     AgentError,
@@ -121,8 +121,6 @@ class Requester(Protocol):
         """Have `callback` told once a pong confirmed the answer reached Cloudly."""
         ...
 
-
-Scope = tuple[str, str, str, str, str]
 
 INTERRUPTED: Final = JobFailed(
     ShuttingDown.code,
@@ -193,8 +191,8 @@ class JobRunner:
         """`clock` bounds `close()`; `observer` hears how each request was answered."""
         self._store = store
         self._observer = observer
-        self._locks: KeyedLocks[Scope] = KeyedLocks()
-        self._running: dict[Scope, _Running] = {}
+        self._locks: KeyedLocks[JobScope] = KeyedLocks()
+        self._running: dict[JobScope, _Running] = {}
         self._answers = AnswerBook()  # per service: where its last run's answer went
         self._owner = TaskOwner("the relay job runner", clock=clock)
 
@@ -404,7 +402,7 @@ class JobRunner:
         )
         return moved
 
-    def _live(self, scope: Scope) -> _Running | None:
+    def _live(self, scope: JobScope) -> _Running | None:
         """The work of `scope` running in this process; work whose outcome is out (its task is
         just ending) no longer counts: a request then meets what it recorded."""
         running = self._running.get(scope)

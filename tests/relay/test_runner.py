@@ -45,6 +45,16 @@ PLAN = RunPlan(
 )
 
 
+class _Heard:
+    """An observer keeping each verdict's (answer, reason)."""
+
+    def __init__(self) -> None:
+        self.reasons: list[tuple[str, str]] = []
+
+    def relay_answered(self, *, kind: str, answer: str, reason: str) -> None:
+        self.reasons.append((answer, reason))
+
+
 class _WatchedStore(RevisionStore):
     """The real store, telling when a job's outcome was recorded."""
 
@@ -138,23 +148,28 @@ async def test_a_restore_that_ended_with_nobody_waiting_is_answered_from_the_rec
     """Its caller's connection ended while it ran, so its answer went nowhere: the identical
     request on the next connection gets the recorded answer; nothing runs again."""
     store = await _WatchedStore.open(tmp_path / "state")
-    works, session = Works(), Session(auto=False)
+    works, session, heard = Works(), Session(auto=False), _Heard()
     works.hold()
+    runner = JobRunner(store, observer=heard)
+    run = asyncio.create_task(runner.run())
     try:
-        async for runner in running(store):
-            caller = asyncio.create_task(
-                runner.submit(RESTORE, A, works.start, requester=session.request())
-            )
-            await works.started.wait()
-            caller.cancel()  # its connection ended
-            session.reconnect()
-            works.release.set()
-            await store.recorded.wait()
-            repeat = await runner.submit(RESTORE, A, works.start, requester=session.request())
+        await runner.started()
+        caller = asyncio.create_task(
+            runner.submit(RESTORE, A, works.start, requester=session.request())
+        )
+        await works.started.wait()
+        caller.cancel()  # its connection ended
+        session.reconnect()
+        works.release.set()
+        await store.recorded.wait()
+        repeat = await runner.submit(RESTORE, A, works.start, requester=session.request())
     finally:
+        await runner.close(5)
+        await run
         await store.aclose()
     assert repeat == {"restored": [{"run": 1}]}
     assert len(works.runs) == 1
+    assert heard.reasons[-1] == ("recorded", "answer-never-given")
 
 
 async def test_another_request_after_an_unconfirmed_answer_runs(runner: JobRunner) -> None:

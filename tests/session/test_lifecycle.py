@@ -33,13 +33,6 @@ def _id(pair: tuple[Lifecycle, LifecycleEvent]) -> str:
     return f"{pair[0].value}-{pair[1].value}"
 
 
-@pytest.mark.parametrize("pair", [p for p in EVERY_PAIR if p in MOVES], ids=_id)
-def test_a_legal_move_answers_the_tables_state(pair: tuple[Lifecycle, LifecycleEvent]) -> None:
-    """`next` answers the state the table names."""
-    state, event = pair
-    assert LIFECYCLE_TABLE.next(state, event) is MOVES[pair]
-
-
 @pytest.mark.parametrize("pair", [p for p in EVERY_PAIR if p not in MOVES], ids=_id)
 def test_an_illegal_move_raises_invalid_state(pair: tuple[Lifecycle, LifecycleEvent]) -> None:
     """Every move the table does not list is `InvalidState`, naming the event and the state."""
