@@ -336,7 +336,8 @@ async def test_a_restart_reuses_the_key_and_rotate_key_enrolls_a_new_one(
         first_key = (sealed.state_dir / KEY_FILE).read_bytes()
         first_record = (sealed.state_dir / ENROLLMENT_FILE).read_text()
         assert cli_main(["rotate-key", "--config", str(sealed.tmp / "agent.toml")]) == 75
-        assert "another restore-agent uses this state directory" in capsys.readouterr().err
+        refused = capsys.readouterr().err
+        assert "a restore-agent runs on this state directory: stop it first" in refused
     async with sealed.agent():
         assert (sealed.state_dir / KEY_FILE).read_bytes() == first_key
         assert (sealed.state_dir / ENROLLMENT_FILE).read_text() == first_record
