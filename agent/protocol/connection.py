@@ -310,10 +310,12 @@ class Connection:
             log.info("call_resent", method=call.method, attempt=call.sends)
             self._outbox.append(call.wire)
         for stream_id, answers in self._streams.expire(now):
-            self._outbox.extend(encode_envelope(answer.envelope) for answer in answers)
             responder = self._streams.responders.get(stream_id)
-            if responder is None:
-                continue  # finished and forgotten: it was over, and said so, before
+            if responder is None:  # finished and forgotten: it was over, and said so, before
+                self._outbox.extend(encode_envelope(answer.envelope) for answer in answers)
+                continue
+            for answer in answers:
+                self._answer_stream(responder, answer, now)
             if responder.broken and responder.done:
                 log.warning("stream_broken", stream_id=stream_id, reason=responder.broken_reason)
             self._touch(responder)
@@ -417,9 +419,9 @@ class Connection:
             return False
         return True
 
-    def read_request_stream(self, request_id: int, stream_id: str) -> None:
+    def read_request_stream(self, request_id: int, stream_id: str, now: float) -> None:
         """Stream `stream_id` of request `request_id` is read by its handler (`take`); once
-        each."""
+        each. The probes it parked while held are answered now (flush)."""
         request = self._requests.get(request_id)
         if request is None or stream_id not in request.streams or stream_id in request.opened:
             raise LocalProtocolError(
@@ -429,16 +431,18 @@ class Connection:
         stream = self._streams.responders.get(stream_id)
         if stream is None:  # pragma: no cover - kept with its request
             raise StreamBroken(f"stream {stream_id} is gone")
-        stream.read_now()
         if self._charges is not None:
             self._charges.reading(stream_id)
+        for answer in stream.read_now():
+            self._answer_stream(stream, answer, now)
 
     def hold_request_stream(self, request_id: int, stream_id: str) -> None:
         """Stream `stream_id` of request `request_id` will be read later: until its handler
         reads it (`read_request_stream`), every answer on it says `backpressure`, so its
-        initiator probes (typedrequest every 50 ms) rather than sends. A request waiting for a
-        transfer slot holds its stream this way; its deadlines are unchanged (the initiator's
-        probes and keep-alives keep it alive)."""
+        initiator probes rather than sends, and each probe waits for the read (or
+        `park_timeout`: `ResponderStream`). A request waiting for a transfer slot holds its
+        stream this way; its deadlines are unchanged (the initiator's probes and keep-alives
+        keep it alive)."""
         request = self._requests.get(request_id)
         if request is None or stream_id not in request.streams or stream_id in request.opened:
             raise LocalProtocolError(
@@ -551,7 +555,7 @@ class Connection:
         `StreamBroken` once it broke and what came before was taken."""
         stream = self._live(stream_id)
         if isinstance(stream, ResponderStream):
-            return self._take_received(stream)
+            return self._take_received(stream, now)
         try:
             item = stream.take()
         except StreamBroken:
@@ -567,7 +571,8 @@ class Connection:
         if stream is None:
             return
         if isinstance(stream, ResponderStream):
-            stream.abandon(now)
+            for answer in stream.abandon(now):
+                self._answer_stream(stream, answer, now)
             if self._charges is not None:
                 self._charges.took(stream_id, 0)
             self._settle_charge(stream)
@@ -688,7 +693,8 @@ class Connection:
         for stream_id in request.streams:
             stream = self._streams.responders.get(stream_id)
             if stream is not None and stream.keep_alive:
-                stream.abandon(now)
+                for answer in stream.abandon(now):
+                    self._answer_stream(stream, answer, now)
                 self._touch(stream)
 
     def _answer_malformed(self, obj: Mapping[str, Any], exc: RemoteProtocolError) -> None:
@@ -770,9 +776,10 @@ class Connection:
         if self._charges is not None:
             self._charges.settle(stream)
 
-    def _take_received(self, stream: ResponderStream) -> bytes | Closing | None:
+    def _take_received(self, stream: ResponderStream, now: float) -> bytes | Closing | None:
         """`take` on a stream we receive on: the reader asks for the next chunk, so it is done
-        with the one before (even when this raises); the one it gets stays drawn until then."""
+        with the one before (even when this raises); the one it gets stays drawn until then.
+        A chunk taken makes room: a probe parked for it is answered."""
         charges = self._charges
         if charges is not None:
             charges.took(stream.stream_id, 0)
@@ -784,6 +791,9 @@ class Connection:
         if charges is not None and isinstance(item, bytes):
             charges.took(stream.stream_id, len(item))
         self._settle_charge(stream)
+        if item is not None:
+            for answer in stream.release():
+                self._answer_stream(stream, answer, now)
         return item
 
     def _on_stream_frame(self, env: Envelope, now: float, size: int) -> None:

@@ -37,7 +37,15 @@ Bounds: the receive queue holds at most `window` chunks, and at most `window_byt
 report backpressure; a stream whose reader is not ready yet (HELD: its request waits for a
 transfer slot) reports backpressure whatever it holds, so its initiator probes instead of
 sending and the stream holds no more than it took before; a peer that keeps sending past twice
-either bound breaks the stream. The send queue holds `window` chunks; the producer waits for
+either bound breaks the stream.
+
+A `feedback` probe that finds the stream backpressured is parked like a `read` (long poll):
+answered as soon as the stream has room again (`read_now()`, `take()`: `release()` gives the
+answer), or with backpressure still on once `park_timeout` passes. typedrequest 3.3.0 waits
+for the answer to a probe and probes again 50 ms after a backpressured one, so a stream that
+waits its turn for minutes costs one probe per `park_timeout` instead of twenty a second, and
+it starts moving the moment it may rather than up to 50 ms later. At most `window` probes wait;
+one more answers the oldest. The send queue holds `window` chunks; the producer waits for
 `has_space()`. Memory per stream is at most 2 x `window_bytes` of queued frames, never stream
 length.
 """
@@ -208,6 +216,7 @@ class ResponderStream:
         # RECEIVE: frames that arrived while a chunk was being decoded, answered after it
         self._deferred: deque[tuple[Envelope, StreamPackage, float]] = deque()
         self._parked: deque[_Parked] = deque()  # SEND: `read`s waiting for data, oldest first
+        self._probes: deque[_Parked] = deque()  # RECEIVE: `feedback`s waiting for room
         self.end_reported = False  # the connection told its driver the stream is over
 
     # --- frames from the initiator -------------------------------------------------------
@@ -225,13 +234,16 @@ class ResponderStream:
 
     def release(self) -> list[StreamAnswer]:
         """Answer the frames that waited for the stream's chunks to be decoded, in order, until
-        one leaves a chunk to decode again (or none waits)."""
+        one leaves a chunk to decode again (or none waits); then the parked probes, once the
+        stream has room (or is over)."""
         answers: list[StreamAnswer] = []
         while self._deferred and self._decoding is None:
             env, package, at = self._deferred.popleft()
             answer = self._handle_now(env, package, at)
             if answer is not None:
                 answers.append(answer)
+        if self._probes and not self._parks_probes():
+            answers += self._release_probes()
         return answers
 
     @property
@@ -264,8 +276,29 @@ class ResponderStream:
         if purpose == "keepAlive":
             answer = self._package(package, "keepAlive", keep_alive=self.keep_alive)
             return StreamAnswer(stream_reply(package, answer, echo_request=True))
+        if purpose == "feedback" and self._parks_probes():
+            self._probes.append(_Parked(env, package, now + self._park_timeout))
+            if len(self._probes) > self._window:
+                return self._answer_probe(self._probes.popleft())  # the oldest, still waiting
+            return None
         # feedback, and the unused start/end, get a feedback package
         return self._feedback(package, echo_request=True)
+
+    def _parks_probes(self) -> bool:
+        """Whether a `feedback` probe waits for room: the stream receives, lives, and has none."""
+        return (
+            self.role is Role.RECEIVE
+            and self.state in (StreamState.OPEN, StreamState.HELD)
+            and self._backpressured()
+        )
+
+    def _answer_probe(self, parked: _Parked) -> StreamAnswer:
+        return self._feedback(parked.package, echo_request=True)
+
+    def _release_probes(self) -> list[StreamAnswer]:
+        answers = [self._answer_probe(parked) for parked in self._probes]
+        self._probes.clear()
+        return answers
 
     def _feedback(self, request: StreamPackage, *, echo_request: bool) -> StreamAnswer:
         answer = self._package(request, "feedback")
@@ -436,18 +469,22 @@ class ResponderStream:
         if RESPONDER_TABLE.allows(self.state, ResponderEvent.HOLD):
             self._move(ResponderEvent.HOLD, self.last_seen)
 
-    def read_now(self) -> None:
-        """Its reader is ready: answers report the queue again."""
+    def read_now(self) -> list[StreamAnswer]:
+        """Its reader is ready: answers report the queue again; returns the answers to the
+        probes that waited for it."""
         if RESPONDER_TABLE.allows(self.state, ResponderEvent.READ):
             self._move(ResponderEvent.READ, self.last_seen)
+        return self.release()
 
-    def abandon(self, now: float) -> None:
-        """Nobody will read: drop what is queued, discard what comes, answer keepAlive false."""
+    def abandon(self, now: float) -> list[StreamAnswer]:
+        """Nobody will read: drop what is queued, discard what comes, answer keepAlive false;
+        returns the answers to the probes that waited for room."""
         if RESPONDER_TABLE.allows(self.state, ResponderEvent.ABANDON):
             self._move(ResponderEvent.ABANDON, now)
         self._drop_queue()
         if self.closed_at is None:
             self.closed_at = now
+        return self._release_probes()
 
     # --- the local producer (SEND) ---------------------------------------------------------
 
@@ -482,18 +519,24 @@ class ResponderStream:
     # --- both --------------------------------------------------------------------------------
 
     def abort(self, reason: str, now: float) -> list[StreamAnswer]:
-        """Break the stream locally; returns the answers to parked `read`s (now empty)."""
+        """Break the stream locally; returns the answers to parked `read`s and probes (now
+        saying it is over)."""
         if self.state in _LIVE:
             self._break(reason, now)
-        return self._release_all()
+        return self._release_probes() + self._release_all()
 
     def expire(self, now: float) -> list[StreamAnswer]:
-        """Apply the clock: idle timeout, parked-read timeouts. Returns answers to send."""
+        """Apply the clock: idle timeout, parked-read and parked-probe timeouts. Returns
+        answers to send."""
         if self.state in _LIVE and now - self.last_seen > self._idle_timeout:
             self._break(f"no frame from the initiator within {self._idle_timeout:g} s", now)
-        if self.state not in (StreamState.OPEN, StreamState.CLOSING):
-            return self._release_all()
         answers: list[StreamAnswer] = []
+        if not self._parks_probes():
+            answers += self._release_probes()
+        while self._probes and now >= self._probes[0].deadline:
+            answers.append(self._answer_probe(self._probes.popleft()))
+        if self.state not in (StreamState.OPEN, StreamState.CLOSING):
+            return answers + self._release_all()
         while self._parked and now >= self._parked[0].deadline:
             answer = self._release_parked()
             assert answer is not None
@@ -502,7 +545,10 @@ class ResponderStream:
 
     def next_wakeup(self) -> float | None:
         """When `expire` (or `finished`) may next have something to do."""
-        parked = self._parked[0].deadline if self._parked else None
+        parked = min(
+            (waiting[0].deadline for waiting in (self._parked, self._probes) if waiting),
+            default=None,
+        )
         if self.done:
             if parked is not None:
                 return parked
@@ -513,7 +559,7 @@ class ResponderStream:
     def finished(self, now: float) -> bool:
         """Whether the registration may go: over, drained, and quiet for `idle_timeout` s (a
         late frame of the initiator still finds it and is answered `keepAlive: false`)."""
-        if self.closed_at is None or self._parked or self._deferred:
+        if self.closed_at is None or self._parked or self._probes or self._deferred:
             return False
         return self._drained() and now >= self._linger_end()
 

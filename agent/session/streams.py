@@ -139,6 +139,10 @@ class Source:
                 if stall.expired():
                     await _stall_stream(owner, stream_id, "chunk from the peer")
                 else:
+                    # The initiator may wait on an answer we hold (the probe its stream parked
+                    # while nobody read it): it goes out before we wait for the chunk it invites.
+                    with contextlib.suppress(SessionClosed):
+                        await owner.flush()
                     await self._signal.wait(stall.deadline)
                 continue
             # A `read` we drive may go out now that there is room. A transport already gone
@@ -253,8 +257,9 @@ class HandlerContext:
             self.delivery_callbacks.append(callback)
 
     def receive_stream(self, marker: StreamMarker) -> ByteSource:
-        self._owner.connection.read_request_stream(self._request_id, marker.stream_id)
-        return Source(self._owner, marker.stream_id)
+        owner = self._owner
+        owner.connection.read_request_stream(self._request_id, marker.stream_id, owner.now())
+        return Source(owner, marker.stream_id)
 
     def hold_stream(self, marker: StreamMarker) -> None:
         self._owner.connection.hold_request_stream(self._request_id, marker.stream_id)

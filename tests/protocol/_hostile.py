@@ -247,7 +247,7 @@ class Driver:
         self._count_request(orjson.dumps(_request("echo", setup, "setup")))
         self.conn.receive_frame(orjson.dumps(_request("echo", setup, "setup")), self.now)
         [event] = [e for e in self.conn.events_received() if isinstance(e, RequestReceived)]
-        self.conn.read_request_stream(event.request_id, "s1")
+        self.conn.read_request_stream(event.request_id, "s1", 0.0)
         self.reading = "s1"
 
     def feed(self, frame: bytes) -> None:
@@ -286,7 +286,7 @@ class Driver:
     def _answer(self, event: RequestReceived) -> None:
         choice = (event.request_id + self.turn) % 4
         for stream_id in event.stream_ids[: choice % 2]:
-            self.conn.read_request_stream(event.request_id, stream_id)
+            self.conn.read_request_stream(event.request_id, stream_id, 0.0)
             try:
                 while self.conn.take(stream_id, self.now) is not None:
                     pass

@@ -74,7 +74,7 @@ def answers(conn: Connection) -> list[dict[str, Any]]:
 def open_read(conn: Connection, stream_id: str = "s1") -> None:
     conn.receive_frame(request("echo", {"a": marker(stream_id)}), 0.0)
     [event] = requests(conn)
-    conn.read_request_stream(event.request_id, stream_id)
+    conn.read_request_stream(event.request_id, stream_id, 0.0)
 
 
 def decode_all(conn: Connection, now: float) -> None:
@@ -124,20 +124,36 @@ def failures(conn: Connection) -> list[CallErrored]:
     return [event for event in conn.events_received() if isinstance(event, CallErrored)]
 
 
-def test_a_stream_nobody_reads_yet_is_answered_backpressure() -> None:
-    """With a byte budget, nothing is invited for a stream before its handler reads it."""
+def test_a_probe_on_a_stream_nobody_reads_yet_waits_for_its_reader() -> None:
+    """With a byte budget, nothing is invited for a stream before its handler reads it: its
+    initiator's probe waits (a long poll), and the read answers it with the invitation."""
     pool = Ledger(limit=10 * FRAME)
     conn = budgeted(pool)
     conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
     [event] = requests(conn)
     conn.receive_frame(feedback_frame("s1", "f1"), 0.0)
+    assert answers(conn) == []
+    conn.read_request_stream(event.request_id, "s1", 0.2)
     [answer] = answers(conn)
-    assert answer["backpressure"] is True
-    conn.read_request_stream(event.request_id, "s1")
-    conn.receive_frame(feedback_frame("s1", "f2"), 0.1)
-    [answer] = answers(conn)
-    assert answer["backpressure"] is False
+    assert (answer["cycleId"], answer["backpressure"]) == ("f1", False)
     assert pool.held > 0  # the invited frame is reserved
+
+
+def test_a_probe_on_a_stream_nobody_reads_yet_is_answered_backpressure_after_park_timeout() -> None:
+    """The probe waits `park_timeout` at most, then says backpressure: its initiator probes
+    again, once a second instead of twenty times."""
+    pool = Ledger(limit=10 * FRAME)
+    conn = budgeted(pool)
+    conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
+    requests(conn)
+    conn.receive_frame(feedback_frame("s1", "f1"), 0.0)
+    park = conn.settings.streams.park_timeout
+    conn.advance(park - 0.01)
+    assert answers(conn) == []
+    conn.advance(park)
+    [answer] = answers(conn)
+    assert (answer["cycleId"], answer["backpressure"]) == ("f1", True)
+    assert pool.held == 0
 
 
 def test_the_streams_never_hold_more_than_the_budget_and_give_it_all_back() -> None:

@@ -268,7 +268,7 @@ class TestPipelinedChunks:
         conn = connection(inline_decode_max=0)
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1")
+        conn.read_request_stream(event.request_id, "s1", 0.0)
         conn.receive_frame(chunk_frame("s1", "k1", b"[1,2]"), 0.0)
         [answer] = sent(conn)
         assert answer["response"]["mainPurpose"] == "feedback"
@@ -284,7 +284,7 @@ class TestPipelinedChunks:
         conn = connection(inline_decode_max=0)
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1")
+        conn.read_request_stream(event.request_id, "s1", 0.0)
         conn.receive_frame(chunk_frame("s1", "k1", b"[1,300]"), 0.0)
         [received] = [e for e in conn.events_received() if isinstance(e, ChunkToDecode)]
         with pytest.raises(RemoteProtocolError) as caught:
@@ -318,7 +318,7 @@ class TestPipelinedChunks:
         conn = connection()
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1")
+        conn.read_request_stream(event.request_id, "s1", 0.0)
         conn.receive_frame(chunk_frame("s1", "k1", b"[7]"), 0.0)
         assert not [e for e in conn.events_received() if isinstance(e, ChunkToDecode)]
         assert conn.take("s1", 0.0) == b"\x07"
@@ -342,10 +342,10 @@ class TestRequestStreams:
         conn.receive_frame(request("echo", {"a": marker("s1"), "b": [marker("s2")]}), 0.0)
         [event] = requests(conn)
         assert event.stream_ids == ("s1", "s2")
-        conn.read_request_stream(event.request_id, "s1")
+        conn.read_request_stream(event.request_id, "s1", 0.0)
         assert conn.take("s1", 0.0) is None  # open, nothing arrived yet
         with pytest.raises(LocalProtocolError, match="not an unopened stream"):
-            conn.read_request_stream(event.request_id, "s1")
+            conn.read_request_stream(event.request_id, "s1", 0.0)
 
     def test_a_duplicate_stream_id_refuses_the_request_and_unregisters_its_streams(self) -> None:
         """Rollback: a request whose second marker repeats an id leaves no stream behind."""
@@ -403,7 +403,8 @@ def feedback_frame(stream_id: str, cycle_id: str) -> bytes:
 class TestHeldStreams:
     def test_a_held_stream_answers_backpressure_to_every_frame(self) -> None:
         """While its handler holds it (waiting for a transfer slot), the stream's answers to a
-        probe, a keep-alive and a chunk all say backpressure, and the keep-alive says alive."""
+        keep-alive and a chunk say backpressure, the keep-alive says alive, and a probe waits
+        (`park_timeout`) and then says backpressure too."""
         conn = connection()
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
@@ -411,9 +412,24 @@ class TestHeldStreams:
         conn.receive_frame(feedback_frame("s1", "f1"), 0.0)
         conn.receive_frame(stray("s1", "k1"), 0.0)
         conn.receive_frame(chunk_frame("s1", "c1", b"[7]"), 0.0)
+        conn.advance(conn.settings.streams.park_timeout)
         answers = [frame["response"] for frame in sent(conn)]
+        assert [a["cycleId"] for a in answers] == ["k1", "c1", "f1"]
         assert [a["backpressure"] for a in answers] == [True, True, True]
-        assert answers[1]["keepAlive"] is True
+        assert answers[0]["keepAlive"] is True
+
+    def test_reading_a_held_stream_answers_its_waiting_probe_at_once(self) -> None:
+        """The probe that waited while the stream was held is answered by the read itself:
+        the initiator sends the moment the handler reads, not a probe interval later."""
+        conn = connection()
+        conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
+        [event] = requests(conn)
+        conn.hold_request_stream(event.request_id, "s1")
+        conn.receive_frame(feedback_frame("s1", "f1"), 0.0)
+        assert sent(conn) == []
+        conn.read_request_stream(event.request_id, "s1", 0.3)
+        [answer] = sent(conn)
+        assert (answer["response"]["cycleId"], answer["response"]["backpressure"]) == ("f1", False)
 
     def test_reading_a_held_stream_ends_the_hold(self) -> None:
         """Once the handler reads it, the next probe is told to send, and what came while it
@@ -424,7 +440,7 @@ class TestHeldStreams:
         conn.hold_request_stream(event.request_id, "s1")
         conn.receive_frame(chunk_frame("s1", "c1", b"[7]"), 0.0)
         sent(conn)
-        conn.read_request_stream(event.request_id, "s1")
+        conn.read_request_stream(event.request_id, "s1", 0.0)
         conn.receive_frame(feedback_frame("s1", "f2"), 1.0)
         [answer] = sent(conn)
         assert answer["response"]["backpressure"] is False
@@ -441,7 +457,7 @@ class TestHeldStreams:
             conn.receive_frame(feedback_frame("s1", f"f{second}"), float(second))
             conn.advance(float(second))
         assert conn.stream_outcome("s1") is None
-        conn.read_request_stream(event.request_id, "s1")
+        conn.read_request_stream(event.request_id, "s1", 0.0)
         assert conn.take("s1", 100.0) is None
 
     def test_only_an_unread_stream_of_the_request_can_be_held(self) -> None:
@@ -449,7 +465,7 @@ class TestHeldStreams:
         conn = connection()
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1")
+        conn.read_request_stream(event.request_id, "s1", 0.0)
         with pytest.raises(LocalProtocolError, match="not an unopened stream"):
             conn.hold_request_stream(event.request_id, "s1")
         with pytest.raises(LocalProtocolError, match="not an unopened stream"):
@@ -576,7 +592,7 @@ class Uploads:
         self.readers: list[tuple[Connection, int, str]] = []  # (side, request id, stream id)
 
     def __call__(self, conn: Connection, event: RequestReceived) -> None:
-        conn.read_request_stream(event.request_id, event.stream_ids[0])
+        conn.read_request_stream(event.request_id, event.stream_ids[0], 0.0)
         self.readers.append((conn, event.request_id, event.stream_ids[0]))
 
 
@@ -677,7 +693,7 @@ class TestStreamsById:
         conn = connection()
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1")
+        conn.read_request_stream(event.request_id, "s1", 0.0)
         conn.advance(10.5)
         reason = "no frame from the initiator within 10 s"
         assert conn.events_received() == [StreamBroke("s1", reason)]
@@ -760,7 +776,7 @@ class TestStreamsById:
         conn = connection()
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1")
+        conn.read_request_stream(event.request_id, "s1", 0.0)
         conn.stop_reading("s1", 0.0)
         conn.receive_frame(stray("s1", "k1"), 0.0)
         [keepalive] = sent(conn)

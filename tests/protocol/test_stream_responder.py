@@ -200,6 +200,78 @@ def test_parked_read_is_answered_empty_after_the_park_timeout() -> None:
     assert released.response["next"] is True
 
 
+def held(cycle: str = "f1") -> ResponderStream:
+    """A stream we receive whose reader is not ready, with one probe waiting on it."""
+    stream = responder(Role.RECEIVE)
+    stream.hold()
+    assert stream.handle(*frame("feedback", cycle=cycle), 1.0) is None
+    return stream
+
+
+def test_a_probe_on_a_held_stream_waits_for_its_reader() -> None:
+    """`read_now` answers the waiting probe: no backpressure, and it invites the next chunk."""
+    stream = held()
+    [answer] = stream.read_now()
+    assert (answer.envelope.response["cycleId"], answer.envelope.response["backpressure"]) == (
+        "f1",
+        False,
+    )
+    assert answer.invites
+
+
+def test_a_probe_waits_for_room_in_a_full_queue_and_a_take_answers_it() -> None:
+    """A probe that finds the queue full waits; taking a chunk makes room, and `release`
+    answers it."""
+    stream = responder(Role.RECEIVE)
+    send(stream, "chunk", **chunk(b"a"))
+    send(stream, "chunk", cycle="k2", **chunk(b"b"))
+    assert stream.handle(*frame("feedback", cycle="f1"), 1.0) is None
+    assert stream.release() == []  # still full
+    stream.take()
+    [answer] = envelopes(stream.release())
+    assert (answer.response["cycleId"], answer.response["backpressure"]) == ("f1", False)
+
+
+def test_a_waiting_probe_says_backpressure_after_the_park_timeout() -> None:
+    """Still held at `park_timeout`, the probe is answered backpressure (it probes again)."""
+    stream = held()
+    assert stream.next_wakeup() == 1.0 + SETTINGS.park_timeout
+    assert stream.expire(1.5) == []
+    [answer] = stream.expire(2.0)
+    assert answer.envelope.response["backpressure"] is True
+    assert not answer.invites
+
+
+def test_at_most_window_probes_wait_and_one_more_answers_the_oldest() -> None:
+    """A peer that probes without waiting keeps at most `window` probes parked."""
+    stream = held("f0")
+    for index in range(1, WINDOW):
+        assert stream.handle(*frame("feedback", cycle=f"f{index}"), 1.0) is None
+    answer = stream.handle(*frame("feedback", cycle="over"), 1.0)
+    assert answer is not None
+    assert (answer.envelope.response["cycleId"], answer.envelope.response["backpressure"]) == (
+        "f0",
+        True,
+    )
+
+
+def test_abandoning_or_breaking_a_stream_answers_its_waiting_probes() -> None:
+    """A probe never outlives its stream's reader: abandon and abort answer it."""
+    abandoned, aborted = held(), held()
+    assert [a.envelope.response["cycleId"] for a in abandoned.abandon(2.0)] == ["f1"]
+    assert [a.envelope.response["cycleId"] for a in aborted.abort("local", 2.0)] == ["f1"]
+
+
+def test_a_registration_with_a_waiting_probe_is_not_finished() -> None:
+    """The stream stays registered while a probe waits on it, so its answer can still go."""
+    stream = held()
+    stream.handle(*frame("keepAlive", cycle="k", keep_alive=False), 2.0)  # broken, f1 waits
+    assert stream.state is StreamState.BROKEN
+    assert not stream.finished(100.0)
+    assert [a.envelope.response["cycleId"] for a in stream.expire(100.0)] == ["f1"]
+    assert stream.finished(100.0)
+
+
 def test_closing_bit_is_delivered_last_then_the_stream_ends() -> None:
     """close() queues the closing bit after the data; delivering it ends the stream."""
     stream = responder(Role.SEND)
@@ -386,7 +458,8 @@ def test_the_byte_window_reports_backpressure_at_window_bytes() -> None:
     assert stream.queued_bytes == 600
     assert send(stream, "chunk", cycle="k2", **raw(big)).response["backpressure"] is False
     settle_all(stream)
-    assert send(stream, "feedback", cycle="k3").response["backpressure"] is True
+    assert send(stream, "chunk", cycle="k3", **raw(b"x")).response["backpressure"] is True
+    settle_all(stream)
     stream.take()
     assert send(stream, "feedback", cycle="k4").response["backpressure"] is False
 
