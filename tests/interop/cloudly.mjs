@@ -473,14 +473,16 @@ async function cmdStream(msg) {
   const data = deterministicBytes(msg.seed ?? 0, msg.bytes ?? 0);
   const sha256 = sha256Hex(data);
   const stream = new VirtualStream();
-  const record = { conn: peer.id, method: msg.method, field, streamId: stream.streamId, bytes: data.length, sha256, chunksAcked: 0, closingBitAcked: false, status: 'sending' };
+  const record = { conn: peer.id, method: msg.method, field, streamId: stream.streamId, bytes: data.length, sha256, chunksAcked: 0, closingBitAcked: false, probes: 0, status: 'sending' };
   state.sentStreams.push(record);
   let resolveClosingAck;
   const closingAcked = new Promise((resolve) => {
     resolveClosingAck = resolve;
   });
   const hook = (sent, reply) => {
-    if (sent.request?.streamId !== stream.streamId || sent.request.mainPurpose !== 'chunk') return;
+    if (sent.request?.streamId !== stream.streamId) return;
+    if (sent.request.mainPurpose === 'feedback') record.probes += 1; // the library's probes
+    if (sent.request.mainPurpose !== 'chunk') return;
     if (sent.request.chunkData === CLOSING_BIT) {
       record.closingBitAcked = reply.response != null;
       resolveClosingAck();
@@ -519,7 +521,7 @@ async function cmdStream(msg) {
   const outcome = await withTimeout(both, msg.timeoutMs ?? 120000, () => TIMED_OUT);
   record.seconds = Number(process.hrtime.bigint() - started) / 1e9;
   peer.streamReplyHooks = peer.streamReplyHooks.filter((h) => h !== hook);
-  const report = { conn: peer.id, correlationId, streamId: stream.streamId, bytes: data.length, sha256, chunksAcked: record.chunksAcked, closingBitAcked: record.closingBitAcked, seconds: record.seconds };
+  const report = { conn: peer.id, correlationId, streamId: stream.streamId, bytes: data.length, sha256, chunksAcked: record.chunksAcked, closingBitAcked: record.closingBitAcked, probes: record.probes, seconds: record.seconds };
   if (outcome === TIMED_OUT) {
     record.status = 'timeout';
     return { ok: false, timeout: true, ...report };

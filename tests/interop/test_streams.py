@@ -121,6 +121,43 @@ async def test_cloudly_streams_indexed_object_form_into_the_agent(
     assert reply["response"]["sha256"] == reply["sha256"] == sha256_of("c2a-indexed", size)
 
 
+HOLD = 2.5
+"""Seconds a handler holds its stream back before it reads (a stage waiting its turn)."""
+
+
+async def receive_after_its_turn(request: ArchiveUpload, ctx: RequestContext) -> ArchiveReceived:
+    """Holds the stream back for `HOLD` s, as a stage waiting for a transfer slot, then reads."""
+    ctx.hold_stream(request.archive)
+    await asyncio.sleep(HOLD)  # real time: the library's probe timer runs meanwhile
+    return await receive_archive(request, ctx)
+
+
+async def test_a_held_stream_costs_the_library_a_probe_a_second_not_twenty(
+    cloudly: NodeCloudly, agent: AgentUnderTest
+) -> None:
+    """typedrequest 3.3.0 probes 50 ms after each backpressured answer; the agent answers a
+    held stream's probe when the stream is read, or after `park_timeout` (1 s), so a stream
+    held 2.5 s costs a few probes (about 50 if each were answered at once) and still arrives
+    intact."""
+    agent.serve(Route("receiveAfterItsTurn", ArchiveUpload, receive_after_its_turn))
+    async with agent.running():
+        reply = await cloudly.command(
+            "stream",
+            timeout=60,
+            method="receiveAfterItsTurn",
+            bytes=MiB,
+            seed="held",
+            chunkSize=256 * 1024,
+            encoding="buffer",
+            field="archive",
+            request={"label": "held"},
+            timeoutMs=50_000,
+        )
+    assert reply["ok"] is True, reply
+    assert reply["response"]["sha256"] == sha256_of("held", MiB)
+    assert 1 <= reply["probes"] <= HOLD / 1.0 + 3
+
+
 async def test_agent_reply_to_a_streamed_call_does_not_echo_the_marker(
     cloudly: NodeCloudly, agent: AgentUnderTest
 ) -> None:
