@@ -39,12 +39,7 @@ from agent.protocol.chunks import (
     decode_chunk,
     encode_chunk,
 )
-from agent.protocol.connection import (
-    MAX_CHUNK,
-    UNKNOWN_METHOD_TEXT,
-    Connection,
-    ConnectionState,
-)
+from agent.protocol.connection import MAX_CHUNK, Connection, ConnectionState
 from agent.protocol.envelope import (
     STREAM_METHOD,
     Correlation,
@@ -75,6 +70,7 @@ from agent.protocol.handlers import (
     Routes,
 )
 from agent.protocol.ids import new_uni_id
+from agent.protocol.intake import UNKNOWN_METHOD_TEXT
 from agent.protocol.markers import find_stream_ids, marker
 from agent.protocol.settings import ConnectionSettings, StreamSettings
 

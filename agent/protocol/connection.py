@@ -24,7 +24,8 @@ the window has room for), `end_stream`, `abort_stream`, `take`, `stop_reading`. 
 over once `StreamEnded` or `StreamBroke` came out; an id the connection forgot since (a
 finished stream lingers, then goes) is still answered as that stream would have been.
 
-Intake rules for a request frame, in this order:
+Intake rules for a request frame, in this order (1 to 4 and the requests in flight are
+`intake.RequestIntake`'s; 5 and 6 are the connection's):
 
 1. intake stopped (`stop_intake()`): `shutting-down`, retryable;
 2. a method nobody routes: the typedrequest text "There is no available method for this call on
@@ -70,7 +71,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import structlog
@@ -82,18 +82,10 @@ from agent.errors import (
     LocalProtocolError,
     RemoteProtocolError,
     SessionClosed,
-    ShuttingDown,
     StreamBroken,
     wire_error_data,
 )
-from agent.protocol.admission import (
-    CONTROL,
-    Admission,
-    AdmissionBounds,
-    AdmissionTable,
-    AdmissionView,
-    Deferred,
-)
+from agent.protocol.admission import Admission, AdmissionBounds, AdmissionView, Deferred
 from agent.protocol.calls import CallErrored, CallTable, Completed, Unmatched
 from agent.protocol.chunks import Closing
 from agent.protocol.envelope import (
@@ -120,6 +112,12 @@ from agent.protocol.events import (
     StreamEnded,
 )
 from agent.protocol.ids import new_uni_id
+from agent.protocol.intake import (
+    InFlight,
+    Refused,
+    RequestIntake,
+    UnknownMethod,
+)
 from agent.protocol.markers import find_stream_ids
 from agent.protocol.pool import BytePool
 from agent.protocol.receive_budget import ReceiveBudget
@@ -132,7 +130,6 @@ from agent.protocol.stream_responder import PendingChunk, ResponderStream, Role,
 
 __all__ = [
     "MAX_CHUNK",
-    "UNKNOWN_METHOD_TEXT",
     "CallErrored",
     "ChunkToDecode",
     "ChunkToken",
@@ -148,7 +145,6 @@ __all__ = [
     "StreamSettings",
 ]
 
-UNKNOWN_METHOD_TEXT: Final = "There is no available method for this call on the server side"
 # A write larger than this goes out as several chunks: one 1 MiB chunk is a ~4 MB frame in the
 # Buffer form already, and the window bounds memory as window x chunk size.
 MAX_CHUNK: Final = 1 << 20
@@ -165,16 +161,6 @@ class ConnectionState(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass(slots=True)
-class _Request:
-    """A request being handled: its envelope (echoed in the reply) and its streams."""
-
-    env: Envelope
-    streams: tuple[str, ...]
-    opened: set[str] = field(default_factory=set)  # request streams a handler reads
-    reply_streams: list[ResponderStream] = field(default_factory=list)
-
-
 class Connection:
     """The protocol state of one connection, in either role (client or server socket)."""
 
@@ -189,18 +175,14 @@ class Connection:
         admissions: Mapping[str, Admission] | None = None,
     ) -> None:
         self.settings = settings or ConnectionSettings()
-        # How each method's requests are admitted (a method not named: control).
-        self._admissions = dict(admissions or {})
-        self._seats = AdmissionTable(
-            AdmissionBounds(
-                control=self.settings.max_concurrent_requests,
-                stream=self.settings.max_stream_requests,
-                stream_per_node=self.settings.max_stream_requests_per_node,
-            )
+        bounds = AdmissionBounds(
+            control=self.settings.max_concurrent_requests,
+            stream=self.settings.max_stream_requests,
+            stream_per_node=self.settings.max_stream_requests_per_node,
         )
+        self._intake = RequestIntake(methods, bounds, admissions)
         # What each stream we receive on holds of the byte budget (None: no budget).
         self._charges = None if pool is None else StreamCharges(pool, first_frame_bytes)
-        self._methods = frozenset(methods)
         self._new_id = new_id
         self._calls = CallTable(new_id=new_id, max_attempts=self.settings.max_retry_attempts)
         self._rtt = MinRoundTrip()  # the smallest call round trip of the span: the path's
@@ -211,11 +193,8 @@ class Connection:
             ceiling=self.settings.receive_budget_max,
             gate=None if self._charges is None else self._charges.reserve,
         )
-        self._requests: dict[int, _Request] = {}
-        self._request_ids = 0
         self._outbox: list[bytes] = []
         self._events: list[Event] = []
-        self._intake_open = True
         self._closed: SessionClosed | None = None
 
     # --- what comes out ------------------------------------------------------------------------
@@ -249,12 +228,12 @@ class Connection:
     @property
     def in_flight(self) -> int:
         """Requests being handled right now."""
-        return len(self._requests)
+        return len(self._intake)
 
     @property
     def seats(self) -> AdmissionView:
         """The request classes' seats held now and the requests each turned away (to read)."""
-        return self._seats
+        return self._intake.seats
 
     def can_write(self, stream_id: str) -> bool:
         """Whether `write(stream_id, ...)` acts now (as `select` reports a socket writable):
@@ -357,14 +336,13 @@ class Connection:
             else:
                 stream.abort("the session closed")
             self._touch(stream)
-        self._requests.clear()
-        self._seats.clear()
+        self._intake.clear()
 
     # --- requests we handle ----------------------------------------------------------------------
 
     def stop_intake(self) -> None:
         """Answer every new request with `shutting-down` (requests in flight go on)."""
-        self._intake_open = False
+        self._intake.stop()
 
     def respond(self, request_id: int, response: Mapping[str, Any], now: float) -> list[str]:
         """End request `request_id` with `response`; returns the ids of the reply streams it
@@ -374,12 +352,11 @@ class Connection:
         left out of the response are aborted. Raises `TypeError` (and ends nothing) when the
         response cannot be JSON.
         """
-        request = self._requests.get(request_id)
+        request = self._intake.get(request_id)
         if request is None or self._closed is not None:
             return []  # the session closed meanwhile: nobody is waiting for the answer
         frame = encode_reply(reply(request.env, dict(response)))
-        del self._requests[request_id]
-        self._seats.release(request_id)
+        self._intake.end(request_id)
         self._outbox.append(frame)
         announced = set(find_stream_ids(response))
         self._release_request_streams(request, now)
@@ -393,10 +370,9 @@ class Connection:
 
     def refuse(self, request_id: int, error: AgentError, now: float) -> None:
         """End request `request_id` with `error {text, data}` (`data` from the error's class)."""
-        request = self._requests.pop(request_id, None)
+        request = self._intake.end(request_id)
         if request is None or self._closed is not None:
             return
-        self._seats.release(request_id)
         self._outbox.append(
             encode_reply(error_reply(request.env, str(error), wire_error_data(error)))
         )
@@ -408,12 +384,11 @@ class Connection:
         """Request `request_id`, let in without a seat (its route may answer from memory),
         needs its handler after all: True once it holds a control seat; False when its class
         is full, and it was answered `retry` (it is over)."""
-        request = self._requests.get(request_id)
+        request = self._intake.get(request_id)
         if request is None:
             return False
-        deferred = self._seats.seat(request_id)
+        deferred = self._intake.seat(request_id)
         if deferred is not None:
-            del self._requests[request_id]
             self._defer(request.env, deferred)
             self._release_request_streams(request, now)
             return False
@@ -422,12 +397,7 @@ class Connection:
     def read_request_stream(self, request_id: int, stream_id: str, now: float) -> None:
         """Stream `stream_id` of request `request_id` is read by its handler (`take`); once
         each. The probes it parked while held are answered now (flush)."""
-        request = self._requests.get(request_id)
-        if request is None or stream_id not in request.streams or stream_id in request.opened:
-            raise LocalProtocolError(
-                f"stream {stream_id} is not an unopened stream of this request"
-            )
-        request.opened.add(stream_id)
+        self._intake.unopened(request_id, stream_id).opened.add(stream_id)
         stream = self._streams.responders.get(stream_id)
         if stream is None:  # pragma: no cover - kept with its request
             raise StreamBroken(f"stream {stream_id} is gone")
@@ -443,11 +413,7 @@ class Connection:
         `park_timeout`: `ResponderStream`). A request waiting for a transfer slot holds its
         stream this way; its deadlines are unchanged (the initiator's probes and keep-alives
         keep it alive)."""
-        request = self._requests.get(request_id)
-        if request is None or stream_id not in request.streams or stream_id in request.opened:
-            raise LocalProtocolError(
-                f"stream {stream_id} is not an unopened stream of this request"
-            )
+        self._intake.unopened(request_id, stream_id)
         stream = self._streams.responders.get(stream_id)
         if stream is not None:
             stream.hold()
@@ -456,7 +422,7 @@ class Connection:
         """A new stream for the response of request `request_id`, which we will answer `read`
         on; returns its id (put its marker into the response)."""
         self._check_open()
-        request = self._requests.get(request_id)
+        request = self._intake.get(request_id)
         if request is None:
             raise InvalidState("open_reply_stream() for a request that is not in flight")
         stream = self._streams.open_responder(self._new_id(), Role.SEND, now)
@@ -689,7 +655,7 @@ class Connection:
         if stream.finished:
             self._streams.forget_initiator(stream.stream_id)
 
-    def _release_request_streams(self, request: _Request, now: float) -> None:
+    def _release_request_streams(self, request: InFlight, now: float) -> None:
         for stream_id in request.streams:
             stream = self._streams.responders.get(stream_id)
             if stream is not None and stream.keep_alive:
@@ -711,24 +677,17 @@ class Connection:
         self._outbox.append(encode_reply(error_reply(env, str(error), wire_error_data(error))))
 
     def _on_request(self, env: Envelope, now: float) -> None:
-        if not self._intake_open:
-            self._refuse_now(
-                env, ShuttingDown("the agent is shutting down and takes no new requests")
-            )
+        verdict = self._intake.admit(env)
+        if isinstance(verdict, Refused):
+            self._refuse_now(env, verdict.error)
             return
-        if env.method not in self._methods:
-            data = {"code": "unknown-method", "retryable": False}
-            self._outbox.append(encode_reply(error_reply(env, UNKNOWN_METHOD_TEXT, data)))
+        if isinstance(verdict, UnknownMethod):
+            self._outbox.append(encode_reply(error_reply(env, verdict.text, dict(verdict.data))))
             return
-        if not isinstance(env.request, dict):
-            self._refuse_now(env, InvalidRequest("request: the request is not a JSON object"))
+        if isinstance(verdict, Deferred):
+            self._defer(env, verdict)
             return
-        request_id = self._request_ids + 1
-        admission = self._admissions.get(env.method, CONTROL)
-        deferred = self._seats.admit(request_id, admission, env.request)
-        if deferred is not None:
-            self._defer(env, deferred)
-            return
+        assert isinstance(env.request, dict)  # the intake let in only a JSON object
         stream_ids = tuple(find_stream_ids(env.request))
         for index, stream_id in enumerate(stream_ids):
             try:
@@ -736,21 +695,21 @@ class Connection:
             except RemoteProtocolError as exc:
                 for opened in stream_ids[:index]:
                     self._streams.forget_responder(opened)
-                self._seats.release(request_id)
+                self._intake.withdraw(verdict)
                 self._refuse_now(env, InvalidRequest(f"request: {exc}"))
                 return
             # With a byte budget, a stream is invited only once its reader reads: the reader
             # holds a buffer by then, so what the stream draws always comes back.
             if self._charges is not None:
                 registered.hold()
-        self._request_ids = request_id
-        self._requests[request_id] = _Request(env, stream_ids)
+        self._intake.enter(verdict, env, stream_ids)
+        request_id = verdict.request_id
         self._events.append(RequestReceived(request_id, env.method, env.request, stream_ids))
 
     def _defer(self, env: Envelope, deferred: Deferred) -> None:
         """Answer `env` `retry`: its class is full (counted, by class)."""
         cls = deferred.request_class
-        in_flight = self._seats.in_flight(cls)
+        in_flight = self._intake.seats.in_flight(cls)
         log.warning("request_deferred", method=env.method, request_class=cls, in_flight=in_flight)
         retry = retry_reply(env, self.settings.busy_retry_ms, deferred.reason)
         self._outbox.append(encode_reply(retry))

@@ -14,9 +14,9 @@ import pytest
 
 from agent.contracts.base import NonNegativeSafeInt, WireModel
 from agent.errors import CallFailed, RevisionConflict
-from agent.protocol.connection import UNKNOWN_METHOD_TEXT
 from agent.protocol.delivery import Mark
 from agent.protocol.handlers import RequestContext, Route
+from agent.protocol.intake import UNKNOWN_METHOD_TEXT
 
 if TYPE_CHECKING:
     from tests.interop.conftest import AgentUnderTest, NodeCloudly
