@@ -188,6 +188,49 @@ class _Parked:
     deadline: float
 
 
+class _LongPolls:
+    """Frames of one kind whose answer waits (a long poll), oldest first, each at most
+    `timeout` after it came; at most `limit` wait, one more evicts the oldest (answered as the
+    stream stands)."""
+
+    __slots__ = ("_frames", "_limit", "_timeout")
+
+    def __init__(self, limit: int, timeout: float) -> None:
+        self._frames: deque[_Parked] = deque()
+        self._limit = limit
+        self._timeout = timeout
+
+    def __bool__(self) -> bool:
+        return bool(self._frames)
+
+    def park(self, env: Envelope, package: StreamPackage, now: float) -> _Parked | None:
+        """Park one frame; returns the oldest one when that is one too many (answer it now)."""
+        self._frames.append(_Parked(env, package, now + self._timeout))
+        return self._frames.popleft() if len(self._frames) > self._limit else None
+
+    def pop(self) -> _Parked | None:
+        """The oldest frame, no longer waiting."""
+        return self._frames.popleft() if self._frames else None
+
+    def due(self, now: float) -> list[_Parked]:
+        """The frames whose time is up, oldest first, no longer waiting."""
+        due: list[_Parked] = []
+        while self._frames and now >= self._frames[0].deadline:
+            due.append(self._frames.popleft())
+        return due
+
+    def drain(self) -> list[_Parked]:
+        """Every frame, oldest first, no longer waiting."""
+        frames = list(self._frames)
+        self._frames.clear()
+        return frames
+
+    @property
+    def deadline(self) -> float | None:
+        """When the oldest frame's time is up."""
+        return self._frames[0].deadline if self._frames else None
+
+
 class ResponderStream:
     """One stream we answer for."""
 
@@ -205,7 +248,6 @@ class ResponderStream:
         self._window_bytes = settings.window_bytes
         self._inline_max = settings.inline_decode_max
         self._idle_timeout = settings.idle_timeout
-        self._park_timeout = settings.park_timeout
         self._form: ChunkForm = settings.chunk_form
         self._queue: deque[Item] = deque()
         self._queued_bytes = 0  # RECEIVE: what the queue holds, for the byte window
@@ -215,8 +257,8 @@ class ResponderStream:
         self._to_decode: list[PendingChunk] = []
         # RECEIVE: frames that arrived while a chunk was being decoded, answered after it
         self._deferred: deque[tuple[Envelope, StreamPackage, float]] = deque()
-        self._parked: deque[_Parked] = deque()  # SEND: `read`s waiting for data, oldest first
-        self._probes: deque[_Parked] = deque()  # RECEIVE: `feedback`s waiting for room
+        self._reads = _LongPolls(self._window, settings.park_timeout)  # SEND: waiting for data
+        self._probes = _LongPolls(self._window, settings.park_timeout)  # RECEIVE: for room
         self.end_reported = False  # the connection told its driver the stream is over
 
     # --- frames from the initiator -------------------------------------------------------
@@ -277,10 +319,8 @@ class ResponderStream:
             answer = self._package(package, "keepAlive", keep_alive=self.keep_alive)
             return StreamAnswer(stream_reply(package, answer, echo_request=True))
         if purpose == "feedback" and self._parks_probes():
-            self._probes.append(_Parked(env, package, now + self._park_timeout))
-            if len(self._probes) > self._window:
-                return self._answer_probe(self._probes.popleft())  # the oldest, still waiting
-            return None
+            evicted = self._probes.park(env, package, now)
+            return None if evicted is None else self._answer_probe(evicted)
         # feedback, and the unused start/end, get a feedback package
         return self._feedback(package, echo_request=True)
 
@@ -296,9 +336,7 @@ class ResponderStream:
         return self._feedback(parked.package, echo_request=True)
 
     def _release_probes(self) -> list[StreamAnswer]:
-        answers = [self._answer_probe(parked) for parked in self._probes]
-        self._probes.clear()
-        return answers
+        return [self._answer_probe(parked) for parked in self._probes.drain()]
 
     def _feedback(self, request: StreamPackage, *, echo_request: bool) -> StreamAnswer:
         answer = self._package(request, "feedback")
@@ -394,10 +432,8 @@ class ResponderStream:
         self, env: Envelope, package: StreamPackage, now: float
     ) -> StreamAnswer | None:
         if self.role is Role.SEND and not self._queue and self.state is StreamState.OPEN:
-            self._parked.append(_Parked(env, package, now + self._park_timeout))
-            if len(self._parked) > self._window:
-                return self._release_parked()  # the oldest, empty: one read per window slot
-            return None
+            evicted = self._reads.park(env, package, now)  # one read per window slot
+            return None if evicted is None else self._answer_parked_read(evicted)
         return self._read_answer(env, package, now)
 
     def _read_answer(self, env: Envelope, package: StreamPackage, now: float) -> StreamAnswer:
@@ -418,16 +454,17 @@ class ResponderStream:
             return StreamAnswer(stream_reply(package, answer, echo_request=True))
         return self._feedback(package, echo_request=True)
 
-    def _release_parked(self) -> StreamAnswer | None:
-        if not self._parked:
-            return None
-        parked = self._parked.popleft()
+    def _answer_parked_read(self, parked: _Parked) -> StreamAnswer:
         return self._read_answer(parked.env, parked.package, parked.deadline)
+
+    def _release_parked(self) -> StreamAnswer | None:
+        parked = self._reads.pop()
+        return None if parked is None else self._answer_parked_read(parked)
 
     def _release_fed(self) -> list[StreamAnswer]:
         """Parked `read`s that the queue can answer now, oldest first."""
         answers: list[StreamAnswer] = []
-        while self._parked and self._queue:
+        while self._reads and self._queue:
             answer = self._release_parked()
             assert answer is not None
             answers.append(answer)
@@ -533,22 +570,16 @@ class ResponderStream:
         answers: list[StreamAnswer] = []
         if not self._parks_probes():
             answers += self._release_probes()
-        while self._probes and now >= self._probes[0].deadline:
-            answers.append(self._answer_probe(self._probes.popleft()))
+        answers += [self._answer_probe(parked) for parked in self._probes.due(now)]
         if self.state not in (StreamState.OPEN, StreamState.CLOSING):
             return answers + self._release_all()
-        while self._parked and now >= self._parked[0].deadline:
-            answer = self._release_parked()
-            assert answer is not None
-            answers.append(answer)
+        answers += [self._answer_parked_read(parked) for parked in self._reads.due(now)]
         return answers
 
     def next_wakeup(self) -> float | None:
         """When `expire` (or `finished`) may next have something to do."""
-        parked = min(
-            (waiting[0].deadline for waiting in (self._parked, self._probes) if waiting),
-            default=None,
-        )
+        deadlines = (self._reads.deadline, self._probes.deadline)
+        parked = min((d for d in deadlines if d is not None), default=None)
         if self.done:
             if parked is not None:
                 return parked
@@ -559,7 +590,7 @@ class ResponderStream:
     def finished(self, now: float) -> bool:
         """Whether the registration may go: over, drained, and quiet for `idle_timeout` s (a
         late frame of the initiator still finds it and is answered `keepAlive: false`)."""
-        if self.closed_at is None or self._parked or self._probes or self._deferred:
+        if self.closed_at is None or self._reads or self._probes or self._deferred:
             return False
         return self._drained() and now >= self._linger_end()
 
