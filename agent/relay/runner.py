@@ -4,6 +4,8 @@ of their tasks.
 `submit(key, digest, start, requester=...)` answers a request by
 `agent.domain.job_machine.REQUESTS` (docs/relay.md, "Jobs and repeats"), under the lock of what
 one job at a time may hold (`JobKey.scope`: a backup's key, a restore's service on its node):
+it gathers what the request finds (`JobFacts`), `agent.domain.job_verdict` decides, and the
+runner carries the verdict out:
 
 - a backup meets the job of its exact key: another body is `JobConflict`, `succeeded` answers
   its recorded response at once, work running in this process is joined, a `failed` job is
@@ -50,22 +52,14 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
 import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
-from agent.domain.answer_fate import HELD
-from agent.domain.job_machine import (
-    Answer,
-    JobKind,
-    JobOp,
-    Meets,
-    answer,
-    backup_meets,
-    restore_meets,
-)
+from agent.domain.job_machine import Answer, JobOp, Meets
+from agent.domain.job_verdict import JobFacts, Verdict, job_verdict
 from agent.domain.jobs import JobKey, JobScope, StoredJob
 from agent.domain.outcomes import JobFailed, JobResult, JsonObject, RunPlan, Succeeded
 from agent.errors import (
@@ -77,7 +71,7 @@ from agent.errors import (
 )
 from agent.locks import KeyedLocks
 from agent.observe import NULL_OBSERVER, RelayObserver
-from agent.owner import TaskOwner
+from agent.owner import KeyedTasks, TaskOwner
 from agent.protocol.delivery import Mark
 from agent.relay.answers import AnswerBook
 from agent.store import RevisionStore
@@ -155,27 +149,12 @@ class _Running:
 
 @dataclass(frozen=True, slots=True)
 class _Decision:
-    """What a request met, why (the answer's fate where one was judged, else what it met),
-    and what it found: the stored job or run, the work running here."""
+    """The verdict on a request (`agent.domain.job_verdict`) and what it found: the stored job
+    or run, the work running here."""
 
-    meets: Meets
-    answer: Answer
-    reason: str
+    verdict: Verdict
     stored: StoredJob | None = None
     running: _Running | None = None
-
-    @classmethod
-    def of(
-        cls,
-        kind: JobKind,
-        meets: Meets,
-        *,
-        reason: str | None = None,
-        stored: StoredJob | None = None,
-        running: _Running | None = None,
-    ) -> _Decision:
-        """The table's answer to what `kind` meets (`reason` defaults to what it met)."""
-        return cls(meets, answer(kind, meets), reason or meets.value, stored, running)
 
 
 class JobRunner:
@@ -192,9 +171,11 @@ class JobRunner:
         self._store = store
         self._observer = observer
         self._locks: KeyedLocks[JobScope] = KeyedLocks()
-        self._running: dict[JobScope, _Running] = {}
         self._answers = AnswerBook()  # per service: where its last run's answer went
         self._owner = TaskOwner("the relay job runner", clock=clock)
+        self._running: KeyedTasks[JobScope, _Running] = KeyedTasks(
+            self._owner, log=_log, crashed="relay_job_crashed"
+        )
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -226,8 +207,9 @@ class JobRunner:
         `reconcile` settles its service's last run if a stopped agent left it running."""
         async with self._locks.hold(key.scope):
             decision = await self._decide(key, digest, requester.arrival.connection, reconcile)
+            verdict = decision.verdict
             self._observer.relay_answered(
-                kind=key.kind, answer=decision.answer.value, reason=decision.reason
+                kind=key.kind, answer=verdict.answer.value, reason=verdict.reason
             )
             given = await self._act(key, digest, start, decision, reconcile)
         answered = given if isinstance(given, _Answered) else await asyncio.shield(given)
@@ -240,41 +222,29 @@ class JobRunner:
     async def _decide(
         self, key: JobKey, digest: str, connection: int, reconcile: Reconcile | None
     ) -> _Decision:
-        """What the request meets and gets (`agent.domain.job_machine.REQUESTS`), and why.
-        Call under the scope's lock."""
+        """Gather what the request finds and have `job_verdict` judge it. Call under the
+        scope's lock."""
         running = self._live(key.scope)
+        stored: StoredJob | None = None
         if key.kind == "backup":
             stored = await self._store.get_job(key)
-            meets = backup_meets(
-                None if stored is None else stored.status,
-                same_body=stored is not None and stored.request_digest == digest,
-                here=running is not None,
-            )
-            return _Decision.of("backup", meets, stored=stored, running=running)
-        if running is not None:
-            same = (running.key.backup_id, running.digest) == (key.backup_id, digest)
-            meets = restore_meets(here=True, last=None, same_body=same, held=False)
-            return _Decision.of("restore", meets, running=running)
-        last = await self._store.last_restore(key.cluster_id, key.node_id, key.service_id)
-        if last is not None and last.status == "running":
-            last = await self._reconciled(last, reconcile)
-        same = last is not None and (last.key.backup_id, last.request_digest) == (
-            key.backup_id,
-            digest,
+        elif running is None:
+            stored = await self._store.last_restore(key.cluster_id, key.node_id, key.service_id)
+            if stored is not None and stored.status == "running":
+                stored = await self._reconciled(stored, reconcile)
+        facts = JobFacts(
+            key.kind,
+            live=None if running is None else _same(running.key, running.digest, key, digest),
+            last=None if stored is None else stored.status,
+            same_body=stored is not None and _same(stored.key, stored.request_digest, key, digest),
+            planned=stored is not None and stored.plan is not None,
+            fate=(
+                None
+                if stored is None or stored.status == "running"
+                else self._answers.fate(stored, connection)
+            ),
         )
-        if last is not None and last.status != "succeeded" and last.plan is None:
-            same = False  # left by an agent that kept no plan: nothing to run it again by
-        fate = None
-        if last is not None and same and last.status != "running":
-            fate = self._answers.fate(last, connection)
-        meets = restore_meets(
-            here=False,
-            last=None if last is None else last.status,
-            same_body=same,
-            held=fate is not None and HELD[fate],
-        )
-        reason = None if fate is None else fate.value
-        return _Decision.of("restore", meets, reason=reason, stored=last)
+        return _Decision(job_verdict(facts), stored, running)
 
     async def _act(
         self,
@@ -286,7 +256,7 @@ class JobRunner:
     ) -> _Answered | asyncio.Future[_Answered]:
         """Carry the decision out: refuse, answer the record, join, or start work (its
         outcome to await). Call under the scope's lock."""
-        verdict, stored, running = decision.answer, decision.stored, decision.running
+        verdict, stored, running = decision.verdict.answer, decision.stored, decision.running
         if verdict is Answer.CONFLICT:
             raise JobConflict(
                 kind=key.kind,
@@ -309,14 +279,14 @@ class JobRunner:
                 "relay_job_replayed",
                 **_fields(stored.key),
                 revision=stored.revision,
-                reason=decision.reason,
+                reason=decision.verdict.reason,
             )
             return _recorded(stored.key, stored.revision, stored.result)
         if verdict is Answer.JOIN:
             assert running is not None
-            _log.info("relay_job_joined", **_fields(running.key), reason=decision.reason)
+            _log.info("relay_job_joined", **_fields(running.key), reason=decision.verdict.reason)
             return running.outcome
-        if decision.meets is Meets.UNOWNED_OTHER:
+        if decision.verdict.meets is Meets.UNOWNED_OTHER:
             assert stored is not None
             await self._interrupted(stored)
         again = stored if verdict in (Answer.RESUME, Answer.RETRY) else None
@@ -333,7 +303,7 @@ class JobRunner:
             digest,
             _OPS[verdict],
             started.plan,
-            reason=decision.reason,
+            reason=decision.verdict.reason,
         )
         return self._spawn(moved, started.work)
 
@@ -432,45 +402,49 @@ class JobRunner:
 
     def _spawn(self, stored: StoredJob, work: Work) -> asyncio.Future[_Answered]:
         outcome: asyncio.Future[_Answered] = asyncio.get_running_loop().create_future()
-        key, scope = stored.key, stored.key.scope
-        task = self._owner.spawn(self._guarded(stored, work, outcome), name=f"relay-{key.kind}")
-        running = _Running(key, stored.request_digest, outcome)
-        self._running[scope] = running
+        key = stored.key
 
-        def forget(done: asyncio.Task[None]) -> None:
-            if self._running.get(scope) is running:
-                del self._running[scope]
+        def crashed() -> None:
+            # A bug of the runner's own (recording an outcome) fails this job, `internal`, not
+            # retryable: the same request would meet it again.
+            if not outcome.done():
+                error = AgentError(f"the relay {key.kind} failed unexpectedly")
+                outcome.set_result(_Answered(key, None, error=error))
 
-        task.add_done_callback(forget)
+        _ = self._running.spawn(
+            key.scope,
+            _Running(key, stored.request_digest, outcome),
+            self._guarded(stored, work, outcome),
+            name=f"relay-{key.kind}",
+            fields=_fields(key),
+            on_crash=crashed,
+        )
         return outcome
 
     async def _guarded(
         self, stored: StoredJob, work: Work, outcome: asyncio.Future[_Answered]
     ) -> None:
-        """`_execute`, and a bug of the runner's own (recording an outcome) fails this job,
-        `internal`, not retryable (a bug: the same request would meet it again): its callers are
-        answered, and the owner's TaskGroup (the daemon) goes on."""
+        """Run the job and record its outcome; cancelled (the agent stops), during the work or
+        while its outcome is being written, its callers are answered `ShuttingDown`."""
+        key, recording = stored.key, False
         try:
-            await self._execute(stored, work, outcome)
-        except Exception:  # noqa: BLE001  # logged with its traceback; the job fails alone
-            _log.exception("relay_job_crashed", **_fields(stored.key))
-            if not outcome.done():
-                error = AgentError(f"the relay {stored.key.kind} failed unexpectedly")
-                outcome.set_result(_Answered(stored.key, None, error=error))
+            op, result, answered = await self._execute(stored, work)
+            recording = True
+            revision = await self._record(stored, op, result)
+        except asyncio.CancelledError:
+            # A caller joined to the job waits on `outcome`, not on this task: unresolved, it
+            # would wait forever. The row stays `running` (a write in flight may or may not
+            # land): the repeat finds whichever row it left, resumed or reconciled.
+            outcome.set_result(_Answered(key, None, error=_stopped(key, recording=recording)))
+            raise
+        outcome.set_result(_settled(answered, revision))
 
-    async def _execute(
-        self, stored: StoredJob, work: Work, outcome: asyncio.Future[_Answered]
-    ) -> None:
+    async def _execute(self, stored: StoredJob, work: Work) -> tuple[JobOp, JobResult, _Answered]:
+        """Run the job's work: the move that records its outcome, and its answer (recorded at
+        a revision still to come)."""
         key = stored.key
         try:
             succeeded = await work(key, stored.plan)
-        except asyncio.CancelledError:
-            again = "resume" if key.kind == "backup" else "restore anew"
-            error = ShuttingDown(
-                f"the agent stopped while the job ran; repeat the request to {again}"
-            )
-            outcome.set_result(_Answered(key, None, error=error))
-            raise
         except Exception as exc:  # noqa: BLE001  # recorded; a bug is logged with its traceback
             failure = (
                 exc
@@ -483,29 +457,12 @@ class JobRunner:
                 _log.warning(
                     "relay_job_failed", **_fields(key), code=failure.code, error=str(failure)
                 )
-            revision = await self._record(stored, JobOp.FAIL, JobFailed.of(failure), outcome)
-            outcome.set_result(_Answered(key, revision, error=failure))
-            return
-        revision = await self._record(stored, JobOp.SUCCEED, succeeded, outcome)
-        if revision is None:
-            unrecorded = OutcomeUnrecorded(
-                f"the relay {key.kind} ran but its outcome could not be recorded; send it again"
-            )
-            outcome.set_result(_Answered(key, None, error=unrecorded))
-            return
-        _log.info("relay_job_succeeded", **_fields(key), **succeeded.report.log_fields())
-        outcome.set_result(_Answered(key, revision, response=succeeded.response))
+            return JobOp.FAIL, JobFailed.of(failure), _Answered(key, None, error=failure)
+        return JobOp.SUCCEED, succeeded, _Answered(key, None, response=succeeded.response)
 
-    async def _record(
-        self,
-        stored: StoredJob,
-        op: JobOp,
-        result: JobResult,
-        outcome: asyncio.Future[_Answered],
-    ) -> int | None:
+    async def _record(self, stored: StoredJob, op: JobOp, result: JobResult) -> int | None:
         """Record the job's outcome; its revision, or None when the store refused (the row
-        stays `running`: the next request settles it). Cancelled meanwhile (the agent stops
-        while the write is in flight), the callers are answered `ShuttingDown` first."""
+        stays `running`: the next request settles it)."""
         try:
             moved = await self._store.move_job(
                 stored.key,
@@ -514,22 +471,13 @@ class JobRunner:
                 digest=stored.request_digest,
                 result=result,
             )
-        except asyncio.CancelledError:
-            # A caller joined to the job waits on `outcome`, not on this task: unresolved, it
-            # would wait forever (only today's shutdown order, which drains the session's
-            # handlers before the runner closes, spares it). The write may or may not land:
-            # the repeat finds whichever row it left (`running` is resumed or reconciled).
-            error = ShuttingDown(
-                f"the agent stopped while the {stored.key.kind}'s outcome was being recorded; "
-                "repeat the request for it"
-            )
-            outcome.set_result(_Answered(stored.key, None, error=error))
-            raise
         except AgentError as exc:
             _log.error("relay_job_unrecorded", **_fields(stored.key), code=exc.code)
             return None
         if stored.key.kind == "restore":
             self._answers.ended(stored.key, moved.revision)
+        if isinstance(result, Succeeded):
+            _log.info("relay_job_succeeded", **_fields(stored.key), **result.report.log_fields())
         return moved.revision
 
     async def _report_unfinished(self) -> None:
@@ -545,11 +493,43 @@ class JobRunner:
             _log.info("relay_job_unfinished", **_fields(stored.key), attempts=stored.attempts)
 
 
+def _settled(answered: _Answered, revision: int | None) -> _Answered:
+    """A run's answer once its outcome was recorded at `revision` (None: the store refused; a
+    failure is answered as it was, a success is `OutcomeUnrecorded`, retryable)."""
+    if answered.error is not None:
+        return replace(answered, revision=revision)
+    if revision is None:
+        kind = answered.key.kind
+        unrecorded = OutcomeUnrecorded(
+            f"the relay {kind} ran but its outcome could not be recorded; send it again"
+        )
+        return _Answered(answered.key, None, error=unrecorded)
+    return replace(answered, revision=revision)
+
+
+def _stopped(key: JobKey, *, recording: bool) -> ShuttingDown:
+    """What the callers of job `key` get when the agent stops it, in its work or while its
+    outcome was being recorded."""
+    if recording:
+        return ShuttingDown(
+            f"the agent stopped while the {key.kind}'s outcome was being recorded; "
+            "repeat the request for it"
+        )
+    again = "resume" if key.kind == "backup" else "restore anew"
+    return ShuttingDown(f"the agent stopped while the job ran; repeat the request to {again}")
+
+
 def _recorded(key: JobKey, revision: int, result: JobResult) -> _Answered:
     """A recorded outcome answered again."""
     if isinstance(result, JobFailed):
         return _Answered(key, revision, error=result.error())
     return _Answered(key, revision, response=result.response)
+
+
+def _same(made: JobKey, made_digest: str, key: JobKey, digest: str) -> bool:
+    """Whether the job `made` (from a body of `made_digest`) was made by the identical request
+    (the same backup, the same body)."""
+    return (made.backup_id, made_digest) == (key.backup_id, digest)
 
 
 def _fields(key: JobKey) -> dict[str, str | int]:
