@@ -23,37 +23,29 @@ runner carries the verdict out:
   run that failed runs again under its keys; once Cloudly holds it, or for another body, a new
   run starts.
 
-Answers: every answer the runner gives (a run's outcome, joined or not, or a recorded one) is
-noted with the connection its request arrived on (`Requester.arrival`), and asks the requester
-to say when a pong confirmed it (`Requester.on_delivered`). The runner keeps, per service, where
-the answer of its last run went (in memory) and records a confirmation in the store
-(`delivered_at`, which survives a restart). No request waits for a pong: the verdict never
-rests on how fast Cloudly's websocket reads one.
+Answers: every answer the runner gives is noted where it went, and its confirmation by a pong
+recorded (`agent.relay.handouts`); per service, where the answer of its last run went is the
+runner's `AnswerBook`.
 
 Work that starts runs `start()` first (checks that refuse before anything is stored, and that
 may ask Corestore; for a restore, its plan: the effects under their idempotency keys, new for a
 new run, the stored ones for a resumed run), then the job row moves (`start`, `resume`,
-`retry`; `agent.domain.job_machine`) and the work runs as a task of `run()`'s TaskGroup. The
-work belongs to the runner, not to the request: a caller that goes away (its session dropped)
-leaves the work running, and the repeated request joins it. `close()` cancels the work; its row
-stays `running` (the next identical request resumes it, after reconciling a restore) and its
-callers, joined ones too, are answered `ShuttingDown`, whether the cancel came during the work
-or while its outcome was being written. A job's outcome (`agent.domain.outcomes`:
-`Succeeded`, `JobFailed`) is recorded before any caller sees it.
-A bug in a job, in its work or in recording its outcome, fails that job (`internal`, not
-retryable: the same request meets the same bug) and nothing else (`relay_job_crashed`). A store
-that refuses to record an outcome is no bug: the callers get `OutcomeUnrecorded` (`internal`,
-retryable), since the row stays `running` and the identical request settles it.
+`retry`; `agent.domain.job_machine`) and the work runs as the task of its scope
+(`agent.owner.KeyedTasks` in `run()`'s TaskGroup; `agent.relay.execution` runs it, records its
+outcome before any caller sees it, and answers a cancel with `ShuttingDown`). The work belongs
+to the runner, not to the request: a caller that goes away (its session dropped) leaves the
+work running, and the repeated request joins it. `close()` cancels the work; its row stays
+`running` and its callers, joined ones too, are answered. A bug in a job fails that job
+(`internal`, not retryable) and nothing else (`relay_job_crashed`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
-from typing import Final, Protocol
+from dataclasses import dataclass
+from typing import Final
 
 import structlog
 
@@ -61,29 +53,24 @@ from agent.clock import SYSTEM_CLOCK, Clock
 from agent.domain.job_machine import Answer, JobOp, Meets
 from agent.domain.job_verdict import JobFacts, Verdict, job_verdict
 from agent.domain.jobs import JobKey, JobScope, StoredJob
-from agent.domain.outcomes import JobFailed, JobResult, JsonObject, RunPlan, Succeeded
+from agent.domain.outcomes import JobFailed, JsonObject, RunPlan, Succeeded
 from agent.errors import (
     AgentError,
     JobConflict,
-    OutcomeUnrecorded,
     RestoreInProgress,
     ShuttingDown,
 )
 from agent.locks import KeyedLocks
 from agent.observe import NULL_OBSERVER, RelayObserver
 from agent.owner import KeyedTasks, TaskOwner
-from agent.protocol.delivery import Mark
 from agent.relay.answers import AnswerBook
+from agent.relay.execution import Answered, JobExecution, Work, crashed, job_fields, recorded
+from agent.relay.handouts import Handouts, Requester
 from agent.store import RevisionStore
 
 __all__ = ["INTERRUPTED", "JobRunner", "Reconcile", "Requester", "Start", "Started", "Work"]
 
 _log = structlog.get_logger("agent.relay.runner")
-
-Work = Callable[[JobKey, "RunPlan | None"], Awaitable[Succeeded]]
-"""A job's work, given its job's key (a restore's with the run number the store gave it) and a
-restore run's plan (the keys its effects carry); its success, or it raises the `AgentError`
-the job failed with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,19 +90,6 @@ Reconcile = Callable[[StoredJob], Awaitable["Succeeded | None"]]
 outcome then (to record), else None (and nothing half-done of it is left open)."""
 
 
-class Requester(Protocol):
-    """What the runner needs of the request it answers (`RequestContext` has it)."""
-
-    @property
-    def arrival(self) -> Mark:
-        """Where the request arrived on the session (its connection's number, from 1)."""
-        ...
-
-    def on_delivered(self, callback: Callable[[Mark], None]) -> None:
-        """Have `callback` told once a pong confirmed the answer reached Cloudly."""
-        ...
-
-
 INTERRUPTED: Final = JobFailed(
     ShuttingDown.code,
     "the agent stopped while this restore ran; it is not resumed: a new request restores anew",
@@ -128,23 +102,12 @@ _OPS: Final = {Answer.START: JobOp.START, Answer.RESUME: JobOp.RESUME, Answer.RE
 
 
 @dataclass(frozen=True, slots=True)
-class _Answered:
-    """A job's outcome as its callers get it: the recorded revision (None: not recorded, so
-    there is nothing to be delivered), the response or the error."""
-
-    key: JobKey
-    revision: int | None
-    response: JsonObject | None = None
-    error: AgentError | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class _Running:
     """Work running in this process: its job's key, the body's digest, its outcome."""
 
     key: JobKey
     digest: str
-    outcome: asyncio.Future[_Answered]
+    outcome: asyncio.Future[Answered]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +139,8 @@ class JobRunner:
         self._running: KeyedTasks[JobScope, _Running] = KeyedTasks(
             self._owner, log=_log, crashed="relay_job_crashed"
         )
+        self._execution = JobExecution(store, self._answers)
+        self._handouts = Handouts(store, self._answers, self._owner)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -212,8 +177,8 @@ class JobRunner:
                 kind=key.kind, answer=verdict.answer.value, reason=verdict.reason
             )
             given = await self._act(key, digest, start, decision, reconcile)
-        answered = given if isinstance(given, _Answered) else await asyncio.shield(given)
-        self._hand_out(answered, requester)
+        answered = given if isinstance(given, Answered) else await asyncio.shield(given)
+        self._handouts.hand_out(answered, requester)
         if answered.error is not None:
             raise answered.error
         assert answered.response is not None
@@ -253,7 +218,7 @@ class JobRunner:
         start: Start,
         decision: _Decision,
         reconcile: Reconcile | None,
-    ) -> _Answered | asyncio.Future[_Answered]:
+    ) -> Answered | asyncio.Future[Answered]:
         """Carry the decision out: refuse, answer the record, join, or start work (its
         outcome to await). Call under the scope's lock."""
         verdict, stored, running = decision.verdict.answer, decision.stored, decision.running
@@ -277,14 +242,14 @@ class JobRunner:
             assert stored.result is not None
             _log.info(
                 "relay_job_replayed",
-                **_fields(stored.key),
+                **job_fields(stored.key),
                 revision=stored.revision,
                 reason=decision.verdict.reason,
             )
-            return _recorded(stored.key, stored.revision, stored.result)
+            return recorded(stored.key, stored.revision, stored.result)
         if verdict is Answer.JOIN:
             assert running is not None
-            _log.info("relay_job_joined", **_fields(running.key), reason=decision.verdict.reason)
+            _log.info("relay_job_joined", **job_fields(running.key), reason=decision.verdict.reason)
             return running.outcome
         if decision.verdict.meets is Meets.UNOWNED_OTHER:
             assert stored is not None
@@ -307,17 +272,6 @@ class JobRunner:
         )
         return self._spawn(moved, started.work)
 
-    def _hand_out(self, answered: _Answered, requester: Requester) -> None:
-        """The answer goes to `requester`: note on which connection (a restore's), and have a
-        pong's confirmation recorded."""
-        if answered.revision is None:
-            return  # nothing recorded: nothing to be delivered
-        if answered.key.kind == "restore":
-            self._answers.given(answered.key, answered.revision, requester.arrival.connection)
-        requester.on_delivered(
-            functools.partial(self._on_delivered, answered.key, answered.revision)
-        )
-
     async def _reconciled(self, last: StoredJob, reconcile: Reconcile | None) -> StoredJob:
         """`last` (a restore left `running` with no work here), reconciled with Corestore by
         its keys: recorded `succeeded` when every effect of it was applied, else as it was."""
@@ -325,17 +279,19 @@ class JobRunner:
             return last
         outcome = await reconcile(last)
         if outcome is None:
-            _log.info("relay_restore_unapplied", **_fields(last.key), attempts=last.attempts)
+            _log.info("relay_restore_unapplied", **job_fields(last.key), attempts=last.attempts)
             return last
-        recorded = await self._store.move_job(
+        reconciled = await self._store.move_job(
             last.key,
             op=JobOp.SUCCEED,
             expected_revision=last.revision,
             digest=last.request_digest,
             result=outcome,
         )
-        _log.warning("relay_restore_reconciled", **_fields(last.key), **outcome.report.log_fields())
-        return recorded
+        _log.warning(
+            "relay_restore_reconciled", **job_fields(last.key), **outcome.report.log_fields()
+        )
+        return reconciled
 
     async def _interrupted(self, stored: StoredJob) -> None:
         """Record the run a stopped agent left `running` as interrupted (another request of
@@ -347,7 +303,9 @@ class JobRunner:
             digest=stored.request_digest,
             result=INTERRUPTED,
         )
-        _log.warning("relay_restore_interrupted", **_fields(stored.key), attempts=stored.attempts)
+        _log.warning(
+            "relay_restore_interrupted", **job_fields(stored.key), attempts=stored.attempts
+        )
 
     async def _move_to_running(
         self,
@@ -365,7 +323,7 @@ class JobRunner:
         )
         _log.info(
             "relay_job_started",
-            **_fields(moved.key),
+            **job_fields(moved.key),
             op=op.value,
             attempt=moved.attempts,
             reason=reason,
@@ -378,107 +336,20 @@ class JobRunner:
         running = self._running.get(scope)
         return None if running is None or running.outcome.done() else running
 
-    # --- deliveries ---------------------------------------------------------------------------
-
-    def _on_delivered(self, key: JobKey, revision: int, mark: Mark) -> None:
-        """A pong confirmed the answer the job gave at `revision`: remember it (a restore's,
-        for its service's next request) and record it."""
-        del mark  # where it was confirmed no longer matters: that it was does
-        if key.kind == "restore":
-            self._answers.confirmed(key, revision)
-        # Once the runner stops it is not recorded: after the restart the answer counts as
-        # unconfirmed, and the identical request is then taken for a repeat of a lost answer.
-        with contextlib.suppress(ShuttingDown):
-            _ = self._owner.spawn(self._record_delivery(key, revision), name="relay-delivered")
-
-    async def _record_delivery(self, key: JobKey, revision: int) -> None:
-        try:
-            if await self._store.mark_delivered(key, revision=revision):
-                _log.debug("relay_job_delivered", **_fields(key), revision=revision)
-        except AgentError as exc:  # kept in memory; after a restart it counts as unconfirmed
-            _log.warning("relay_job_delivery_unrecorded", **_fields(key), code=exc.code)
-
     # --- the tasks ----------------------------------------------------------------------------
 
-    def _spawn(self, stored: StoredJob, work: Work) -> asyncio.Future[_Answered]:
-        outcome: asyncio.Future[_Answered] = asyncio.get_running_loop().create_future()
+    def _spawn(self, stored: StoredJob, work: Work) -> asyncio.Future[Answered]:
+        outcome: asyncio.Future[Answered] = asyncio.get_running_loop().create_future()
         key = stored.key
-
-        def crashed() -> None:
-            # A bug of the runner's own (recording an outcome) fails this job, `internal`, not
-            # retryable: the same request would meet it again.
-            if not outcome.done():
-                error = AgentError(f"the relay {key.kind} failed unexpectedly")
-                outcome.set_result(_Answered(key, None, error=error))
-
         _ = self._running.spawn(
             key.scope,
             _Running(key, stored.request_digest, outcome),
-            self._guarded(stored, work, outcome),
+            self._execution.run(stored, work, outcome),
             name=f"relay-{key.kind}",
-            fields=_fields(key),
-            on_crash=crashed,
+            fields=job_fields(key),
+            on_crash=functools.partial(crashed, key, outcome),
         )
         return outcome
-
-    async def _guarded(
-        self, stored: StoredJob, work: Work, outcome: asyncio.Future[_Answered]
-    ) -> None:
-        """Run the job and record its outcome; cancelled (the agent stops), during the work or
-        while its outcome is being written, its callers are answered `ShuttingDown`."""
-        key, recording = stored.key, False
-        try:
-            op, result, answered = await self._execute(stored, work)
-            recording = True
-            revision = await self._record(stored, op, result)
-        except asyncio.CancelledError:
-            # A caller joined to the job waits on `outcome`, not on this task: unresolved, it
-            # would wait forever. The row stays `running` (a write in flight may or may not
-            # land): the repeat finds whichever row it left, resumed or reconciled.
-            outcome.set_result(_Answered(key, None, error=_stopped(key, recording=recording)))
-            raise
-        outcome.set_result(_settled(answered, revision))
-
-    async def _execute(self, stored: StoredJob, work: Work) -> tuple[JobOp, JobResult, _Answered]:
-        """Run the job's work: the move that records its outcome, and its answer (recorded at
-        a revision still to come)."""
-        key = stored.key
-        try:
-            succeeded = await work(key, stored.plan)
-        except Exception as exc:  # noqa: BLE001  # recorded; a bug is logged with its traceback
-            failure = (
-                exc
-                if isinstance(exc, AgentError)
-                else AgentError(f"the relay {key.kind} failed unexpectedly ({type(exc).__name__})")
-            )
-            if failure is not exc:
-                _log.exception("relay_job_crashed", **_fields(key))
-            else:
-                _log.warning(
-                    "relay_job_failed", **_fields(key), code=failure.code, error=str(failure)
-                )
-            return JobOp.FAIL, JobFailed.of(failure), _Answered(key, None, error=failure)
-        return JobOp.SUCCEED, succeeded, _Answered(key, None, response=succeeded.response)
-
-    async def _record(self, stored: StoredJob, op: JobOp, result: JobResult) -> int | None:
-        """Record the job's outcome; its revision, or None when the store refused (the row
-        stays `running`: the next request settles it)."""
-        try:
-            moved = await self._store.move_job(
-                stored.key,
-                op=op,
-                expected_revision=stored.revision,
-                digest=stored.request_digest,
-                result=result,
-            )
-        except AgentError as exc:
-            _log.error("relay_job_unrecorded", **_fields(stored.key), code=exc.code)
-            return None
-        if stored.key.kind == "restore":
-            self._answers.ended(stored.key, moved.revision)
-        if isinstance(result, Succeeded):
-            _log.info("relay_job_succeeded", **_fields(stored.key), **result.report.log_fields())
-        return moved.revision
 
     async def _report_unfinished(self) -> None:
         """At start-up: log the jobs a previous process left `running`. A backup resumes on
@@ -490,55 +361,10 @@ class JobRunner:
             _log.warning("relay_jobs_unreadable", code=exc.code)
             return
         for stored in unfinished:
-            _log.info("relay_job_unfinished", **_fields(stored.key), attempts=stored.attempts)
-
-
-def _settled(answered: _Answered, revision: int | None) -> _Answered:
-    """A run's answer once its outcome was recorded at `revision` (None: the store refused; a
-    failure is answered as it was, a success is `OutcomeUnrecorded`, retryable)."""
-    if answered.error is not None:
-        return replace(answered, revision=revision)
-    if revision is None:
-        kind = answered.key.kind
-        unrecorded = OutcomeUnrecorded(
-            f"the relay {kind} ran but its outcome could not be recorded; send it again"
-        )
-        return _Answered(answered.key, None, error=unrecorded)
-    return replace(answered, revision=revision)
-
-
-def _stopped(key: JobKey, *, recording: bool) -> ShuttingDown:
-    """What the callers of job `key` get when the agent stops it, in its work or while its
-    outcome was being recorded."""
-    if recording:
-        return ShuttingDown(
-            f"the agent stopped while the {key.kind}'s outcome was being recorded; "
-            "repeat the request for it"
-        )
-    again = "resume" if key.kind == "backup" else "restore anew"
-    return ShuttingDown(f"the agent stopped while the job ran; repeat the request to {again}")
-
-
-def _recorded(key: JobKey, revision: int, result: JobResult) -> _Answered:
-    """A recorded outcome answered again."""
-    if isinstance(result, JobFailed):
-        return _Answered(key, revision, error=result.error())
-    return _Answered(key, revision, response=result.response)
+            _log.info("relay_job_unfinished", **job_fields(stored.key), attempts=stored.attempts)
 
 
 def _same(made: JobKey, made_digest: str, key: JobKey, digest: str) -> bool:
     """Whether the job `made` (from a body of `made_digest`) was made by the identical request
     (the same backup, the same body)."""
     return (made.backup_id, made_digest) == (key.backup_id, digest)
-
-
-def _fields(key: JobKey) -> dict[str, str | int]:
-    fields: dict[str, str | int] = {
-        "kind": key.kind,
-        "node": key.node_id,
-        "backup_id": key.backup_id,
-        "service_id": key.service_id,
-    }
-    if key.kind == "restore" and key.run:
-        fields["run"] = key.run
-    return fields
