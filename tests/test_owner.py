@@ -1,14 +1,18 @@
-"""TaskOwner: run once, refuse work outside its run, close cancels its tasks within a bound."""
+"""TaskOwner: run once, refuse work outside its run, close cancels its tasks within a bound.
+KeyedTasks: one task per key with its value, freed when it ends, a crash contained."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from agent.errors import InvalidState, ShuttingDown
-from agent.owner import TaskOwner
+from agent.owner import KeyedTasks, TaskOwner
 from tests.clock import ManualClock
 
 
@@ -156,3 +160,137 @@ async def test_close_returns_within_twice_its_bound_even_if_run_ignores_its_own_
         if closing is not None:
             closing.cancel()
         await asyncio.wait({run, *([closing] if closing else [])})
+
+
+async def _until(event: asyncio.Event) -> None:
+    await event.wait()
+
+
+class _Log:
+    """A component's logger: the crashes it was told of (event, fields, the exception)."""
+
+    def __init__(self) -> None:
+        self.crashes: list[tuple[str, dict[str, Any], BaseException | None]] = []
+
+    def exception(self, event: str, **fields: Any) -> None:
+        self.crashes.append((event, fields, sys.exc_info()[1]))
+
+
+@contextlib.asynccontextmanager
+async def _keyed(log: _Log | None = None) -> AsyncIterator[tuple[TaskOwner, KeyedTasks[str, int]]]:
+    """A running owner and its keyed tasks; closed on the way out."""
+    owner = TaskOwner("the test component")
+    tasks: KeyedTasks[str, int] = KeyedTasks(owner, log=log or _Log(), crashed="test_crashed")
+    async with asyncio.TaskGroup() as group:
+        run = group.create_task(owner.run(_nothing))
+        await owner.started()
+        try:
+            yield owner, tasks
+        finally:
+            await owner.close(timeout=5)
+    assert run.result() is None
+
+
+async def test_a_keyed_task_carries_its_value_while_it_runs() -> None:
+    """`get(key)` is the value spawned with the key's task, `key in tasks` says one runs."""
+    release = asyncio.Event()
+    async with _keyed() as (_, tasks):
+        tasks.spawn("a", 7, _until(release), name="a", fields={})
+        assert tasks.get("a") == 7
+        assert "a" in tasks
+        assert tasks.get("b") is None
+        assert "b" not in tasks
+        release.set()
+
+
+async def test_a_key_is_free_once_its_task_ended() -> None:
+    """The key's entry goes with its task."""
+    async with _keyed() as (_, tasks):
+        task = tasks.spawn("a", 1, _nothing(), name="a", fields={})
+        await task
+        assert "a" not in tasks
+
+
+async def test_a_task_ending_does_not_free_the_key_a_later_task_holds() -> None:
+    """Work spawned again under the key replaces the entry; the first task's end leaves it."""
+    first_done, release = asyncio.Event(), asyncio.Event()
+
+    async def first() -> None:
+        await first_done.wait()
+
+    async with _keyed() as (_, tasks):
+        old = tasks.spawn("a", 1, first(), name="first", fields={})
+        tasks.spawn("a", 2, _until(release), name="second", fields={})
+        first_done.set()
+        await old
+        assert tasks.get("a") == 2
+        release.set()
+
+
+async def test_release_frees_the_key_from_inside_its_own_task() -> None:
+    """The key's task says it is done with the key: free at once, before the task returns."""
+    seen: list[bool] = []
+    async with _keyed() as (_, tasks):
+
+        async def work() -> None:
+            tasks.release("a")
+            seen.append("a" in tasks)
+
+        await tasks.spawn("a", 1, work(), name="a", fields={})
+    assert seen == [False]
+
+
+async def test_release_from_another_task_changes_nothing() -> None:
+    """Only the key's own task frees it early."""
+    release = asyncio.Event()
+    async with _keyed() as (_, tasks):
+        tasks.spawn("a", 1, _until(release), name="a", fields={})
+        tasks.release("a")
+        assert "a" in tasks
+        release.set()
+
+
+async def test_a_crash_is_logged_told_and_contained() -> None:
+    """A bug in one key's work is logged under the component's event with its fields and the
+    exception, `on_crash` runs, and the owner's group goes on taking work."""
+    log, told = _Log(), []
+
+    async def buggy() -> None:
+        raise RuntimeError("a bug")
+
+    async with _keyed(log) as (owner, tasks):
+        await tasks.spawn(
+            "a", 1, buggy(), name="a", fields={"key": "a"}, on_crash=lambda: told.append(1)
+        )
+        owner.check()
+        await tasks.spawn("b", 2, _nothing(), name="b", fields={})
+    assert [(event, fields) for event, fields, _ in log.crashes] == [("test_crashed", {"key": "a"})]
+    assert isinstance(log.crashes[0][2], RuntimeError)
+    assert told == [1]
+
+
+async def test_keyed_work_is_refused_and_closed_when_the_owner_takes_none() -> None:
+    """Before the owner runs, `spawn` says `ShuttingDown`, closes the work and keeps no entry."""
+    tasks: KeyedTasks[str, int] = KeyedTasks(
+        TaskOwner("the test component"), log=_Log(), crashed="test_crashed"
+    )
+    work = asyncio.sleep(1)
+    with pytest.raises(ShuttingDown):
+        tasks.spawn("a", 1, work, name="a", fields={})
+    with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+        await work
+    assert "a" not in tasks
+
+
+async def test_keyed_work_cancelled_before_it_started_is_closed() -> None:
+    """A task cancelled before its first step never awaited its work: the work is closed, so
+    it can never run (and no "never awaited" warning follows)."""
+    async with _keyed() as (_, tasks):
+        work = asyncio.sleep(1)
+        task = tasks.spawn("a", 1, work, name="a", fields={})
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with pytest.raises(RuntimeError, match="cannot reuse already awaited coroutine"):
+            await work
+        assert "a" not in tasks

@@ -4,6 +4,8 @@ of their tasks.
 `submit(key, digest, start, requester=...)` answers a request by
 `agent.domain.job_machine.REQUESTS` (docs/relay.md, "Jobs and repeats"), under the lock of what
 one job at a time may hold (`JobKey.scope`: a backup's key, a restore's service on its node):
+it gathers what the request finds (`JobFacts`), `agent.domain.job_verdict` decides, and the
+runner carries the verdict out:
 
 - a backup meets the job of its exact key: another body is `JobConflict`, `succeeded` answers
   its recorded response at once, work running in this process is joined, a `failed` job is
@@ -21,75 +23,54 @@ one job at a time may hold (`JobKey.scope`: a backup's key, a restore's service 
   run that failed runs again under its keys; once Cloudly holds it, or for another body, a new
   run starts.
 
-Answers: every answer the runner gives (a run's outcome, joined or not, or a recorded one) is
-noted with the connection its request arrived on (`Requester.arrival`), and asks the requester
-to say when a pong confirmed it (`Requester.on_delivered`). The runner keeps, per service, where
-the answer of its last run went (in memory) and records a confirmation in the store
-(`delivered_at`, which survives a restart). No request waits for a pong: the verdict never
-rests on how fast Cloudly's websocket reads one.
+Answers: every answer the runner gives is noted where it went, and its confirmation by a pong
+recorded (`agent.relay.handouts`); per service, where the answer of its last run went is the
+runner's `AnswerBook`.
 
 Work that starts runs `start()` first (checks that refuse before anything is stored, and that
 may ask Corestore; for a restore, its plan: the effects under their idempotency keys, new for a
 new run, the stored ones for a resumed run), then the job row moves (`start`, `resume`,
-`retry`; `agent.domain.job_machine`) and the work runs as a task of `run()`'s TaskGroup. The
-work belongs to the runner, not to the request: a caller that goes away (its session dropped)
-leaves the work running, and the repeated request joins it. `close()` cancels the work; its row
-stays `running` (the next identical request resumes it, after reconciling a restore) and its
-callers, joined ones too, are answered `ShuttingDown`, whether the cancel came during the work
-or while its outcome was being written. A job's outcome (`agent.domain.outcomes`:
-`Succeeded`, `JobFailed`) is recorded before any caller sees it.
-A bug in a job, in its work or in recording its outcome, fails that job (`internal`, not
-retryable: the same request meets the same bug) and nothing else (`relay_job_crashed`). A store
-that refuses to record an outcome is no bug: the callers get `OutcomeUnrecorded` (`internal`,
-retryable), since the row stays `running` and the identical request settles it.
+`retry`; `agent.domain.job_machine`) and the work runs as the task of its scope
+(`agent.owner.KeyedTasks` in `run()`'s TaskGroup; `agent.relay.execution` runs it, records its
+outcome before any caller sees it, and answers a cancel with `ShuttingDown`). The work belongs
+to the runner, not to the request: a caller that goes away (its session dropped) leaves the
+work running, and the repeated request joins it. `close()` cancels the work; its row stays
+`running` and its callers, joined ones too, are answered. A bug in a job fails that job
+(`internal`, not retryable) and nothing else (`relay_job_crashed`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
-from agent.domain.answer_fate import HELD
-from agent.domain.job_machine import (
-    Answer,
-    JobKind,
-    JobOp,
-    Meets,
-    answer,
-    backup_meets,
-    restore_meets,
-)
+from agent.domain.job_machine import Answer, JobOp, Meets
+from agent.domain.job_verdict import JobFacts, Verdict, job_verdict
 from agent.domain.jobs import JobKey, JobScope, StoredJob
-from agent.domain.outcomes import JobFailed, JobResult, JsonObject, RunPlan, Succeeded
+from agent.domain.outcomes import JobFailed, JsonObject, RunPlan, Succeeded
 from agent.errors import (
     AgentError,
     JobConflict,
-    OutcomeUnrecorded,
     RestoreInProgress,
     ShuttingDown,
 )
 from agent.locks import KeyedLocks
 from agent.observe import NULL_OBSERVER, RelayObserver
-from agent.owner import TaskOwner
-from agent.protocol.delivery import Mark
+from agent.owner import KeyedTasks, TaskOwner
 from agent.relay.answers import AnswerBook
+from agent.relay.execution import Answered, JobExecution, Work, crashed, job_fields, recorded
+from agent.relay.handouts import Handouts, Requester
 from agent.store import RevisionStore
 
 __all__ = ["INTERRUPTED", "JobRunner", "Reconcile", "Requester", "Start", "Started", "Work"]
 
 _log = structlog.get_logger("agent.relay.runner")
-
-Work = Callable[[JobKey, "RunPlan | None"], Awaitable[Succeeded]]
-"""A job's work, given its job's key (a restore's with the run number the store gave it) and a
-restore run's plan (the keys its effects carry); its success, or it raises the `AgentError`
-the job failed with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,19 +90,6 @@ Reconcile = Callable[[StoredJob], Awaitable["Succeeded | None"]]
 outcome then (to record), else None (and nothing half-done of it is left open)."""
 
 
-class Requester(Protocol):
-    """What the runner needs of the request it answers (`RequestContext` has it)."""
-
-    @property
-    def arrival(self) -> Mark:
-        """Where the request arrived on the session (its connection's number, from 1)."""
-        ...
-
-    def on_delivered(self, callback: Callable[[Mark], None]) -> None:
-        """Have `callback` told once a pong confirmed the answer reached Cloudly."""
-        ...
-
-
 INTERRUPTED: Final = JobFailed(
     ShuttingDown.code,
     "the agent stopped while this restore ran; it is not resumed: a new request restores anew",
@@ -134,48 +102,22 @@ _OPS: Final = {Answer.START: JobOp.START, Answer.RESUME: JobOp.RESUME, Answer.RE
 
 
 @dataclass(frozen=True, slots=True)
-class _Answered:
-    """A job's outcome as its callers get it: the recorded revision (None: not recorded, so
-    there is nothing to be delivered), the response or the error."""
-
-    key: JobKey
-    revision: int | None
-    response: JsonObject | None = None
-    error: AgentError | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class _Running:
     """Work running in this process: its job's key, the body's digest, its outcome."""
 
     key: JobKey
     digest: str
-    outcome: asyncio.Future[_Answered]
+    outcome: asyncio.Future[Answered]
 
 
 @dataclass(frozen=True, slots=True)
 class _Decision:
-    """What a request met, why (the answer's fate where one was judged, else what it met),
-    and what it found: the stored job or run, the work running here."""
+    """The verdict on a request (`agent.domain.job_verdict`) and what it found: the stored job
+    or run, the work running here."""
 
-    meets: Meets
-    answer: Answer
-    reason: str
+    verdict: Verdict
     stored: StoredJob | None = None
     running: _Running | None = None
-
-    @classmethod
-    def of(
-        cls,
-        kind: JobKind,
-        meets: Meets,
-        *,
-        reason: str | None = None,
-        stored: StoredJob | None = None,
-        running: _Running | None = None,
-    ) -> _Decision:
-        """The table's answer to what `kind` meets (`reason` defaults to what it met)."""
-        return cls(meets, answer(kind, meets), reason or meets.value, stored, running)
 
 
 class JobRunner:
@@ -192,9 +134,13 @@ class JobRunner:
         self._store = store
         self._observer = observer
         self._locks: KeyedLocks[JobScope] = KeyedLocks()
-        self._running: dict[JobScope, _Running] = {}
         self._answers = AnswerBook()  # per service: where its last run's answer went
         self._owner = TaskOwner("the relay job runner", clock=clock)
+        self._running: KeyedTasks[JobScope, _Running] = KeyedTasks(
+            self._owner, log=_log, crashed="relay_job_crashed"
+        )
+        self._execution = JobExecution(store, self._answers)
+        self._handouts = Handouts(store, self._answers, self._owner)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -226,12 +172,13 @@ class JobRunner:
         `reconcile` settles its service's last run if a stopped agent left it running."""
         async with self._locks.hold(key.scope):
             decision = await self._decide(key, digest, requester.arrival.connection, reconcile)
+            verdict = decision.verdict
             self._observer.relay_answered(
-                kind=key.kind, answer=decision.answer.value, reason=decision.reason
+                kind=key.kind, answer=verdict.answer.value, reason=verdict.reason
             )
             given = await self._act(key, digest, start, decision, reconcile)
-        answered = given if isinstance(given, _Answered) else await asyncio.shield(given)
-        self._hand_out(answered, requester)
+        answered = given if isinstance(given, Answered) else await asyncio.shield(given)
+        self._handouts.hand_out(answered, requester)
         if answered.error is not None:
             raise answered.error
         assert answered.response is not None
@@ -240,41 +187,29 @@ class JobRunner:
     async def _decide(
         self, key: JobKey, digest: str, connection: int, reconcile: Reconcile | None
     ) -> _Decision:
-        """What the request meets and gets (`agent.domain.job_machine.REQUESTS`), and why.
-        Call under the scope's lock."""
+        """Gather what the request finds and have `job_verdict` judge it. Call under the
+        scope's lock."""
         running = self._live(key.scope)
+        stored: StoredJob | None = None
         if key.kind == "backup":
             stored = await self._store.get_job(key)
-            meets = backup_meets(
-                None if stored is None else stored.status,
-                same_body=stored is not None and stored.request_digest == digest,
-                here=running is not None,
-            )
-            return _Decision.of("backup", meets, stored=stored, running=running)
-        if running is not None:
-            same = (running.key.backup_id, running.digest) == (key.backup_id, digest)
-            meets = restore_meets(here=True, last=None, same_body=same, held=False)
-            return _Decision.of("restore", meets, running=running)
-        last = await self._store.last_restore(key.cluster_id, key.node_id, key.service_id)
-        if last is not None and last.status == "running":
-            last = await self._reconciled(last, reconcile)
-        same = last is not None and (last.key.backup_id, last.request_digest) == (
-            key.backup_id,
-            digest,
+        elif running is None:
+            stored = await self._store.last_restore(key.cluster_id, key.node_id, key.service_id)
+            if stored is not None and stored.status == "running":
+                stored = await self._reconciled(stored, reconcile)
+        facts = JobFacts(
+            key.kind,
+            live=None if running is None else _same(running.key, running.digest, key, digest),
+            last=None if stored is None else stored.status,
+            same_body=stored is not None and _same(stored.key, stored.request_digest, key, digest),
+            planned=stored is not None and stored.plan is not None,
+            fate=(
+                None
+                if stored is None or stored.status == "running"
+                else self._answers.fate(stored, connection)
+            ),
         )
-        if last is not None and last.status != "succeeded" and last.plan is None:
-            same = False  # left by an agent that kept no plan: nothing to run it again by
-        fate = None
-        if last is not None and same and last.status != "running":
-            fate = self._answers.fate(last, connection)
-        meets = restore_meets(
-            here=False,
-            last=None if last is None else last.status,
-            same_body=same,
-            held=fate is not None and HELD[fate],
-        )
-        reason = None if fate is None else fate.value
-        return _Decision.of("restore", meets, reason=reason, stored=last)
+        return _Decision(job_verdict(facts), stored, running)
 
     async def _act(
         self,
@@ -283,10 +218,10 @@ class JobRunner:
         start: Start,
         decision: _Decision,
         reconcile: Reconcile | None,
-    ) -> _Answered | asyncio.Future[_Answered]:
+    ) -> Answered | asyncio.Future[Answered]:
         """Carry the decision out: refuse, answer the record, join, or start work (its
         outcome to await). Call under the scope's lock."""
-        verdict, stored, running = decision.answer, decision.stored, decision.running
+        verdict, stored, running = decision.verdict.answer, decision.stored, decision.running
         if verdict is Answer.CONFLICT:
             raise JobConflict(
                 kind=key.kind,
@@ -307,16 +242,16 @@ class JobRunner:
             assert stored.result is not None
             _log.info(
                 "relay_job_replayed",
-                **_fields(stored.key),
+                **job_fields(stored.key),
                 revision=stored.revision,
-                reason=decision.reason,
+                reason=decision.verdict.reason,
             )
-            return _recorded(stored.key, stored.revision, stored.result)
+            return recorded(stored.key, stored.revision, stored.result)
         if verdict is Answer.JOIN:
             assert running is not None
-            _log.info("relay_job_joined", **_fields(running.key), reason=decision.reason)
+            _log.info("relay_job_joined", **job_fields(running.key), reason=decision.verdict.reason)
             return running.outcome
-        if decision.meets is Meets.UNOWNED_OTHER:
+        if decision.verdict.meets is Meets.UNOWNED_OTHER:
             assert stored is not None
             await self._interrupted(stored)
         again = stored if verdict in (Answer.RESUME, Answer.RETRY) else None
@@ -333,20 +268,9 @@ class JobRunner:
             digest,
             _OPS[verdict],
             started.plan,
-            reason=decision.reason,
+            reason=decision.verdict.reason,
         )
         return self._spawn(moved, started.work)
-
-    def _hand_out(self, answered: _Answered, requester: Requester) -> None:
-        """The answer goes to `requester`: note on which connection (a restore's), and have a
-        pong's confirmation recorded."""
-        if answered.revision is None:
-            return  # nothing recorded: nothing to be delivered
-        if answered.key.kind == "restore":
-            self._answers.given(answered.key, answered.revision, requester.arrival.connection)
-        requester.on_delivered(
-            functools.partial(self._on_delivered, answered.key, answered.revision)
-        )
 
     async def _reconciled(self, last: StoredJob, reconcile: Reconcile | None) -> StoredJob:
         """`last` (a restore left `running` with no work here), reconciled with Corestore by
@@ -355,17 +279,19 @@ class JobRunner:
             return last
         outcome = await reconcile(last)
         if outcome is None:
-            _log.info("relay_restore_unapplied", **_fields(last.key), attempts=last.attempts)
+            _log.info("relay_restore_unapplied", **job_fields(last.key), attempts=last.attempts)
             return last
-        recorded = await self._store.move_job(
+        reconciled = await self._store.move_job(
             last.key,
             op=JobOp.SUCCEED,
             expected_revision=last.revision,
             digest=last.request_digest,
             result=outcome,
         )
-        _log.warning("relay_restore_reconciled", **_fields(last.key), **outcome.report.log_fields())
-        return recorded
+        _log.warning(
+            "relay_restore_reconciled", **job_fields(last.key), **outcome.report.log_fields()
+        )
+        return reconciled
 
     async def _interrupted(self, stored: StoredJob) -> None:
         """Record the run a stopped agent left `running` as interrupted (another request of
@@ -377,7 +303,9 @@ class JobRunner:
             digest=stored.request_digest,
             result=INTERRUPTED,
         )
-        _log.warning("relay_restore_interrupted", **_fields(stored.key), attempts=stored.attempts)
+        _log.warning(
+            "relay_restore_interrupted", **job_fields(stored.key), attempts=stored.attempts
+        )
 
     async def _move_to_running(
         self,
@@ -395,7 +323,7 @@ class JobRunner:
         )
         _log.info(
             "relay_job_started",
-            **_fields(moved.key),
+            **job_fields(moved.key),
             op=op.value,
             attempt=moved.attempts,
             reason=reason,
@@ -408,129 +336,20 @@ class JobRunner:
         running = self._running.get(scope)
         return None if running is None or running.outcome.done() else running
 
-    # --- deliveries ---------------------------------------------------------------------------
-
-    def _on_delivered(self, key: JobKey, revision: int, mark: Mark) -> None:
-        """A pong confirmed the answer the job gave at `revision`: remember it (a restore's,
-        for its service's next request) and record it."""
-        del mark  # where it was confirmed no longer matters: that it was does
-        if key.kind == "restore":
-            self._answers.confirmed(key, revision)
-        # Once the runner stops it is not recorded: after the restart the answer counts as
-        # unconfirmed, and the identical request is then taken for a repeat of a lost answer.
-        with contextlib.suppress(ShuttingDown):
-            _ = self._owner.spawn(self._record_delivery(key, revision), name="relay-delivered")
-
-    async def _record_delivery(self, key: JobKey, revision: int) -> None:
-        try:
-            if await self._store.mark_delivered(key, revision=revision):
-                _log.debug("relay_job_delivered", **_fields(key), revision=revision)
-        except AgentError as exc:  # kept in memory; after a restart it counts as unconfirmed
-            _log.warning("relay_job_delivery_unrecorded", **_fields(key), code=exc.code)
-
     # --- the tasks ----------------------------------------------------------------------------
 
-    def _spawn(self, stored: StoredJob, work: Work) -> asyncio.Future[_Answered]:
-        outcome: asyncio.Future[_Answered] = asyncio.get_running_loop().create_future()
-        key, scope = stored.key, stored.key.scope
-        task = self._owner.spawn(self._guarded(stored, work, outcome), name=f"relay-{key.kind}")
-        running = _Running(key, stored.request_digest, outcome)
-        self._running[scope] = running
-
-        def forget(done: asyncio.Task[None]) -> None:
-            if self._running.get(scope) is running:
-                del self._running[scope]
-
-        task.add_done_callback(forget)
-        return outcome
-
-    async def _guarded(
-        self, stored: StoredJob, work: Work, outcome: asyncio.Future[_Answered]
-    ) -> None:
-        """`_execute`, and a bug of the runner's own (recording an outcome) fails this job,
-        `internal`, not retryable (a bug: the same request would meet it again): its callers are
-        answered, and the owner's TaskGroup (the daemon) goes on."""
-        try:
-            await self._execute(stored, work, outcome)
-        except Exception:  # noqa: BLE001  # logged with its traceback; the job fails alone
-            _log.exception("relay_job_crashed", **_fields(stored.key))
-            if not outcome.done():
-                error = AgentError(f"the relay {stored.key.kind} failed unexpectedly")
-                outcome.set_result(_Answered(stored.key, None, error=error))
-
-    async def _execute(
-        self, stored: StoredJob, work: Work, outcome: asyncio.Future[_Answered]
-    ) -> None:
+    def _spawn(self, stored: StoredJob, work: Work) -> asyncio.Future[Answered]:
+        outcome: asyncio.Future[Answered] = asyncio.get_running_loop().create_future()
         key = stored.key
-        try:
-            succeeded = await work(key, stored.plan)
-        except asyncio.CancelledError:
-            again = "resume" if key.kind == "backup" else "restore anew"
-            error = ShuttingDown(
-                f"the agent stopped while the job ran; repeat the request to {again}"
-            )
-            outcome.set_result(_Answered(key, None, error=error))
-            raise
-        except Exception as exc:  # noqa: BLE001  # recorded; a bug is logged with its traceback
-            failure = (
-                exc
-                if isinstance(exc, AgentError)
-                else AgentError(f"the relay {key.kind} failed unexpectedly ({type(exc).__name__})")
-            )
-            if failure is not exc:
-                _log.exception("relay_job_crashed", **_fields(key))
-            else:
-                _log.warning(
-                    "relay_job_failed", **_fields(key), code=failure.code, error=str(failure)
-                )
-            revision = await self._record(stored, JobOp.FAIL, JobFailed.of(failure), outcome)
-            outcome.set_result(_Answered(key, revision, error=failure))
-            return
-        revision = await self._record(stored, JobOp.SUCCEED, succeeded, outcome)
-        if revision is None:
-            unrecorded = OutcomeUnrecorded(
-                f"the relay {key.kind} ran but its outcome could not be recorded; send it again"
-            )
-            outcome.set_result(_Answered(key, None, error=unrecorded))
-            return
-        _log.info("relay_job_succeeded", **_fields(key), **succeeded.report.log_fields())
-        outcome.set_result(_Answered(key, revision, response=succeeded.response))
-
-    async def _record(
-        self,
-        stored: StoredJob,
-        op: JobOp,
-        result: JobResult,
-        outcome: asyncio.Future[_Answered],
-    ) -> int | None:
-        """Record the job's outcome; its revision, or None when the store refused (the row
-        stays `running`: the next request settles it). Cancelled meanwhile (the agent stops
-        while the write is in flight), the callers are answered `ShuttingDown` first."""
-        try:
-            moved = await self._store.move_job(
-                stored.key,
-                op=op,
-                expected_revision=stored.revision,
-                digest=stored.request_digest,
-                result=result,
-            )
-        except asyncio.CancelledError:
-            # A caller joined to the job waits on `outcome`, not on this task: unresolved, it
-            # would wait forever (only today's shutdown order, which drains the session's
-            # handlers before the runner closes, spares it). The write may or may not land:
-            # the repeat finds whichever row it left (`running` is resumed or reconciled).
-            error = ShuttingDown(
-                f"the agent stopped while the {stored.key.kind}'s outcome was being recorded; "
-                "repeat the request for it"
-            )
-            outcome.set_result(_Answered(stored.key, None, error=error))
-            raise
-        except AgentError as exc:
-            _log.error("relay_job_unrecorded", **_fields(stored.key), code=exc.code)
-            return None
-        if stored.key.kind == "restore":
-            self._answers.ended(stored.key, moved.revision)
-        return moved.revision
+        _ = self._running.spawn(
+            key.scope,
+            _Running(key, stored.request_digest, outcome),
+            self._execution.run(stored, work, outcome),
+            name=f"relay-{key.kind}",
+            fields=job_fields(key),
+            on_crash=functools.partial(crashed, key, outcome),
+        )
+        return outcome
 
     async def _report_unfinished(self) -> None:
         """At start-up: log the jobs a previous process left `running`. A backup resumes on
@@ -542,23 +361,10 @@ class JobRunner:
             _log.warning("relay_jobs_unreadable", code=exc.code)
             return
         for stored in unfinished:
-            _log.info("relay_job_unfinished", **_fields(stored.key), attempts=stored.attempts)
+            _log.info("relay_job_unfinished", **job_fields(stored.key), attempts=stored.attempts)
 
 
-def _recorded(key: JobKey, revision: int, result: JobResult) -> _Answered:
-    """A recorded outcome answered again."""
-    if isinstance(result, JobFailed):
-        return _Answered(key, revision, error=result.error())
-    return _Answered(key, revision, response=result.response)
-
-
-def _fields(key: JobKey) -> dict[str, str | int]:
-    fields: dict[str, str | int] = {
-        "kind": key.kind,
-        "node": key.node_id,
-        "backup_id": key.backup_id,
-        "service_id": key.service_id,
-    }
-    if key.kind == "restore" and key.run:
-        fields["run"] = key.run
-    return fields
+def _same(made: JobKey, made_digest: str, key: JobKey, digest: str) -> bool:
+    """Whether the job `made` (from a body of `made_digest`) was made by the identical request
+    (the same backup, the same body)."""
+    return (made.backup_id, made_digest) == (key.backup_id, digest)

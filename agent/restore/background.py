@@ -9,15 +9,14 @@ The engine has one (`IsolatedRestoreEngine.owner`); it is the engine's lifecycle
   way to run the engine, so one owner (the caller's TaskGroup) sees its end. At start it logs
   the states a previous run left in flight (`restore_unfinished`).
 - `check()` refuses work (`ShuttingDown`) unless it can be started now; `spawn(key, work)`
-  runs one background task per restore key: a crash of one is logged with its traceback and
-  does not stop the others (its state stays in flight, resumable); `working(key)` says whether
-  one runs.
+  runs one background task per restore key (`agent.owner.KeyedTasks`): a crash of one is
+  logged with its traceback (`restore_work_crashed`) and does not stop the others (its state
+  stays in flight, resumable); `working(key)` says whether one runs.
 - `hold(key)`: mutating requests of one restore run one at a time.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Coroutine
 from typing import Any
@@ -26,9 +25,8 @@ import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.domain.restores import RestoreKey
-from agent.errors import ShuttingDown
 from agent.locks import KeyedLocks
-from agent.owner import TaskOwner
+from agent.owner import KeyedTasks, TaskOwner
 from agent.store import RevisionStore
 
 __all__ = ["WorkOwner"]
@@ -43,8 +41,10 @@ class WorkOwner:
         """`clock` bounds `close()`."""
         self._store = store
         self._locks: KeyedLocks[RestoreKey] = KeyedLocks()
-        self._work: dict[RestoreKey, asyncio.Task[None]] = {}
         self._tasks = TaskOwner("the isolated-restore engine", clock=clock)
+        self._work: KeyedTasks[RestoreKey, None] = KeyedTasks(
+            self._tasks, log=_log, crashed="restore_work_crashed"
+        )
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -83,37 +83,17 @@ class WorkOwner:
     ) -> None:
         """Run `work` as the background task of `key` (the caller checked none runs); `fields`
         name it in the log."""
-        try:
-            self._tasks.check()
-        except ShuttingDown:
-            work.close()
-            raise
-        task = self._tasks.spawn(self._guarded(work, fields), name=f"restore-{key.restore_id}")
-        self._work[key] = task
-
-        def forget(done: asyncio.Task[None]) -> None:
-            if self._work.get(key) is done:
-                del self._work[key]
-
-        task.add_done_callback(forget)
+        # A crash leaves the restore's state in flight: visible in status, resumable by a replay.
+        _ = self._work.spawn(key, None, work, name=f"restore-{key.restore_id}", fields=fields)
 
     def ended(self, key: RestoreKey) -> None:
         """The running task, the work of `key`, wrote the status it ends in: `key` is free for
         new work from now (the task returns a step later and writes nothing more)."""
-        if self._work.get(key) is asyncio.current_task():
-            del self._work[key]
+        self._work.release(key)
 
     def hold(self, key: RestoreKey) -> contextlib.AbstractAsyncContextManager[None]:
         """One holder of `key` at a time (see `agent.locks`)."""
         return self._locks.hold(key)
-
-    async def _guarded(self, work: Coroutine[Any, Any, None], fields: dict[str, str]) -> None:
-        try:
-            await work
-        except Exception:  # noqa: BLE001  # logged with its traceback, see below
-            # A bug in one restore's work must not stop the others: its state stays in flight
-            # (visible in status, resumable by a replay) and the traceback is logged.
-            _log.exception("restore_work_crashed", **fields)
 
     async def _report_unfinished(self) -> None:
         """Log the states a previous run left in flight (they resume on Cloudly's replay)."""
