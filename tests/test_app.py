@@ -360,3 +360,14 @@ def test_the_status_line_of_an_outage_is_the_status_commands_sentence() -> None:
         "Cloudly unreachable since 2025-06-15 15:07:40 UTC (0 s), last connected "
         "2025-06-15 15:06:40 UTC, 1 attempt"
     )
+
+
+def test_stopping_says_what_the_draining_status_line_says() -> None:
+    """STOPPING=1's line is the STATUS= line of a draining agent, its count of requests in
+    flight included."""
+    status = AgentStatus()
+    status.bind_in_flight(lambda: 3)
+    for state in (SessionState.CONNECTING, SessionState.AUTHENTICATING, SessionState.DRAINING):
+        status.move_to(state)
+    assert systemd.draining_line(3) == "stopping: draining 3 requests in flight"
+    assert systemd.status_line(status.snapshot()) == systemd.draining_line(3)
