@@ -13,7 +13,7 @@ import pytest
 import structlog
 
 from agent.config import Config
-from agent.entry import app
+from agent.entry import app, shutdown, systemd
 from agent.errors import AgentError, CallFailed, ConfigError, SessionClosed
 from agent.log import scrub_text
 from agent.protocol.handlers import RequestContext, Routes
@@ -291,7 +291,7 @@ async def test_a_shutdown_step_is_bounded_on_the_agents_clock() -> None:
     loop's time does: the one Clock bounds the shutdown too."""
     clock = ManualClock()
     hung = asyncio.Event()
-    step = asyncio.create_task(app._step("hung", hung.wait, 1.0, clock))
+    step = asyncio.create_task(shutdown.step("hung", hung.wait, 1.0, clock))
     await asyncio.sleep(0)  # the step starts and enters its bound
     assert clock.timeouts == [1.0 + STEP_GRACE_S]
     assert not step.done()
@@ -323,7 +323,7 @@ async def test_status_is_sent_again_as_the_outage_grows_without_a_state_change()
     status.move_to(SessionState.BACKING_OFF)
     notifications = _Notifications()
     task = asyncio.create_task(
-        app._tell_systemd(status, notifications, clock=clock, refresh_s=30.0)  # type: ignore[arg-type]
+        systemd.tell_systemd(status, notifications, clock=clock, refresh_s=30.0)  # type: ignore[arg-type]
     )
     try:
         for _ in range(5):  # the task computes its first line and waits, bounded
@@ -353,8 +353,21 @@ def test_the_status_line_of_an_outage_is_the_status_commands_sentence() -> None:
     status.record_error("refused")
     status.move_to(SessionState.BACKING_OFF)
     snapshot = status.snapshot()
-    assert app.status_line(snapshot, clock.time() + 30) == snapshot.unreachable(clock.time() + 30)
-    assert app.status_line(snapshot, clock.time()).startswith(
+    assert systemd.status_line(snapshot, clock.time() + 30) == snapshot.unreachable(
+        clock.time() + 30
+    )
+    assert systemd.status_line(snapshot, clock.time()).startswith(
         "Cloudly unreachable since 2025-06-15 15:07:40 UTC (0 s), last connected "
         "2025-06-15 15:06:40 UTC, 1 attempt"
     )
+
+
+def test_stopping_says_what_the_draining_status_line_says() -> None:
+    """STOPPING=1's line is the STATUS= line of a draining agent, its count of requests in
+    flight included."""
+    status = AgentStatus()
+    status.bind_in_flight(lambda: 3)
+    for state in (SessionState.CONNECTING, SessionState.AUTHENTICATING, SessionState.DRAINING):
+        status.move_to(state)
+    assert systemd.draining_line(3) == "stopping: draining 3 requests in flight"
+    assert systemd.status_line(status.snapshot()) == systemd.draining_line(3)

@@ -5,7 +5,7 @@ metrics."""
 
 from __future__ import annotations
 
-from agent.entry.app import status_line
+from agent.entry.systemd import status_line
 from agent.watch.metrics import Metrics
 from agent.watch.overview import readiness
 from agent.watch.status import AgentStatus, StatusHooks

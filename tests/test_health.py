@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 import structlog
 
+from agent import __version__
 from agent.config import Config
 from agent.entry import app
 from agent.entry.cli import main
@@ -235,7 +236,7 @@ async def test_metrics_count_requests_by_method_and_code(
     assert _sample(text, "restore_agent_requests_total", {"method": "echo", "code": "ok"}) == 2
     assert _sample(text, "restore_agent_request_duration_seconds_count", {"method": "echo"}) == 2
     assert _sample(text, "restore_agent_restores", {"status": "staging"}) == 0
-    assert _sample(text, "restore_agent_build_info", {"version": app.__version__}) == 1
+    assert _sample(text, "restore_agent_build_info", {"version": __version__}) == 1
 
 
 async def test_metrics_carry_the_process_collectors_and_readiness(
@@ -584,7 +585,7 @@ async def test_the_start_up_line_says_what_runs_against_what(
             pass
     [line] = [entry for entry in logs if entry["event"] == "agent_starting"]
     assert line["log_level"] == "info"
-    assert line["version"] == app.__version__
+    assert line["version"] == __version__
     assert line["cloudly_url"] == cloudly.url.replace("http:", "ws:")
     assert line["state_directory"] == str(tmp_path / "state")
     assert line["store_integrity"] == "new"

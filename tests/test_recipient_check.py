@@ -1,12 +1,12 @@
-"""The periodic recipient check (agent/entry/app.py): while connected, every `recipient_check_s`;
-after a retirement, again after a fifth of it, so a second agent with the token shows sooner;
-a check that fails is no crash."""
+"""The periodic recipient check (agent/entry/credentials.py): while connected, every
+`recipient_check_s`; after a retirement, again after a fifth of it, so a second agent with the
+token shows sooner; a check that fails is no crash."""
 
 from __future__ import annotations
 
 import asyncio
 
-from agent.entry.app import _check_recipient
+from agent.entry.credentials import check_recipient
 from agent.errors import CredentialUnavailable
 from agent.watch.status import AgentStatus, SessionState
 from tests.clock import ManualClock
@@ -37,7 +37,7 @@ def _connected() -> AgentStatus:
 async def _delays(provider: ScriptedProvider, status: AgentStatus, checks: int) -> list[float]:
     """The delays slept until `checks` checks ran and the next one waits."""
     clock = ManualClock(start=0.0)
-    task = asyncio.create_task(_check_recipient(provider, status, 15.0, clock))  # type: ignore[arg-type]
+    task = asyncio.create_task(check_recipient(provider, status, 15.0, clock))  # type: ignore[arg-type]
     try:
         for _ in range(checks):  # each wake-up is one check
             await clock.run_until_sleeping()

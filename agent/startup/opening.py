@@ -16,6 +16,10 @@ full for half a minute, and systemd 252 cannot exempt one exit status from it; s
 agent serves `/healthz`, `/readyz` and `/metrics` throughout, so the operator sees why it is
 not ready, the alert fires, and the agent starts working the moment the disk takes writes
 again, with no restart (docs/operations.md, "A full or read-only state disk").
+
+The composition root's attempt is `open_state` (the recipient key, then the database), its
+`refused` is `state_refused`; once the agent serves, `probe_state_writes` tries a small write
+after each backoff delay while the disk refuses writes, so readiness comes back by itself.
 """
 
 from __future__ import annotations
@@ -25,11 +29,22 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
-from agent.clock import Clock
-from agent.errors import StateUnwritable
-from agent.retry import Backoff
+import structlog
 
-__all__ = ["OPEN_BACKOFF", "open_waiting"]
+from agent.clock import Clock
+from agent.config import Config
+from agent.credentials.keys import KeyStore
+from agent.errors import StateUnwritable
+from agent.observe import Tee
+from agent.retry import Backoff
+from agent.store import RevisionStore
+from agent.store.faults import store_error
+from agent.watch.status import STATE_UNWRITABLE, AgentStatus, StatusHooks
+
+__all__ = ["OPEN_BACKOFF", "open_state", "open_waiting", "probe_state_writes", "state_refused"]
+
+# The composition root's name: these lines are part of its start-up.
+log = structlog.get_logger("agent.entry.app")
 
 OPEN_BACKOFF: Final = Backoff(base=1.0, cap=30.0)
 """The wait between two tries to open the state on a disk that refuses writes."""
@@ -71,3 +86,67 @@ async def _stopped_within(stop: asyncio.Event, seconds: float, clock: Clock) -> 
             wait.cancel()
         await asyncio.gather(*waits, return_exceptions=True)
     return stop.is_set()
+
+
+async def open_state(
+    config: Config, observer: Tee, clock: Clock
+) -> tuple[KeyStore | None, RevisionStore]:
+    """The recipient key (created on first start; None for the file option), then the
+    database. A disk that refuses their writes is `StateUnwritable` (nothing stays open)."""
+    directory = config.state.directory
+    keys: KeyStore | None = None
+    if config.corestore.credential_source == "sealed":
+        try:
+            keys = await asyncio.to_thread(KeyStore.open, directory)
+        except OSError as exc:
+            error = store_error(exc, f"cannot write the recipient key in {directory}", directory)
+            if isinstance(error, StateUnwritable):
+                raise error from exc
+            raise
+    try:
+        store = await RevisionStore.open(directory, clock=clock, observer=observer)
+    except BaseException:
+        if keys is not None:
+            keys.close()
+        raise
+    return keys, store
+
+
+def state_refused(
+    config: Config,
+    error: StateUnwritable,
+    failures: int,
+    observer: Tee,
+    hooks: StatusHooks,
+    ready: Callable[[], None],
+) -> None:
+    """A try to open the state met a disk that refuses writes: said at error once per cause,
+    named as a condition (not ready), and the unit told it runs (`ready`: it waits, serving
+    health)."""
+    if failures == 1 or hooks.unwritable_cause != error.cause:
+        log.error(
+            "state_unwritable_at_start",
+            state_directory=str(config.state.directory),
+            cause=error.cause,
+            error=str(error),
+            hint="make room on (or remount read-write) the state directory's file system; "
+            "the agent serves /healthz and /readyz meanwhile and starts by itself once the "
+            "state can be written",
+        )
+    else:
+        log.debug("state_unwritable_at_start", cause=error.cause, failures=failures)
+    observer.state_write_failed(cause=error.cause)
+    ready()
+
+
+async def probe_state_writes(store: RevisionStore, status: AgentStatus, clock: Clock) -> None:
+    """While the state disk refuses writes, try one small write after a backoff delay, so
+    readiness comes back once the disk takes writes again even when nothing else writes."""
+    while True:
+        await status.wait_until(lambda snapshot: STATE_UNWRITABLE in snapshot.conditions)
+        failures = 0
+        while store.write_fault is not None or STATE_UNWRITABLE in status.snapshot().conditions:
+            failures += 1
+            await clock.sleep(OPEN_BACKOFF.delay(failures, random.random()))
+            if await store.probe_write():
+                break

@@ -59,7 +59,7 @@ CLOSE_STEPS: Final = 6
 the relay's jobs, the health server, the Corestore clients, the store."""
 STEP_GRACE_S: Final = 1.0
 """How far each step of a stop, the drain included, may overrun its bound before it is
-abandoned (agent/entry/app.py)."""
+abandoned (agent/entry/shutdown.py)."""
 _DIR_MODE: Final = 0o700
 _FILE_MODE: Final = 0o600
 
