@@ -31,8 +31,9 @@ caller holds the state directory's lock), and keep the damaged file:
    a column came back damaged, a JSON column no longer parses) is dropped and counted;
 4. the damaged file moves aside to `state.sqlite3.salvaged-<UTC timestamp>` (with its sidecars),
    the new database takes its place, `state-recovery.json` records how and when
-   (`recovery.py`: the agent reconciles with each node's Corestore at its next start), and the
-   files get the state directory's owner (the command runs as root, the unit as its own user).
+   (`recovery.py`: the agent reconciles with each node's Corestore at its next start); the
+   command that runs it as root hands what it wrote to the state directory's owner, the unit's
+   user (`statedir.give_back`, agent/entry/statecommands.py).
 
 `reset(directory)` keeps the current file aside (`state.sqlite3.reset-<timestamp>`), leaves no
 database (the next start makes an empty one) and writes the same record. Either acknowledges
@@ -54,7 +55,7 @@ from typing import Final
 
 from agent.errors import StoreError, StoreNewer
 from agent.store.files import SIDECAR_SUFFIXES, move_aside, moved_aside
-from agent.store.recovery import RECOVERY_FILE, RecoveryRecord, write_recovery
+from agent.store.recovery import RecoveryRecord, write_recovery
 from agent.store.schema import MIGRATIONS, VERSION_TABLE, split_statements
 
 __all__ = ["SalvageReport", "TableCount", "recovering_shell", "reset", "salvage"]
@@ -227,16 +228,6 @@ def _new_database(path: Path, version: int) -> sqlite3.Connection:
             db.execute(statement)
         db.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, 0)", (number,))
     return db
-
-
-def _give_to_owner(directory: Path, paths: list[Path]) -> None:
-    """As root, hand what was made to the state directory's owner (the unit's user)."""
-    if os.geteuid() != 0:
-        return
-    owner = directory.stat()
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.chown(path, owner.st_uid, owner.st_gid)
 
 
 def _acknowledge_moved_aside(path: Path) -> None:
@@ -436,7 +427,6 @@ def salvage(
         )
         # Its write ends with the directory's fsync: the swap above lasts with it.
         write_recovery(directory, record)
-        _give_to_owner(directory, [path, directory / RECOVERY_FILE])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return SalvageReport(
@@ -464,5 +454,4 @@ def reset(directory: Path, *, name: str, now: float) -> Path | None:
     write_recovery(  # ends with the directory's fsync: the renames above last with it
         directory, RecoveryRecord(how="reset", at=now, kept="" if kept is None else kept.name)
     )
-    _give_to_owner(directory, [directory / RECOVERY_FILE])
     return kept
