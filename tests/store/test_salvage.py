@@ -18,13 +18,9 @@ from agent.domain.restore_machine import Op
 from agent.domain.restores import RestoreKey
 from agent.errors import StoreCorrupt, StoreError
 from agent.store import DB_NAME, RevisionStore
-from agent.store.recovery import (
-    RECOVERY_FILE,
-    RecoveryRecord,
-    read_recovery,
-    write_recovery,
-)
-from agent.store.salvage import recovering_shell, reset, salvage
+from agent.store.damaged_reads import recovering_shell
+from agent.store.recovery import RECOVERY_FILE, RecoveryRecord, read_recovery, write_recovery
+from agent.store.salvage import reset, salvage
 from agent.store.schema import MIGRATIONS
 from tests.processes import agent_environ, run_agent
 from tests.store.states import node_state, plan
