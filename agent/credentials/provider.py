@@ -14,7 +14,9 @@ Cloudly answering `unknown-recipient` makes the agent enroll again (once) and as
 a second `unknown-recipient` is `CredentialUnavailable`. Each such answer is a retirement of the
 agent's recipient, told to the `RecipientWatch` (agent/credentials/contest.py: another agent
 with the same token retires it again and again); `check_recipient()`, run periodically while
-connected, asks for one node's material so a retirement is seen even when no work asks.
+connected, fetches one node's credential so a retirement is seen even when no work asks: a
+fetch like `credential()`'s, under the node's lock, whose bearer is held (its request is not
+wasted: it refreshes that node's bearer).
 Material that does not open, or opens to no usable bearer, is `SealedMaterialRefused`; nothing
 is held then. The bearer lives in memory only, as a `Secret` registered with the log redactor;
 it is never written anywhere.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
@@ -43,6 +46,7 @@ from agent.credentials.enrollment import Enrollment, read_answer
 from agent.credentials.keys import EnrollmentRecord, RecipientKey
 from agent.errors import (
     CallFailed,
+    CredentialError,
     CredentialUnavailable,
     EnrollmentFailed,
     SessionError,
@@ -56,6 +60,18 @@ __all__ = ["SealedCredentials"]
 _log = structlog.get_logger("agent.credentials.provider")
 
 _METHOD: Final = METHOD_GET_CREDENTIAL_MATERIAL
+
+
+@dataclass(slots=True)
+class _Fetch:
+    """What one fetch met, which the periodic check answers by."""
+
+    checking: bool = False
+    """The periodic check's fetch (`check_recipient`)."""
+    retired: bool = False
+    """Cloudly said it does not know the agent's recipient (whatever came after)."""
+    answered: bool = False
+    """Cloudly sealed material to the agent's current recipient."""
 
 
 class SealedCredentials:
@@ -97,20 +113,27 @@ class SealedCredentials:
         held = self._held.get(node_id)
         if held is not None:
             return held
-        lock = self._fetching.setdefault(node_id, asyncio.Lock())
-        async with lock:
+        async with self._lock(node_id):
             held = self._held.get(node_id)
             if held is not None:
                 return held
-            cluster_id, bearer = await self._fetch(node_id)
-            view = self._cluster_view()
-            # Held only while the node is still in the cluster the material was bound to.
-            if view is not None and view.cluster_id == cluster_id and node_id in view.nodes:
-                if self._held_for != cluster_id:
-                    self._held.clear()
-                    self._held_for = cluster_id
-                self._held[node_id] = bearer
-            return bearer
+            return await self._fetch_and_hold(node_id, _Fetch())
+
+    def _lock(self, node_id: str) -> asyncio.Lock:
+        """One fetch per node at a time: the askers (and the check) that wait take its bearer."""
+        return self._fetching.setdefault(node_id, asyncio.Lock())
+
+    async def _fetch_and_hold(self, node_id: str, met: _Fetch) -> Secret:
+        """A bearer fetched for `node_id` (under its lock), held in place of any held one."""
+        cluster_id, bearer = await self._fetch(node_id, met)
+        view = self._cluster_view()
+        # Held only while the node is still in the cluster the material was bound to.
+        if view is not None and view.cluster_id == cluster_id and node_id in view.nodes:
+            if self._held_for != cluster_id:
+                self._held.clear()
+                self._held_for = cluster_id
+            self._held[node_id] = bearer
+        return bearer
 
     def invalidate(self, node_id: str, rejected: Secret) -> None:
         """Drop the held bearer of `node_id` if it is `rejected` (another task may have fetched
@@ -132,7 +155,7 @@ class SealedCredentials:
             if node_id not in view.nodes and not lock.locked():
                 del self._fetching[node_id]
 
-    async def _fetch(self, node_id: str) -> tuple[str, Secret]:
+    async def _fetch(self, node_id: str, met: _Fetch) -> tuple[str, Secret]:
         view = self._cluster_view()
         if view is None:
             raise CredentialUnavailable(
@@ -148,6 +171,7 @@ class SealedCredentials:
             _log.warning(
                 "recipient_unknown_to_cloudly", recipient_id=record.recipient_id, node_id=node_id
             )
+            met.retired = True
             if self._watch is not None:
                 self._watch.retired(record.recipient_id)
             record = await self._enrolled(cluster_id, replacing=record.recipient_id)
@@ -155,6 +179,7 @@ class SealedCredentials:
                 reply = await self._ask(node_id, record)
             except CallFailed as again:
                 raise self._unavailable(node_id, again) from again
+        met.answered = True
         try:
             answer = read_answer(_METHOD, reply, GetCredentialMaterialResponse)
         except ValueError as exc:
@@ -162,7 +187,8 @@ class SealedCredentials:
         info = credential_info(cluster_id, node_id, record.recipient_id)
         bearer = open_credential(answer.material, self._key.private_key, info)
         register_secret(bearer)
-        _log.info(
+        # A periodic check's fetch is routine: not a line in the journal every few seconds.
+        (_log.debug if met.checking else _log.info)(
             "corestore_credential_fetched",
             node_id=node_id,
             recipient_id=record.recipient_id,
@@ -171,25 +197,24 @@ class SealedCredentials:
         return cluster_id, bearer
 
     async def check_recipient(self) -> bool | None:
-        """Whether Cloudly still seals to the agent's recipient, asked with the first node of
-        the cluster view (enrolling again when it does not, as a fetch would); None when it
-        could not be asked (no view, no node, not enrolled, no answer, another refusal)."""
+        """Whether Cloudly still seals to the agent's recipient: a fetch of the credential of
+        the cluster view's first node, under that node's lock, whose bearer is held as any
+        fetch's is (the check refreshes it; askers waiting on the lock take it). False when
+        Cloudly said it retired the recipient (the fetch enrolled again), True when it sealed
+        to it, None when it could not be asked (no view, no node, not enrolled, no answer,
+        another refusal)."""
         view = self._cluster_view()
         if view is None or not view.nodes:
             return None
         node_id = min(view.nodes)
-        try:
-            record = await self._enrolled(view.cluster_id)
-            await self._ask(node_id, record)
-        except CallFailed as exc:
-            if exc.error_data.get("code") != UNKNOWN_RECIPIENT:
-                return None
-            if self._watch is not None:
-                self._watch.retired(record.recipient_id)
-            with contextlib.suppress(CredentialUnavailable):
-                await self._enrolled(view.cluster_id, replacing=record.recipient_id)
+        met = _Fetch(checking=True)
+        async with self._lock(node_id):
+            # What Cloudly said is the answer, not whether its material opened.
+            with contextlib.suppress(CredentialError):
+                await self._fetch_and_hold(node_id, met)
+        if met.retired:
             return False
-        except CredentialUnavailable:
+        if not met.answered:
             return None
         if self._watch is not None:
             self._watch.confirmed()

@@ -4,8 +4,8 @@ It takes and returns the domain's values (`agent.domain`: `RestoreKey`, `StoredS
 `JobKey`, `StoredJob`) and builds its SQL from the domain's transition tables; it imports no
 engine.
 
-- `store`: `RevisionStore` — opens (checks, migrates) the database and answers every call by
-  handing it to the small object that owns its concern, each over `database`'s connections:
+- `store`: `RevisionStore` — opens (checks, migrates) the database; each of its calls is the
+  method of the small object that owns its concern, each over `database`'s connections:
   `node_states` (`get`, `kept`, `mutate`, `list_unfinished`; the plan written with a new
   state), `plans` (`plan`, `resource_mappings`, `manifest_entry`, `staging_complete`),
   `staging` (the resumable-staging progress: `record_chunk`, `verified_chunks`,
@@ -19,7 +19,9 @@ engine.
   `StatusSummary` for the metrics.
 - `codec`: node states and plans to JSON and back; `transitions`: a table's moves as SQL.
 - `schema`: the ordered migrations; `startup`: the start-up checks.
-- `files`: directory/file modes and moving a damaged database aside.
+- `files`: directory/file modes, moving a damaged database aside and the files named after it.
+- `salvage` (`state salvage|reset`, reading with `damaged_reads`), `rollback` (`state
+  rollback`), both reading a file's schema with `file_schema`; `recovery`: their record.
 - `statedir`: the state directory the store lives in: its checks, its creation, the one-agent
   lock and the record of a refused start.
 """

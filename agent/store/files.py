@@ -17,6 +17,7 @@ __all__ = [
     "DB_MODE",
     "DIR_MODE",
     "SIDECAR_SUFFIXES",
+    "beside",
     "database_bytes",
     "ensure_private_directory",
     "ensure_private_file",
@@ -71,20 +72,25 @@ def move_aside(path: Path, now: float, *, label: str = "corrupt") -> Path:
     return destination
 
 
+def beside(path: Path, label: str) -> list[Path]:
+    """The files beside database `path` named `<name>.<label>-*` (`move_aside`'s names, and the
+    copies taken before a migration, `schema`), not their sidecars, by name."""
+    prefix = f"{path.name}.{label}-"
+    return [
+        path.with_name(name)
+        for name in sorted(entry.name for entry in path.parent.iterdir())
+        if name.startswith(prefix) and not name.endswith(SIDECAR_SUFFIXES)
+    ]
+
+
 def moved_aside(path: Path) -> list[Path]:
     """The damaged databases an earlier start moved aside beside `path` (`<name>.corrupt-*`,
     not their sidecars), oldest name first: until an operator salvages or resets the state,
     each means records the agent lost."""
-    prefix = f"{path.name}.corrupt-"
     try:
-        names = [entry.name for entry in path.parent.iterdir()]
+        return beside(path, "corrupt")
     except OSError:
         return []
-    return [
-        path.with_name(name)
-        for name in sorted(names)
-        if name.startswith(prefix) and not name.endswith(SIDECAR_SUFFIXES)
-    ]
 
 
 def database_bytes(path: Path) -> int:

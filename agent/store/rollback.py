@@ -17,6 +17,7 @@ beside it. Plain files and sqlite3's read-only open only: this never migrates an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -24,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import StoreError
-from agent.store.files import SIDECAR_SUFFIXES, move_aside
+from agent.store.file_schema import recorded_version
+from agent.store.files import SIDECAR_SUFFIXES, beside, move_aside
 from agent.store.recovery import RecoveryRecord, write_recovery
 
 __all__ = ["RolledBack", "copies", "roll_back"]
@@ -42,22 +44,15 @@ class RolledBack:
 def copies(path: Path) -> list[Path]:
     """The copies taken of database `path` before a migration, oldest first (by their UTC
     timestamp, which sorts as text), not their sidecars."""
-    prefix = f"{path.name}.schema-"
-    found = [
-        entry
-        for entry in path.parent.iterdir()
-        if entry.name.startswith(prefix) and not entry.name.endswith(SIDECAR_SUFFIXES)
-    ]
-    return sorted(found, key=lambda entry: entry.name.rpartition("-")[2])
+    return sorted(beside(path, "schema"), key=lambda entry: entry.name.rpartition("-")[2])
 
 
 def _schema_version(path: Path) -> int:
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-            row = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            return recorded_version(db) or 0
     except sqlite3.Error as exc:
         raise StoreError(f"the copy {path} cannot be read as a state database: {exc}") from exc
-    return int(row[0] or 0)
 
 
 def roll_back(directory: Path, *, name: str, now: float, copy: str | None = None) -> RolledBack:

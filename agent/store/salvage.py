@@ -8,7 +8,7 @@ caller holds the state directory's lock), and keep the damaged file:
 
 1. the damaged file (`state.sqlite3`, or the newest `state.sqlite3.corrupt-*` an earlier agent
    version moved aside) is copied, with its WAL, into a scratch directory beside it;
-2. SQLite reads the copy, by one of two ways:
+2. SQLite reads the copy (`damaged_reads.py`), by one of two ways:
    - `recover`: SQLite's own recovery, the `sqlite3` shell's `.recover` (its recovery
      extension, `sqlite3_recover`), when a shell that has it is found (`--sqlite3 PATH`, else
      `sqlite3` on the PATH; each is asked first). It reads the pages themselves, so it also
@@ -31,8 +31,9 @@ caller holds the state directory's lock), and keep the damaged file:
    a column came back damaged, a JSON column no longer parses) is dropped and counted;
 4. the damaged file moves aside to `state.sqlite3.salvaged-<UTC timestamp>` (with its sidecars),
    the new database takes its place, `state-recovery.json` records how and when
-   (`recovery.py`: the agent reconciles with each node's Corestore at its next start), and the
-   files get the state directory's owner (the command runs as root, the unit as its own user).
+   (`recovery.py`: the agent reconciles with each node's Corestore at its next start); the
+   command that runs it as root hands what it wrote to the state directory's owner, the unit's
+   user (`statedir.give_back`, agent/entry/statecommands.py).
 
 `reset(directory)` keeps the current file aside (`state.sqlite3.reset-<timestamp>`), leaves no
 database (the next start makes an empty one) and writes the same record. Either acknowledges
@@ -47,21 +48,20 @@ import json
 import os
 import shutil
 import sqlite3
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 from agent.errors import StoreError, StoreNewer
+from agent.store import file_schema
+from agent.store.damaged_reads import read_damaged
 from agent.store.files import SIDECAR_SUFFIXES, move_aside, moved_aside
-from agent.store.recovery import RECOVERY_FILE, RecoveryRecord, write_recovery
+from agent.store.recovery import RecoveryRecord, write_recovery
 from agent.store.schema import MIGRATIONS, VERSION_TABLE, split_statements
 
-__all__ = ["SalvageReport", "TableCount", "recovering_shell", "reset", "salvage"]
+__all__ = ["SalvageReport", "TableCount", "reset", "salvage"]
 
-_Rows = dict[tuple[object, ...], tuple[object, ...]]  # rows by their key
 _SCRATCH: Final = ".salvage"
-_TIMEOUT_S: Final = 3600.0
 _JSON_COLUMNS: Final = frozenset(
     {"state_json", "result_json", "mappings_json", "manifest_json", "private_json", "plan_json"}
 )
@@ -115,67 +115,6 @@ def _integrity_ok(path: Path) -> bool:
     return [str(row[0]) for row in rows] == ["ok"]
 
 
-def _shell(sqlite3_cli: str, args: list[str], *, stdin: Path | None, stdout: Path | None) -> str:
-    """Run the sqlite3 shell; its stderr text (`StoreError` when it fails or is missing)."""
-    executable = sqlite3_cli
-    with contextlib.ExitStack() as files:
-        given = None if stdin is None else files.enter_context(stdin.open("rb"))
-        taken = None if stdout is None else files.enter_context(stdout.open("wb"))
-        done = subprocess.run(  # noqa: S603  # a fixed program, arguments are our own paths
-            [executable, *args],
-            stdin=given,
-            stdout=taken if taken is not None else subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            timeout=_TIMEOUT_S,
-            check=False,
-        )
-    if done.returncode != 0:
-        raise StoreError(
-            f"sqlite3 {' '.join(args[1:])} failed ({done.returncode}): "
-            + done.stderr.decode(errors="replace").strip()[:400]
-        )
-    return (done.stdout or b"").decode(errors="replace").strip()
-
-
-def _tables(db: sqlite3.Connection) -> list[str]:
-    rows = db.execute(
-        "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-    ).fetchall()
-    return [str(row[0]) for row in rows]
-
-
-def _schema_version(db: sqlite3.Connection) -> int:
-    tables = set(_tables(db))
-    if "schema_version" in tables:
-        with contextlib.suppress(sqlite3.DatabaseError):
-            row = db.execute("SELECT MAX(version) FROM schema_version").fetchone()
-            if row is not None and isinstance(row[0], int):
-                return int(row[0])
-    if "relay_job" in tables:
-        columns = {str(row[1]) for row in db.execute("PRAGMA table_info(relay_job)")}
-        if "plan_json" in columns:
-            return 5
-        if "restore_plan" in tables:
-            return 4
-        return 3 if "run" in columns else 2
-    return 1 if "restore_state" in tables else 0
-
-
-def _parents_first(db: sqlite3.Connection, tables: list[str]) -> list[str]:
-    """`tables` ordered so that a table comes after every table its foreign keys name."""
-    parents = {
-        table: {str(row[2]) for row in db.execute(f'PRAGMA foreign_key_list("{table}")')}
-        for table in tables
-    }
-    ordered: list[str] = []
-    while len(ordered) < len(tables):
-        ready = [t for t in tables if t not in ordered and parents[t] <= {*ordered, t}]
-        if not ready:  # a cycle: the schema has none, but never loop
-            ready = [t for t in tables if t not in ordered]
-        ordered.extend(sorted(ready))
-    return ordered
-
-
 def _readable_json(values: dict[str, object]) -> bool:
     for column, value in values.items():
         if column in _JSON_COLUMNS and value is not None:
@@ -188,10 +127,10 @@ def _readable_json(values: dict[str, object]) -> bool:
 
 def _copy_rows(target: sqlite3.Connection, recovered: sqlite3.Connection) -> dict[str, TableCount]:
     """Every recovered row the target's schema takes, table by table (parents first)."""
-    present = set(_tables(recovered))
-    tables = [t for t in _tables(target) if t != "schema_version"]
+    present = set(file_schema.tables(recovered))
+    tables = [t for t in file_schema.tables(target) if t != "schema_version"]
     counts: dict[str, TableCount] = {}
-    for table in _parents_first(target, tables):
+    for table in file_schema.parents_first(target, tables):
         if table not in present:
             counts[table] = TableCount()
             continue
@@ -229,16 +168,6 @@ def _new_database(path: Path, version: int) -> sqlite3.Connection:
     return db
 
 
-def _give_to_owner(directory: Path, paths: list[Path]) -> None:
-    """As root, hand what was made to the state directory's owner (the unit's user)."""
-    if os.geteuid() != 0:
-        return
-    owner = directory.stat()
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.chown(path, owner.st_uid, owner.st_gid)
-
-
 def _acknowledge_moved_aside(path: Path) -> None:
     """Every `corrupt-*` an earlier start moved aside is acknowledged (`damaged-*`): kept, but
     no longer a reason to refuse start-up."""
@@ -247,121 +176,6 @@ def _acknowledge_moved_aside(path: Path) -> None:
             source = aside.with_name(aside.name + suffix)
             if source.exists():
                 source.rename(source.with_name(source.name.replace(".corrupt-", ".damaged-", 1)))
-
-
-def recovering_shell(sqlite3_cli: str | None) -> str | None:
-    """The path of a sqlite3 shell that can run `.recover` (`sqlite3_cli`, else `sqlite3` on
-    the PATH), or None: each is asked to recover an empty database first."""
-    for name in (sqlite3_cli,) if sqlite3_cli else ("sqlite3",):
-        executable = shutil.which(name)
-        if executable is None:
-            continue
-        try:
-            done = subprocess.run(  # noqa: S603  # the operator's or the PATH's sqlite3 shell
-                [executable, ":memory:", ".recover"],
-                capture_output=True,
-                timeout=60,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if done.returncode == 0 and b"COMMIT" in done.stdout:
-            return executable
-    return None
-
-
-def _key_columns(db: sqlite3.Connection, table: str) -> list[str]:
-    info = list(db.execute(f'PRAGMA table_info("{table}")'))
-    keyed = sorted((int(row[5]), str(row[1])) for row in info if int(row[5]) > 0)
-    return [name for _, name in keyed] or ["rowid"]
-
-
-def _scan(
-    db: sqlite3.Connection,
-    sql: str,
-    params: tuple[object, ...],
-    found: _Rows,
-    width: int,
-) -> None:
-    """Add the rows `sql` yields (the key first `width` columns) until SQLite meets damage."""
-    try:
-        for row in db.execute(sql, params):
-            found.setdefault(tuple(row[:width]), tuple(row[width:]))
-    except sqlite3.DatabaseError:
-        return
-
-
-def _read_table(
-    db: sqlite3.Connection,
-    table: str,
-    columns: list[str],
-    parent_keys: dict[str, list[tuple[object, ...]]],
-) -> list[tuple[object, ...]]:
-    """Every row of `table` SQLite can still read (`sql` in the module docstring)."""
-    key = _key_columns(db, table)
-    keys, names = ", ".join(f'"{c}"' for c in key), ", ".join(f'"{c}"' for c in columns)
-    select = f'SELECT {keys}, {names} FROM "{table}"'  # noqa: S608
-    found: _Rows = {}
-    width = len(key)
-    _scan(db, f"{select} ORDER BY {keys}", (), found, width)
-    _scan(db, f"{select} ORDER BY {keys} DESC", (), found, width)
-    match = " AND ".join(f'"{c}" = ?' for c in key)
-    candidates: list[tuple[object, ...]] = []
-    for index in [str(row[1]) for row in db.execute(f'PRAGMA index_list("{table}")')]:
-        indexed: _Rows = {}
-        by_index = f'SELECT {keys} FROM "{table}" INDEXED BY "{index}"'  # noqa: S608
-        _scan(db, by_index, (), indexed, width)
-        candidates += list(indexed)
-    for fk in _foreign_keys(db, table):
-        parent, mine = fk
-        for parent_key in parent_keys.get(parent, []):
-            where = " AND ".join(f'"{c}" = ?' for c in mine)
-            if mine == key:
-                candidates.append(parent_key)
-            else:
-                _scan(db, f"{select} WHERE {where} ORDER BY {keys}", parent_key, found, width)
-                _scan(db, f"{select} WHERE {where} ORDER BY {keys} DESC", parent_key, found, width)
-    for candidate in candidates:
-        if candidate not in found:
-            _scan(db, f"{select} WHERE {match}", candidate, found, width)
-    return list(found.values())
-
-
-def _foreign_keys(db: sqlite3.Connection, table: str) -> list[tuple[str, list[str]]]:
-    """(parent table, this table's columns) of each foreign key, the columns in key order."""
-    groups: dict[int, tuple[str, list[tuple[int, str]]]] = {}
-    for row in db.execute(f'PRAGMA foreign_key_list("{table}")'):
-        ident, seq, parent, column = int(row[0]), int(row[1]), str(row[2]), str(row[3])
-        groups.setdefault(ident, (parent, []))[1].append((seq, column))
-    return [(parent, [c for _, c in sorted(cols)]) for parent, cols in groups.values()]
-
-
-def _read_with_sql(source: Path, recovered_path: Path) -> None:
-    """The `sql` way: every readable row of every table of `source` into `recovered_path`
-    (plain tables, no constraints: the new database applies them)."""
-    with contextlib.closing(sqlite3.connect(source)) as db:
-        try:
-            tables = _tables(db)
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(
-                f"the state database's schema is unreadable ({exc}): only SQLite's .recover "
-                "can read it; give `--sqlite3 PATH` a sqlite3 shell that has .recover (one "
-                "built with SQLITE_ENABLE_DBPAGE_VTAB)"
-            ) from exc
-        with contextlib.closing(sqlite3.connect(recovered_path, isolation_level=None)) as out:
-            out.execute("BEGIN")
-            parent_keys: dict[str, list[tuple[object, ...]]] = {}
-            for table in _parents_first(db, tables):
-                columns = [str(row[1]) for row in db.execute(f'PRAGMA table_info("{table}")')]
-                names = ", ".join(f'"{c}"' for c in columns)
-                out.execute(f'CREATE TABLE "{table}" ({names})')
-                rows = _read_table(db, table, columns, parent_keys)
-                marks = ", ".join("?" for _ in columns)
-                out.executemany(f'INSERT INTO "{table}" VALUES ({marks})', rows)  # noqa: S608
-                key = _key_columns(db, table)
-                positions = [columns.index(c) for c in key if c in columns]
-                parent_keys[table] = [tuple(row[i] for i in positions) for row in rows]
-            out.execute("COMMIT")
 
 
 def salvage(
@@ -386,18 +200,9 @@ def salvage(
                 "salvage (to start empty on purpose: `restore-agent state reset --start-empty`)"
             )
         recovered_path = scratch / "recovered.sqlite3"
-        shell = recovering_shell(sqlite3_cli)
-        if shell is not None:
-            version_text = _shell(shell, ["-version"], stdin=None, stdout=None)
-            tool = f"sqlite3 {version_text.split(' ')[0]} .recover"
-            sql = scratch / "recovered.sql"
-            _shell(shell, [str(copy), ".recover"], stdin=None, stdout=sql)
-            _shell(shell, [str(recovered_path)], stdin=sql, stdout=None)
-        else:
-            tool = f"SQL reads (SQLite {sqlite3.sqlite_version}; no sqlite3 shell with .recover)"
-            _read_with_sql(copy, recovered_path)
+        tool = read_damaged(copy, recovered_path, sqlite3_cli=sqlite3_cli)
         with contextlib.closing(sqlite3.connect(recovered_path)) as recovered:
-            version = _schema_version(recovered)
+            version = file_schema.schema_version(recovered)
             if version > len(MIGRATIONS):
                 raise StoreNewer(
                     f"the damaged state database has schema version {version}, newer than "
@@ -406,7 +211,7 @@ def salvage(
                     known=len(MIGRATIONS),
                 )
             unattributed = 0
-            if "lost_and_found" in _tables(recovered):
+            if "lost_and_found" in file_schema.tables(recovered):
                 row = recovered.execute("SELECT COUNT(*) FROM lost_and_found").fetchone()
                 unattributed = int(row[0])
             fresh = scratch / "salvaged.sqlite3"
@@ -436,7 +241,6 @@ def salvage(
         )
         # Its write ends with the directory's fsync: the swap above lasts with it.
         write_recovery(directory, record)
-        _give_to_owner(directory, [path, directory / RECOVERY_FILE])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return SalvageReport(
@@ -464,5 +268,4 @@ def reset(directory: Path, *, name: str, now: float) -> Path | None:
     write_recovery(  # ends with the directory's fsync: the renames above last with it
         directory, RecoveryRecord(how="reset", at=now, kept="" if kept is None else kept.name)
     )
-    _give_to_owner(directory, [directory / RECOVERY_FILE])
     return kept

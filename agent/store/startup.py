@@ -272,15 +272,12 @@ def copy_name(name: str, version: int, now_ms: int) -> str:
 
 
 async def _copy_before_migrating(
-    db: aiosqlite.Connection, path: Path, migrations: Sequence[str], now_ms: int
+    db: aiosqlite.Connection, path: Path, current: int, latest: int, now_ms: int
 ) -> Path | None:
-    """A copy of an existing database a migration is about to change (None: nothing to
-    migrate, or a new database). One agent holds the directory's lock: nothing writes between
-    the copy and the migration."""
-    await db.execute_fetchall(VERSION_TABLE)
-    rows = list(await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM schema_version"))
-    current = int(rows[0][0])
-    if current == 0 or current >= len(migrations):
+    """A copy of an existing database at schema `current` that the migrations up to `latest`
+    are about to change (None: nothing to migrate, or a new database). One agent holds the
+    directory's lock: nothing writes between the copy and the migration."""
+    if current == 0 or current >= latest:
         return None
     copy = path.with_name(copy_name(path.name, current, now_ms))
     try:
@@ -297,27 +294,31 @@ async def _copy_before_migrating(
         path=str(path),
         copy=str(copy),
         schema_version=current,
-        migrating_to=len(migrations),
+        migrating_to=latest,
         hint="the way back to the agent that wrote it (docs/operations.md, 'Upgrading and "
         "rolling back'); remove it once the upgrade is kept",
     )
     return copy
 
 
+async def _schema_version(db: aiosqlite.Connection) -> int:
+    """The database's schema version (0: a new database; its version table is made)."""
+    await db.execute_fetchall(VERSION_TABLE)
+    rows = list(await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM schema_version"))
+    return int(rows[0][0])
+
+
 async def _migrate(
     db: aiosqlite.Connection, path: Path, migrations: Sequence[str], now_ms: int
 ) -> None:
     """Run the missing migrations in one transaction, after a copy of the database they
-    change; refuse a newer schema."""
-    await _copy_before_migrating(db, path, migrations, now_ms)
+    change; refuse a newer schema. The version is read once: one agent holds the directory's
+    lock, so nothing else writes it between the read and the migration."""
+    current = await _schema_version(db)
+    _check_schema_version(current, len(migrations))
+    await _copy_before_migrating(db, path, current, len(migrations), now_ms)
     await db.execute_fetchall("BEGIN IMMEDIATE")
     try:
-        await db.execute_fetchall(VERSION_TABLE)
-        rows = list(
-            await db.execute_fetchall("SELECT COALESCE(MAX(version), 0) FROM schema_version")
-        )
-        current = int(rows[0][0])
-        _check_schema_version(current, len(migrations))
         for version in range(current + 1, len(migrations) + 1):
             for statement in split_statements(migrations[version - 1]):
                 await db.execute_fetchall(statement)

@@ -2,8 +2,9 @@
 plan fixed at prepare, resumable staging progress and the relay's jobs, in one SQLite file.
 
 This module opens the file and composes the store; each concern lives in its own module, as a
-small object over the shared connections, and `RevisionStore` answers every call by handing it
-to the one that owns it:
+small object over the shared connections, and each call of `RevisionStore` is the method of
+the object that owns it, bound to that object (`_answered_by`: its signature and its docstring
+are written once, there):
 
     database.py    Database          the writer and reader connections, their lock, sqlite3's
                                      failures as `StoreError`, a write the disk refused
@@ -35,27 +36,19 @@ carries a `restoreGrant` field or key at any depth (`codec.py`).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Concatenate, Final, Generic, ParamSpec, Self, TypeVar, overload
 
 import aiosqlite
 
 from agent.clock import SYSTEM_CLOCK, Clock
-from agent.contracts.isolatedrestore import IsolatedRestoreNodeState, ResourceMapping
-from agent.domain.job_machine import JobOp, JobStatus
-from agent.domain.jobs import JobKey, StoredJob
-from agent.domain.outcomes import JobResult, RunPlan
-from agent.domain.restore_machine import Op
-from agent.domain.restores import PreparedPlan, RestoreKey, StoredState
 from agent.errors import StateUnwritable
 from agent.observe import NULL_OBSERVER, StoreObserver
-from agent.store import forgetting
 from agent.store.database import Database
 from agent.store.node_states import NodeStates, StateMemory
 from agent.store.plans import Plans
-from agent.store.records import ChunkRecord, ManifestEntry, ObjectRecord, StatusSummary
 from agent.store.relay_jobs import RelayJobs
 from agent.store.reports import Reports
 from agent.store.staging import StagingProgress
@@ -66,6 +59,35 @@ from agent.store.upkeep import Upkeep
 __all__ = ["DB_NAME", "RevisionStore"]
 
 DB_NAME: Final = DATABASE_FILE
+
+_Part = TypeVar("_Part")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+class _answered_by(Generic[_Part, _P, _R]):
+    """A method of the store that the part in attribute `part` owns: looked up on a store, it
+    is the part's own bound method (its signature, its docstring); a subclass may override it
+    and reach it with `super()`."""
+
+    def __init__(self, part: str, method: Callable[Concatenate[_Part, _P], _R]) -> None:
+        self._part = part
+        self._name = method.__name__
+        self.__doc__ = method.__doc__
+
+    @overload
+    def __get__(self, store: None, owner: type[object]) -> Self: ...
+
+    @overload
+    def __get__(self, store: object, owner: type[object] | None = None) -> Callable[_P, _R]: ...
+
+    def __get__(
+        self, store: object | None, owner: type[object] | None = None
+    ) -> Self | Callable[_P, _R]:
+        if store is None:
+            return self
+        method: Callable[_P, _R] = getattr(getattr(store, self._part), self._name)
+        return method
 
 
 class RevisionStore:
@@ -125,31 +147,23 @@ class RevisionStore:
         integrity = "ok" if existed else "new"
         return cls(db, path, clock, integrity=integrity, observer=observer, reader=reader)
 
-    # --- the database (database.py) ---------------------------------------------------------
+    # The parts' own methods, bound to the part (their signatures and docstrings are there).
+
+    # the database (database.py)
+    probe_write = _answered_by("_database", Database.probe_write)
+    aclose = _answered_by("_database", Database.aclose)
 
     @property
     def path(self) -> Path:
-        """The database file."""
         return self._database.path
 
     @property
     def write_fault(self) -> StateUnwritable | None:
-        """The disk's last refusal of a write, until a write gets through again (None: the
-        last write committed)."""
         return self._database.write_fault
-
-    async def probe_write(self) -> bool:
-        """One small real write: True when it committed, which clears `write_fault`."""
-        return await self._database.probe_write()
 
     @property
     def is_open(self) -> bool:
-        """Whether calls can be made (False once `aclose()` began)."""
         return self._database.is_open
-
-    async def aclose(self) -> None:
-        """Close the connections (idempotent); later calls raise `StoreError`."""
-        await self._database.aclose()
 
     async def __aenter__(self) -> RevisionStore:
         return self
@@ -162,174 +176,44 @@ class RevisionStore:
     ) -> None:
         await self.aclose()
 
-    # --- node states (node_states.py) -------------------------------------------------------
+    # node states (node_states.py)
+    get = _answered_by("_states", NodeStates.get)
+    kept = _answered_by("_states", NodeStates.kept)
+    mutate = _answered_by("_states", NodeStates.mutate)
+    list_unfinished = _answered_by("_states", NodeStates.list_unfinished)
 
-    async def get(self, key: RestoreKey) -> StoredState | None:
-        """The state stored under `key`, or None (revision 0): from memory when the store read
-        or wrote it lately, else read on the reader connection, waiting for no write."""
-        return await self._states.get(key)
+    # the plan, written once with its state (plans.py)
+    plan = _answered_by("_plans", Plans.plan)
+    resource_mappings = _answered_by("_plans", Plans.resource_mappings)
+    manifest_entry = _answered_by("_plans", Plans.manifest_entry)
+    staging_complete = _answered_by("_plans", Plans.staging_complete)
 
-    def kept(self, key: RestoreKey) -> StoredState | None:
-        """The state of `key` as `get()` would answer it from memory, without waiting; None
-        when it is not in memory (`get()` reads it) or the store is closed."""
-        return self._states.kept(key)
+    # what an operator sees (reports.py, for agent/watch/overview.py and the metrics)
+    list_states = _answered_by("_reports", Reports.list_states)
+    count_by_status = _answered_by("_reports", Reports.count_by_status)
+    status_summary = _answered_by("_reports", Reports.status_summary)
+    restore_facts = _answered_by("_reports", Reports.restore_facts)
 
-    async def mutate(
-        self,
-        key: RestoreKey,
-        *,
-        expected_revision: int,
-        op: Op,
-        state: IsolatedRestoreNodeState | None = None,
-        plan: PreparedPlan | None = None,
-        request_digest: str | None = None,
-    ) -> StoredState:
-        """Apply `op` at `expected_revision`: one transaction, revision + 1, or nothing at all
-        (`NodeStates.mutate` says what each argument is and what it raises)."""
-        return await self._states.mutate(
-            key,
-            expected_revision=expected_revision,
-            op=op,
-            state=state,
-            plan=plan,
-            request_digest=request_digest,
-        )
+    # resumable staging: private progress, no revision change (staging.py)
+    record_chunk = _answered_by("_staging", StagingProgress.record_chunk)
+    verified_chunks = _answered_by("_staging", StagingProgress.verified_chunks)
+    mark_object_written = _answered_by("_staging", StagingProgress.mark_object_written)
+    written_objects = _answered_by("_staging", StagingProgress.written_objects)
+    forget_object = _answered_by("_staging", StagingProgress.forget_object)
 
-    async def list_unfinished(self) -> list[StoredState]:
-        """States in an in-flight status (`restore_machine.IN_FLIGHT`), oldest change first."""
-        return await self._states.list_unfinished()
+    # relay jobs (relay_jobs.py; the SQL lives in job_table.py)
+    get_job = _answered_by("_jobs", RelayJobs.get_job)
+    list_jobs = _answered_by("_jobs", RelayJobs.list_jobs)
+    running_restore = _answered_by("_jobs", RelayJobs.running_restore)
+    last_restore = _answered_by("_jobs", RelayJobs.last_restore)
+    mark_delivered = _answered_by("_jobs", RelayJobs.mark_delivered)
+    move_job = _answered_by("_jobs", RelayJobs.move_job)
 
-    # --- the plan, written once with its state (plans.py) -----------------------------------
-
-    async def plan(self, key: RestoreKey) -> PreparedPlan:
-        """The whole plan of `key` (its manifest included); `RestoreNotFound` without one."""
-        return await self._plans.plan(key)
-
-    async def resource_mappings(self, key: RestoreKey) -> list[ResourceMapping]:
-        """The plan's resource mappings of `key` (its manifest left unread)."""
-        return await self._plans.resource_mappings(key)
-
-    async def manifest_entry(self, key: RestoreKey, object_path: str) -> ManifestEntry | None:
-        """The manifest's object at `object_path` and whether it is written, or None when the
-        manifest of `key` lists no such path."""
-        return await self._plans.manifest_entry(key, object_path)
-
-    async def staging_complete(self, key: RestoreKey) -> bool:
-        """Whether every manifest object of `key` is written with its manifest size and sha256
-        (true for an empty manifest)."""
-        return await self._plans.staging_complete(key)
-
-    # --- what an operator sees (reports.py, for agent/watch/overview.py and the metrics) ----------
-
-    async def list_states(self, limit: int = 500) -> list[StoredState]:
-        """Up to `limit` node states, the most recently changed first."""
-        return await self._reports.list_states(limit)
-
-    async def count_by_status(self) -> dict[str, int]:
-        """How many node states each status has (statuses without any are left out)."""
-        return await self._reports.count_by_status()
-
-    async def status_summary(self) -> StatusSummary:
-        """Per status the row count and the oldest `updated_at`, of node states and relay jobs,
-        and the file's size (the metrics' gauges)."""
-        return await self._reports.status_summary()
-
-    async def restore_facts(
-        self, limit: int = 500, *, counted: Collection[str] = ()
-    ) -> dict[tuple[str, str, str], tuple[int, int, int, int, int]]:
-        """For the `limit` most recently changed node states, the sizes of their plan and (in
-        a `counted` status) of their staging: `Reports.restore_facts`."""
-        return await self._reports.restore_facts(limit, counted=counted)
-
-    # --- resumable staging: private progress, no revision change (staging.py) ---------------
-
-    async def record_chunk(
-        self, key: RestoreKey, object_path: str, offset: int, length: int, sha256: str
-    ) -> None:
-        """Remember that Corestore accepted `length` bytes of `object_path` at `offset` (the
-        same offset again replaces it); `RestoreNotFound` when no state exists under `key`."""
-        await self._staging.record_chunk(key, object_path, offset, length, sha256)
-
-    async def verified_chunks(self, key: RestoreKey, object_path: str) -> list[ChunkRecord]:
-        """The recorded chunks of `object_path`, by offset."""
-        return await self._staging.verified_chunks(key, object_path)
-
-    async def mark_object_written(
-        self, key: RestoreKey, object_path: str, size: int, sha256: str
-    ) -> None:
-        """Remember that `object_path` is complete with `size` bytes hashing to `sha256`."""
-        await self._staging.mark_object_written(key, object_path, size, sha256)
-
-    async def written_objects(self, key: RestoreKey) -> list[ObjectRecord]:
-        """The objects marked written under `key`, by path."""
-        return await self._staging.written_objects(key)
-
-    async def forget_object(self, key: RestoreKey, object_path: str) -> None:
-        """Drop the chunks and the written mark of `object_path` (one transaction)."""
-        await self._staging.forget_object(key, object_path)
-
-    # --- relay jobs (relay_jobs.py; the SQL lives in job_table.py) --------------------------
-
-    async def get_job(self, key: JobKey) -> StoredJob | None:
-        """The relay job stored under `key`, or None."""
-        return await self._jobs.get_job(key)
-
-    async def list_jobs(self, status: JobStatus | None = None) -> list[StoredJob]:
-        """Every relay job (or those in `status`), oldest change first."""
-        return await self._jobs.list_jobs(status)
-
-    async def running_restore(
-        self, cluster_id: str, node_id: str, service_id: str
-    ) -> StoredJob | None:
-        """The restore of `service_id` on `node_id` the store holds as `running`, or None."""
-        return await self._jobs.running_restore(cluster_id, node_id, service_id)
-
-    async def last_restore(
-        self, cluster_id: str, node_id: str, service_id: str
-    ) -> StoredJob | None:
-        """The last restore run of `service_id` on `node_id` (the highest run), or None."""
-        return await self._jobs.last_restore(cluster_id, node_id, service_id)
-
-    async def mark_delivered(self, key: JobKey, *, revision: int) -> bool:
-        """Record that the answer of the job at `revision` reached Cloudly (False: the job
-        moved on since, or it was recorded already)."""
-        return await self._jobs.mark_delivered(key, revision=revision)
-
-    async def move_job(
-        self,
-        key: JobKey,
-        *,
-        op: JobOp,
-        expected_revision: int,
-        digest: str,
-        result: JobResult | None = None,
-        plan: RunPlan | None = None,
-    ) -> StoredJob:
-        """Apply `op` to the relay job at `expected_revision` (one transaction), or raise
-        `RevisionConflict`/`IllegalTransition` and change nothing. `plan`: a restore run's, when
-        it starts (kept by every later move)."""
-        return await self._jobs.move_job(
-            key, op=op, expected_revision=expected_revision, digest=digest, result=result, plan=plan
-        )
-
-    # --- retention (retention.py runs it; upkeep.py, the SQL in forgetting.py) ---------------
-
-    async def forget_expired(self, cutoff_ms: int, *, rows: int) -> forgetting.ForgetStep:
-        """One bounded step of forgetting what finished before `cutoff_ms` (at most about
-        `rows` rows, one transaction): `forgetting.forget_step`."""
-        return await self._upkeep.forget_expired(cutoff_ms, rows=rows)
-
-    async def vacuum(self, *, pages: int) -> int:
-        """Give up to `pages` free pages back to the file system; the bytes freed."""
-        return await self._upkeep.vacuum(pages=pages)
-
-    async def checkpoint(self) -> None:
-        """Move the WAL into the database file; truncate the WAL."""
-        await self._upkeep.checkpoint()
-
-    def file_bytes(self) -> int:
-        """The database's files on disk now: the database and its WAL, in bytes."""
-        return self._upkeep.file_bytes()
+    # retention (retention.py runs it; upkeep.py, the SQL in forgetting.py)
+    forget_expired = _answered_by("_upkeep", Upkeep.forget_expired)
+    vacuum = _answered_by("_upkeep", Upkeep.vacuum)
+    checkpoint = _answered_by("_upkeep", Upkeep.checkpoint)
+    file_bytes = _answered_by("_upkeep", Upkeep.file_bytes)
 
 
 def _has_content(path: Path) -> bool:

@@ -330,6 +330,85 @@ async def test_a_check_sees_a_recipient_another_agent_retired_and_enrolls_again(
     assert heard.duplicate[0] is not None
 
 
+async def test_a_check_holds_the_bearer_it_fetched(tmp_path: Path) -> None:
+    """The check is a fetch: the node's bearer is held after it, and asking for it asks
+    Cloudly nothing more."""
+    async with cloudly_side(tmp_path, BEARERS) as cloudly:
+        provider = cloudly.provider()
+        assert await provider.check_recipient() is True
+        assert provider.held == frozenset({"node-a"})
+        assert await provider.credential("node-a") == Secret(BEARERS["node-a"])
+        assert cloudly.count("credential-sealed") == 1
+
+
+async def test_a_check_refreshes_the_held_bearer(tmp_path: Path) -> None:
+    """A bearer Cloudly rotated since it was fetched is the one held after the next check."""
+    async with cloudly_side(tmp_path, BEARERS) as cloudly:
+        provider = cloudly.provider()
+        await provider.credential("node-a")
+        cloudly.authority.set_bearer("node-a", "bearer-a-rotated-SENTINEL-5b1e")
+        assert await provider.check_recipient() is True
+        assert await provider.credential("node-a") == Secret("bearer-a-rotated-SENTINEL-5b1e")
+        assert cloudly.count("credential-sealed") == 2
+
+
+async def test_an_asker_waiting_on_a_check_takes_the_bearer_it_fetched(tmp_path: Path) -> None:
+    """The check fetches under the node's lock: an asker meanwhile causes no second fetch."""
+    async with cloudly_side(tmp_path, BEARERS) as cloudly:
+        provider = cloudly.provider()
+        checked, bearer = await asyncio.gather(
+            provider.check_recipient(), provider.credential("node-a")
+        )
+        assert cloudly.count("credential-sealed") == 1
+    assert (checked, bearer) == (True, Secret(BEARERS["node-a"]))
+
+
+async def test_a_check_that_met_a_retirement_holds_the_bearer_fetched_after_enrolling_again(
+    tmp_path: Path,
+) -> None:
+    """False (a retirement), and the fetch went on as any fetch does: enrolled again, the
+    bearer sealed to the new recipient is held."""
+    async with cloudly_side(tmp_path / "a", BEARERS) as cloudly:
+        provider = cloudly.provider(watch=RecipientWatch(_Heard(), clock=cloudly.clock))
+        await provider.credential("node-a")
+        other_keys = KeyStore.open(tmp_path / "b")
+        try:
+            await Enrollment(other_keys, call_timeout=5.0, clock=cloudly.clock).ensure(
+                cloudly.peer, CLUSTER
+            )
+            assert await provider.check_recipient() is False
+        finally:
+            other_keys.close()
+        assert provider.held == frozenset({"node-a"})
+        assert cloudly.count("credential-sealed", node_id="node-a") == 2
+
+
+async def test_a_check_answers_what_cloudly_said_not_whether_its_material_opened(
+    tmp_path: Path,
+) -> None:
+    """Material sealed under another binding is refused and not held, but Cloudly sealed to
+    the recipient: it is still enrolled (True)."""
+    async with cloudly_side(tmp_path, BEARERS) as cloudly:
+        cloudly.authority.seal_for_node["node-a"] = "node-b"
+        provider = cloudly.provider()
+        assert await provider.check_recipient() is True
+        assert provider.held == frozenset()
+
+
+async def test_a_checks_fetch_is_logged_at_debug(tmp_path: Path) -> None:
+    """A check every few seconds is no journal line; a fetch for work is."""
+    with structlog.testing.capture_logs() as events:
+        async with cloudly_side(tmp_path, BEARERS) as cloudly:
+            provider = cloudly.provider()
+            await provider.check_recipient()
+            await provider.credential("node-b")
+    fetched = [e for e in events if e["event"] == "corestore_credential_fetched"]
+    assert [(e["node_id"], e["log_level"]) for e in fetched] == [
+        ("node-a", "debug"),
+        ("node-b", "info"),
+    ]
+
+
 async def test_a_check_without_a_cluster_view_asks_nothing(tmp_path: Path) -> None:
     async with cloudly_side(tmp_path, BEARERS) as cloudly:
         cloudly.view = None

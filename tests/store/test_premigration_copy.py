@@ -120,3 +120,17 @@ def test_state_rollback_without_a_copy_changes_nothing(
     assert main(["state", "rollback", "--config", str(_config(tmp_path))]) == 1
     assert "there is nothing to roll back to" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["agent.lock"]
+
+
+def test_state_rollback_refuses_a_copy_that_is_no_database_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy SQLite cannot read: one line naming it, exit 1; the database stays in place."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / DB_NAME).write_bytes(b"the database")
+    broken = state / f"{DB_NAME}.schema-1-20251205T214612Z"
+    broken.write_bytes(b"no database at all" * 100)
+    assert main(["state", "rollback", "--config", str(_config(tmp_path))]) == 1
+    assert f"the copy {broken} cannot be read as a state database" in capsys.readouterr().err
+    assert (state / DB_NAME).read_bytes() == b"the database"

@@ -18,8 +18,9 @@ from agent.domain.restore_machine import Op
 from agent.domain.restores import RestoreKey
 from agent.errors import StoreCorrupt, StoreError
 from agent.store import DB_NAME, RevisionStore
-from agent.store.recovery import RecoveryRecord, read_recovery, write_recovery
-from agent.store.salvage import recovering_shell, reset, salvage
+from agent.store.damaged_reads import recovering_shell
+from agent.store.recovery import RECOVERY_FILE, RecoveryRecord, read_recovery, write_recovery
+from agent.store.salvage import reset, salvage
 from agent.store.schema import MIGRATIONS
 from tests.processes import agent_environ, run_agent
 from tests.store.states import node_state, plan
@@ -199,6 +200,22 @@ def test_the_salvage_command_prints_counts_per_table(tmp_path: Path) -> None:
         "staged_object",
     }  # fmt: skip
     assert int(rows["restore_state"][1]) > 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can own a file for another user")
+def test_the_salvage_command_run_as_root_hands_what_it_wrote_to_the_directorys_owner(
+    tmp_path: Path,
+) -> None:
+    """Run as root, the new database and the recovery record are the unit's user's (the owner of
+    the state directory), who could not open a root-owned 0600 file."""
+    state = tmp_path / "state"
+    _damage(_filled(state))
+    os.chown(state, 4321, 4321)
+    config = _config(tmp_path, state)
+    done = run_agent("state", "salvage", "--config", str(config), "--sqlite3", "no-such-shell")
+    assert done.returncode == 0, done.stderr
+    for written in (state / DB_NAME, state / RECOVERY_FILE):
+        assert (written.stat().st_uid, written.stat().st_gid) == (4321, 4321), written.name
 
 
 def test_reset_needs_its_explicit_flag(tmp_path: Path) -> None:
