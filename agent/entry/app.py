@@ -85,13 +85,8 @@ from agent.watch.health import HealthServer, bind_listener, close_listener
 from agent.watch.loopwatch import LoopWatch, watch_interval
 from agent.watch.metrics import Metrics
 from agent.watch.notify import Notifier, watchdog_seconds
-from agent.watch.status import (
-    STATE_UNWRITABLE,
-    AgentStatus,
-    SessionState,
-    StatusHooks,
-    StatusSnapshot,
-)
+from agent.watch.status import STATE_UNWRITABLE, AgentStatus, SessionState, StatusSnapshot
+from agent.watch.statushooks import StatusHooks
 
 __all__ = ["run", "session_settings", "status_line"]
 

@@ -1,6 +1,8 @@
 """The operator's face: what the agent shows of itself and how it is watched.
 
-- `status`: `AgentStatus`, the daemon's state as plain data (the session and start-up write it).
+- `status`: `AgentStatus`, the daemon's state as plain data (the session and start-up write it);
+  `sessionstate`: the session state it shows and its one table; `statushooks`: the observer hooks
+  that name its conditions; `outagetext`: times and the outage in words.
 - `overview`: readiness reasons, restore and job rows with their transfers (pure).
 - `health`: the aiohttp health server (`/healthz`, `/readyz`, `/metrics`, `/v1/...`).
 - `metrics`: every metric on the app's own registry (the only prometheus_client user).

@@ -50,7 +50,7 @@ from typing import Any, Final
 
 from agent.config import HealthListen
 from agent.errors import AgentError
-from agent.watch.status import human_duration, unreachable_sentence
+from agent.watch.outagetext import human_duration, unreachable_sentence
 
 __all__ = ["StatusUnavailable", "fetch", "render", "render_down"]
 
