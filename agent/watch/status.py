@@ -35,6 +35,7 @@ from typing import Final, Protocol
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.errors import InvalidState, StateUnwritable
+from agent.watch.document import ClusterDoc, ConditionDoc, NodeDoc, SessionDoc
 from agent.watch.outagetext import unreachable_sentence
 from agent.watch.sessionstate import STATE_TABLE, SessionState
 
@@ -162,39 +163,39 @@ class StatusSnapshot:
         """The session's cluster, once a cluster document was read."""
         return self.cluster.cluster_id if self.cluster is not None else None
 
+    def document(self) -> SessionDoc:
+        """The session as `/readyz` serves it: every time in epoch milliseconds, as in the
+        seeds and the store's rows; a duration names its unit."""
+        cluster = self.cluster
+        return SessionDoc(
+            state=self.state.value,
+            state_since=_ms(self.state_since),
+            connected_since=_ms(self.connected_since),
+            reconnect_count=self.reconnect_count,
+            last_error=self.last_error,
+            last_error_at=_ms(self.last_error_at),
+            cluster=None
+            if cluster is None
+            else ClusterDoc(
+                cluster_id=cluster.cluster_id,
+                published_at=_ms(cluster.published_at),
+                nodes=tuple(
+                    NodeDoc(node.node_id, node.corestore_endpoint, node.corestore_problems)
+                    for node in cluster.nodes
+                ),
+            ),
+            in_flight=self.in_flight,
+            identity_expires_at=self.identity_expires_at_ms,
+            last_pong_at=_ms(self.last_pong_at),
+            pong_latency_seconds=self.pong_latency,
+            unreachable_since=_ms(self.unreachable_since),
+            last_connected_at=_ms(self.last_connected_at),
+            failed_attempts=self.failed_attempts,
+        )
+
     def to_dict(self) -> dict[str, object]:
-        """Plain JSON-ready data (for a health endpoint). Every time is epoch milliseconds, as
-        in the seeds and the store's rows; a duration names its unit."""
-        cluster: dict[str, object] | None = None
-        if self.cluster is not None:
-            cluster = {
-                "clusterId": self.cluster.cluster_id,
-                "publishedAt": _ms(self.cluster.published_at),
-                "nodes": [
-                    {
-                        "nodeId": node.node_id,
-                        "corestoreEndpoint": node.corestore_endpoint,
-                        "corestoreProblems": list(node.corestore_problems),
-                    }
-                    for node in self.cluster.nodes
-                ],
-            }
-        return {
-            "state": self.state.value,
-            "stateSince": _ms(self.state_since),
-            "connectedSince": _ms(self.connected_since),
-            "reconnectCount": self.reconnect_count,
-            "lastError": self.last_error,
-            "lastErrorAt": _ms(self.last_error_at),
-            "cluster": cluster,
-            "inFlight": self.in_flight,
-            "identityExpiresAt": self.identity_expires_at_ms,
-            "lastPongAt": _ms(self.last_pong_at),
-            "pongLatencySeconds": self.pong_latency,
-            "unreachableSince": _ms(self.unreachable_since),
-            "lastConnectedAt": _ms(self.last_connected_at),
-            "failedAttempts": self.failed_attempts,
-        }
+        """Plain JSON-ready data (the health endpoint's `session`: `document()`'s wire form)."""
+        return self.document().to_wire()
 
     def unreachable(self, now: float) -> str | None:
         """The outage in one line (`unreachable_sentence`), None when there is none."""
@@ -216,9 +217,13 @@ class Condition:
     text: str
     since: float
 
+    def document(self) -> ConditionDoc:
+        """As `/readyz` serves it: `since` in epoch milliseconds."""
+        return ConditionDoc(text=self.text, since=_ms(self.since))
+
     def to_dict(self) -> dict[str, object]:
-        """`{text, since}` with `since` in epoch milliseconds."""
-        return {"text": self.text, "since": _ms(self.since)}
+        """`{text, since}` (`document()`'s wire form)."""
+        return self.document().to_wire()
 
 
 def _ms(seconds: float | None) -> int | None:
