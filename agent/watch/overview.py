@@ -58,6 +58,7 @@ from agent.domain.jobs import StoredJob
 from agent.domain.outcomes import JobFailed, Succeeded
 from agent.domain.restores import StoredState
 from agent.transfers.limits import TransferEntry, TransferView
+from agent.watch.docfields import Wire
 from agent.watch.docrows import (
     JobRow,
     NodeCounts,
@@ -145,7 +146,7 @@ def agent_facts(snapshot: StatusSnapshot, *, now: float) -> AgentFacts:
     )
 
 
-def ready_body(snapshot: StatusSnapshot, reasons: dict[str, str], *, now: float) -> dict[str, Any]:
+def ready_body(snapshot: StatusSnapshot, reasons: dict[str, str], *, now: float) -> Wire:
     """`/readyz`: `reasons` (from `readiness()`, empty when ready), the session, the agent's
     facts and the node's conditions by key."""
     return ReadyBody(
