@@ -41,7 +41,8 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
                                                        resumed, recorded, ...)
 
 Hooks are called on the event loop, synchronously, and must not raise or block. `Tee` hands
-every hook to several observers (the metrics and the status' own, `agent.watch.status.StatusHooks`).
+every hook to several observers (the metrics and the status' own,
+`agent.watch.statushooks.StatusHooks`).
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ machine moves only to what the table answers). Its users:
 - the protocol's stream machines (`INITIATOR_TABLE`, `RESPONDER_TABLE`) and the session's
   lifecycle (`agent.session.lifecycle.LIFECYCLE_TABLE`): `next` moves them, an illegal move is
   a bug of the agent's own (`InvalidState`); each move carries a note saying when it happens;
-- the session state the status shows (`agent.watch.status.STATE_TABLE`, whose events are the states
-  entered).
+- the session state the status shows (`agent.watch.sessionstate.STATE_TABLE`, whose events are
+  the states entered).
 
 The tables the docs show render as Markdown (`render`), embedded there and checked by tests.
 The type sits on the ground floor (it imports only the errors) so that the domain, the

@@ -8,7 +8,8 @@ from __future__ import annotations
 from agent.entry.systemd import status_line
 from agent.watch.metrics import Metrics
 from agent.watch.overview import readiness
-from agent.watch.status import AgentStatus, StatusHooks
+from agent.watch.status import AgentStatus
+from agent.watch.statushooks import StatusHooks
 from agent.watch.statusview import render, render_down
 from tests.clock import ManualClock
 

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from agent.errors import InvalidState
-from agent.watch.status import TRANSITIONS, AgentStatus, SessionState, unreachable_sentence
+from agent.watch.outagetext import unreachable_sentence
+from agent.watch.sessionstate import TRANSITIONS
+from agent.watch.status import AgentStatus, SessionState
 from tests.clock import ManualClock
 
 

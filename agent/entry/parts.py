@@ -22,7 +22,8 @@ from agent.watch.health import HealthServer, bind_listener, close_listener
 from agent.watch.loopwatch import LoopWatch, watch_interval
 from agent.watch.metrics import Metrics
 from agent.watch.notify import Notifier, watchdog_seconds
-from agent.watch.status import AgentStatus, StatusHooks
+from agent.watch.status import AgentStatus
+from agent.watch.statushooks import StatusHooks
 
 __all__ = ["Parts", "build_parts"]
 

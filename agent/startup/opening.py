@@ -39,7 +39,8 @@ from agent.observe import Tee
 from agent.retry import Backoff
 from agent.store import RevisionStore
 from agent.store.faults import store_error
-from agent.watch.status import STATE_UNWRITABLE, AgentStatus, StatusHooks
+from agent.watch.status import STATE_UNWRITABLE, AgentStatus
+from agent.watch.statushooks import StatusHooks
 
 __all__ = ["OPEN_BACKOFF", "open_state", "open_waiting", "probe_state_writes", "state_refused"]
 

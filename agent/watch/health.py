@@ -57,9 +57,9 @@ from agent.watch.metrics import CONTENT_TYPE, Metrics
 from agent.watch.overview import (
     BYTES_STATUSES,
     RestoreFacts,
-    agent_facts,
     job_rows,
     readiness,
+    ready_body,
     restore_rows,
     transfers_body,
     with_transfers,
@@ -251,13 +251,7 @@ class HealthServer:
         del request
         snapshot = self._status.snapshot()
         reasons = self._readiness(snapshot)
-        body = {
-            "ready": not reasons,
-            "reasons": reasons,
-            "session": snapshot.to_dict(),
-            "agent": agent_facts(snapshot, now=self._clock.time()),
-            "conditions": {key: c.to_dict() for key, c in sorted(snapshot.conditions.items())},
-        }
+        body = ready_body(snapshot, reasons, now=self._clock.time())
         return web.json_response(body, status=503 if reasons else 200)
 
     async def _metrics_text(self, request: web.Request) -> web.Response:

@@ -2,7 +2,9 @@
 
 Pure: the health server (`agent/watch/health.py`) gathers the facts (a status snapshot, whether the
 store is open, the stored node states with their staging totals) and these functions turn
-them into the JSON it serves; `restore-agent status` prints the same JSON as a table.
+them into the JSON it serves, each part built as its typed form (`agent.watch.document`,
+`agent.watch.docrows`) and served as its wire form; `restore-agent status` reads the same
+document back and prints it as a table.
 
 Readiness (`readiness()`): ready only when every check passes; each failing check adds one
 reason under a stable key:
@@ -56,6 +58,18 @@ from agent.domain.jobs import StoredJob
 from agent.domain.outcomes import JobFailed, Succeeded
 from agent.domain.restores import StoredState
 from agent.transfers.limits import TransferEntry, TransferView
+from agent.watch.docfields import Wire
+from agent.watch.docrows import (
+    JobRow,
+    NodeCounts,
+    ObjectsProgress,
+    Progress,
+    RestoreRow,
+    TransferDoc,
+    TransferListing,
+    TransfersDoc,
+)
+from agent.watch.document import AgentFacts, ReadyBody
 from agent.watch.status import NOT_READY_CONDITIONS, SessionState, StatusSnapshot
 
 __all__ = [
@@ -64,6 +78,7 @@ __all__ = [
     "agent_facts",
     "job_rows",
     "readiness",
+    "ready_body",
     "restore_row",
     "restore_rows",
     "transfers_body",
@@ -120,15 +135,27 @@ def readiness(
     return reasons
 
 
-def agent_facts(snapshot: StatusSnapshot, *, now: float) -> dict[str, Any]:
+def agent_facts(snapshot: StatusSnapshot, *, now: float) -> AgentFacts:
     """`/readyz`'s `agent`: which version runs and for how long (`restore-agent status`'s
     first line)."""
     started = snapshot.started_at
-    return {
-        "version": __version__,
-        "startedAt": None if started is None else round(started * 1000),
-        "uptimeSeconds": None if started is None else int(max(0.0, now - started)),
-    }
+    return AgentFacts(
+        version=__version__,
+        started_at=None if started is None else round(started * 1000),
+        uptime_seconds=None if started is None else int(max(0.0, now - started)),
+    )
+
+
+def ready_body(snapshot: StatusSnapshot, reasons: dict[str, str], *, now: float) -> Wire:
+    """`/readyz`: `reasons` (from `readiness()`, empty when ready), the session, the agent's
+    facts and the node's conditions by key."""
+    return ReadyBody(
+        ready=not reasons,
+        reasons=reasons,
+        session=snapshot.document(),
+        agent=agent_facts(snapshot, now=now),
+        conditions={key: c.document() for key, c in sorted(snapshot.conditions.items())},
+    ).to_wire()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,48 +171,38 @@ class RestoreFacts:
     written_objects: int = 0
 
 
-def _progress(stored: StoredState, facts: RestoreFacts) -> dict[str, Any] | None:
+def _progress(stored: StoredState, facts: RestoreFacts) -> Progress | None:
     state, mappings = stored.state, facts.mappings
     if stored.status in BYTES_STATUSES:
-        return {
-            "done": facts.chunk_bytes,
-            "total": facts.total_bytes,
-            "unit": "bytes",
-            "objects": {"done": facts.written_objects, "total": facts.objects},
-        }
+        objects = ObjectsProgress(done=facts.written_objects, total=facts.objects)
+        return Progress(facts.chunk_bytes, facts.total_bytes, "bytes", objects)
     if stored.status == "restoring":
-        return {
-            "done": len(state.completed_resource_mapping_ids),
-            "total": mappings,
-            "unit": "resources",
-        }
+        return Progress(len(state.completed_resource_mapping_ids), mappings, "resources")
     if stored.status == "verifying":
         checked = sum(1 for r in state.verification.results if r.status in ("passed", "failed"))
-        return {"done": checked, "total": mappings, "unit": "resources"}
+        return Progress(checked, mappings, "resources")
     if stored.status == "cleaning" and state.cleanup is not None:
         resources = state.cleanup.resources
         finished = sum(1 for r in resources if r.status in ("succeeded", "failed"))
-        return {"done": finished, "total": len(resources), "unit": "resources"}
+        return Progress(finished, len(resources), "resources")
     return None
 
 
 def restore_row(stored: StoredState, facts: RestoreFacts, *, now_ms: int) -> dict[str, Any]:
     """One node state as the operator's JSON row (camelCase, no secret, no plan detail)."""
     state = stored.state
-    return {
-        "clusterId": stored.key.cluster_id,
-        # One name for a node everywhere: IClusterNode.id, which the restore key's
-        # targetNodeName and the relay methods' nodeId both name.
-        "nodeId": stored.key.node_name,
-        "restoreId": stored.key.restore_id,
-        "status": stored.status,
-        "revision": stored.revision,
-        "updatedAt": stored.updated_at,
-        "ageSeconds": max(0, now_ms - stored.updated_at) // 1000,
-        "progress": _progress(stored, facts),
-        "lastErrorCode": state.last_error_code,
-        "lastErrorMessage": state.last_error_message,
-    }
+    return RestoreRow(
+        cluster_id=stored.key.cluster_id,
+        node_id=stored.key.node_name,
+        restore_id=stored.key.restore_id,
+        status=stored.status,
+        revision=stored.revision,
+        updated_at=stored.updated_at,
+        age_seconds=max(0, now_ms - stored.updated_at) // 1000,
+        progress=_progress(stored, facts),
+        last_error_code=state.last_error_code,
+        last_error_message=state.last_error_message,
+    ).to_wire()
 
 
 def restore_rows(
@@ -214,35 +231,35 @@ def job_rows(jobs: Sequence[StoredJob], *, now_ms: int) -> list[dict[str, Any]]:
 def _job_row(job: StoredJob, *, now_ms: int) -> dict[str, Any]:
     report = job.result.report if isinstance(job.result, Succeeded) else None
     error = job.result if isinstance(job.result, JobFailed) else None
-    return {
-        "clusterId": job.key.cluster_id,
-        "nodeId": job.key.node_id,
-        "kind": job.key.kind,
-        "backupId": job.key.backup_id,
-        "serviceId": job.key.service_id,
-        "run": job.key.run,
-        "status": job.status,
-        "revision": job.revision,
-        "attempts": job.attempts,
-        "updatedAt": job.updated_at,
-        "ageSeconds": max(0, now_ms - job.updated_at) // 1000,
-        "resourceTypes": None
+    return JobRow(
+        cluster_id=job.key.cluster_id,
+        node_id=job.key.node_id,
+        kind=job.key.kind,
+        backup_id=job.key.backup_id,
+        service_id=job.key.service_id,
+        run=job.key.run,
+        status=job.status,
+        revision=job.revision,
+        attempts=job.attempts,
+        updated_at=job.updated_at,
+        age_seconds=max(0, now_ms - job.updated_at) // 1000,
+        resource_types=None
         if report is None or report.resource_types is None
-        else list(report.resource_types),
-        "partial": report is not None and report.partial,
-        "errorCode": None if error is None else error.code,
-        "errorMessage": None if error is None else error.message,
-        "delivered": job.delivered_at is not None,
-    }
+        else tuple(report.resource_types),
+        partial=report is not None and report.partial,
+        error_code=None if error is None else error.code,
+        error_message=None if error is None else error.message,
+        delivered=job.delivered_at is not None,
+    ).to_wire()
 
 
-def _transfer(entry: TransferEntry, now: float) -> dict[str, Any]:
-    return {
-        "kind": entry.ticket.kind,
-        "state": entry.state,
-        "position": entry.position,
-        "seconds": int(max(0.0, now - entry.since)),
-    }
+def _transfer(entry: TransferEntry, now: float) -> TransferDoc:
+    return TransferDoc(
+        kind=entry.ticket.kind,
+        state=entry.state,
+        position=entry.position,
+        seconds=int(max(0.0, now - entry.since)),
+    )
 
 
 def _row_subject(row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -260,26 +277,26 @@ def with_transfers(rows: list[dict[str, Any]], view: TransferView) -> list[dict[
     by_subject = {entry.ticket.subject: entry for entry in view.entries}
     for row in rows:
         entry = by_subject.get(_row_subject(row))
-        row["transfer"] = None if entry is None else _transfer(entry, view.now)
+        row["transfer"] = None if entry is None else _transfer(entry, view.now).to_wire()
     return rows
 
 
 def transfers_body(view: TransferView) -> dict[str, Any]:
     """`/v1/transfers`: the limits, each node's moving and queued counts, every transfer (per
     node: the moving ones, then the queue in its order) with what it moves for."""
-    return {
-        "maxTransfersPerNode": view.max_per_node,
-        "maxBytesPerSecondPerNode": view.bytes_per_s,
-        "nodes": {
-            node: {"moving": counts.moving, "queued": counts.queued}
+    return TransfersDoc(
+        max_transfers_per_node=view.max_per_node,
+        max_bytes_per_second_per_node=view.bytes_per_s,
+        nodes={
+            node: NodeCounts(moving=counts.moving, queued=counts.queued)
             for node, counts in view.counts.items()
         },
-        "transfers": [
-            {
-                "nodeId": entry.ticket.node,
-                "for": " ".join(str(part) for part in entry.ticket.subject[1:]),
-                **_transfer(entry, view.now),
-            }
+        transfers=tuple(
+            TransferListing(
+                node_id=entry.ticket.node,
+                subject=" ".join(str(part) for part in entry.ticket.subject[1:]),
+                transfer=_transfer(entry, view.now),
+            )
             for entry in view.entries
-        ],
-    }
+        ),
+    ).to_wire()

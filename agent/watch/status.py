@@ -6,19 +6,14 @@ server, tests) call `snapshot()` and get an immutable `StatusSnapshot`, or await
 does I/O or holds a secret: errors are stored as their text (agent errors never quote a secret),
 the identity only as its expiry.
 
-The session state is a state machine with one transition table (`STATE_TABLE`, an
-`agent.table.TransitionTable` whose events are the states entered; `TRANSITIONS` lists the same
-moves by state); an illegal move raises `InvalidState` and changes nothing. The session moves it
-to show its own lifecycle (`agent.session.lifecycle.PUBLISHED`).
+The session state (`agent.watch.sessionstate.SessionState`, re-exported here: it is the
+snapshot's) moves only through its one table, `STATE_TABLE`; an illegal move raises
+`InvalidState` and changes nothing.
 
 Beside the state (whose `state_since` moves at every retry) the status keeps the outage: since
 when Cloudly has been unreachable (the end of the last session, or the agent's start when it
-never connected), when the session last connected, and how many attempts failed since.
-`unreachable_sentence()` says it in one line, the same in `restore-agent status`, `/readyz`'s
-`session` reason and `STATUS=`:
-
-    Cloudly unreachable since 2025-06-01 12:03:04 UTC (2 min), last connected
-    2025-06-01 11:00:00 UTC, 17 attempts, last error: connection refused
+never connected), when the session last connected, and how many attempts failed since
+(`StatusSnapshot.unreachable()` says it in one line, `agent.watch.outagetext`).
 
 Conditions are named facts about the node an operator should see, each under a stable key with
 a sentence and the time it began (`set_condition`, `clear_condition`): `state-unwritable` (the
@@ -27,30 +22,27 @@ node's state disk refuses writes: the agent is not ready while it holds), `cores
 Corestore has given no usable answer since the time named: its calls ride it out up to
 `[corestore] outage_tolerance_s`), `state-recovered` (the state was salvaged or reset;
 reconciliation with the nodes' Corestore is due), `duplicate-agent` (another agent enrolls with
-the same machine token: the agent is not ready while it holds). `StatusHooks` sets them from the
-parts' observer hooks (`agent.observe`).
+the same machine token: the agent is not ready while it holds). `agent.watch.statushooks` sets
+them from the parts' observer hooks (`agent.observe`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
-from types import MappingProxyType
 from typing import Final, Protocol
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.errors import InvalidState, StateUnwritable
-from agent.table import TransitionTable
+from agent.watch.document import ClusterDoc, ConditionDoc, NodeDoc, SessionDoc
+from agent.watch.outagetext import unreachable_sentence
+from agent.watch.sessionstate import STATE_TABLE, SessionState
 
 __all__ = [
     "DUPLICATE_AGENT",
     "NOT_READY_CONDITIONS",
-    "STATE_TABLE",
     "STATE_UNWRITABLE",
-    "TRANSITIONS",
     "AgentStatus",
     "ClusterSummary",
     "ClusterViewLike",
@@ -58,11 +50,7 @@ __all__ = [
     "NodeSummary",
     "NodeViewLike",
     "SessionState",
-    "StatusHooks",
     "StatusSnapshot",
-    "human_duration",
-    "unreachable_sentence",
-    "utc_text",
 ]
 
 STATE_UNWRITABLE: Final = StateUnwritable.code
@@ -73,47 +61,6 @@ DUPLICATE_AGENT: Final = "duplicate-agent"
 
 NOT_READY_CONDITIONS: Final = frozenset({STATE_UNWRITABLE, DUPLICATE_AGENT})
 """The conditions under which the agent is not ready (each is also a readiness reason)."""
-
-
-class SessionState(StrEnum):
-    """Where the Cloudly session is."""
-
-    STARTING = "starting"
-    CONNECTING = "connecting"
-    AUTHENTICATING = "authenticating"
-    CONNECTED = "connected"
-    BACKING_OFF = "backing-off"
-    DRAINING = "draining"
-    STOPPED = "stopped"
-
-
-_S = SessionState
-
-# Every attempt that fails goes through BACKING_OFF (even with a zero delay), so the reconnect
-# count and the last error are recorded in exactly one place. DRAINING and STOPPED are reachable
-# from everywhere because a signal may arrive at any moment.
-_ONWARD: Final[Mapping[SessionState, tuple[SessionState, ...]]] = {
-    _S.STARTING: (_S.CONNECTING, _S.DRAINING, _S.STOPPED),
-    _S.CONNECTING: (_S.AUTHENTICATING, _S.BACKING_OFF, _S.DRAINING, _S.STOPPED),
-    _S.AUTHENTICATING: (_S.CONNECTED, _S.BACKING_OFF, _S.DRAINING, _S.STOPPED),
-    _S.CONNECTED: (_S.BACKING_OFF, _S.DRAINING, _S.STOPPED),
-    _S.BACKING_OFF: (_S.CONNECTING, _S.DRAINING, _S.STOPPED),
-    _S.DRAINING: (_S.STOPPED,),
-    _S.STOPPED: (),
-}
-
-STATE_TABLE: Final = TransitionTable[SessionState, SessionState](
-    {(state, to): to for state, onward in _ONWARD.items() for to in onward}
-)
-"""The shown session state's table: the event is the state entered (`move_to`)."""
-
-TRANSITIONS: Final[Mapping[SessionState, frozenset[SessionState]]] = MappingProxyType(
-    {
-        state: frozenset(to for (source, _), to in STATE_TABLE.moves.items() if source is state)
-        for state in SessionState
-    }
-)
-"""Where each state may go, every state listed (`STATE_TABLE`'s moves, by state)."""
 
 
 class NodeViewLike(Protocol):
@@ -216,39 +163,39 @@ class StatusSnapshot:
         """The session's cluster, once a cluster document was read."""
         return self.cluster.cluster_id if self.cluster is not None else None
 
+    def document(self) -> SessionDoc:
+        """The session as `/readyz` serves it: every time in epoch milliseconds, as in the
+        seeds and the store's rows; a duration names its unit."""
+        cluster = self.cluster
+        return SessionDoc(
+            state=self.state.value,
+            state_since=_ms(self.state_since),
+            connected_since=_ms(self.connected_since),
+            reconnect_count=self.reconnect_count,
+            last_error=self.last_error,
+            last_error_at=_ms(self.last_error_at),
+            cluster=None
+            if cluster is None
+            else ClusterDoc(
+                cluster_id=cluster.cluster_id,
+                published_at=_ms(cluster.published_at),
+                nodes=tuple(
+                    NodeDoc(node.node_id, node.corestore_endpoint, node.corestore_problems)
+                    for node in cluster.nodes
+                ),
+            ),
+            in_flight=self.in_flight,
+            identity_expires_at=self.identity_expires_at_ms,
+            last_pong_at=_ms(self.last_pong_at),
+            pong_latency_seconds=self.pong_latency,
+            unreachable_since=_ms(self.unreachable_since),
+            last_connected_at=_ms(self.last_connected_at),
+            failed_attempts=self.failed_attempts,
+        )
+
     def to_dict(self) -> dict[str, object]:
-        """Plain JSON-ready data (for a health endpoint). Every time is epoch milliseconds, as
-        in the seeds and the store's rows; a duration names its unit."""
-        cluster: dict[str, object] | None = None
-        if self.cluster is not None:
-            cluster = {
-                "clusterId": self.cluster.cluster_id,
-                "publishedAt": _ms(self.cluster.published_at),
-                "nodes": [
-                    {
-                        "nodeId": node.node_id,
-                        "corestoreEndpoint": node.corestore_endpoint,
-                        "corestoreProblems": list(node.corestore_problems),
-                    }
-                    for node in self.cluster.nodes
-                ],
-            }
-        return {
-            "state": self.state.value,
-            "stateSince": _ms(self.state_since),
-            "connectedSince": _ms(self.connected_since),
-            "reconnectCount": self.reconnect_count,
-            "lastError": self.last_error,
-            "lastErrorAt": _ms(self.last_error_at),
-            "cluster": cluster,
-            "inFlight": self.in_flight,
-            "identityExpiresAt": self.identity_expires_at_ms,
-            "lastPongAt": _ms(self.last_pong_at),
-            "pongLatencySeconds": self.pong_latency,
-            "unreachableSince": _ms(self.unreachable_since),
-            "lastConnectedAt": _ms(self.last_connected_at),
-            "failedAttempts": self.failed_attempts,
-        }
+        """Plain JSON-ready data (the health endpoint's `session`: `document()`'s wire form)."""
+        return self.document().to_wire()
 
     def unreachable(self, now: float) -> str | None:
         """The outage in one line (`unreachable_sentence`), None when there is none."""
@@ -263,43 +210,6 @@ class StatusSnapshot:
         )
 
 
-def utc_text(seconds: float) -> str:
-    """An epoch time as `2025-06-01 12:03:04 UTC` (the same on every node and in every log)."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
-
-
-def human_duration(seconds: float) -> str:
-    """`45 s`, `3 min`, `5 h`, `2 d`: a duration as an operator reads it."""
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.0f} h"
-    return f"{seconds / 86400:.0f} d"
-
-
-def unreachable_sentence(
-    *,
-    since: float,
-    now: float,
-    last_connected_at: float | None,
-    attempts: int,
-    last_error: str | None,
-) -> str:
-    """`Cloudly unreachable since <time> (<duration>), last connected <time>, <n> attempts,
-    last error: <text>` (epoch seconds in; `never connected` when it never did)."""
-    connected = "never connected" if last_connected_at is None else (
-        f"last connected {utc_text(last_connected_at)}"
-    )  # fmt: skip
-    line = (
-        f"Cloudly unreachable since {utc_text(since)} ({human_duration(now - since)}), "
-        f"{connected}, {attempts} attempt{'' if attempts == 1 else 's'}"
-    )
-    return line + (f", last error: {last_error}" if last_error else "")
-
-
 @dataclass(frozen=True, slots=True)
 class Condition:
     """One named condition: what it is (a sentence) and since when (epoch seconds)."""
@@ -307,9 +217,13 @@ class Condition:
     text: str
     since: float
 
+    def document(self) -> ConditionDoc:
+        """As `/readyz` serves it: `since` in epoch milliseconds."""
+        return ConditionDoc(text=self.text, since=_ms(self.since))
+
     def to_dict(self) -> dict[str, object]:
-        """`{text, since}` with `since` in epoch milliseconds."""
-        return {"text": self.text, "since": _ms(self.since)}
+        """`{text, since}` (`document()`'s wire form)."""
+        return self.document().to_wire()
 
 
 def _ms(seconds: float | None) -> int | None:
@@ -460,87 +374,3 @@ class AgentStatus:
             failed_attempts=self._failed_attempts,
             conditions=dict(self._conditions),
         )
-
-
-class StatusHooks:
-    """The observer hooks (`agent.observe`) that name conditions on an `AgentStatus`: the state
-    disk refusing writes, a node's Corestore full or unavailable, a salvaged or reset state still
-    being reconciled. The composition root hands them out beside the metrics (`observe.Tee`)."""
-
-    def __init__(self, status: AgentStatus) -> None:
-        self._status = status
-        self._full: set[str] = set()
-        self._down: dict[str, float] = {}  # node -> since when its Corestore is unavailable
-        self._recovered: tuple[str, float] | None = None
-        self.unwritable_cause: str | None = None
-        """The cause of the state disk's last refusal while it holds (None: writable)."""
-
-    def state_write_failed(self, *, cause: str) -> None:
-        """`state-unwritable`: the agent is not ready while it holds."""
-        self.unwritable_cause = cause
-        self._status.set_condition(
-            STATE_UNWRITABLE, f"the node's state cannot be written ({cause})"
-        )
-
-    def state_writable(self) -> None:
-        """The state disk takes writes again."""
-        self.unwritable_cause = None
-        self._status.clear_condition(STATE_UNWRITABLE)
-
-    def corestore_full(self, *, node: str, full: bool) -> None:
-        """`corestore-full` names every node whose Corestore said its disk is full."""
-        if full:
-            self._full.add(node)
-        else:
-            self._full.discard(node)
-        if self._full:
-            nodes = ", ".join(sorted(self._full))
-            self._status.set_condition(
-                "corestore-full", f"the Corestore of {nodes} answered that its disk is full"
-            )
-        else:
-            self._status.clear_condition("corestore-full")
-
-    def corestore_unavailable(self, *, node: str, since: float | None) -> None:
-        """`corestore-unavailable` names every node whose Corestore gives no usable answer, and
-        since when; it begins when the first of them did."""
-        if since is None:
-            self._down.pop(node, None)
-        else:
-            self._down[node] = since
-        if not self._down:
-            self._status.clear_condition("corestore-unavailable")
-            return
-        nodes = ", ".join(f"{n} since {utc_text(at)}" for n, at in sorted(self._down.items()))
-        self._status.set_condition(
-            "corestore-unavailable",
-            f"the Corestore of {nodes} gives no usable answer (no answer, or 5xx, 408, 429); "
-            "its calls ride the outage out up to [corestore] outage_tolerance_s",
-            since=min(self._down.values()),
-        )
-
-    def state_recovered(self, *, how: str, at: float) -> None:
-        """Remember how the state was recovered (named while reconciliation is pending)."""
-        self._recovered = (how, at)
-
-    def reconcile_pending(self, *, pending: bool) -> None:
-        """`state-recovered` while reconciliation with the nodes' Corestore is due."""
-        if pending and self._recovered is not None:
-            how, _ = self._recovered
-            self._status.set_condition(
-                "state-recovered",
-                f"the state was {how}; reconciling with each node's Corestore (what it holds "
-                "that the state does not know is taken into cleanup)",
-            )
-        else:
-            self._status.clear_condition("state-recovered")
-
-    def recipient_retired(self) -> None:
-        """A retirement alone names nothing (the watch decides when it is a second agent)."""
-
-    def duplicate_agent(self, *, text: str | None) -> None:
-        """`duplicate-agent` while another agent seems to use the same token: not ready."""
-        if text is None:
-            self._status.clear_condition(DUPLICATE_AGENT)
-        else:
-            self._status.set_condition(DUPLICATE_AGENT, text)

@@ -2,10 +2,12 @@
 
 `fetch()` asks the endpoint `[health] listen` names (loopback TCP or the unix socket; stdlib
 `http.client`, so the command needs nothing the daemon runs on) for `/readyz`, `/v1/restores`,
-`/v1/jobs` and `/v1/transfers` and returns them as one JSON-ready mapping (`--json` prints
-it); `render()` turns that into the text below. The answers are read as the agent serves
-them (`agent/watch/health.py`, `agent/watch/overview.py`: every time in epoch milliseconds); a
-field the text needs but does not find is shown as `-`.
+`/v1/jobs` and `/v1/transfers` and returns them as one JSON-ready mapping, each part as the
+agent served it (`--json` prints it); `render()` reads that as a `StatusDocument`
+(`agent/watch/document.py`: the document the agent builds, every time in epoch milliseconds,
+read leniently, since an older or a newer agent may have written it) and turns it into the
+text below. A field the text needs but does not find (or finds of another type) is shown as
+`-`.
 
     agent:    ready (version 0.1.0, up 5 h)   (or: not ready, then one line per reason)
     session:  connected for 2 h, cluster cluster-1, last pong 3 s ago
@@ -45,12 +47,15 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-from collections.abc import Callable, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
 
 from agent.config import HealthListen
 from agent.errors import AgentError
-from agent.watch.status import human_duration, unreachable_sentence
+from agent.watch.docfields import Fields
+from agent.watch.docrows import JobRow, Progress, RestoreRow, TransferDoc, TransfersDoc
+from agent.watch.document import AgentFacts, SessionDoc, StatusDocument
+from agent.watch.outagetext import human_duration, unreachable_sentence
 
 __all__ = ["StatusUnavailable", "fetch", "render", "render_down"]
 
@@ -65,6 +70,7 @@ _JOB_COLUMNS: Final = (
     "AGE",
     "RESULT",
 )
+_Row = TypeVar("_Row", RestoreRow, JobRow)
 # Right-aligned columns (numbers) of each table.
 _NUMBERS: Final = {_COLUMNS: {2}, _JOB_COLUMNS: {4, 5}}
 
@@ -120,9 +126,9 @@ def _get(listen: HealthListen, path: str, timeout: float) -> Any:
 
 def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
     """`{ready, agent, reasons, session, conditions, restores, jobs, transfers}` from the
-    endpoint at `listen`
-    (with `restoresError` / `jobsError` when the store could not be read; `transfers` None
-    from an agent that serves none: one still running from before an upgrade)."""
+    endpoint at `listen` (`StatusDocument.combine`: with `restoresError` / `jobsError` when
+    the store could not be read; `transfers` None from an agent that serves none: one still
+    running from before an upgrade)."""
     ready = _get(listen, "/readyz", timeout)
     restores = _get(listen, "/v1/restores", timeout)
     jobs = _get(listen, "/v1/jobs", timeout)
@@ -132,18 +138,7 @@ def fetch(listen: HealthListen, *, timeout: float = 5.0) -> dict[str, Any]:
         transfers = None  # an agent started before an upgrade serves no /v1/transfers yet
     if not all(isinstance(answer, dict) for answer in (ready, restores, jobs)):
         raise StatusUnavailable(f"{listen} answered something that is not the agent's status")
-    return {
-        "ready": ready.get("ready"),
-        "agent": ready.get("agent"),
-        "reasons": ready.get("reasons", {}),
-        "session": ready.get("session", {}),
-        "restores": restores.get("restores", []),
-        **({"restoresError": restores["error"]} if "error" in restores else {}),
-        "jobs": jobs.get("jobs", []),
-        **({"jobsError": jobs["error"]} if "error" in jobs else {}),
-        "transfers": transfers,
-        "conditions": ready.get("conditions", {}),
-    }
+    return StatusDocument.combine(ready, restores, jobs, transfers)
 
 
 def _duration(seconds: float | None) -> str:
@@ -154,141 +149,126 @@ def _megabytes(count: int) -> str:
     return f"{count / 1e6:.1f} MB"
 
 
-def _progress(progress: Any) -> str:
-    if not isinstance(progress, Mapping):
+def _text(value: object | None) -> str:
+    """A cell: the value, `-` when the document does not say it."""
+    return "-" if value is None else str(value)
+
+
+def _progress(progress: Progress | None) -> str:
+    if progress is None or progress.done is None or progress.total is None:
         return "-"
-    done, total, unit = progress.get("done"), progress.get("total"), progress.get("unit")
-    if not isinstance(done, int) or not isinstance(total, int):
-        return "-"
+    done, total, unit = progress.done, progress.total, progress.unit
     share = f"{100 * done // total}% " if total > 0 else ""
     if unit == "bytes":
         return f"{share}{_megabytes(done)} of {_megabytes(total)}"
     return f"{share}{done} of {total} {unit}"
 
 
-def _since(now_ms: int, then_ms: Any) -> float | None:
+def _since(now_ms: int, then_ms: float | None) -> float | None:
     """Seconds from `then_ms` (epoch ms, from the endpoint) to `now_ms`; None if not a time."""
-    if isinstance(then_ms, bool) or not isinstance(then_ms, int | float):
-        return None
-    return (now_ms - then_ms) / 1000
+    return None if then_ms is None else (now_ms - then_ms) / 1000
 
 
-def _epoch_s(value: Any) -> float | None:
+def _epoch_s(value: float | None) -> float | None:
     """An endpoint time (epoch ms) as epoch seconds; None if it is not a time."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return value / 1000
+    return None if value is None else value / 1000
 
 
-def _outage(session: Mapping[str, Any], now_ms: int) -> str | None:
+def _outage(session: SessionDoc, now_ms: int) -> str | None:
     """The outage sentence from the session's fields; None when there is no outage."""
-    since = _epoch_s(session.get("unreachableSince"))
-    if since is None or session.get("state") in ("connected", "stopped"):
+    since = _epoch_s(session.unreachable_since)
+    if since is None or session.state in ("connected", "stopped"):
         return None
-    attempts = session.get("failedAttempts")
-    error = session.get("lastError")
+    attempts = session.failed_attempts
     return unreachable_sentence(
         since=since,
         now=now_ms / 1000,
-        last_connected_at=_epoch_s(session.get("lastConnectedAt")),
-        attempts=attempts if isinstance(attempts, int) else 0,
-        last_error=str(error) if error else None,
+        last_connected_at=_epoch_s(session.last_connected_at),
+        attempts=attempts if attempts is not None else 0,
+        last_error=session.last_error or None,
     )
 
 
-def _session_line(session: Mapping[str, Any], now_ms: int) -> str:
-    state = str(session.get("state", "-"))
+def _session_line(session: SessionDoc, now_ms: int) -> str:
+    state = _text(session.state)
     if (outage := _outage(session, now_ms)) is not None:
         return f"{state}: {outage}"
     parts = [state]
-    since = session.get("connectedSince") if state == "connected" else session.get("stateSince")
+    since = session.connected_since if state == "connected" else session.state_since
     if (seconds := _since(now_ms, since)) is not None:
         parts[0] += f" for {_duration(seconds)}"
-    cluster = session.get("cluster")
-    if isinstance(cluster, Mapping) and cluster.get("clusterId"):
-        parts.append(f"cluster {cluster['clusterId']}")
-    if (seconds := _since(now_ms, session.get("lastPongAt"))) is not None:
+    cluster = session.cluster
+    if cluster is not None and cluster.cluster_id:
+        parts.append(f"cluster {cluster.cluster_id}")
+    if (seconds := _since(now_ms, session.last_pong_at)) is not None:
         parts.append(f"last pong {_duration(seconds)} ago")
-    error = session.get("lastError")
-    if error and state != "connected":
-        parts.append(f"last error: {error}")
+    if session.last_error and state != "connected":
+        parts.append(f"last error: {session.last_error}")
     return ", ".join(parts)
 
 
-def _agent_facts(agent: Any) -> str:
+def _agent_facts(agent: AgentFacts | None) -> str:
     """` (version 0.1.0, up 3 h)`; empty from an agent that serves no `agent` block."""
-    if not isinstance(agent, Mapping):
+    if agent is None:
         return ""
     facts = []
-    if agent.get("version"):
-        facts.append(f"version {agent['version']}")
-    uptime = agent.get("uptimeSeconds")
-    if isinstance(uptime, int | float) and not isinstance(uptime, bool):
-        facts.append(f"up {_duration(uptime)}")
+    if agent.version:
+        facts.append(f"version {agent.version}")
+    if agent.uptime_seconds is not None:
+        facts.append(f"up {_duration(agent.uptime_seconds)}")
     return f" ({', '.join(facts)})" if facts else ""
 
 
-def _age(row: Mapping[str, Any]) -> str:
-    age = row.get("ageSeconds")
-    return _duration(age if isinstance(age, int | float) else None)
-
-
-def _status(row: Mapping[str, Any]) -> str:
+def _status(row: RestoreRow | JobRow) -> str:
     """The row's status, and its place in its node's transfer queue while it waits there."""
-    status = str(row.get("status", "-"))
-    transfer = row.get("transfer")
-    if isinstance(transfer, Mapping) and transfer.get("state") == "queued":
-        status += f" (queued {transfer.get('position', '-')})"
+    status = _text(row.status)
+    transfer = row.transfer
+    if isinstance(transfer, TransferDoc) and transfer.queued:
+        status += f" (queued {_text(transfer.position)})"
     return status
 
 
-def _transfers_line(transfers: Any) -> str | None:
+def _transfers_line(transfers: TransfersDoc | None) -> str | None:
     """`node-1 2 moving, 1 queued; node-2 1 moving (at most 2 per node)`; None when unknown."""
-    if not isinstance(transfers, Mapping):
+    if transfers is None:
         return None
-    nodes = transfers.get("nodes")
-    parts = []
-    for node, counts in (nodes if isinstance(nodes, Mapping) else {}).items():
-        if not isinstance(counts, Mapping):
-            continue
-        moving, queued = counts.get("moving", 0), counts.get("queued", 0)
-        parts.append(f"{node} {moving} moving" + (f", {queued} queued" if queued else ""))
-    limit = transfers.get("maxTransfersPerNode")
+    parts = [
+        f"{node} {counts.moving} moving" + (f", {counts.queued} queued" if counts.queued else "")
+        for node, counts in transfers.nodes.items()
+    ]
+    limit = transfers.max_transfers_per_node
     bound = f" (at most {limit} per node)" if limit is not None else ""
     return ("; ".join(parts) or "none") + bound
 
 
-def _restore_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
-    key = "/".join(str(row.get(k, "-")) for k in ("clusterId", "nodeId", "restoreId"))
+def _restore_cells(row: RestoreRow) -> tuple[str, ...]:
     return (
-        key,
+        "/".join(_text(part) for part in (row.cluster_id, row.node_id, row.restore_id)),
         _status(row),
-        str(row.get("revision", "-")),
-        _progress(row.get("progress")),
-        _age(row),
+        _text(row.revision),
+        _progress(row.progress),
+        _duration(row.age_seconds),
     )
 
 
-def _job_result(row: Mapping[str, Any]) -> str:
+def _job_result(row: JobRow) -> str:
     """What a job ended with: the error code, or the types a restore restored."""
-    if row.get("errorCode"):
-        return str(row["errorCode"])
-    types = row.get("resourceTypes")
-    if isinstance(types, list) and types:
-        return ", ".join(str(kind) for kind in types) + (" (partial)" if row.get("partial") else "")
+    if row.error_code:
+        return row.error_code
+    if row.resource_types:
+        return ", ".join(row.resource_types) + (" (partial)" if row.partial else "")
     return "-"
 
 
-def _job_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
-    key = "/".join(str(row.get(k, "-")) for k in ("clusterId", "nodeId", "backupId"))
+def _job_cells(row: JobRow) -> tuple[str, ...]:
     return (
-        key,
-        str(row.get("kind", "-")),
-        str(row.get("serviceId", "-")),
+        "/".join(_text(part) for part in (row.cluster_id, row.node_id, row.backup_id)),
+        _text(row.kind),
+        _text(row.service_id),
         _status(row),
-        str(row.get("revision", "-")),
-        str(row.get("attempts", "-")),
-        _age(row),
+        _text(row.revision),
+        _text(row.attempts),
+        _duration(row.age_seconds),
         _job_result(row),
     )
 
@@ -309,15 +289,15 @@ def _table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def _section(
-    data: Mapping[str, Any],
     name: str,
+    error: str | None,
     columns: tuple[str, ...],
-    cells: Callable[[Mapping[str, Any]], tuple[str, ...]],
+    rows: Sequence[_Row],
+    cells: Callable[[_Row], tuple[str, ...]],
 ) -> list[str]:
     label = f"{name}:".ljust(10)
-    if f"{name}Error" in data:
-        return [f"{label}unknown ({data[f'{name}Error']})"]
-    rows = [row for row in data.get(name) or [] if isinstance(row, Mapping)]
+    if error is not None:
+        return [f"{label}unknown ({error})"]
     lines = [f"{label}{len(rows)}"]
     if rows:
         lines += _table(columns, [cells(row) for row in rows])
@@ -325,27 +305,27 @@ def _section(
 
 
 def render(data: Mapping[str, Any], *, now_ms: int) -> str:
-    """The status as text for a terminal (`now_ms`: wall time in epoch ms, for ages)."""
-    reasons = dict(data.get("reasons") or {})
-    session = data.get("session") or {}
+    """The status (`fetch()`'s answer, read as a `StatusDocument`) as text for a terminal
+    (`now_ms`: wall time in epoch ms, for ages)."""
+    document = StatusDocument.from_wire(Fields(data))
+    reasons = dict(document.reasons)
+    session = document.session
     if _outage(session, now_ms) is not None:
         reasons.pop("session", None)  # the session line below says it, with the outage
-    state = "ready" if data.get("ready") else "not ready"
-    lines = [f"agent:    {state}{_agent_facts(data.get('agent'))}"]
+    state = "ready" if document.ready else "not ready"
+    lines = [f"agent:    {state}{_agent_facts(document.agent)}"]
     lines += [f"          {key}: {reason}" for key, reason in sorted(reasons.items())]
-    conditions = data.get("conditions") or {}
-    for key, condition in sorted(conditions.items() if isinstance(conditions, Mapping) else []):
-        if not isinstance(condition, Mapping):
-            continue
-        held = _since(now_ms, condition.get("since"))
+    for key, condition in sorted(document.conditions.items()):
+        held = _since(now_ms, condition.since)
         suffix = f" (for {_duration(held)})" if held is not None else ""
-        lines.append(f"condition: {key}: {condition.get('text', '-')}{suffix}")
+        lines.append(f"condition: {key}: {_text(condition.text)}{suffix}")
     lines.append(f"session:  {_session_line(session, now_ms)}")
-    if (transfers := _transfers_line(data.get("transfers"))) is not None:
+    if (transfers := _transfers_line(document.transfers)) is not None:
         lines.append(f"transfers: {transfers}")
-    lines += _section(data, "restores", _COLUMNS, _restore_cells)
+    restores, jobs = document.restores, document.jobs
+    lines += _section("restores", document.restores_error, _COLUMNS, restores, _restore_cells)
     lines.append("")
-    lines += _section(data, "jobs", _JOB_COLUMNS, _job_cells)
+    lines += _section("jobs", document.jobs_error, _JOB_COLUMNS, jobs, _job_cells)
     return "\n".join(lines) + "\n"
 
 

@@ -19,7 +19,8 @@ from agent.session.lifecycle import (
     Lifecycle,
     LifecycleEvent,
 )
-from agent.watch.status import TRANSITIONS as STATUS_MOVES, AgentStatus, SessionState
+from agent.watch.sessionstate import TRANSITIONS as STATUS_MOVES
+from agent.watch.status import AgentStatus, SessionState
 from devstack.cloudly import StandInCloudly, cluster_document
 from tests.session._helpers import is_connected, running
 
