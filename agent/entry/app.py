@@ -59,7 +59,6 @@ from agent.credentials.keys import KeyStore
 from agent.credentials.provider import SealedCredentials
 from agent.errors import AgentError, ConfigError, StateUnwritable
 from agent.log import register_secret
-from agent.observe import Tee
 from agent.protocol.bytearrays import codec_backends
 from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import Routes
@@ -92,6 +91,7 @@ from agent.watch.status import (
     StatusHooks,
     StatusSnapshot,
 )
+from agent.watch.tee import Tee
 
 __all__ = ["run", "session_settings", "status_line"]
 
