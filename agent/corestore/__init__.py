@@ -3,6 +3,7 @@
 - `shapes`   scalar rules: ids, object paths, sha256, grant shape, the 16 MiB chunk cap (pure)
 - `models`   request bodies and answers as frozen pydantic models (pure)
 - `routes`   THE place that knows paths, headers and what each status means (pure)
+- `builders`, `service_builders` the requests of each route, built from `routes` (pure)
 - `sanitize` Corestore's error text made safe for an exception message (pure)
 - `transport` the HTTP edge: one aiohttp session, timeouts, resends of idempotent routes only
              (by `agent.retry`'s policy, waiting on an `agent.clock.Clock`)

@@ -1,8 +1,9 @@
 """`CorestoreClient`: the agent's only HTTP caller of a node's Corestore control API.
 
 One `aiohttp.ClientSession` per client (one client per node endpoint; `CorestoreClients` keeps
-them). Every call: built by `routes.py`, bounded by a connect timeout and a per-attempt total
-timeout, retried with backoff only when its route is idempotent, and mapped at this edge:
+them). Every call: built from `routes.py`'s table (`builders.py`, `service_builders.py`),
+bounded by a connect timeout and a per-attempt total timeout, retried with backoff only when
+its route is idempotent, and mapped at this edge:
 
     507, or a 5xx with `storage-full`           -> CorestoreFull (its disk is full; not resent;
                                                    the observer hears `corestore_full`)
@@ -36,7 +37,7 @@ from pydantic import BaseModel
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.contracts.backup import ArchiveRetentionPolicy
 from agent.contracts.relay import DatabaseClosureDescriptor, ReplicationOption
-from agent.corestore import routes
+from agent.corestore import builders, routes, service_builders
 from agent.corestore.credentials import CredentialSource, NodeCredential
 from agent.corestore.models import (
     ChunkAccepted,
@@ -149,7 +150,7 @@ class CorestoreClient:
 
     async def health(self) -> Health:
         """`GET /health` (unauthenticated)."""
-        return await self._ok(routes.build_health(), Health)
+        return await self._ok(builders.build_health(), Health)
 
     async def prepare_restore(
         self,
@@ -163,7 +164,7 @@ class CorestoreClient:
     ) -> PreparedRestore:
         """Create the scratch namespace and staging archive; an identical replay answers the same
         (`created=False`), a different body for the same `restore_id` is refused (409)."""
-        request = routes.build_prepare_restore(
+        request = builders.build_prepare_restore(
             restore_id,
             scratch_namespace_id=scratch_namespace_id,
             staging_archive_id=staging_archive_id,
@@ -186,7 +187,7 @@ class CorestoreClient:
 
         Idempotent: resending a counted chunk is answered as before. Raises `IntegrityError`
         when Corestore's digest of what it received differs (nothing is counted then)."""
-        request = routes.build_put_chunk(staging_archive_id, path, offset, data, sha256, grant)
+        request = builders.build_put_chunk(staging_archive_id, path, offset, data, sha256, grant)
         accepted = await self._ok(request, ChunkAccepted)
         if (accepted.path, accepted.offset, accepted.length, accepted.sha256) != (
             path,
@@ -201,7 +202,7 @@ class CorestoreClient:
         self, staging_archive_id: str, path: str, grant: Secret
     ) -> ObjectProgress:
         """What Corestore verified of one object; resume staging at `verified_bytes`."""
-        request = routes.build_object_progress(staging_archive_id, path, grant)
+        request = builders.build_object_progress(staging_archive_id, path, grant)
         return await self._ok(request, ObjectProgress)
 
     async def commit_object(
@@ -212,7 +213,7 @@ class CorestoreClient:
         Raises `IntegrityError` on a mismatch (Corestore has removed the partial object).
         NOT retried: after `CorestoreUnavailable`, ask `object_progress` — `committed` means
         done, `partial` with every byte means commit again, `absent` means stage again."""
-        request = routes.build_commit_object(staging_archive_id, path, size, sha256, grant)
+        request = builders.build_commit_object(staging_archive_id, path, size, sha256, grant)
         committed = await self._ok(request, ObjectCommitted)
         if (committed.path, committed.size, committed.sha256) != (path, size, sha256):
             raise IntegrityError(f"Corestore committed {path} with another size or sha256")
@@ -222,11 +223,11 @@ class CorestoreClient:
         self, staging_archive_id: str, path: str, grant: Secret
     ) -> DeleteOutcome:
         """Remove one (partial or committed) staging object."""
-        return await self._delete(routes.build_delete_object(staging_archive_id, path, grant))
+        return await self._delete(builders.build_delete_object(staging_archive_id, path, grant))
 
     async def delete_staging_archive(self, staging_archive_id: str, grant: Secret) -> DeleteOutcome:
         """Remove the whole staging archive."""
-        return await self._delete(routes.build_delete_staging_archive(staging_archive_id, grant))
+        return await self._delete(builders.build_delete_staging_archive(staging_archive_id, grant))
 
     async def restore_resource(
         self, restore_id: str, mapping_id: str, grant: Secret
@@ -236,14 +237,14 @@ class CorestoreClient:
         Asynchronous on Corestore: the answer is `running` (202) or `succeeded` (200); follow up
         with `resource_restore_status` or use `wait_resource_restored`. Idempotent: a running
         or finished restore is not started twice; a `failed` one is started again."""
-        request = routes.build_restore_resource(restore_id, mapping_id, grant)
+        request = builders.build_restore_resource(restore_id, mapping_id, grant)
         return await self._ok(request, ResourceStatus)
 
     async def resource_restore_status(
         self, restore_id: str, mapping_id: str, grant: Secret
     ) -> ResourceStatus:
         """Where the restore of one mapping stands: absent, running, succeeded or failed."""
-        request = routes.build_resource_status(restore_id, mapping_id, grant)
+        request = builders.build_resource_status(restore_id, mapping_id, grant)
         return await self._ok(request, ResourceStatus)
 
     async def wait_resource_restored(
@@ -276,20 +277,20 @@ class CorestoreClient:
         self, restore_id: str, mapping_id: str, grant: Secret
     ) -> VerificationAnswer:
         """Run Corestore's checks on one restored resource (`IIsolatedRestoreVerificationCheck`)."""
-        request = routes.build_verify_resource(restore_id, mapping_id, grant)
+        request = builders.build_verify_resource(restore_id, mapping_id, grant)
         return await self._ok(request, VerificationAnswer)
 
     async def delete_resource(
         self, restore_id: str, mapping_id: str, grant: Secret
     ) -> DeleteOutcome:
         """Remove one restored scratch resource (a running restore of it is stopped first)."""
-        return await self._delete(routes.build_delete_resource(restore_id, mapping_id, grant))
+        return await self._delete(builders.build_delete_resource(restore_id, mapping_id, grant))
 
     async def delete_restore(self, restore_id: str, grant: Secret) -> DeleteOutcome:
         """Forget the prepared restore: the last step of a cleanup, once its scratch resources
         and its staging archive are gone (Corestore refuses it before: 409 `restore-not-empty`).
         """
-        return await self._delete(routes.build_delete_restore(restore_id, grant))
+        return await self._delete(builders.build_delete_restore(restore_id, grant))
 
     # --- the relay's service routes (bearer only) -------------------------------------------
 
@@ -303,7 +304,7 @@ class CorestoreClient:
         replication: ReplicationOption | None = None,
     ) -> ServiceBackupRecord:
         """Back the service's resources up; the same body again answers the same record."""
-        request = routes.build_service_backup(
+        request = service_builders.build_service_backup(
             service_id, backup_id, service=service, tags=tags, replication=replication
         )
         return await self._ok(request, ServiceBackupRecord)
@@ -311,7 +312,7 @@ class CorestoreClient:
     async def backup_record(self, service_id: str, backup_id: str) -> ServiceBackupRecord:
         """Corestore's record of one backup of the service on this node."""
         return await self._ok(
-            routes.build_backup_record(service_id, backup_id), ServiceBackupRecord
+            service_builders.build_backup_record(service_id, backup_id), ServiceBackupRecord
         )
 
     async def service_restore(
@@ -325,7 +326,7 @@ class CorestoreClient:
     ) -> ServiceRestored:
         """Restore exactly these snapshots of the backup from the node's archive, once for
         `restore_key`: the same key again answers the restore it made, restoring nothing."""
-        request = routes.build_service_restore(
+        request = service_builders.build_service_restore(
             service_id, restore_key, backup_id, snapshot_ids, clear=clear
         )
         return await self._ok(request, ServiceRestored)
@@ -334,25 +335,25 @@ class CorestoreClient:
         self, service_id: str, restore_key: str
     ) -> ServiceRestored | None:
         """The restore applied under `restore_key`, or None when none was."""
-        request = routes.build_service_restore_status(service_id, restore_key)
+        request = service_builders.build_service_restore_status(service_id, restore_key)
         return await self._ok_or_none(request, ServiceRestored)
 
     async def archive_list(self) -> ArchiveListing | None:
         """What the node's archive holds; None when the node has no archive."""
-        return await self._ok_or_none(routes.build_archive_list(), ArchiveListing)
+        return await self._ok_or_none(service_builders.build_archive_list(), ArchiveListing)
 
     async def archive_prune(
         self, retention: ArchiveRetentionPolicy, *, dry_run: bool
     ) -> ArchivePruned | None:
         """Prune the node's archive (`dry_run`: only say what would go); None: no archive."""
-        request = routes.build_archive_prune(retention, dry_run=dry_run)
+        request = service_builders.build_archive_prune(retention, dry_run=dry_run)
         return await self._ok_or_none(request, ArchivePruned)
 
     async def closure_descriptor(
         self, service_id: str, backup_id: str
     ) -> DatabaseClosureDescriptor:
         """The descriptor of the backup's database closure: `{size, sha256, receipt, ...}`."""
-        request = routes.build_closure_descriptor(service_id, backup_id)
+        request = service_builders.build_closure_descriptor(service_id, backup_id)
         return await self._ok(request, DatabaseClosureDescriptor)
 
     async def read_closure(
@@ -360,7 +361,7 @@ class CorestoreClient:
     ) -> bytes:
         """At most `length` bytes of the closure from `offset` (Corestore's bytes as sent: the
         caller checks how many came and what they hash to)."""
-        request = routes.build_closure_read(service_id, backup_id, offset, length)
+        request = service_builders.build_closure_read(service_id, backup_id, offset, length)
         reply, credential = await self._send(request)
         if self._judge(request, reply, credential) is not AnswerKind.OK:
             raise self._refused(request, reply, credential)
@@ -376,7 +377,7 @@ class CorestoreClient:
     ) -> ClosureImportStatus:
         """Open an import for exactly the bytes `descriptor` names (Corestore checks the
         receipt); an identical replay answers the import as it stands."""
-        request = routes.build_closure_import(
+        request = service_builders.build_closure_import(
             import_id, service_id=service_id, backup_id=backup_id, descriptor=descriptor
         )
         return await self._ok(request, ClosureImportStatus)
@@ -386,7 +387,7 @@ class CorestoreClient:
     ) -> ClosureChunkAccepted:
         """Write one verified chunk of an import; `IntegrityError` if Corestore acknowledges
         other bytes than these."""
-        request = routes.build_closure_import_chunk(import_id, offset, data, sha256)
+        request = service_builders.build_closure_import_chunk(import_id, offset, data, sha256)
         answer = await self._ok(request, ClosureChunkAccepted)
         if (answer.offset, answer.length, answer.sha256) != (offset, len(data), sha256):
             raise IntegrityError(
@@ -399,7 +400,7 @@ class CorestoreClient:
     ) -> ClosureImportCommitted:
         """Re-hash the import and replace the service's database with it; `IntegrityError`
         (the import is removed, the database unchanged) on a mismatch."""
-        request = routes.build_closure_import_commit(import_id, size, sha256)
+        request = service_builders.build_closure_import_commit(import_id, size, sha256)
         answer = await self._ok(request, ClosureImportCommitted)
         if (answer.size, answer.sha256) != (size, sha256):
             raise IntegrityError("Corestore committed other bytes than the closure's")
@@ -408,22 +409,24 @@ class CorestoreClient:
     async def closure_import_status(self, import_id: str) -> ClosureImportStatus | None:
         """The import as it stands (`open`, or `committed`: applied once, never again), or None
         when Corestore holds none under `import_id`."""
-        request = routes.build_closure_import_status(import_id)
+        request = service_builders.build_closure_import_status(import_id)
         return await self._ok_or_none(request, ClosureImportStatus)
 
     async def abort_closure_import(self, import_id: str) -> DeleteOutcome:
         """Drop an import (its bytes never touched the database)."""
-        return await self._delete(routes.build_closure_import_abort(import_id))
+        return await self._delete(service_builders.build_closure_import_abort(import_id))
 
     # --- reconciliation (bearer only): what the node holds, one page at a time ------------------
 
     async def list_restores(self, after: str | None = None) -> RestoreListing:
         """One page of the prepared restores the node holds, by restoreId after `after`."""
-        return await self._ok(routes.build_restore_list(after), RestoreListing)
+        return await self._ok(service_builders.build_restore_list(after), RestoreListing)
 
     async def list_closure_imports(self, after: str | None = None) -> ClosureImportListing:
         """One page of the closure imports the node holds, by importId after `after`."""
-        return await self._ok(routes.build_closure_import_list(after), ClosureImportListing)
+        return await self._ok(
+            service_builders.build_closure_import_list(after), ClosureImportListing
+        )
 
     # --- the edge -------------------------------------------------------------------------------
     # Frames that raise hold no revealed secret and no raw answer text as a local variable:
