@@ -21,7 +21,7 @@ call into Prometheus samples. Nothing here imports an I/O or metrics library.
     agent/store/startup.py         StoreObserver       the one VACUUM of an older file
                                                        skipped or failed
     agent/corestore/transport.py   CorestoreObserver   one HTTP attempt (route, answer kind, s);
-    agent/corestore/client.py                          one resend of a route; a control
+    agent/corestore/edge.py                            one resend of a route; a control
                                                        credential refused for good; a node's
                                                        Corestore full (or not any more)
     agent/startup/reconcile.py             ReconcileObserver   the state was salvaged or reset (how,

@@ -9,6 +9,8 @@
              (by `agent.retry`'s policy, waiting on an `agent.clock.Clock`)
 - `client`   `CorestoreClient` (typed calls, answers mapped to errors) and `CorestoreClients`
              (one client per node endpoint)
+- `edge`, `service_client` what `CorestoreClient` builds on: every call's sending and
+             judging, and the relay's service routes
 - `credentials` the per-node credential seam (`CredentialSource`, `NodeCredential`): each
              client asks its node's bearer before every call and refreshes it once on a 401
 
