@@ -49,7 +49,14 @@ PURE = [
     AGENT / "relay" / "plan.py",
     *(
         AGENT / "corestore" / name
-        for name in ("routes.py", "shapes.py", "models.py", "service_models.py")
+        for name in (
+            "routes.py",
+            "builders.py",
+            "service_builders.py",
+            "shapes.py",
+            "models.py",
+            "service_models.py",
+        )
     ),
     *(AGENT / "credentials" / name for name in ("hpke.py", "binding.py")),
     AGENT / "errors.py",

@@ -3,11 +3,14 @@
 - `shapes`   scalar rules: ids, object paths, sha256, grant shape, the 16 MiB chunk cap (pure)
 - `models`   request bodies and answers as frozen pydantic models (pure)
 - `routes`   THE place that knows paths, headers and what each status means (pure)
+- `builders`, `service_builders` the requests of each route, built from `routes` (pure)
 - `sanitize` Corestore's error text made safe for an exception message (pure)
 - `transport` the HTTP edge: one aiohttp session, timeouts, resends of idempotent routes only
              (by `agent.retry`'s policy, waiting on an `agent.clock.Clock`)
 - `client`   `CorestoreClient` (typed calls, answers mapped to errors) and `CorestoreClients`
              (one client per node endpoint)
+- `edge`, `service_client` what `CorestoreClient` builds on: every call's sending and
+             judging, and the relay's service routes
 - `credentials` the per-node credential seam (`CredentialSource`, `NodeCredential`): each
              client asks its node's bearer before every call and refreshes it once on a 401
 

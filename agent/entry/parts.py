@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from agent.clock import Clock
 from agent.config import Config, HealthListen
-from agent.observe import Tee
 from agent.store import statedir
 from agent.transfers import NodeLimits, TransferGate
 from agent.transfers.budget import ByteBudget
@@ -24,6 +23,7 @@ from agent.watch.metrics import Metrics
 from agent.watch.notify import Notifier, watchdog_seconds
 from agent.watch.status import AgentStatus
 from agent.watch.statushooks import StatusHooks
+from agent.watch.tee import Tee
 
 __all__ = ["Parts", "build_parts"]
 

@@ -35,12 +35,12 @@ from agent.clock import Clock
 from agent.config import Config
 from agent.credentials.keys import KeyStore
 from agent.errors import StateUnwritable
-from agent.observe import Tee
 from agent.retry import Backoff
 from agent.store import RevisionStore
 from agent.store.faults import store_error
 from agent.watch.status import STATE_UNWRITABLE, AgentStatus
 from agent.watch.statushooks import StatusHooks
+from agent.watch.tee import Tee
 
 __all__ = ["OPEN_BACKOFF", "open_state", "open_waiting", "probe_state_writes", "state_refused"]
 

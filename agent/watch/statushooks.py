@@ -1,7 +1,7 @@
 """`StatusHooks`: the observer hooks (`agent.observe`) that name the node's conditions on an
 `AgentStatus` (`agent.watch.status`, whose docstring lists each condition's key and meaning).
 
-The composition root hands them out beside the metrics (`observe.Tee`); each hook keeps what it
+The composition root hands them out beside the metrics (`tee.Tee`); each hook keeps what it
 needs to say the whole condition again (every node whose Corestore is full or unavailable),
 since a condition is one sentence, not one per node.
 """
@@ -17,7 +17,7 @@ __all__ = ["StatusHooks"]
 class StatusHooks:
     """The observer hooks (`agent.observe`) that name conditions on an `AgentStatus`: the state
     disk refusing writes, a node's Corestore full or unavailable, a salvaged or reset state still
-    being reconciled. The composition root hands them out beside the metrics (`observe.Tee`)."""
+    being reconciled. The composition root hands them out beside the metrics (`tee.Tee`)."""
 
     def __init__(self, status: AgentStatus) -> None:
         self._status = status

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agent.corestore import routes
-from agent.corestore.models import ObjectProgress, VerificationAnswer
+from agent.corestore import builders, routes
+from agent.corestore.models import ObjectProgress, PrepareRestoreBody, VerificationAnswer
 from agent.corestore.routes import ROUTES, AnswerKind, RouteName
 from agent.corestore.shapes import MAX_CHUNK_SIZE
 from agent.errors import GrantInvalid, LocalProtocolError
@@ -35,7 +35,7 @@ def _manifest(*paths: str) -> dict[str, Any]:
 def test_chunk_put_carries_offset_digest_and_bytes() -> None:
     """A chunk PUT names the object and offset in the query and its sha256 in a header."""
     data = b"chunk"
-    request = routes.build_put_chunk("archive-1", "s-1/a b+c.bin", 7, data, SHA, GRANT)
+    request = builders.build_put_chunk("archive-1", "s-1/a b+c.bin", 7, data, SHA, GRANT)
     assert (request.spec.method, request.path) == ("PUT", "/v1/staging-archives/archive-1/objects")
     assert request.query == {"path": "s-1/a b+c.bin", "offset": "7"}
     assert request.body == data
@@ -44,7 +44,7 @@ def test_chunk_put_carries_offset_digest_and_bytes() -> None:
 
 def test_every_control_route_carries_bearer_and_grant_in_headers() -> None:
     """Bearer and grant travel only as headers, revealed only by request_headers."""
-    request = routes.build_delete_resource("restore-1", "m-1", GRANT)
+    request = builders.build_delete_resource("restore-1", "m-1", GRANT)
     headers = routes.request_headers(request, BEARER)
     assert headers[routes.HEADER_AUTHORIZATION] == "Bearer " + BEARER.reveal()
     assert headers[routes.HEADER_RESTORE_GRANT] == GRANT.reveal()
@@ -54,18 +54,18 @@ def test_every_control_route_carries_bearer_and_grant_in_headers() -> None:
 
 def test_health_carries_no_credential() -> None:
     """Health is unauthenticated: no Authorization and no grant header."""
-    assert routes.request_headers(routes.build_health(), BEARER) == {}
+    assert routes.request_headers(builders.build_health(), BEARER) == {}
 
 
 def test_request_repr_leaves_out_chunk_bytes() -> None:
     """A logged RouteRequest does not dump up to 16 MiB of payload."""
-    request = routes.build_put_chunk("a", "p", 0, b"\x01" * 1000, SHA, GRANT)
+    request = builders.build_put_chunk("a", "p", 0, b"\x01" * 1000, SHA, GRANT)
     assert "\\x01" not in repr(request)
 
 
 def test_delete_restore_is_a_delete_of_the_restore_itself() -> None:
     """Forgetting a restore is DELETE on the prepare path, with the grant in its header."""
-    request = routes.build_delete_restore("restore:1", GRANT)
+    request = builders.build_delete_restore("restore:1", GRANT)
     assert (request.spec.method, request.path) == ("DELETE", "/v1/isolated-restores/restore%3A1")
     assert (request.body, request.query) == (None, {})
     assert routes.request_headers(request, BEARER)[routes.HEADER_RESTORE_GRANT] == GRANT.reveal()
@@ -73,7 +73,7 @@ def test_delete_restore_is_a_delete_of_the_restore_itself() -> None:
 
 def test_ids_are_percent_encoded_into_one_segment() -> None:
     """A ':' the id rule allows is percent-encoded; each id stays one path segment."""
-    request = routes.build_resource_status("rst-1.2:a", "map_db-1", GRANT)
+    request = builders.build_resource_status("rst-1.2:a", "map_db-1", GRANT)
     assert request.path == "/v1/isolated-restores/rst-1.2%3Aa/resources/map_db-1"
 
 
@@ -84,40 +84,40 @@ def test_unusable_ids_are_refused_before_sending(bad_id: str) -> None:
     """An id outside the contracts' path-segment rule (empty, a dot segment, a separator,
     whitespace, control or non-ASCII characters, over 256 characters) is a local bug."""
     with pytest.raises(LocalProtocolError, match="mappingId"):
-        routes.build_verify_resource("restore-1", bad_id, GRANT)
+        builders.build_verify_resource("restore-1", bad_id, GRANT)
 
 
 @pytest.mark.parametrize("bad_path", ["", "/abs", "a//b", "a/./b", "../a", "a/..", "a\x00b"])
 def test_object_paths_follow_the_manifest_rule(bad_path: str) -> None:
     """Object paths are relative POSIX paths without empty, '.' or '..' segments or NUL."""
     with pytest.raises(LocalProtocolError, match="object path"):
-        routes.build_object_progress("archive-1", bad_path, GRANT)
+        builders.build_object_progress("archive-1", bad_path, GRANT)
 
 
 def test_object_path_over_1024_bytes_is_refused() -> None:
     """The 1024-byte bound counts UTF-8 bytes, not characters."""
     with pytest.raises(LocalProtocolError, match="1024 bytes"):
-        routes.build_object_progress("archive-1", "é" * 513, GRANT)
+        builders.build_object_progress("archive-1", "é" * 513, GRANT)
 
 
 @pytest.mark.parametrize("size", [0, MAX_CHUNK_SIZE + 1])
 def test_chunk_size_is_bounded(size: int) -> None:
     """A chunk holds 1 byte to 16 MiB."""
     with pytest.raises(LocalProtocolError, match="chunk holds"):
-        routes.build_put_chunk("a", "p", 0, b"x" * size, SHA, GRANT)
+        builders.build_put_chunk("a", "p", 0, b"x" * size, SHA, GRANT)
 
 
 def test_chunk_digest_must_be_lower_case_hex() -> None:
     """The chunk header is a sha256 in 64 lower-case hex characters."""
     with pytest.raises(LocalProtocolError, match="sha256"):
-        routes.build_put_chunk("a", "p", 0, b"x", SHA.upper(), GRANT)
+        builders.build_put_chunk("a", "p", 0, b"x", SHA.upper(), GRANT)
 
 
 @pytest.mark.parametrize("bad_grant", ["", "a.b", "a.b.c.d", "a.b.c d", "a.b.", "x" * 9000])
 def test_a_grant_that_is_no_compact_jws_is_refused_without_quoting_it(bad_grant: str) -> None:
     """A malformed grant is GrantInvalid, and the message does not repeat it."""
     with pytest.raises(GrantInvalid) as caught:
-        routes.build_object_progress("a", "p", Secret(bad_grant))
+        builders.build_object_progress("a", "p", Secret(bad_grant))
     assert bad_grant == "" or bad_grant not in str(caught.value)
 
 
@@ -126,7 +126,7 @@ def test_prepare_passes_mappings_and_manifest_through_unchanged() -> None:
     mapping = _mapping()
     mapping["target"]["databaseAllocation"] = {"purpose": "scratch-rehearsal", "generation": 1}
     manifest = {**_manifest("s-1/a"), "format": "containerarchive-v2"}
-    request = routes.build_prepare_restore(
+    request = builders.build_prepare_restore(
         "restore-1",
         scratch_namespace_id="ns",
         staging_archive_id="sa",
@@ -134,7 +134,7 @@ def test_prepare_passes_mappings_and_manifest_through_unchanged() -> None:
         archive_manifest=manifest,
         grant=GRANT,
     )
-    body = routes.parse_answer(routes.PrepareRestoreBody, request.body or b"")
+    body = routes.parse_answer(PrepareRestoreBody, request.body or b"")
     assert body.to_wire()["resourceMappings"] == [mapping]
     assert body.to_wire()["archiveManifest"] == manifest
 
@@ -153,7 +153,7 @@ def test_prepare_body_is_checked_before_sending(
 ) -> None:
     """A prepare body the agent got wrong is a LocalProtocolError naming the problem."""
     with pytest.raises(LocalProtocolError, match=field):
-        routes.build_prepare_restore(
+        builders.build_prepare_restore(
             "r",
             scratch_namespace_id="ns",
             staging_archive_id="sa",
@@ -286,5 +286,5 @@ def test_a_verification_answer_with_an_empty_check_code_is_another_shape() -> No
 def test_commit_body_is_the_whole_object_size_and_digest() -> None:
     """Commit sends `{size, sha256}` and nothing else."""
     digest = hashlib.sha256(b"x").hexdigest()
-    request = routes.build_commit_object("a", "p", 1, digest, GRANT)
+    request = builders.build_commit_object("a", "p", 1, digest, GRANT)
     assert request.body == f'{{"size":1,"sha256":"{digest}"}}'.encode()
