@@ -239,7 +239,7 @@ class Peer:
 
     def receive_stream(self, marker: StreamMarker) -> ByteSource:
         """Read the stream whose marker came in a call's response (stop early: `aclose()`)."""
-        self.connection.read_response_stream(marker.stream_id, self.now())
+        self.connection.receive_response_stream(marker.stream_id, self.now())
         source = Source(self, marker.stream_id)
         self._spawn(self.flush(closed_ok=True))  # the first `read` is queued
         return source

@@ -255,7 +255,7 @@ class HandlerContext:
 
     def receive_stream(self, marker: StreamMarker) -> ByteSource:
         owner = self._owner
-        owner.connection.read_request_stream(self._request_id, marker.stream_id, owner.now())
+        owner.connection.receive_request_stream(self._request_id, marker.stream_id, owner.now())
         return Source(owner, marker.stream_id)
 
     def hold_stream(self, marker: StreamMarker) -> None:
