@@ -33,8 +33,8 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
 - `stall_timeout` bounds every wait of a stream's source or sink (`agent.session.streams`): a
   stream its peer keeps alive without moving a chunk breaks after it instead of pinning the
   work that reads or writes it.
-- Deliveries (`deliveries=`, the connection's `DeliveryTracker`): each request arrives at a
-  `Mark` (the peer's messages read so far on this connection); the flush that writes a
+- Deliveries (`deliveries=`, the connection's `DeliveryTracker`): each request arrives at the
+  connection's `Mark` (its number on the session); the flush that writes a
   handler's answer hands its delivery callbacks (`RequestContext.on_delivered`) to the tracker
   and writes its frames and a ping right behind them in one write to the socket; the pong (or
   any later keepalive pong) delivers it (`agent.protocol.delivery`, the ping rule).
@@ -120,9 +120,7 @@ class Peer:
         self._admission = AdmissionReport(observer)
         self._pool = pool
         self._deliveries = deliveries
-        self._number = 0 if deliveries is None else deliveries.connection
-        self._messages = 0  # the peer's messages read so far (a request's arrival)
-        self._arrival = Mark(self._number, 0)
+        self._arrival = Mark(0 if deliveries is None else deliveries.connection)
         self._answered: list[OnDelivered] = []  # callbacks of answers queued, not yet written
         self._stall_timeout = stall_timeout
         self._serving = serving
@@ -155,8 +153,6 @@ class Peer:
             try:
                 while True:
                     frame = await self._transport.recv()
-                    self._messages += 1
-                    self._arrival = Mark(self._number, self._messages)
                     self.connection.receive_frame(frame, self.now())
                     await self.flush()
             except SessionClosed as exc:
