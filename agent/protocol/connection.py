@@ -15,12 +15,13 @@ hands out values and bytes only, never its stream machines; a stream is named by
 - `next_deadline()` says when `advance()` is next needed. No timer is a task;
 - queries by stream id: `can_write(stream_id)`, `stream_outcome(stream_id)`.
 
-Streams, by who opens them: a handler reads a request's stream (`read_request_stream`; until
-then it may hold it back, `hold_request_stream`: every answer says backpressure) and opens
-streams for its response (`open_reply_stream`); a caller opens a stream to send in its
-call (`open_send_stream`) and reads one whose marker came in a response
-(`read_response_stream`). Then `write` (split into chunks of at most `MAX_CHUNK`, as many as
-the window has room for), `end_stream`, `abort_stream`, `take`, `stop_reading`. A stream is
+Streams, by who opens them: a handler receives a request's stream (`receive_request_stream`;
+until then it may hold it back, `hold_request_stream`: every answer says backpressure) and
+opens streams for its response (`open_reply_stream`); a caller opens a stream to send in its
+call (`open_send_stream`) and receives one whose marker came in a response
+(`receive_response_stream`); every face that hands a stream to a reader says `receive`.
+Then `write` (split into chunks of at most `MAX_CHUNK`, as many as the window has room for),
+`end_stream`, `abort_stream`, `take`, `stop_reading`. A stream is
 over once `StreamEnded` or `StreamBroke` came out; an id the connection forgot since (a
 finished stream lingers, then goes) is still answered as that stream would have been.
 
@@ -394,7 +395,7 @@ class Connection:
             return False
         return True
 
-    def read_request_stream(self, request_id: int, stream_id: str, now: float) -> None:
+    def receive_request_stream(self, request_id: int, stream_id: str, now: float) -> None:
         """Stream `stream_id` of request `request_id` is read by its handler (`take`); once
         each. The probes it parked while held are answered now (flush)."""
         self._intake.unopened(request_id, stream_id).opened.add(stream_id)
@@ -408,7 +409,7 @@ class Connection:
 
     def hold_request_stream(self, request_id: int, stream_id: str) -> None:
         """Stream `stream_id` of request `request_id` will be read later: until its handler
-        reads it (`read_request_stream`), every answer on it says `backpressure`, so its
+        reads it (`receive_request_stream`), every answer on it says `backpressure`, so its
         initiator probes rather than sends, and each probe waits for the read (or
         `park_timeout`: `ResponderStream`). A request waiting for a transfer slot holds its
         stream this way; its deadlines are unchanged (the initiator's probes and keep-alives
@@ -461,7 +462,7 @@ class Connection:
         self._check_open()
         return self._streams.open_initiator(Role.SEND).stream_id
 
-    def read_response_stream(self, stream_id: str, now: float) -> None:
+    def receive_response_stream(self, stream_id: str, now: float) -> None:
         """Read stream `stream_id` (`take`), whose marker came in the response to one of our
         calls: we drive it from now on."""
         self._check_open()

@@ -6,10 +6,8 @@ that confirms them in ONE write to the socket (`confirm`, the transport's `send_
 the ledger's bookkeeping in the same step (nothing awaited in between, so no keepalive ping is
 numbered between the answers and their ping, and no frame of anyone comes between them). The
 pong (`ponged`, also for every keepalive ping) calls the callbacks of every answer a ping up to
-it covered, with the `Mark` it was read at; the session declares the connection `lost()` when
-it ends, after which nothing it carried is ever delivered. `settled()` waits until every
-answer handed out so far is delivered or lost (bounded by the keepalive's pong timeout, which
-ends the connection, and `lost()` decides the rest).
+it covered, with the `Mark` of the connection; the session declares the connection `lost()`
+when it ends, after which nothing it carried is ever delivered.
 
 What a pong proves: Cloudly's websocket read every frame before the ping, the answer
 included. Not when Cloudly's code read it: whether the websocket hands the answer to the code
@@ -24,7 +22,6 @@ delivered (its pong came) from lost (none did).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -64,7 +61,6 @@ class DeliveryTracker:
         """`pings` writes the confirming pings (None: only the keepalive's pings confirm)."""
         self._ledger: Deliveries[OnDelivered] = Deliveries(connection)
         self._pings = pings
-        self._changed = asyncio.Event()
 
     @property
     def connection(self) -> int:
@@ -97,35 +93,23 @@ class DeliveryTracker:
     async def settle(self, number: int, pending: PendingAnswer) -> None:
         """Wait for the pong of confirming ping `number` and deliver what it covered."""
         try:
-            answer = await pending.answer()
+            await pending.answer()
         except SessionClosed:
             return  # the connection ended: `lost()` decides what the ping covered
-        self.ponged(number, after=answer.after)
+        self.ponged(number)
 
     def ping(self) -> int:
         """A keepalive ping goes out now; its number (for `ponged`)."""
         return self._ledger.ping()
 
-    def ponged(self, number: int, *, after: int) -> None:
-        """The pong of ping `number` was read after `after` of the peer's messages."""
-        for callback, mark in self._ledger.pong(number, after=after):
+    def ponged(self, number: int) -> None:
+        """The pong of ping `number` came."""
+        for callback, mark in self._ledger.pong(number):
             try:
                 callback(mark)
             except Exception:  # noqa: BLE001  # one listener's bug must not stop the others
                 _log.exception("delivery_callback_failed")
-        self._wake()
 
     def lost(self) -> None:
         """The connection ended: what no pong confirmed is never delivered."""
         self._ledger.lost()
-        self._wake()
-
-    async def settled(self) -> None:
-        """Wait until every answer handed out so far is delivered or lost."""
-        horizon = self._ledger.horizon()
-        while not self._ledger.settled(horizon):
-            await self._changed.wait()
-
-    def _wake(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()

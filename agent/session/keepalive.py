@@ -26,7 +26,7 @@ class Pinger(Protocol):
     """A connection that can be pinged (`WebsocketTransport`)."""
 
     async def ping(self) -> Pong:
-        """Send a ping; its pong (round trip, the peer's messages read before it)."""
+        """Send a ping; its pong (the round trip)."""
         ...
 
 
@@ -56,7 +56,6 @@ async def keep_alive(
                 CloseCode.INTERNAL_ERROR,
                 f"Cloudly answered no keepalive ping within {pong_timeout:g} s",
             )
-        answer = pong.result()
-        on_pong(answer.seconds)
+        on_pong(pong.result().seconds)
         if deliveries is not None:
-            deliveries.ponged(number, after=answer.after)
+            deliveries.ponged(number)

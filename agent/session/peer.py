@@ -8,7 +8,10 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
   ends, pending calls fail with `SessionClosed`, streams break and those tasks are cancelled.
 - `flush()` hands the connection's events out, in the order they happened (handlers started,
   calls resolved, stream waiters woken on `StreamChanged`/`StreamEnded`/`StreamBroke`, received
-  chunks decoded) and sends its frames, in order, under one lock.
+  chunks decoded) and sends its frames, in order, under one lock: the one way anything here
+  or in `agent.session.streams` sends. `flush(closed_ok=True)` where a transport already gone
+  is no error of the caller's (the run loop ends the session, and what the frames belonged to
+  breaks with it).
 - A large received chunk is acknowledged before it is decoded (the connection queues it raw):
   a task decodes it in a worker thread (the native decoder and pybase64 let go of the GIL, so
   the event loop keeps answering, and chunks of different streams decode in parallel) and
@@ -30,8 +33,8 @@ The protocol decides (`agent.protocol.connection`); this only moves frames and r
 - `stall_timeout` bounds every wait of a stream's source or sink (`agent.session.streams`): a
   stream its peer keeps alive without moving a chunk breaks after it instead of pinning the
   work that reads or writes it.
-- Deliveries (`deliveries=`, the connection's `DeliveryTracker`): each request arrives at a
-  `Mark` (the peer's messages read so far on this connection); the flush that writes a
+- Deliveries (`deliveries=`, the connection's `DeliveryTracker`): each request arrives at the
+  connection's `Mark` (its number on the session); the flush that writes a
   handler's answer hands its delivery callbacks (`RequestContext.on_delivered`) to the tracker
   and writes its frames and a ping right behind them in one write to the socket; the pong (or
   any later keepalive pong) delivers it (`agent.protocol.delivery`, the ping rule).
@@ -117,9 +120,7 @@ class Peer:
         self._admission = AdmissionReport(observer)
         self._pool = pool
         self._deliveries = deliveries
-        self._number = 0 if deliveries is None else deliveries.connection
-        self._messages = 0  # the peer's messages read so far (a request's arrival)
-        self._arrival = Mark(self._number, 0)
+        self._arrival = Mark(0 if deliveries is None else deliveries.connection)
         self._answered: list[OnDelivered] = []  # callbacks of answers queued, not yet written
         self._stall_timeout = stall_timeout
         self._serving = serving
@@ -152,8 +153,6 @@ class Peer:
             try:
                 while True:
                     frame = await self._transport.recv()
-                    self._messages += 1
-                    self._arrival = Mark(self._number, self._messages)
                     self.connection.receive_frame(frame, self.now())
                     await self.flush()
             except SessionClosed as exc:
@@ -198,7 +197,7 @@ class Peer:
         for task in pending:
             refusal = ShuttingDown("the agent stopped before finishing this request")
             self.connection.refuse(handlers[task], refusal, self.now())
-        await self._flush_quietly()
+        await self.flush(closed_ok=True)
 
     @property
     def in_flight(self) -> int:
@@ -236,9 +235,9 @@ class Peer:
 
     def receive_stream(self, marker: StreamMarker) -> ByteSource:
         """Read the stream whose marker came in a call's response (stop early: `aclose()`)."""
-        self.connection.read_response_stream(marker.stream_id, self.now())
+        self.connection.receive_response_stream(marker.stream_id, self.now())
         source = Source(self, marker.stream_id)
-        self._spawn(self._flush_quietly())  # the first `read` is queued
+        self._spawn(self.flush(closed_ok=True))  # the first `read` is queued
         return source
 
     # --- what streams and sinks use (agent.session.streams.StreamOwner) ---------------------------
@@ -267,10 +266,21 @@ class Peer:
         """Report stream payload bytes taken (`in`) or queued (`out`) to the observer."""
         self._observer.stream_bytes(direction=direction, count=count)
 
-    async def flush(self) -> None:
+    async def flush(self, *, closed_ok: bool = False) -> None:
         """Hand out the connection's events, then send its frames in order; answers whose
         delivery a handler waits to know go out with a ping behind them, in the same write to
-        the socket (the ping rule)."""
+        the socket (the ping rule). Raises `SessionClosed` once the transport is gone, unless
+        `closed_ok`: then that is logged and the frames dropped (the run loop ends the session
+        and breaks what they belonged to)."""
+        if not closed_ok:
+            await self._send()
+            return
+        try:
+            await self._send()
+        except SessionClosed:
+            log.info("frames_not_sent", reason="session closed")
+
+    async def _send(self) -> None:
         self._dispatch(self.connection.events_received())
         async with self._send_lock:  # frames are taken under the lock, so none overtakes another
             while True:
@@ -350,7 +360,7 @@ class Peer:
                 self.connection.release_held(now)
             else:
                 continue  # re-armed for an earlier deadline: nothing is due yet
-            await self._flush_quietly()
+            await self.flush(closed_ok=True)
 
     async def _serve(
         self, route: Route[Any, Any], event: RequestReceived, arrival: Mark, parsed: Any = None
@@ -389,7 +399,7 @@ class Peer:
             # mid-stream) must not keep its wake-up for the life of the connection.
             for stream_id in event.stream_ids:
                 self.unwatch(stream_id)
-        await self._flush_quietly()
+        await self.flush(closed_ok=True)
 
     def _answer_now(
         self, route: Route[Any, Any], answer_now: AnswerNow[Any, Any], event: RequestReceived
@@ -442,7 +452,7 @@ class Peer:
             # runs (a 15 MiB frame refused stayed resident that long).
             outcome = exc.with_traceback(None)
         self.connection.settle_chunk(event.stream_id, event.token, outcome, self.now())
-        await self._flush_quietly()
+        await self.flush(closed_ok=True)
 
     async def _produce(self, stream_id: str, producer: Producer) -> None:
         sink = Sink(self, stream_id, acknowledged=False)
@@ -460,12 +470,6 @@ class Peer:
                 await sink.abort()
         except SessionClosed:
             log.info("producer_stopped", stream_id=stream_id, reason="session closed")
-
-    async def _flush_quietly(self) -> None:
-        try:
-            await self.flush()
-        except SessionClosed:
-            log.info("frames_not_sent", reason="session closed")
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
         if self._group is None or self.connection.state is ConnectionState.CLOSED:

@@ -20,13 +20,12 @@ any broken stream. The deadline is set and waited for on the owner's clock (`now
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 from agent.clock import Clock
 from agent.contracts.base import StreamMarker
-from agent.errors import SessionClosed, StreamBroken
+from agent.errors import StreamBroken
 from agent.observe import Direction
 from agent.protocol.chunks import CLOSING
 from agent.protocol.connection import Connection, StreamBroke
@@ -77,7 +76,7 @@ class StreamOwner(Protocol):
 
     def now(self) -> float: ...
 
-    async def flush(self) -> None: ...
+    async def flush(self, *, closed_ok: bool = False) -> None: ...
 
     def watch(self, stream_id: str) -> Signal: ...
 
@@ -141,14 +140,12 @@ class Source:
                 else:
                     # The initiator may wait on an answer we hold (the probe its stream parked
                     # while nobody read it): it goes out before we wait for the chunk it invites.
-                    with contextlib.suppress(SessionClosed):
-                        await owner.flush()
+                    await owner.flush(closed_ok=True)
                     await self._signal.wait(stall.deadline)
                 continue
             # A `read` we drive may go out now that there is room. A transport already gone
             # breaks the stream with it: this item is still the reader's, the next take says so.
-            with contextlib.suppress(SessionClosed):
-                await owner.flush()
+            await owner.flush(closed_ok=True)
             if item is CLOSING:
                 self._finish()
                 raise StopAsyncIteration
@@ -258,7 +255,7 @@ class HandlerContext:
 
     def receive_stream(self, marker: StreamMarker) -> ByteSource:
         owner = self._owner
-        owner.connection.read_request_stream(self._request_id, marker.stream_id, owner.now())
+        owner.connection.receive_request_stream(self._request_id, marker.stream_id, owner.now())
         return Source(owner, marker.stream_id)
 
     def hold_stream(self, marker: StreamMarker) -> None:

@@ -6,20 +6,14 @@ Thin adapter, both roles (the agent's client socket and the stand-in Cloudly's s
   frames are several MB of JSON and decoding them to `str` first would copy them for nothing.
 - `send(frame)` sends the UTF-8 JSON bytes as ONE text frame (`text=True`), as TypedSocket does.
 - The library's `ConnectionClosed` becomes `SessionClosed(code, reason)`, chained.
-- `ping()` sends one ping and returns its `Pong` once the pong came: the round trip, and how
-  many of the peer's messages the websocket read before it (`after`). The session runs the
-  keepalive itself (on its injected clock, recording each pong in the status, delivering
-  answers by the ping rule: `agent.protocol.delivery`), so the library's own keepalive is
-  switched off (`ping_interval=None`).
+- `ping()` sends one ping and returns its `Pong` once the pong came: the round trip. The
+  session runs the keepalive itself (on its injected clock, recording each pong in the
+  status, delivering answers by the ping rule: `agent.protocol.delivery`), so the library's
+  own keepalive is switched off (`ping_interval=None`).
 - `send_then_ping(frames)` writes frames and a ping behind them in ONE write to the socket
   (one call to the asyncio transport, where the library makes one per frame): a delivery's
   confirming ping leaves with the answers it confirms and reaches the peer in the same
   segments unless the network splits them (or a full socket buffer does).
-- Message order: the agent's client connection (`connect_transport`) counts the peer's
-  messages as the websocket reads them, in the order they came on the wire, and notes the count
-  when a pong is read. `recv()` hands the messages out in that order, so the n-th one a reader
-  gets is the n-th counted: whether a request came before or after a pong is exact, not the
-  order the event loop happens to run the reader and the keepalive in.
 
 `connect_transport()` opens the agent's client connection and translates every way opening can
 fail (refused, DNS, TLS, handshake, timeout) into `SessionError`, chained (the session classifies
@@ -30,12 +24,12 @@ names the close codes the agent sends or reads.
 `quiet_websocket_logger()` is the logger handed to the library: websockets logs whole frames at
 DEBUG, and frames carry the machine token and the JWT, so that logger never goes below INFO.
 
-Beyond the library's public API, `_CountingConnection` overrides `process_event` and
-`acknowledge_pings`, reads and fills `pending_pings`, writes through `send_context`, `loop` and
-the asyncio `transport`, and `install_piece_reader` swaps the protocol's `reader` and restarts
-its `parser`. Those are websockets' internals: pyproject.toml bounds the dependency to the
-release they were checked against, and tests/session/test_websockets_internals.py names each
-one, so a websockets that moved one fails the tests before it reaches a node.
+Beyond the library's public API, `_PingingConnection` fills `pending_pings` and writes through
+`send_context`, `loop` and the asyncio `transport`, and `install_piece_reader` swaps the
+protocol's `reader` and restarts its `parser`. Those are websockets' internals:
+pyproject.toml bounds the dependency to the release they were checked against, and
+tests/session/test_websockets_internals.py names each one, so a websockets that moved one
+fails the tests before it reaches a node.
 """
 
 from __future__ import annotations
@@ -54,7 +48,6 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.connection import Connection
 from websockets.client import ClientProtocol
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
-from websockets.frames import Frame, Opcode
 from websockets.protocol import Protocol, State
 from websockets.streams import StreamReader
 
@@ -100,21 +93,15 @@ def _close_details(exc: ConnectionClosed) -> tuple[int, str]:
 
 @dataclass(frozen=True, slots=True)
 class Pong:
-    """A ping's answer: its round trip, and how many of the peer's messages (text or binary,
-    counted at their first frame) the websocket read before it."""
+    """A ping's answer: its round trip."""
 
     seconds: float
-    after: int
 
 
 class PendingPong:
     """A ping written, its pong still to come: `answer()` waits for it."""
 
-    def __init__(
-        self, counting: _CountingConnection, data: bytes, waiter: Awaitable[float]
-    ) -> None:
-        self._counting = counting
-        self._data = data
+    def __init__(self, waiter: Awaitable[float]) -> None:
         self._waiter = waiter
 
     async def answer(self) -> Pong:
@@ -123,37 +110,16 @@ class PendingPong:
             seconds = await self._waiter
         except ConnectionClosed as exc:
             raise SessionClosed(*_close_details(exc)) from exc
-        finally:
-            after = self._counting.pong_marks.pop(self._data, None)
-        assert after is not None  # noted when the pong was read, before the waiter woke
-        return Pong(seconds, after)
+        return Pong(seconds)
 
 
-class _CountingConnection(ClientConnection):
-    """The agent's client connection: counts the peer's messages in wire order and notes the
-    count at every pong (the websocket reads frames in order; a pong answers its ping and every
-    earlier one)."""
+class _PingingConnection(ClientConnection):
+    """The agent's client connection: reads through a `PieceReader` and writes frames with a
+    ping behind them in one write."""
 
     def __init__(self, protocol: ClientProtocol, *args: Any, **kwargs: Any) -> None:
         install_piece_reader(protocol)
         super().__init__(protocol, *args, **kwargs)
-        self.messages_read = 0
-        self.pong_marks: dict[bytes, int] = {}
-
-    def process_event(self, event: Any) -> None:
-        # A message counts at its first frame: one the peer began before it read our ping is
-        # before the pong, whenever its last fragment comes.
-        if isinstance(event, Frame) and event.opcode in (Opcode.TEXT, Opcode.BINARY):
-            self.messages_read += 1
-        super().process_event(event)
-
-    def acknowledge_pings(self, data: bytes) -> None:
-        if data in self.pending_pings:
-            for pending in self.pending_pings:
-                self.pong_marks[pending] = self.messages_read
-                if pending == data:
-                    break
-        super().acknowledge_pings(data)
 
     async def send_then_ping(self, frames: Sequence[bytes], data: bytes) -> Awaitable[float]:
         """Queue `frames` (text) and a ping carrying `data`, hand all of it to the socket in
@@ -235,19 +201,19 @@ class WebsocketTransport:
         frame unless the network splits the bytes. The agent's client connection only
         (`InvalidState` otherwise, as `start_ping`); `SessionClosed` once the connection is
         gone."""
-        counting = self._counting()
+        pinging = self._pinging()
         data = b"agent-%d" % next(self._pings)
         try:
-            waiter = await counting.send_then_ping(frames, data)
+            waiter = await pinging.send_then_ping(frames, data)
         except ConnectionClosed as exc:
             raise SessionClosed(*_close_details(exc)) from exc
-        return PendingPong(counting, data, waiter)
+        return PendingPong(waiter)
 
-    def _counting(self) -> _CountingConnection:
-        counting = self._connection
-        if not isinstance(counting, _CountingConnection):
-            raise InvalidState("only the agent's client connection counts messages and pings")
-        return counting
+    def _pinging(self) -> _PingingConnection:
+        pinging = self._connection
+        if not isinstance(pinging, _PingingConnection):
+            raise InvalidState("only the agent's client connection writes frames with a ping")
+        return pinging
 
     async def close(self, code: int = CloseCode.GOING_AWAY, reason: str = "") -> None:
         """Close the connection with `code` (bounded by the connection's close timeout)."""
@@ -297,7 +263,7 @@ async def connect_transport(
             # No proxy from the environment: where the agent connects is configuration only.
             proxy=None,
             logger=logger or quiet_websocket_logger(),
-            create_connection=_CountingConnection,
+            create_connection=_PingingConnection,
         )
     except InvalidURI as exc:
         raise SessionError(f"the Cloudly URL is not a websocket URL: {exc}") from exc

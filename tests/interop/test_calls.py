@@ -181,7 +181,7 @@ async def test_an_answer_to_the_library_is_confirmed_by_its_websockets_pong(
 ) -> None:
     """The ping rule against Node's `ws`: the agent writes a ping right behind its answer, the
     library's websocket answers it (it pongs on its own), and the handler hears the answer was
-    delivered, on this connection, no earlier than the request arrived."""
+    delivered, on the connection the request arrived on."""
     delivered: list[Mark] = []
     arrivals: list[Mark] = []
     heard = asyncio.Event()
@@ -206,4 +206,3 @@ async def test_an_answer_to_the_library_is_confirmed_by_its_websockets_pong(
     [arrival] = arrivals
     [mark] = delivered
     assert mark.connection == arrival.connection
-    assert mark.message >= arrival.message  # read after the request it answers, at the least

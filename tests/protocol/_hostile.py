@@ -240,14 +240,15 @@ class Driver:
 
     def __post_init__(self) -> None:
         self.conn.call("remote", {"a": 1}, now=self.now, timeout=30.0)  # id1: a pending call
-        self.conn.read_response_stream("theirs", self.now)  # we read a stream the peer answers for
+        # We receive a stream the peer answers for.
+        self.conn.receive_response_stream("theirs", self.now)
         self.check(self.conn.data_to_send())
         # A request in flight whose handler reads stream s1 (s2 it never opens).
         setup = {"in": [marker("s1"), marker("s2")]}
         self._count_request(orjson.dumps(_request("echo", setup, "setup")))
         self.conn.receive_frame(orjson.dumps(_request("echo", setup, "setup")), self.now)
         [event] = [e for e in self.conn.events_received() if isinstance(e, RequestReceived)]
-        self.conn.read_request_stream(event.request_id, "s1", 0.0)
+        self.conn.receive_request_stream(event.request_id, "s1", 0.0)
         self.reading = "s1"
 
     def feed(self, frame: bytes) -> None:
@@ -286,7 +287,7 @@ class Driver:
     def _answer(self, event: RequestReceived) -> None:
         choice = (event.request_id + self.turn) % 4
         for stream_id in event.stream_ids[: choice % 2]:
-            self.conn.read_request_stream(event.request_id, stream_id, 0.0)
+            self.conn.receive_request_stream(event.request_id, stream_id, 0.0)
             try:
                 while self.conn.take(stream_id, self.now) is not None:
                     pass

@@ -74,7 +74,7 @@ def answers(conn: Connection) -> list[dict[str, Any]]:
 def open_read(conn: Connection, stream_id: str = "s1") -> None:
     conn.receive_frame(request("echo", {"a": marker(stream_id)}), 0.0)
     [event] = requests(conn)
-    conn.read_request_stream(event.request_id, stream_id, 0.0)
+    conn.receive_request_stream(event.request_id, stream_id, 0.0)
 
 
 def decode_all(conn: Connection, now: float) -> None:
@@ -133,7 +133,7 @@ def test_a_probe_on_a_stream_nobody_reads_yet_waits_for_its_reader() -> None:
     [event] = requests(conn)
     conn.receive_frame(feedback_frame("s1", "f1"), 0.0)
     assert answers(conn) == []
-    conn.read_request_stream(event.request_id, "s1", 0.2)
+    conn.receive_request_stream(event.request_id, "s1", 0.2)
     [answer] = answers(conn)
     assert (answer["cycleId"], answer["backpressure"]) == ("f1", False)
     assert pool.held > 0  # the invited frame is reserved

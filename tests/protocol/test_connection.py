@@ -268,7 +268,7 @@ class TestPipelinedChunks:
         conn = connection(inline_decode_max=0)
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1", 0.0)
+        conn.receive_request_stream(event.request_id, "s1", 0.0)
         conn.receive_frame(chunk_frame("s1", "k1", b"[1,2]"), 0.0)
         [answer] = sent(conn)
         assert answer["response"]["mainPurpose"] == "feedback"
@@ -284,7 +284,7 @@ class TestPipelinedChunks:
         conn = connection(inline_decode_max=0)
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1", 0.0)
+        conn.receive_request_stream(event.request_id, "s1", 0.0)
         conn.receive_frame(chunk_frame("s1", "k1", b"[1,300]"), 0.0)
         [received] = [e for e in conn.events_received() if isinstance(e, ChunkToDecode)]
         with pytest.raises(RemoteProtocolError) as caught:
@@ -318,7 +318,7 @@ class TestPipelinedChunks:
         conn = connection()
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1", 0.0)
+        conn.receive_request_stream(event.request_id, "s1", 0.0)
         conn.receive_frame(chunk_frame("s1", "k1", b"[7]"), 0.0)
         assert not [e for e in conn.events_received() if isinstance(e, ChunkToDecode)]
         assert conn.take("s1", 0.0) == b"\x07"
@@ -342,10 +342,10 @@ class TestRequestStreams:
         conn.receive_frame(request("echo", {"a": marker("s1"), "b": [marker("s2")]}), 0.0)
         [event] = requests(conn)
         assert event.stream_ids == ("s1", "s2")
-        conn.read_request_stream(event.request_id, "s1", 0.0)
+        conn.receive_request_stream(event.request_id, "s1", 0.0)
         assert conn.take("s1", 0.0) is None  # open, nothing arrived yet
         with pytest.raises(LocalProtocolError, match="not an unopened stream"):
-            conn.read_request_stream(event.request_id, "s1", 0.0)
+            conn.receive_request_stream(event.request_id, "s1", 0.0)
 
     def test_a_duplicate_stream_id_refuses_the_request_and_unregisters_its_streams(self) -> None:
         """Rollback: a request whose second marker repeats an id leaves no stream behind."""
@@ -427,7 +427,7 @@ class TestHeldStreams:
         conn.hold_request_stream(event.request_id, "s1")
         conn.receive_frame(feedback_frame("s1", "f1"), 0.0)
         assert sent(conn) == []
-        conn.read_request_stream(event.request_id, "s1", 0.3)
+        conn.receive_request_stream(event.request_id, "s1", 0.3)
         [answer] = sent(conn)
         assert (answer["response"]["cycleId"], answer["response"]["backpressure"]) == ("f1", False)
 
@@ -440,7 +440,7 @@ class TestHeldStreams:
         conn.hold_request_stream(event.request_id, "s1")
         conn.receive_frame(chunk_frame("s1", "c1", b"[7]"), 0.0)
         sent(conn)
-        conn.read_request_stream(event.request_id, "s1", 0.0)
+        conn.receive_request_stream(event.request_id, "s1", 0.0)
         conn.receive_frame(feedback_frame("s1", "f2"), 1.0)
         [answer] = sent(conn)
         assert answer["response"]["backpressure"] is False
@@ -457,7 +457,7 @@ class TestHeldStreams:
             conn.receive_frame(feedback_frame("s1", f"f{second}"), float(second))
             conn.advance(float(second))
         assert conn.stream_outcome("s1") is None
-        conn.read_request_stream(event.request_id, "s1", 0.0)
+        conn.receive_request_stream(event.request_id, "s1", 0.0)
         assert conn.take("s1", 100.0) is None
 
     def test_only_an_unread_stream_of_the_request_can_be_held(self) -> None:
@@ -465,7 +465,7 @@ class TestHeldStreams:
         conn = connection()
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1", 0.0)
+        conn.receive_request_stream(event.request_id, "s1", 0.0)
         with pytest.raises(LocalProtocolError, match="not an unopened stream"):
             conn.hold_request_stream(event.request_id, "s1")
         with pytest.raises(LocalProtocolError, match="not an unopened stream"):
@@ -592,7 +592,7 @@ class Uploads:
         self.readers: list[tuple[Connection, int, str]] = []  # (side, request id, stream id)
 
     def __call__(self, conn: Connection, event: RequestReceived) -> None:
-        conn.read_request_stream(event.request_id, event.stream_ids[0], 0.0)
+        conn.receive_request_stream(event.request_id, event.stream_ids[0], 0.0)
         self.readers.append((conn, event.request_id, event.stream_ids[0]))
 
 
@@ -693,7 +693,7 @@ class TestStreamsById:
         conn = connection()
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1", 0.0)
+        conn.receive_request_stream(event.request_id, "s1", 0.0)
         conn.advance(10.5)
         reason = "no frame from the initiator within 10 s"
         assert conn.events_received() == [StreamBroke("s1", reason)]
@@ -744,7 +744,7 @@ class TestStreamsById:
         [answer] = [e for e in wire.events[id(left)] if isinstance(e, Completed)]
         assert answer.call_id == call_id
         stream_id = answer.response["data"]["streamId"]
-        left.read_response_stream(stream_id, 0.0)
+        left.receive_response_stream(stream_id, 0.0)
         wire.pump(0.0)
         assert StreamEnded(stream_id) in wire.events[id(left)]
         taken = [left.take(stream_id, 0.0) for _ in range(4)]
@@ -766,7 +766,7 @@ class TestStreamsById:
         wire.pump(0.0)
         [answer] = [e for e in wire.events[id(left)] if isinstance(e, Completed)]
         stream_id = answer.response["data"]["streamId"]
-        left.read_response_stream(stream_id, 0.0)
+        left.receive_response_stream(stream_id, 0.0)
         wire.pump(0.0)
         left.stop_reading(stream_id, 0.0)
         assert left.stream_outcome(stream_id) == StreamBroke(stream_id, "the reader stopped")
@@ -776,7 +776,7 @@ class TestStreamsById:
         conn = connection()
         conn.receive_frame(request("echo", {"a": marker("s1")}), 0.0)
         [event] = requests(conn)
-        conn.read_request_stream(event.request_id, "s1", 0.0)
+        conn.receive_request_stream(event.request_id, "s1", 0.0)
         conn.stop_reading("s1", 0.0)
         conn.receive_frame(stray("s1", "k1"), 0.0)
         [keepalive] = sent(conn)

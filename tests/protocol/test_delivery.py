@@ -14,10 +14,8 @@ def test_an_answer_is_delivered_by_the_pong_of_a_ping_sent_after_it() -> None:
     """The pong of the ping that followed the answer delivers it, where the pong was read."""
     ledger: Deliveries[str] = Deliveries(connection=3)
     ledger.answered(["a"])
-    assert ledger.wanted
     ping = ledger.ping()
-    assert not ledger.wanted
-    assert ledger.pong(ping, after=7) == [("a", Mark(3, 7))]
+    assert ledger.pong(ping) == [("a", Mark(3))]
 
 
 def test_a_ping_sent_before_an_answer_does_not_deliver_it() -> None:
@@ -26,10 +24,9 @@ def test_a_ping_sent_before_an_answer_does_not_deliver_it() -> None:
     ledger.answered(["a"])
     first = ledger.ping()
     ledger.answered(["b"])
-    assert ledger.pong(first, after=2) == [("a", Mark(1, 2))]
-    assert ledger.wanted
+    assert ledger.pong(first) == [("a", Mark(1))]
     second = ledger.ping()
-    assert ledger.pong(second, after=5) == [("b", Mark(1, 5))]
+    assert ledger.pong(second) == [("b", Mark(1))]
 
 
 def test_a_pong_answers_its_ping_and_every_earlier_one() -> None:
@@ -39,44 +36,27 @@ def test_a_pong_answers_its_ping_and_every_earlier_one() -> None:
     first = ledger.ping()
     ledger.answered(["b", "c"])
     second = ledger.ping()
-    assert ledger.pong(second, after=4) == [("a", Mark(1, 4)), ("b", Mark(1, 4)), ("c", Mark(1, 4))]
-    assert ledger.pong(first, after=4) == []
+    assert ledger.pong(second) == [("a", Mark(1)), ("b", Mark(1)), ("c", Mark(1))]
+    assert ledger.pong(first) == []
 
 
 def test_a_pong_of_no_ping_we_sent_delivers_nothing() -> None:
     ledger: Deliveries[str] = Deliveries(connection=1)
     ledger.answered(["a"])
-    assert ledger.pong(99, after=1) == []
-    assert ledger.wanted
+    assert ledger.pong(99) == []
 
 
 def test_a_lost_connection_leaves_every_unconfirmed_answer_undelivered() -> None:
     """Answers in flight under a ping and answers not yet pinged are lost, in order; what
-    comes later is decided lost at once and wants no ping."""
+    comes later is dropped: no pong delivers it."""
     ledger: Deliveries[str] = Deliveries(connection=1)
     ledger.answered(["a"])
     ping = ledger.ping()
     ledger.answered(["b"])
     assert ledger.lost() == ["a", "b"]
-    assert ledger.pong(ping, after=3) == []
+    assert ledger.pong(ping) == []
     ledger.answered(["c"])
-    assert not ledger.wanted
-    assert ledger.settled(ledger.horizon())
-
-
-def test_settled_means_every_answer_before_the_horizon_was_decided() -> None:
-    """The horizon is taken now: answers handed out later do not hold it up."""
-    ledger: Deliveries[str] = Deliveries(connection=1)
-    assert ledger.settled(ledger.horizon())
-    ledger.answered(["a"])
-    horizon = ledger.horizon()
-    assert not ledger.settled(horizon)
-    ping = ledger.ping()
-    ledger.answered(["b"])
-    assert not ledger.settled(horizon)
-    ledger.pong(ping, after=1)
-    assert ledger.settled(horizon)
-    assert not ledger.settled(ledger.horizon())
+    assert ledger.pong(ledger.ping()) == []
 
 
 def test_connections_are_numbered_from_one() -> None:

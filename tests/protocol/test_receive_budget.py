@@ -133,7 +133,7 @@ def receiving(budget: int, streams: int) -> Connection:
     conn.receive_frame(request(markers), 0.0)
     [event] = conn.events_received()
     for i in range(streams):
-        conn.read_request_stream(event.request_id, f"s{i}", 0.0)  # type: ignore[attr-defined]
+        conn.receive_request_stream(event.request_id, f"s{i}", 0.0)  # type: ignore[attr-defined]
     return conn
 
 

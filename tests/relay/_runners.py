@@ -47,13 +47,13 @@ class Session:
     def request(self) -> _Request:
         """The next request's context."""
         self.messages += 1
-        return _Request(self, Mark(self.connection, self.messages))
+        return _Request(self, Mark(self.connection))
 
     def deliver(self) -> None:
         """A pong read now delivers every answer sent so far."""
         pending, self.pending = self.pending, []
         for callback in pending:
-            callback(Mark(self.connection, self.messages))
+            callback(Mark(self.connection))
 
     def reconnect(self) -> None:
         """The connection ends (what no pong confirmed is lost); the next one begins."""

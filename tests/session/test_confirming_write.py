@@ -74,7 +74,7 @@ async def test_frames_and_the_ping_behind_them_are_one_write(
     server_factory: Callable[[ServerHandler], Awaitable[int]],
 ) -> None:
     """Two frames and a ping: one write holding them in that order; the peer reads both
-    frames, and the ping's pong comes after none of the peer's messages."""
+    frames, and the ping's pong comes."""
     received: asyncio.Queue[str | bytes] = asyncio.Queue()
 
     async def handler(ws: ServerConnection) -> None:
@@ -89,7 +89,7 @@ async def test_frames_and_the_ping_behind_them_are_one_write(
         assert [_frames(write) for write in log.writes] == [
             [(_TEXT, b'{"n":1}'), (_TEXT, b'{"n":2}'), (_PING, b"agent-1")]
         ]
-        assert (await pending.answer()).after == 0
+        await pending.answer()
         assert [await received.get(), await received.get()] == ['{"n":1}', '{"n":2}']
     finally:
         await transport.close()
@@ -135,7 +135,7 @@ async def test_frames_and_a_ping_on_a_closed_connection_raise_session_closed(
 async def test_only_the_agents_connection_sends_frames_with_a_ping(
     server_factory: Callable[[ServerHandler], Awaitable[int]],
 ) -> None:
-    """A server's connection counts no messages, so it writes no pings: `InvalidState`."""
+    """A server's connection writes no frames with a ping: `InvalidState`."""
     refused: asyncio.Queue[BaseException | None] = asyncio.Queue()
 
     async def handler(ws: ServerConnection) -> None:
@@ -158,7 +158,7 @@ async def test_a_peer_writes_an_awaited_answer_and_its_ping_in_one_write(
 ) -> None:
     """The agent's `Peer` answers a request whose answer's delivery is awaited: the write that
     carries the answer ends with the confirming ping, no write is a ping alone, and the
-    ping's pong delivers the answer (read after the one message the peer sent)."""
+    ping's pong delivers the answer on its connection."""
     answers: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     async def cloudly(ws: ServerConnection) -> None:
@@ -169,9 +169,14 @@ async def test_a_peer_writes_an_awaited_answer_and_its_ping_in_one_write(
             await run
 
     delivered: list[Mark] = []
+    heard = asyncio.Event()
+
+    def on_delivered(mark: Mark) -> None:
+        delivered.append(mark)
+        heard.set()
 
     async def ask(body: dict[str, Any], ctx: RequestContext) -> dict[str, Any]:
-        ctx.on_delivered(delivered.append)
+        ctx.on_delivered(on_delivered)
         return {"answer": body["n"]}
 
     transport = await open_transport(await server_factory(cloudly))
@@ -181,7 +186,7 @@ async def test_a_peer_writes_an_awaited_answer_and_its_ping_in_one_write(
     run = asyncio.create_task(agent.run())
     try:
         assert await answers.get() == {"answer": 1}
-        await tracker.settled()
+        await heard.wait()  # the pong settles in a task of the peer's
     finally:
         await transport.close()
         with pytest.raises(SessionClosed):
@@ -190,4 +195,4 @@ async def test_a_peer_writes_an_awaited_answer_and_its_ping_in_one_write(
     [carrying] = [w for w in writes if any(b'"answer":1' in payload for _, payload in w)]
     assert carrying[-1] == (_PING, b"agent-1")
     assert [(_PING, b"agent-1")] not in writes
-    assert delivered == [Mark(1, 1)]
+    assert delivered == [Mark(1)]

@@ -246,38 +246,6 @@ async def raw_server() -> AsyncIterator[Callable[..., Awaitable[int]]]:
         await server.wait_closed()
 
 
-async def test_a_pong_counts_the_messages_the_websocket_read_before_it(
-    raw_server: Callable[..., Awaitable[int]],
-) -> None:
-    """Two messages, then the pong and a third message in one write: the pong came after two,
-    though the reader has taken none of them yet, and the third, already read by the
-    websocket too, counts after it."""
-    port = await raw_server(
-        _text(b"one") + _text(b"two"), lambda payload: _frame(0xA, payload) + _text(b"three")
-    )
-    transport = await open_transport(port)
-    try:
-        pong = await transport.ping()
-        assert pong.after == 2
-        assert [await transport.recv() for _ in range(3)] == [b"one", b"two", b"three"]
-        assert (await transport.ping()).after == 3
-    finally:
-        await transport.close()
-
-
-async def test_a_message_the_peer_wrote_before_its_pong_counts_before_it(
-    raw_server: Callable[..., Awaitable[int]],
-) -> None:
-    """A message and the pong in one write, the message first: the pong came after it."""
-    port = await raw_server(b"", lambda payload: _text(b"first") + _frame(0xA, payload))
-    transport = await open_transport(port)
-    try:
-        assert (await transport.ping()).after == 1
-        assert await transport.recv() == b"first"
-    finally:
-        await transport.close()
-
-
 async def test_the_agents_connection_reads_frames_through_the_piece_reader(
     server_factory: Callable[..., Awaitable[int]],
 ) -> None:

@@ -1,15 +1,15 @@
 """Every internal of websockets that `agent.session.transport` relies on, named one by one.
 
-The transport uses more than the library's public API: `_CountingConnection` overrides
-`Connection.process_event` and `acknowledge_pings`, reads and fills `pending_pings`, and writes
-through `send_context`, `loop` and the asyncio `transport`; `install_piece_reader` swaps the
+The transport uses more than the library's public API: `_PingingConnection` fills
+`pending_pings` and writes through `send_context`, `loop` and the asyncio `transport`;
+`install_piece_reader` swaps the
 protocol's `reader` for a `PieceReader` (the library's stream reader's methods, same
 signatures) and restarts its `parser` from `parse()`. pyproject.toml bounds websockets to the
 release these were checked against; a release that moves any of them fails here, naming it,
 and never on a node. Each check can fail: the second test replaces each internal in turn and
 expects its check to say so. What the internals do is held by the behaviour tests
-(tests/session/test_transport.py: messages counted before a pong, the piece reader reading a
-4 MB frame; tests/session/test_confirming_write.py: frames and a ping in one write).
+(tests/session/test_transport.py: the piece reader reading a 4 MB frame;
+tests/session/test_confirming_write.py: frames and a ping in one write).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def _check_send_context(_: _Subjects, found: Any) -> None:
 
 def _check_pending_pings(subjects: _Subjects, found: Any) -> None:
     # Ping payload -> (pong waiter, time sent), in the order the pings went out: what
-    # `acknowledge_pings` walks, and what `send_then_ping` fills the library's way.
+    # the library's pong handling walks, and what `send_then_ping` fills the library's way.
     assert isinstance(found, dict), found
     waiter, sent = found[subjects.ping]
     assert isinstance(waiter, asyncio.Future), waiter
@@ -158,8 +158,6 @@ def _class(kind: type) -> Callable[[_Subjects], Any]:
 
 
 INTERNALS = [
-    _Internal("Connection.process_event", _class(Connection), _method("event")),
-    _Internal("Connection.acknowledge_pings", _class(Connection), _method("data")),
     _Internal("Connection.send_context", _class(Connection), _check_send_context),
     _Internal("Connection.pending_pings", lambda s: s.connection, _check_pending_pings),
     _Internal("Connection.loop", lambda s: s.connection, _check_loop),
@@ -173,7 +171,6 @@ INTERNALS = [
     _Internal("ClientProtocol.reader", lambda s: s.protocol, _check_reader),
     _Internal("ClientProtocol.parser", lambda s: s.protocol, _check_parser),
     _Internal("ClientProtocol.state", lambda s: s.protocol, _check_connecting),
-    _Internal("Frame.opcode", lambda _: Frame(Opcode.TEXT, b""), _of_type(Opcode)),
     *(
         _Internal(f"StreamReader.{name}", _class(StreamReader), _stream_reader_method(name))
         for name in (
