@@ -51,7 +51,7 @@ import structlog
 from agent import __version__
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.config import Config, Secrets
-from agent.corestore.client import CorestoreClients, CorestoreTimeouts
+from agent.corestore.client import CorestoreClients
 from agent.corestore.credentials import CredentialSource, FixedCredentials
 from agent.credentials.contest import RecipientWatch
 from agent.credentials.enrollment import Enrollment
@@ -61,23 +61,19 @@ from agent.errors import AgentError, ConfigError, StateUnwritable
 from agent.log import register_secret
 from agent.observe import Tee
 from agent.protocol.bytearrays import codec_backends
-from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import Routes
 from agent.relay.routes import relay_routes
 from agent.relay.service import RelayService
-from agent.relay.settings import RelaySettings
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.routes import isolated_restore_routes
-from agent.restore.settings import EngineSettings
-from agent.retry import Backoff, RetryPolicy
 from agent.session.client import CloudlySession, SessionSettings
 from agent.startup.opening import OPEN_BACKOFF, open_waiting
 from agent.startup.preflight import STEP_GRACE_S, Checked, check
 from agent.startup.reconcile import Reconciler
 from agent.store import RevisionStore, statedir
 from agent.store.faults import store_error
-from agent.store.retention import Retention, RetentionSettings
-from agent.transfers import NodeLimits, TransferGate
+from agent.store.retention import Retention
+from agent.transfers import TransferGate
 from agent.transfers.budget import ByteBudget
 from agent.transfers.chunking import DIGESTS_BACKEND
 from agent.transfers.memory import Trimmer, trim_function
@@ -100,36 +96,7 @@ log = structlog.get_logger("agent.entry.app")
 
 def session_settings(config: Config) -> SessionSettings:
     """The session's settings from the configuration."""
-    cloudly, streams = config.cloudly, config.streams
-    return SessionSettings(
-        url=cloudly.websocket_url,
-        tag_name=cloudly.tag_name,
-        tag_payload=dict(cloudly.tag_payload),
-        max_frame_bytes=cloudly.max_frame_bytes,
-        ca_file=cloudly.ca_file,
-        compression=cloudly.compression,
-        ping_interval=cloudly.ping_interval_s,
-        ping_timeout=cloudly.ping_timeout_s,
-        close_timeout=config.shutdown.close_timeout_s,
-        call_timeout=cloudly.call_timeout_s,
-        identity_renew_margin_s=cloudly.identity_renew_margin_s,
-        backoff=Backoff(base=cloudly.backoff_base_s, cap=cloudly.backoff_cap_s),
-        stable_after=cloudly.stable_after_s,
-        connection=ConnectionSettings(
-            streams=StreamSettings(
-                window=streams.window,
-                window_bytes=streams.window_bytes,
-                idle_timeout=streams.idle_timeout_s,
-                chunk_form=streams.chunk_form,
-            ),
-            max_concurrent_requests=cloudly.max_concurrent_requests,
-            max_stream_requests=cloudly.max_stream_requests,
-            max_stream_requests_per_node=cloudly.max_stream_requests_per_node,
-            receive_budget=streams.receive_budget_bytes,
-            receive_budget_max=streams.receive_budget_max_bytes,
-        ),
-        stream_stall_timeout=streams.stall_timeout_s,
-    )
+    return config.session_settings()
 
 
 async def run(
@@ -212,10 +179,7 @@ async def run(
         # One gate for every byte path to a node's Corestore: stages and closures share a
         # node's places, its byte rate and the byte budget.
         transfers = TransferGate(
-            NodeLimits(
-                config.corestore.max_transfers_per_node,
-                config.corestore.max_bytes_per_s_per_node,
-            ),
+            config.corestore.node_limits(),
             clock=clock,
             observer=metrics,
             budget=budget,
@@ -357,8 +321,8 @@ async def _serve(
     credentials: CredentialSource = sealed[1] if sealed is not None else _fixed_credentials(secrets)
     clients = CorestoreClients(
         credentials=credentials,
-        timeouts=CorestoreTimeouts.from_config(corestore),
-        retry=RetryPolicy(attempts=corestore.retries + 1, tolerance=corestore.outage_tolerance_s),
+        timeouts=corestore.timeouts(),
+        retry=corestore.retry_policy(),
         clock=clock,
         observer=observer,
     )
@@ -371,7 +335,7 @@ async def _serve(
         # The session is built next (it serves the engine's routes); the engine reads its
         # cluster view only while handling a request, when the session exists.
         cluster_view=lambda: session.cluster_view,
-        settings=EngineSettings.from_config(corestore),
+        settings=corestore.engine_settings(),
         transfers=transfers,
         clock=clock,
     )
@@ -381,7 +345,7 @@ async def _serve(
         cluster_view=lambda: session.cluster_view,
         # Read by a closure when it starts: its call and its stream on one connection.
         cloudly=lambda: session.connection(),
-        settings=RelaySettings.from_config(corestore, config.cloudly),
+        settings=config.relay_settings(),
         transfers=transfers,
         clock=clock,
         observer=metrics,
@@ -406,7 +370,7 @@ async def _serve(
     )
     retention = Retention(
         store,
-        RetentionSettings.from_days(config.state.retention_days),
+        config.state.retention_settings(),
         clock=clock,
         observer=metrics,
     )

@@ -48,8 +48,8 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from agent.config import HealthListen
 from agent.errors import AgentError
+from agent.watch.listen import HealthListen
 from agent.watch.status import human_duration, unreachable_sentence
 
 __all__ = ["StatusUnavailable", "fetch", "render", "render_down"]
