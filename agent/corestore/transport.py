@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 import aiohttp
 import structlog
@@ -59,9 +58,6 @@ from agent.observe import NULL_OBSERVER, CorestoreObserver
 from agent.retry import RetryPolicy, retrying
 from agent.secret import Secret
 
-if TYPE_CHECKING:
-    from agent.config import CorestoreConfig
-
 __all__ = ["CorestoreTimeouts", "HttpTransport", "Reply", "check_credential"]
 
 _log = structlog.get_logger("agent.corestore.transport")
@@ -80,16 +76,6 @@ class CorestoreTimeouts:
         for name in ("connect", "control", "transfer"):
             if not getattr(self, name) > 0:
                 raise InvalidState(f"{name} must be positive")
-
-    @classmethod
-    def from_config(cls, corestore: CorestoreConfig) -> CorestoreTimeouts:
-        """The timeouts `[corestore]` asks for (`connect_timeout_s`, `request_timeout_s`,
-        `transfer_timeout_s`)."""
-        return cls(
-            connect=corestore.connect_timeout_s,
-            control=corestore.request_timeout_s,
-            transfer=corestore.transfer_timeout_s,
-        )
 
 
 def _canonical_origin(endpoint: str) -> URL:

@@ -51,7 +51,7 @@ import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
 from agent.config import Config, Secrets
-from agent.corestore.client import CorestoreClients, CorestoreTimeouts
+from agent.corestore.client import CorestoreClients
 from agent.corestore.credentials import CredentialSource
 from agent.credentials.contest import RecipientWatch
 from agent.credentials.keys import KeyStore
@@ -64,21 +64,17 @@ from agent.entry.startline import announce
 from agent.entry.systemd import Ready, draining_line, tell_systemd
 from agent.errors import StateUnwritable
 from agent.log import register_secret
-from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import Routes
 from agent.relay.routes import relay_routes
 from agent.relay.service import RelayService
-from agent.relay.settings import RelaySettings
 from agent.restore.engine import IsolatedRestoreEngine
 from agent.restore.routes import isolated_restore_routes
-from agent.restore.settings import EngineSettings
-from agent.retry import Backoff, RetryPolicy
 from agent.session.client import CloudlySession, SessionSettings
 from agent.startup.opening import open_state, open_waiting, probe_state_writes, state_refused
 from agent.startup.preflight import Checked, check
 from agent.startup.reconcile import Reconciler
 from agent.store import RevisionStore, statedir
-from agent.store.retention import Retention, RetentionSettings
+from agent.store.retention import Retention
 from agent.watch.notify import Notifier
 from agent.watch.status import AgentStatus
 
@@ -89,36 +85,7 @@ log = structlog.get_logger("agent.entry.app")
 
 def session_settings(config: Config) -> SessionSettings:
     """The session's settings from the configuration."""
-    cloudly, streams = config.cloudly, config.streams
-    return SessionSettings(
-        url=cloudly.websocket_url,
-        tag_name=cloudly.tag_name,
-        tag_payload=dict(cloudly.tag_payload),
-        max_frame_bytes=cloudly.max_frame_bytes,
-        ca_file=cloudly.ca_file,
-        compression=cloudly.compression,
-        ping_interval=cloudly.ping_interval_s,
-        ping_timeout=cloudly.ping_timeout_s,
-        close_timeout=config.shutdown.close_timeout_s,
-        call_timeout=cloudly.call_timeout_s,
-        identity_renew_margin_s=cloudly.identity_renew_margin_s,
-        backoff=Backoff(base=cloudly.backoff_base_s, cap=cloudly.backoff_cap_s),
-        stable_after=cloudly.stable_after_s,
-        connection=ConnectionSettings(
-            streams=StreamSettings(
-                window=streams.window,
-                window_bytes=streams.window_bytes,
-                idle_timeout=streams.idle_timeout_s,
-                chunk_form=streams.chunk_form,
-            ),
-            max_concurrent_requests=cloudly.max_concurrent_requests,
-            max_stream_requests=cloudly.max_stream_requests,
-            max_stream_requests_per_node=cloudly.max_stream_requests_per_node,
-            receive_budget=streams.receive_budget_bytes,
-            receive_budget_max=streams.receive_budget_max_bytes,
-        ),
-        stream_stall_timeout=streams.stall_timeout_s,
-    )
+    return config.session_settings()
 
 
 @dataclass(frozen=True)
@@ -157,8 +124,8 @@ def assemble(
     credentials: CredentialSource = sealed[1] if sealed is not None else fixed_credentials(secrets)
     clients = CorestoreClients(
         credentials=credentials,
-        timeouts=CorestoreTimeouts.from_config(corestore),
-        retry=RetryPolicy(attempts=corestore.retries + 1, tolerance=corestore.outage_tolerance_s),
+        timeouts=corestore.timeouts(),
+        retry=corestore.retry_policy(),
         clock=clock,
         observer=observer,
     )
@@ -168,7 +135,7 @@ def assemble(
         # The session is built next (it serves the engine's routes); the engine reads its
         # cluster view only while handling a request, when the session exists.
         cluster_view=lambda: session.cluster_view,
-        settings=EngineSettings.from_config(corestore),
+        settings=corestore.engine_settings(),
         transfers=parts.transfers,
         clock=clock,
     )
@@ -178,7 +145,7 @@ def assemble(
         cluster_view=lambda: session.cluster_view,
         # Read by a closure when it starts: its call and its stream on one connection.
         cloudly=lambda: session.connection(),
-        settings=RelaySettings.from_config(corestore, config.cloudly),
+        settings=config.relay_settings(),
         transfers=parts.transfers,
         clock=clock,
         observer=metrics,
@@ -203,7 +170,7 @@ def assemble(
     )
     retention = Retention(
         store,
-        RetentionSettings.from_days(config.state.retention_days),
+        config.state.retention_settings(),
         clock=clock,
         observer=metrics,
     )

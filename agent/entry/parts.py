@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from agent.clock import Clock
 from agent.config import Config, HealthListen
 from agent.store import statedir
-from agent.transfers import NodeLimits, TransferGate
+from agent.transfers import TransferGate
 from agent.transfers.budget import ByteBudget
 from agent.transfers.memory import Trimmer, trim_function
 from agent.watch.health import HealthServer, bind_listener, close_listener
@@ -97,10 +97,7 @@ def build_parts(
     # One gate for every byte path to a node's Corestore: stages and closures share a
     # node's places, its byte rate and the byte budget.
     transfers = TransferGate(
-        NodeLimits(
-            config.corestore.max_transfers_per_node,
-            config.corestore.max_bytes_per_s_per_node,
-        ),
+        config.corestore.node_limits(),
         clock=clock,
         observer=metrics,
         budget=budget,

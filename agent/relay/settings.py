@@ -12,13 +12,9 @@ Cloudly, `[cloudly] call_timeout_s`. `progress_interval` paces the `closure_sent
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from agent.corestore.shapes import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 from agent.errors import InvalidState
-
-if TYPE_CHECKING:
-    from agent.config import CloudlyConfig, CorestoreConfig
 
 __all__ = ["RelaySettings"]
 
@@ -38,8 +34,3 @@ class RelaySettings:
             raise InvalidState("answer_timeout must be positive")
         if self.progress_interval < 0:
             raise InvalidState("progress_interval must not be negative")
-
-    @classmethod
-    def from_config(cls, corestore: CorestoreConfig, cloudly: CloudlyConfig) -> RelaySettings:
-        """The settings `[corestore] chunk_size` and `[cloudly] call_timeout_s` ask for."""
-        return cls(chunk_size=corestore.chunk_size, answer_timeout=cloudly.call_timeout_s)

@@ -13,14 +13,10 @@ progress (`commit_attempts`); each waits `resend_backoff` (full jitter) before i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from agent.corestore.shapes import DEFAULT_CHUNK_SIZE, MAX_CHUNK_SIZE
 from agent.errors import InvalidState
 from agent.retry import Backoff
-
-if TYPE_CHECKING:
-    from agent.config import CorestoreConfig
 
 __all__ = ["EngineSettings"]
 
@@ -34,7 +30,7 @@ class EngineSettings:
     between the incoming stream and Corestore: memory per staged object stays below
     `(max_in_flight + 2) * chunk_size` plus the stream window. One attempt of a bulk Corestore
     call (chunk PUT, commit, verification) is bounded by the Corestore clients' own `transfer`
-    timeout (`CorestoreTimeouts.from_config`), not here.
+    timeout (`CorestoreConfig.timeouts`), not here.
     """
 
     chunk_size: int = DEFAULT_CHUNK_SIZE
@@ -58,13 +54,3 @@ class EngineSettings:
                 raise InvalidState(f"{name} must not be negative")
         if self.restore_timeout <= 0:
             raise InvalidState("restore_timeout must be positive")
-
-    @classmethod
-    def from_config(cls, corestore: CorestoreConfig) -> EngineSettings:
-        """The settings a configuration file asks for (`[corestore]`; `retries` and the timeouts
-        are the Corestore client's, not the engine's)."""
-        return cls(
-            chunk_size=corestore.chunk_size,
-            max_in_flight=corestore.max_in_flight,
-            poll_interval=corestore.restore_poll_interval_s,
-        )

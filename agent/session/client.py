@@ -38,7 +38,6 @@ from typing import Any, Protocol
 import structlog
 
 from agent.clock import SYSTEM_CLOCK, Clock
-from agent.config import websocket_url
 from agent.contracts.base import StreamMarker
 from agent.contracts.cluster import METHOD_SET_TAG, ClusterView
 from agent.errors import AgentError, SessionClosed
@@ -61,7 +60,7 @@ from agent.session.lifecycle import (
 )
 from agent.session.outage import Outage, log_failure
 from agent.session.peer import Peer
-from agent.session.settings import SessionSettings
+from agent.session.settings import SessionSettings, websocket_url
 from agent.session.transport import CloseCode, WebsocketTransport, connect_transport, tls_context
 from agent.watch.status import AgentStatus
 

@@ -19,8 +19,8 @@ Thin adapter, both roles (the agent's client socket and the stand-in Cloudly's s
 fail (refused, DNS, TLS, handshake, timeout) into `SessionError`, chained (the session classifies
 the cause, `agent.session.faults`; an upgrade answered with an HTTP status is `UpgradeRefused`,
 carrying it); `tls_context()` turns the CA file into what a wss:// URL needs
-(`agent.config.websocket_url` maps the configured Cloudly URL to the one dialled). `CloseCode`
-names the close codes the agent sends or reads.
+(`agent.session.settings.websocket_url` maps the configured Cloudly URL to the one dialled).
+`CloseCode` names the close codes the agent sends or reads.
 `quiet_websocket_logger()` is the logger handed to the library: websockets logs whole frames at
 DEBUG, and frames carry the machine token and the JWT, so that logger never goes below INFO.
 

@@ -48,10 +48,10 @@ import structlog
 from aiohttp import web
 
 from agent.clock import SYSTEM_CLOCK, Clock, epoch_ms
-from agent.config import HealthListen
 from agent.errors import ConfigError, StartupBlocked, StoreError
 from agent.store import RevisionStore, StatusSummary
 from agent.transfers import NodeLimits, TransferGate
+from agent.watch.listen import HealthListen
 from agent.watch.loopwatch import LoopWatch
 from agent.watch.metrics import CONTENT_TYPE, Metrics
 from agent.watch.overview import (

@@ -50,11 +50,11 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-from agent.config import HealthListen
 from agent.errors import AgentError
 from agent.watch.docfields import Fields
 from agent.watch.docrows import JobRow, Progress, RestoreRow, TransferDoc, TransfersDoc
 from agent.watch.document import AgentFacts, SessionDoc, StatusDocument
+from agent.watch.listen import HealthListen
 from agent.watch.outagetext import human_duration, unreachable_sentence
 
 __all__ = ["StatusUnavailable", "fetch", "render", "render_down"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.config import CloudlyConfig, CorestoreConfig
+from agent.config import CloudlyConfig, Config, CorestoreConfig
 from agent.corestore.routes import RouteName
 from agent.corestore.transport import CorestoreTimeouts
 from agent.errors import CorestoreUnavailable, InvalidState
@@ -46,18 +46,16 @@ _SECTION = CorestoreConfig(
 
 
 def test_engine_settings_take_the_corestore_section() -> None:
-    """from_config carries chunking and the poll interval; `retries` and the timeouts are the
+    """engine_settings() carries chunking and the poll interval; `retries` and the timeouts are the
     Corestore client's alone, so nothing else of the engine changes."""
-    assert EngineSettings.from_config(_SECTION) == EngineSettings(
+    assert _SECTION.engine_settings() == EngineSettings(
         chunk_size=128 * 1024, max_in_flight=2, poll_interval=0.05
     )
 
 
 def test_the_corestore_clients_take_the_transfer_timeout_of_the_section() -> None:
     """The clients' timeouts carry connect, request and transfer as configured."""
-    assert CorestoreTimeouts.from_config(_SECTION) == CorestoreTimeouts(
-        connect=3.0, control=7.0, transfer=42.0
-    )
+    assert _SECTION.timeouts() == CorestoreTimeouts(connect=3.0, control=7.0, transfer=42.0)
 
 
 def test_the_relay_takes_the_chunk_size_and_the_call_timeout() -> None:
@@ -65,7 +63,7 @@ def test_the_relay_takes_the_chunk_size_and_the_call_timeout() -> None:
     closure call by `[cloudly] call_timeout_s` (never a whole transfer: that is bounded by its
     progress)."""
     cloudly = CloudlyConfig(url="wss://cloudly.example", token_file=Path("t"), call_timeout_s=9)
-    assert RelaySettings.from_config(_SECTION, cloudly) == RelaySettings(
+    assert Config(cloudly=cloudly, corestore=_SECTION).relay_settings() == RelaySettings(
         chunk_size=128 * 1024, answer_timeout=9.0
     )
 
@@ -73,8 +71,8 @@ def test_the_relay_takes_the_chunk_size_and_the_call_timeout() -> None:
 def test_the_default_section_keeps_the_engine_defaults() -> None:
     """Without the keys: a 300 s bound on one bulk Corestore request, one status read per
     second, 30 s for Cloudly's answer to a closure call."""
-    settings = EngineSettings.from_config(CorestoreConfig())
-    timeouts = CorestoreTimeouts.from_config(CorestoreConfig())
+    settings = CorestoreConfig().engine_settings()
+    timeouts = CorestoreConfig().timeouts()
     assert (timeouts.transfer, settings.poll_interval) == (300.0, 1.0)
     assert RelaySettings().answer_timeout == 30.0
 
