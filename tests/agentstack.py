@@ -1,18 +1,23 @@
 """What the end-to-end and interop tests share to start the real agent: its secret files, its
-configuration written as TOML, and `python -m agent run` on that file as a process of its own.
+configuration written as TOML, the agent in this process until it is connected (`connected`),
+and `python -m agent run` on that file as a process of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.config import Config
+from agent.entry import app
+from agent.watch.status import AgentStatus, SessionState
 from tests.processes import REPO
 
-__all__ = ["secret_file", "spawn_agent", "toml"]
+__all__ = ["connected", "secret_file", "spawn_agent", "toml"]
 
 
 def secret_file(path: Path, value: str) -> Path:
@@ -35,6 +40,36 @@ def toml(data: Mapping[str, Mapping[str, Any]]) -> str:
             else:
                 lines.append(f'{key} = "{value}"')
     return "\n".join(lines) + "\n"
+
+
+@contextlib.asynccontextmanager
+async def connected(
+    config: Config,
+    *,
+    start_timeout: float,
+    on_ready: Callable[[str], None] | None = None,
+    handle_signals: bool = True,
+) -> AsyncIterator[AgentStatus]:
+    """`agent.entry.app.run` in this process, once connected (within `start_timeout` s); asked
+    to stop in order when the block ends."""
+    status, stop = AgentStatus(), asyncio.Event()
+    async with asyncio.TaskGroup() as group:
+        group.create_task(
+            app.run(
+                config,
+                stop=stop,
+                status=status,
+                on_ready=on_ready,
+                handle_signals=handle_signals,
+            ),
+            name="agent",
+        )
+        try:
+            async with asyncio.timeout(start_timeout):
+                await status.wait_until(lambda s: s.state is SessionState.CONNECTED)
+            yield status
+        finally:
+            stop.set()
 
 
 async def spawn_agent(

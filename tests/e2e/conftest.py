@@ -44,9 +44,8 @@ from agent.config import Config
 from agent.contracts.credentials import b64url
 from agent.corestore.routes import RouteName
 from agent.credentials.keys import KEY_FILE
-from agent.entry import app
 from agent.log import configure_logging
-from agent.watch.status import AgentStatus, SessionState
+from agent.watch.status import AgentStatus
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.corestore import CorestoreHandle, start
 from devstack.corestore.storage import Storage
@@ -59,7 +58,7 @@ from devstack.driver import (
     RestorePlan,
     stand_in_settings,
 )
-from tests.agentstack import secret_file, spawn_agent, toml
+from tests.agentstack import connected, secret_file, spawn_agent, toml
 
 TOKEN = "e2e-machine-token-SENTINEL-0c9d1e42"
 BEARER = "e2e-corestore-bearer-SENTINEL-77ab3f"
@@ -187,17 +186,8 @@ class Stack:
             data["memory"] = memory
         data["cloudly"].update(cloudly or {})
         config = Config.model_validate(data)
-        status, stop = AgentStatus(), asyncio.Event()
-        async with asyncio.TaskGroup() as group:
-            group.create_task(
-                app.run(config, stop=stop, status=status, on_ready=self._listening), name="agent"
-            )
-            try:
-                async with asyncio.timeout(15):
-                    await status.wait_until(lambda s: s.state is SessionState.CONNECTED)
-                yield status
-            finally:
-                stop.set()
+        async with connected(config, start_timeout=15, on_ready=self._listening) as status:
+            yield status
 
     def _listening(self, address: str) -> None:
         self.health = address

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import Config
-from agent.entry import app
-from agent.watch.status import AgentStatus, SessionState
-from tests.agentstack import secret_file, spawn_agent, toml
+from agent.watch.status import AgentStatus
+from tests.agentstack import connected, secret_file, spawn_agent, toml
 from tests.interop.conftest import TOKEN, NodeCloudly
 from tests.processes import agent_environ
 
@@ -101,18 +100,10 @@ class RelayAgent:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[AgentStatus]:
         """The agent in this process, connected (serving) until the block ends."""
-        status, stop = AgentStatus(), asyncio.Event()
-        async with asyncio.TaskGroup() as group:
-            group.create_task(
-                app.run(self.config, stop=stop, status=status, handle_signals=False),
-                name="relay-agent",
-            )
-            try:
-                async with asyncio.timeout(START_TIMEOUT_S):
-                    await status.wait_until(lambda s: s.state is SessionState.CONNECTED)
-                yield status
-            finally:
-                stop.set()
+        async with connected(
+            self.config, start_timeout=START_TIMEOUT_S, handle_signals=False
+        ) as status:
+            yield status
 
     async def spawn(self) -> AgentProcess:
         """The agent as a process of its own on this configuration (and state directory)."""
