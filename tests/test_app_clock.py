@@ -146,6 +146,13 @@ async def _jobs(agent: Agent) -> list[dict[str, Any]]:
     return list(body["jobs"])
 
 
+async def _round_trip(agent: Agent) -> None:
+    """One request to the agent's health endpoint: the event loop turns it takes (several polls
+    of its sockets) give whatever the clock's last move woke the chance to act, so a check read
+    after it sees what that wake did (its first steps need a few turns and no I/O)."""
+    await _jobs(agent)
+
+
 async def test_the_agent_reconnects_once_its_backoff_passed_on_its_clock(
     tmp_path: Path, cloudly: StandInCloudly, clock: ManualClock
 ) -> None:
@@ -159,6 +166,7 @@ async def test_the_agent_reconnects_once_its_backoff_passed_on_its_clock(
         [delay] = [d for d in clock.slept[asked:] if 0 < d < BACKOFF_S]
         deadline = clock.monotonic() + delay
         clock.advance(delay / 2)
+        await _round_trip(agent)
         waiting = agent.status.state, deadline in clock.sleepers, cloudly.count("connected")
         clock.advance(deadline - clock.monotonic())
         await cloudly.wait_for("connected", 2)

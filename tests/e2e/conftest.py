@@ -30,7 +30,6 @@ import hashlib
 import io
 import logging
 import os
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -45,9 +44,8 @@ from agent.config import Config
 from agent.contracts.credentials import b64url
 from agent.corestore.routes import RouteName
 from agent.credentials.keys import KEY_FILE
-from agent.entry import app
 from agent.log import configure_logging
-from agent.watch.status import AgentStatus, SessionState
+from agent.watch.status import AgentStatus
 from devstack.cloudly import StandInCloudly, cluster_document
 from devstack.corestore import CorestoreHandle, start
 from devstack.corestore.storage import Storage
@@ -60,12 +58,12 @@ from devstack.driver import (
     RestorePlan,
     stand_in_settings,
 )
+from tests.agentstack import connected, secret_file, spawn_agent, toml
 
 TOKEN = "e2e-machine-token-SENTINEL-0c9d1e42"
 BEARER = "e2e-corestore-bearer-SENTINEL-77ab3f"
 CLUSTER, NODE = "cluster-e2e", "node-e2e"
 KiB, MiB = 1024, 1024 * 1024
-REPO = Path(__file__).resolve().parents[2]
 
 
 class SignallingCounter(Counter[RouteName]):
@@ -145,9 +143,9 @@ class Stack:
         instead of 1 s per resource, no outage tolerance beyond `retries` so a fault test's
         storm ends the call at once, unless overridden). The Corestore bearer comes sealed, as
         in production, unless `credential_source="file"` is given: then from a 0600 file."""
-        token = _secret_file(self.tmp / "machine-token", TOKEN)
+        token = secret_file(self.tmp / "machine-token", TOKEN)
         if corestore.get("credential_source") == "file":
-            credential = _secret_file(self.tmp / "corestore-credential", BEARER)
+            credential = secret_file(self.tmp / "corestore-credential", BEARER)
             corestore = {"credential_file": str(credential), **corestore}
         return {
             "cloudly": {
@@ -188,17 +186,8 @@ class Stack:
             data["memory"] = memory
         data["cloudly"].update(cloudly or {})
         config = Config.model_validate(data)
-        status, stop = AgentStatus(), asyncio.Event()
-        async with asyncio.TaskGroup() as group:
-            group.create_task(
-                app.run(config, stop=stop, status=status, on_ready=self._listening), name="agent"
-            )
-            try:
-                async with asyncio.timeout(15):
-                    await status.wait_until(lambda s: s.state is SessionState.CONNECTED)
-                yield status
-            finally:
-                stop.set()
+        async with connected(config, start_timeout=15, on_ready=self._listening) as status:
+            yield status
 
     def _listening(self, address: str) -> None:
         self.health = address
@@ -206,22 +195,10 @@ class Stack:
     async def spawn(self, **corestore: Any) -> AgentProcess:
         """`python -m agent run --config <tmp>/agent.toml` (logs to files in tmp)."""
         config = self.tmp / "agent.toml"
-        config.write_text(_toml(self.config_data(**corestore)))
+        config.write_text(toml(self.config_data(**corestore)))
         number = len(self.processes) + 1
         stdout, stderr = self.tmp / f"agent-{number}.out", self.tmp / f"agent-{number}.err"
-        with stdout.open("wb") as out, stderr.open("wb") as err:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "agent",
-                "run",
-                "--config",
-                str(config),
-                stdout=out,
-                stderr=err,
-                cwd=REPO,
-                env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST")},
-            )
+        process = await spawn_agent(config, environ=os.environ, stdout=stdout, stderr=stderr)
         spawned = AgentProcess(process, stdout, stderr)
         self.processes.append(spawned)
         return spawned
@@ -286,26 +263,6 @@ class Stack:
         files = sorted(p for p in self.state_dir.glob("*") if p.name.startswith("state.sqlite3"))
         assert files, "expected the agent's state database"
         return b"".join(path.read_bytes() for path in files)
-
-
-def _secret_file(path: Path, value: str) -> Path:
-    path.write_text(value + "\n")
-    path.chmod(0o600)
-    return path
-
-
-def _toml(data: dict[str, Any]) -> str:
-    lines: list[str] = []
-    for section, values in data.items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            if isinstance(value, bool):
-                lines.append(f"{key} = {'true' if value else 'false'}")
-            elif isinstance(value, int | float):
-                lines.append(f"{key} = {value}")
-            else:
-                lines.append(f'{key} = "{value}"')
-    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture

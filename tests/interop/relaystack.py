@@ -21,16 +21,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from agent.config import Config
-from agent.entry import app
-from agent.watch.status import AgentStatus, SessionState
+from agent.watch.status import AgentStatus
+from tests.agentstack import connected, secret_file, spawn_agent, toml
 from tests.interop.conftest import TOKEN, NodeCloudly
-from tests.processes import REPO, agent_environ
+from tests.processes import agent_environ
 
 __all__ = ["BEARER", "AgentProcess", "RelayAgent", "call"]
 
@@ -38,26 +37,6 @@ BEARER = "interop-relay-corestore-bearer"
 KiB = 1024
 NOT_READY_RETRY_S = 0.02  # as Cloudly retries a retryable refusal, not a wait for an event
 START_TIMEOUT_S = 30.0
-
-
-def _secret_file(path: Path, value: str) -> Path:
-    path.write_text(value + "\n")
-    path.chmod(0o600)
-    return path
-
-
-def _toml(data: dict[str, dict[str, Any]]) -> str:
-    lines: list[str] = []
-    for section, values in data.items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            if isinstance(value, bool):
-                lines.append(f"{key} = {'true' if value else 'false'}")
-            elif isinstance(value, int | float):
-                lines.append(f"{key} = {value}")
-            else:
-                lines.append(f'{key} = "{value}"')
-    return "\n".join(lines) + "\n"
 
 
 class AgentProcess:
@@ -91,8 +70,8 @@ class RelayAgent:
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.state_dir = directory / "state"
-        token = _secret_file(directory / "machine-token", TOKEN)
-        bearer = _secret_file(directory / "corestore-credential", BEARER)
+        token = secret_file(directory / "machine-token", TOKEN)
+        bearer = secret_file(directory / "corestore-credential", BEARER)
         self.data: dict[str, dict[str, Any]] = {
             "cloudly": {
                 "url": url,
@@ -115,42 +94,21 @@ class RelayAgent:
         }
         self.config = Config.model_validate(self.data)
         self.config_file = directory / "agent.toml"
-        self.config_file.write_text(_toml(self.data))
+        self.config_file.write_text(toml(self.data))
         self.processes: list[AgentProcess] = []
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[AgentStatus]:
         """The agent in this process, connected (serving) until the block ends."""
-        status, stop = AgentStatus(), asyncio.Event()
-        async with asyncio.TaskGroup() as group:
-            group.create_task(
-                app.run(self.config, stop=stop, status=status, handle_signals=False),
-                name="relay-agent",
-            )
-            try:
-                async with asyncio.timeout(START_TIMEOUT_S):
-                    await status.wait_until(lambda s: s.state is SessionState.CONNECTED)
-                yield status
-            finally:
-                stop.set()
+        async with connected(
+            self.config, start_timeout=START_TIMEOUT_S, handle_signals=False
+        ) as status:
+            yield status
 
     async def spawn(self) -> AgentProcess:
         """The agent as a process of its own on this configuration (and state directory)."""
         log = self.directory / f"agent-{len(self.processes) + 1}.log"
-        with log.open("wb") as out:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "agent",
-                "run",
-                "--config",
-                str(self.config_file),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=out,
-                cwd=REPO,
-                env={k: v for k, v in agent_environ().items() if not k.startswith("PYTEST")},
-            )
+        process = await spawn_agent(self.config_file, environ=agent_environ(), stdout=log)
         spawned = AgentProcess(process, log)
         self.processes.append(spawned)
         return spawned

@@ -1,13 +1,13 @@
-"""A TCP proxy between the agent and the stand-in Cloudly that hands Cloudly one websocket frame
-per read, and can lose the agent's answer to a method.
+"""A TCP proxy between the agent and the stand-in Cloudly that forwards the agent's websocket
+frames one per write, and can lose the agent's answer to a method.
 
 The agent writes an answer and the ping that would confirm it in one step, so a websocket peer
 usually reads both in one read. Cloudly's `ws` does not have to: TCP may split them, and with
 `allowSynchronousEvents: false` `ws` yields to the event loop after every frame anyway. Either
-way Cloudly's code can send its next request before `ws` answers the ping. This proxy makes that
-the rule: it forwards the agent's bytes one frame per write, waits for the write to drain and
-then `gap` seconds, so Node's socket reads each frame on its own (the gap is the separation
-itself, not a wait for anything). Cloudly's bytes go to the agent as they come.
+way Cloudly's code can send its next request before `ws` answers the ping. This proxy is for
+that case: it forwards the agent's frames one per write (each drained before the next), as a
+real network splits them, so Node's socket can read an answer without the ping behind it.
+Cloudly's bytes go to the agent as they come.
 
 Client frames (agent -> Cloudly) are parsed per RFC 6455 (2-byte header, 16/64-bit extended
 length, always masked); nothing is changed in them. `lose_next_answer(method)` arms a one-shot
@@ -41,21 +41,17 @@ class Cut:
     method: str
     then: Callable[[], object] | None
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    connection: int = 0  # which of the proxy's connections it cut (numbered from 1)
 
 
 class SplittingProxy:
     """127.0.0.1, any free port -> the stand-in Cloudly on `upstream_port`."""
 
-    def __init__(self, upstream_port: int, *, gap: float = 0.003) -> None:
+    def __init__(self, upstream_port: int) -> None:
         self._upstream_port = upstream_port
-        self._gap = gap
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._cut: Cut | None = None
         self.port = 0
-        self.connections = 0
-        self.frames = 0  # agent frames forwarded, one write each
 
     @property
     def url(self) -> str:
@@ -82,14 +78,11 @@ class SplittingProxy:
             await self._server.wait_closed()
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        task = asyncio.create_task(self._serve(self.connections, reader, writer))
+        task = asyncio.create_task(self._serve(reader, writer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(
-        self, number: int, agent_in: asyncio.StreamReader, agent_out: asyncio.StreamWriter
-    ) -> None:
+    async def _serve(self, agent_in: asyncio.StreamReader, agent_out: asyncio.StreamWriter) -> None:
         try:
             cloudly_in, cloudly_out = await asyncio.open_connection(
                 "127.0.0.1", self._upstream_port
@@ -97,7 +90,7 @@ class SplittingProxy:
         except OSError:
             agent_out.transport.abort()
             return
-        up = asyncio.create_task(self._agent_to_cloudly(number, agent_in, cloudly_out))
+        up = asyncio.create_task(self._agent_to_cloudly(agent_in, cloudly_out))
         down = asyncio.create_task(_pipe(cloudly_in, agent_out))
         try:
             # Either direction ending (its end of file, a reset, the cut) ends the connection.
@@ -110,7 +103,7 @@ class SplittingProxy:
             await asyncio.gather(up, down, return_exceptions=True)
 
     async def _agent_to_cloudly(
-        self, number: int, source: asyncio.StreamReader, sink: asyncio.StreamWriter
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter
     ) -> None:
         sink.write(await source.readuntil(b"\r\n\r\n"))  # the HTTP upgrade request, as it is
         await sink.drain()
@@ -119,15 +112,12 @@ class SplittingProxy:
             cut = self._cut
             if cut is not None and _answers(payload(), cut.method):
                 self._cut = None
-                cut.connection = number
                 if cut.then is not None:
                     cut.then()
                 cut.done.set()
                 return  # not forwarded; _serve aborts both sockets
             sink.write(frame)
             await sink.drain()
-            self.frames += 1
-            await asyncio.sleep(self._gap)  # Node reads this frame before the next one lands
 
 
 async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:

@@ -4,7 +4,7 @@ whole agent (its relay, job runner and state database) and the reference Coresto
 Cloudly's code sends its next request in the turn the previous answer resolves (the stand-in's
 `fire-chain`: the next call goes out inside the previous one's `.then`). The agent writes each
 answer with the ping that would confirm it right behind it; the splitting proxy between them
-hands Node one frame per read, so Cloudly's next request is on the wire before `ws` has even
+writes Node one frame at a time, so Cloudly's next request is on the wire before `ws` has even
 read that ping. Both ways `ws` delivers events are tried (`allowSynchronousEvents` true: every
 frame of a read at once; false: a turn of the event loop after each frame).
 
@@ -90,7 +90,7 @@ async def relay_cloudly(
 
 @pytest.fixture
 async def proxy(relay_cloudly: NodeCloudly) -> AsyncIterator[SplittingProxy]:
-    """Between the agent and the stand-in: the agent's frames reach Node one per read."""
+    """Between the agent and the stand-in: the agent's frames go to Node one per write."""
     splitting = SplittingProxy(relay_cloudly.port)
     await splitting.start()
     try:
