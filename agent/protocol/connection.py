@@ -522,7 +522,7 @@ class Connection:
         `StreamBroken` once it broke and what came before was taken."""
         stream = self._live(stream_id)
         if isinstance(stream, ResponderStream):
-            return self._take_received(stream, now)
+            return self._take_received(stream)
         try:
             item = stream.take()
         except StreamBroken:
@@ -736,10 +736,9 @@ class Connection:
         if self._charges is not None:
             self._charges.settle(stream)
 
-    def _take_received(self, stream: ResponderStream, now: float) -> bytes | Closing | None:
+    def _take_received(self, stream: ResponderStream) -> bytes | Closing | None:
         """`take` on a stream we receive on: the reader asks for the next chunk, so it is done
-        with the one before (even when this raises); the one it gets stays drawn until then.
-        A chunk taken makes room: a probe parked for it is answered."""
+        with the one before (even when this raises); the one it gets stays drawn until then."""
         charges = self._charges
         if charges is not None:
             charges.took(stream.stream_id, 0)
@@ -751,9 +750,6 @@ class Connection:
         if charges is not None and isinstance(item, bytes):
             charges.took(stream.stream_id, len(item))
         self._settle_charge(stream)
-        if item is not None:
-            for answer in stream.release():
-                self._answer_stream(stream, answer, now)
         return item
 
     def _on_stream_frame(self, env: Envelope, now: float, size: int) -> None:

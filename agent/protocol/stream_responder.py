@@ -39,13 +39,16 @@ transfer slot) reports backpressure whatever it holds, so its initiator probes i
 sending and the stream holds no more than it took before; a peer that keeps sending past twice
 either bound breaks the stream.
 
-A `feedback` probe that finds the stream backpressured is parked like a `read` (long poll):
-answered as soon as the stream has room again (`read_now()`, `take()`: `release()` gives the
-answer), or with backpressure still on once `park_timeout` passes. typedrequest 3.3.0 waits
-for the answer to a probe and probes again 50 ms after a backpressured one, so a stream that
-waits its turn for minutes costs one probe per `park_timeout` instead of twenty a second, and
-it starts moving the moment it may rather than up to 50 ms later. At most `window` probes wait;
-one more answers the oldest. The send queue holds `window` chunks; the producer waits for
+A `feedback` probe on a HELD stream is parked like a `read` (long poll): answered as soon as
+its reader reads (`read_now()` gives the answer), with backpressure still on once
+`park_timeout` passes, or once the stream is over. typedrequest 3.3.0 waits for the answer to
+a probe and probes again 50 ms after a backpressured one, so a stream that waits its turn for
+minutes costs one probe per `park_timeout` instead of twenty a second, and it starts moving
+the moment it is read rather than up to 50 ms later. A stream whose queue is full answers a
+probe at once, as before: its reader empties it within milliseconds, and an answer released
+by a `take` would invite a sender that keeps several chunks in flight to burst them into a
+byte budget others have filled meanwhile. At most `window` probes wait; one more answers the
+oldest. The send queue holds `window` chunks; the producer waits for
 `has_space()`. Memory per stream is at most 2 x `window_bytes` of queued frames, never stream
 length.
 """
@@ -325,12 +328,8 @@ class ResponderStream:
         return self._feedback(package, echo_request=True)
 
     def _parks_probes(self) -> bool:
-        """Whether a `feedback` probe waits for room: the stream receives, lives, and has none."""
-        return (
-            self.role is Role.RECEIVE
-            and self.state in (StreamState.OPEN, StreamState.HELD)
-            and self._backpressured()
-        )
+        """Whether a `feedback` probe waits for the reader: the stream is HELD."""
+        return self.state is StreamState.HELD
 
     def _answer_probe(self, parked: _Parked) -> StreamAnswer:
         return self._feedback(parked.package, echo_request=True)
