@@ -119,6 +119,10 @@ class Source:
         self._owner = owner
         self._signal = owner.watch(stream_id)
         self._finished = False
+        # Reading a held stream answered the probe its initiator parked on it: that answer
+        # goes out before the first wait for the chunk it invites (once; later waits follow
+        # frames the connection sent already).
+        self._answered_read = False
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self
@@ -138,9 +142,9 @@ class Source:
                 if stall.expired():
                     await _stall_stream(owner, stream_id, "chunk from the peer")
                 else:
-                    # The initiator may wait on an answer we hold (the probe its stream parked
-                    # while nobody read it): it goes out before we wait for the chunk it invites.
-                    await owner.flush(closed_ok=True)
+                    if not self._answered_read:
+                        self._answered_read = True
+                        await owner.flush(closed_ok=True)
                     await self._signal.wait(stall.deadline)
                 continue
             # A `read` we drive may go out now that there is room. A transport already gone
