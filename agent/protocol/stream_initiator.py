@@ -6,22 +6,26 @@ cycles it sent and awaits (`_cycles`), one keep-alive cycle, its queue.
 A window of data cycles is in flight, not one (typedrequest 3.3.0 waits for each answer before
 it sends the next frame, so it moves one chunk per round trip; over a far link that is the
 whole rate):
-- Role SEND (the marker is in our request): `chunk` frames while we have data, at most
-  `window` chunks and `window_bytes` of payload unanswered at once (one always goes), and no
-  more payload than the link carries in two round trips: the round trip is the smallest of
-  the last `round_trip.RTT_SPAN` seconds (its chunks' answers, and the connection's calls',
+- Role SEND (the marker is in our request): first one `feedback` probe, as typedrequest 3.3.0
+  sends (wire.md §4.3), and no chunk until an answer says `backpressure: false`: a responder that
+  has not begun to read is sent nothing it did not invite (ours holds the probe until its handler
+  reads, and a chunk that came before would have to be drawn from its byte budget at once or break
+  the stream; four stages opened at once broke so). Then `chunk` frames while we have data, at
+  most `window` chunks and `window_bytes` of payload unanswered at once (one always goes), and no
+  more payload than the link carries in two round trips: the round trip is the smallest of the
+  last `round_trip.RTT_SPAN` seconds (its chunks' answers, and the connection's calls',
   `path_rtt`: they cross an idle link first), the delivery rate the largest of the last
   `RATE_SPAN` seconds (each answer is a sample: the payload answered since its chunk went out,
-  over that time); twice their product, the link's bandwidth-delay product, and one chunk more
-  (so one chunk in flight can become two) bounds what is in flight (a quarter of `window_bytes`
-  until the first answer). The smallest round trip, not a recent one: once chunks queue on the
-  link every answer carries the queue, and an allowance sized from those would grow the queue
+  over that time); twice their product, the link's bandwidth-delay product, and one chunk more (so
+  one chunk in flight can become two) bounds what is in flight (a quarter of `window_bytes` until
+  the first chunk is answered). The smallest round trip, not a recent one: once chunks queue on
+  the link every answer carries the queue, and an allowance sized from those would grow the queue
   it measures. Of a span, not ever: a path whose round trip grew (a route change, a failover)
   would stay sized for the old one, one chunk per round trip. When the stream's smallest round
   trip expires it probes (`round_trip.MinRoundTrip`): a quarter of the allowance in flight (half
-  the product; one cycle where the allowance is about a chunk) until a cycle sent in the probe
-  is answered, whose round trip carries none of its own queue; the best rate of the span sets
-  the allowance again at once. A round trip that shrinks counts at once. A fast far link
+  the product; one cycle where the allowance is about a chunk) until a cycle sent in the probe is
+  answered, whose round trip carries none of its own queue; the best rate of the span sets the
+  allowance again at once. A round trip that shrinks counts at once. A fast far link
   so fills the window; a slow one (a few Mbit/s) keeps about two round trips of bytes queued
   instead of the whole window, so the session's pings and requests do not wait behind half a
   minute of frames. An answer with `backpressure: true` stops us: no new chunk goes out until
@@ -170,7 +174,7 @@ class InitiatorStream:
         self._cycles: dict[str, _Cycle] = {}  # data cycles in flight, oldest first
         self._in_flight_bytes = 0  # SEND: payload bytes of the chunks in flight
         # SEND: what the link carries (answers' round trips, payload answered), and so how much
-        # payload may be in flight: a quarter of the window until the first answer.
+        # payload may be in flight: a quarter of the window until the first chunk's answer.
         self._path_rtt = path_rtt
         self._rtt = MinRoundTrip()  # the smallest answer round trip of this stream, probed
         self._delivered = 0  # payload answered so far
@@ -179,7 +183,8 @@ class InitiatorStream:
         self._keepalive_cycle: str | None = None
         self._keepalive_at = 0.0
         self._last_ok = 0.0
-        self._peer_backpressure = False  # SEND: what the latest answer said
+        # SEND: what the latest answer said; before any, that it holds us (we probe first).
+        self._peer_backpressure = role is Role.SEND
         self._not_before = 0.0  # earliest time for the next data frame (probe / empty read)
         self._reads_allowed = 1  # RECEIVE: reads in flight at once (one until a chunk came)
         self._largest_chunk = 0  # RECEIVE: what one read may bring, for the byte window

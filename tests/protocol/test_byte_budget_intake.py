@@ -14,10 +14,20 @@ from agent.protocol.connection import (
     ChunkToDecode,
     Connection,
     ConnectionSettings,
+    RequestReceived,
     StreamSettings,
 )
+from agent.protocol.events import StreamEnded
 from agent.transfers.budget import BudgetLedger
-from tests.protocol.test_connection import chunk_frame, feedback_frame, marker, request, requests
+from tests.protocol.test_connection import (
+    Wire,
+    chunk_frame,
+    connection,
+    feedback_frame,
+    marker,
+    request,
+    requests,
+)
 
 FRAME = 3000  # bytes of a test chunk frame (padded to this size)
 
@@ -218,3 +228,54 @@ def test_a_taken_chunk_stays_drawn_until_its_reader_asks_for_the_next() -> None:
     assert pool.held == reserved_next + 1
     assert conn.take("s1", 0.0) is None
     assert pool.held == reserved_next
+
+
+def test_our_own_initiator_sends_streams_still_held_nothing_their_budget_must_refuse() -> None:
+    """Four streams of ours open at once on a peer whose budget has only its reserve free
+    (the stages ahead drew the rest) and whose handlers hold them (each waits for its
+    buffers): each opens with a probe, which waits for its reader, so no chunk arrives
+    uninvited and none breaks; once the budget has room and the handlers read, all bytes
+    cross."""
+    pool = Ledger(limit=12 * FRAME, reserve=4 * FRAME)
+    assert pool.try_take(8 * FRAME)  # the stages ahead
+    held: list[tuple[int, str]] = []
+
+    def hold(conn: Connection, event: RequestReceived) -> None:
+        conn.hold_request_stream(event.request_id, event.stream_ids[0])
+        held.append((event.request_id, event.stream_ids[0]))
+
+    left = connection(prefix="l")
+    right = budgeted(pool)
+    wire = Wire(left, right, hold)
+    payload = {f"s{n}": bytes([n]) * 500 for n in range(4)}  # a chunk frame of ~1.2 KB each
+    senders = {}
+    for name, data in payload.items():
+        senders[name] = left.open_send_stream()
+        left.call("echo", {"data": marker(senders[name])}, now=0.0, timeout=60.0)
+        left.write(senders[name], data, 0.0)
+        left.end_stream(senders[name], 0.0)
+    wire.pump(0.0)
+    assert len(held) == 4
+    assert [right.stream_outcome(stream_id) for _, stream_id in held] == [None] * 4
+    pool.give(8 * FRAME)  # the stages ahead are done
+    got = {stream_id: bytearray() for _, stream_id in held}
+    for request_id, stream_id in held:
+        right.receive_request_stream(request_id, stream_id, 0.1)
+    for _ in range(10):
+        wire.pump(0.1)
+        decode_events(right, wire.events[id(right)], 0.1)
+        for stream_id, chunks in got.items():
+            while isinstance(item := right.take(stream_id, 0.1), bytes):
+                chunks += item
+    assert got == {senders[name]: data for name, data in payload.items()}
+    assert [right.stream_outcome(stream_id) for _, stream_id in held] == [
+        StreamEnded(stream_id) for _, stream_id in held
+    ]
+
+
+def decode_events(conn: Connection, events: list[Any], now: float) -> None:
+    """Decode the chunks `events` (a `Wire`'s record of `conn`) handed out; forget them."""
+    for event in events:
+        if isinstance(event, ChunkToDecode):
+            conn.settle_chunk(event.stream_id, event.token, event.token.decode(), now)
+    events.clear()

@@ -104,7 +104,8 @@ STEP = 0.002  # the simulation's tick
 def _stream(
     role: Role, *, at: float = 0.0, path_rtt: Callable[[float], float | None] = lambda now: None
 ) -> InitiatorStream:
-    """A stream armed `at`, whose connection's calls measured `path_rtt`."""
+    """A stream armed `at`, whose connection's calls measured `path_rtt` (SEND: its opening
+    probe answered then)."""
     numbers = count(1)
     # Idle for longer than a span without breaking: what is tested here is the round trip.
     settings = StreamSettings(window=32, window_bytes=8 << 20, park_timeout=1.0, idle_timeout=60)
@@ -112,6 +113,9 @@ def _stream(
         role.value, role, settings, new_id=lambda: f"k{next(numbers)}", path_rtt=path_rtt
     )
     stream.arm(at)
+    if role is Role.SEND:  # the responder invites its first chunk at once
+        probe = next(f for f in stream.poll(at) if f.main_purpose == "feedback")
+        stream.on_reply(probe.cycle_id, _answer(probe), at)
     return stream
 
 

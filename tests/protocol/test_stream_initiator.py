@@ -49,18 +49,41 @@ def all_of(frames: list[StreamPackage], purpose: str) -> list[StreamPackage]:
     return [f for f in frames if f.main_purpose == purpose]
 
 
+def invited(stream: InitiatorStream, now: float = 0.0) -> InitiatorStream:
+    """`stream` (SEND, armed) with its opening probe answered `backpressure: false` at `now`:
+    the responder invited its first chunk."""
+    probe = by_purpose(stream.poll(now), "feedback")
+    stream.on_reply(probe.cycle_id, answer(probe), now)
+    return stream
+
+
 def test_pending_stream_sends_nothing_until_armed() -> None:
     """Frames must not overtake the request carrying the marker."""
     stream = initiator(Role.SEND, armed=False)
     stream.write(b"a")
     assert stream.poll(0.0) == []
     stream.arm(0.0)
-    assert {f.main_purpose for f in stream.poll(0.0)} == {"keepAlive", "chunk"}
+    assert {f.main_purpose for f in stream.poll(0.0)} == {"keepAlive", "feedback"}
+
+
+def test_a_stream_we_send_on_sends_no_chunk_before_an_answer_invites_one() -> None:
+    """It opens with a `feedback` probe, as typedrequest 3.3.0 does: a responder that has not
+    begun to read (ours holds the probe until its handler reads) is sent nothing it did not
+    invite, so no chunk arrives that its byte budget must take at once or refuse."""
+    stream = initiator(Role.SEND, window=8)
+    stream.write(b"a")
+    probe = by_purpose(stream.poll(0.0), "feedback")
+    assert (probe.next, all_of(stream.poll(0.5), "chunk")) == (True, [])
+    stream.on_reply(probe.cycle_id, answer(probe, backpressure=True), 1.0)
+    assert all_of(stream.poll(1.0), "chunk") == []  # held: probe again after the interval
+    again = by_purpose(stream.poll(1.05), "feedback")
+    stream.on_reply(again.cycle_id, answer(again), 1.1)
+    assert by_purpose(stream.poll(1.1), "chunk").chunk_data == encode_chunk(b"a")
 
 
 def test_chunk_frame_carries_the_buffer_form_and_next() -> None:
     """A chunk frame holds chunkData in Buffer form and next = more queued after it."""
-    stream = initiator(Role.SEND)
+    stream = invited(initiator(Role.SEND))
     stream.write(b"a")
     stream.write(b"b")
     first, second = all_of(stream.poll(0.0), "chunk")
@@ -71,7 +94,7 @@ def test_chunk_frame_carries_the_buffer_form_and_next() -> None:
 def test_a_window_of_chunks_goes_out_without_waiting_for_answers() -> None:
     """Up to `window` chunks are in flight at once (typedrequest 3.3.0 waits for each answer:
     one chunk per round trip); one more waits for a place."""
-    stream = initiator(Role.SEND, window=3)
+    stream = invited(initiator(Role.SEND, window=3))
     for data in (b"1", b"2", b"3"):
         stream.write(data)
     sent = all_of(stream.poll(0.0), "chunk")
@@ -81,14 +104,14 @@ def test_a_window_of_chunks_goes_out_without_waiting_for_answers() -> None:
     assert stream.in_flight == 3
 
 
-def test_before_any_answer_a_quarter_of_window_bytes_may_be_in_flight() -> None:
+def test_until_a_chunk_is_answered_a_quarter_of_window_bytes_may_be_in_flight() -> None:
     """Until the link is measured, chunks in flight carry at most a quarter of `window_bytes`
     (the first always goes, however large)."""
-    stream = initiator(Role.SEND, window=8, window_bytes=1000)
+    stream = invited(initiator(Role.SEND, window=8, window_bytes=1000))
     for _ in range(4):
         stream.write(bytes(100))
     assert len(all_of(stream.poll(0.0), "chunk")) == 2  # 200 bytes: 250 allowed
-    lone = initiator(Role.SEND, window=8, window_bytes=10)
+    lone = invited(initiator(Role.SEND, window=8, window_bytes=10))
     lone.write(bytes(100))
     assert len(all_of(lone.poll(0.0), "chunk")) == 1
 
@@ -137,7 +160,7 @@ def test_over_a_fast_far_link_the_whole_window_is_in_flight() -> None:
 
 def test_backpressure_stops_new_chunks_until_an_answer_says_false() -> None:
     """A backpressure answer stops the sender; an answer in flight that says false resumes it."""
-    stream = initiator(Role.SEND)
+    stream = invited(initiator(Role.SEND))
     stream.write(b"a")
     stream.write(b"b")
     first, second = all_of(stream.poll(0.0), "chunk")
@@ -150,7 +173,7 @@ def test_backpressure_stops_new_chunks_until_an_answer_says_false() -> None:
 
 def test_backpressure_with_nothing_in_flight_probes_with_feedback() -> None:
     """Paused with nothing in flight: one feedback probe per probe interval, then data again."""
-    stream = initiator(Role.SEND, window=1)
+    stream = invited(initiator(Role.SEND, window=1))
     stream.write(b"a")
     first = by_purpose(stream.poll(0.0), "chunk")
     stream.write(b"b")
@@ -205,12 +228,12 @@ def test_write_on_a_full_queue_raises_and_changes_nothing() -> None:
     with pytest.raises(InvalidState):
         stream.write(b"3")
     stream.arm(0.0)
-    assert all_of(stream.poll(0.0), "chunk")[0].chunk_data == encode_chunk(b"1")
+    assert all_of(invited(stream).poll(0.0), "chunk")[0].chunk_data == encode_chunk(b"1")
 
 
 def test_acknowledged_closing_bit_ends_the_stream_and_says_farewell_once() -> None:
     """The answer to the closing-bit chunk ends the stream; one keepAlive false follows."""
-    stream = initiator(Role.SEND)
+    stream = invited(initiator(Role.SEND))
     stream.close()
     last = by_purpose(stream.poll(0.0), "chunk")
     assert last.chunk_data == CLOSING_BIT
@@ -275,7 +298,7 @@ def test_an_unserved_read_is_the_typed_stream_not_served() -> None:
 
 def test_an_unserved_data_frame_of_a_stream_we_send_is_a_plain_break() -> None:
     """An echoed frame of a stream we send on is a break like any other (retryable)."""
-    stream = initiator(Role.SEND)
+    stream = invited(initiator(Role.SEND))
     stream.write(b"data")
     frame = by_purpose(stream.poll(0.0), "chunk")
     stream.on_unserved(frame.cycle_id)
@@ -384,7 +407,7 @@ def test_undecodable_chunk_answer_breaks_the_reader() -> None:
 
 def test_final_states_do_not_move() -> None:
     """Aborting an ended stream changes nothing."""
-    stream = initiator(Role.SEND)
+    stream = invited(initiator(Role.SEND))
     stream.close()
     last = by_purpose(stream.poll(0.0), "chunk")
     stream.on_reply(last.cycle_id, answer(last), 0.0)
@@ -411,6 +434,7 @@ def test_cycles_bounds_the_data_cycles_in_flight_as_typedrequest_does_with_one()
     settings = StreamSettings(window=4, cycles=1, park_timeout=1.0, idle_timeout=10.0)
     stream = InitiatorStream("s1", Role.SEND, settings, new_id=lambda: f"k{next(numbers)}")
     stream.arm(0.0)
+    invited(stream)
     for data in (b"1", b"2", b"3"):
         stream.write(data)
     first = by_purpose(stream.poll(0.0), "chunk")
@@ -429,6 +453,7 @@ def test_the_connections_round_trip_bounds_what_a_stream_measures() -> None:
         "s1", Role.SEND, settings, new_id=lambda: f"k{next(numbers)}", path_rtt=lambda now: 0.2
     )
     stream.arm(0.0)
+    invited(stream)
     now = 0.0
     for _ in range(30):
         stream.write(bytes(100_000))
