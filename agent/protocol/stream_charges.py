@@ -11,7 +11,8 @@ holds through `Holding`, and the connection tells this object what happens, in o
 The rule: a chunk frame is drawn for before it is invited. The answer that invites it reserves
 what the frame may need (`reserve`, the receive budget's gate: a quarter more than the largest
 chunk frame seen, 7/4 of that to leave room for its decoded bytes; `first_frame` before any was
-seen) and is held, first in line, until the budget has it. A frame that arrives takes its
+seen; never more than the budget's reserve) and is held, first in line, until the budget has
+it. A frame that arrives takes its
 reservation; one that arrives without (it was not invited) or needs more is drawn for at once
 (`draw`), and when the budget cannot take it the connection drops the frame and breaks its
 stream (`no_room_reason`). What a stream holds: its reservation, its queue (frames until they
@@ -121,6 +122,11 @@ class StreamCharges:
         # its chunk): a quarter above the largest seen.
         seen = self._largest * 5 // 4
         need = frame_need(min(seen, self.first_frame) if seen else self.first_frame)
+        # Never above the reserve: every other draw leaves the reserve free, so a reservation
+        # within it fits once the moving streams' frames are taken, while a larger one could
+        # wait for ever behind transfers that hold buffers and wait for it (a stage on a
+        # fresh session, 16 MiB frames assumed: 28 MiB beside its 20 of buffers in 32).
+        need = min(need, self.pool.reserve or need)
         if not self.pool.try_take(need, keep=self._keep(stream_id)):
             return False
         ledger = self._ledger(stream_id)

@@ -15,7 +15,7 @@ import pytest
 from devstack.driver import RestorePlan
 
 MiB = 1024 * 1024
-BUDGET = 16 * MiB  # the least the configuration allows
+BUDGET = 16 * MiB  # the least the configuration allows (with 8 MiB frames: twice them)
 STAGES = 8
 
 
@@ -54,6 +54,7 @@ async def test_stages_beyond_the_byte_budget_wait_for_it_and_never_pass_it(
         max_transfers_per_node=STAGES,
         chunk_size=2 * MiB,
         memory={"budget_bytes": BUDGET},
+        cloudly={"max_frame_bytes": 8 * MiB},
     ):
         for driver in drivers:
             await driver.prepare()

@@ -78,6 +78,18 @@ def test_a_reservation_never_assumes_more_than_the_first_frame_size() -> None:
     assert ledger.charged("s2") == frame_need(FIRST)
 
 
+def test_a_reservation_never_assumes_more_than_the_budgets_reserve() -> None:
+    """Before any frame was seen (the first frame assumed as large as the session accepts),
+    a reservation within the reserve, which every other draw leaves free: one larger could wait
+    for ever behind transfers holding buffers while they wait for it."""
+    pool = Pool(limit=12_000, reserve=3000)
+    assert pool.try_take(9000, keep=3000)  # a stage's buffers, its reserve left free
+    ledger = charges(pool)
+    ledger.reading("s1")  # the stage reads its stream
+    assert ledger.reserve("s1")
+    assert ledger.charged("s1") == 3000
+
+
 def test_a_stream_holds_one_reservation_at_a_time() -> None:
     """A second answer while the invited frame is out draws nothing more."""
     pool = Pool()
