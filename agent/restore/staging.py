@@ -62,7 +62,7 @@ from agent.store import RevisionStore
 from agent.transfers.chunking import ChunkBuffers, Digests, Draws, rechunk
 from agent.transfers.progress import ProgressPace
 
-__all__ = ["StageOutcome", "StagingWork", "stage_object"]
+__all__ = ["StageOutcome", "StagingWork", "buffer_count", "stage_object"]
 
 _log = structlog.get_logger("agent.restore.staging")
 
@@ -93,6 +93,21 @@ class StageOutcome:
     stream_opened: bool  # False when Corestore already held the committed object
 
 
+def buffer_count(
+    size: int, chunk_size: int, verified: Sequence[VerifiedChunk], max_in_flight: int
+) -> int:
+    """The buffers a stage of an object of `size` bytes uses at most: `max_in_flight` chunks
+    queued for Corestore and one being filled, but never more than the object has chunks (its
+    `verified` ones, then `chunk_size` pieces of the rest), and at least one. An 8 MiB object in
+    4 MiB chunks holds two, not five: four stages of such objects move at once in the default
+    budget, where five buffers each let only two (over a far link, where each stage moves one
+    chunk per round trip, that was half the rate: docs/benchmarks.md, "Four stages opened at
+    once")."""
+    end = max((chunk.offset + chunk.length for chunk in verified), default=0)
+    chunks = len(verified) + -(-max(0, size - end) // chunk_size)
+    return max(1, min(max_in_flight + 1, chunks))
+
+
 class _Transfer:
     """One pass over the incoming stream (state shared by the reader and the uploader)."""
 
@@ -107,11 +122,11 @@ class _Transfer:
         self.skipped = 0
         self.broken: StreamBroken | None = None
         self.refused: AgentError | None = None  # the reader's own verdict on the bytes
-        # At most max_in_flight chunks queued, one being filled: each in its own buffer, drawn
-        # from the transfer's share of the byte budget and reused once Corestore took it.
-        self.buffers = ChunkBuffers(
-            work.settings.chunk_size, most=work.settings.max_in_flight + 1, draws=work.draws
-        )
+        # Each chunk in its own buffer, drawn from the transfer's share of the byte budget and
+        # reused once Corestore took it.
+        settings = work.settings
+        most = buffer_count(work.entry.size, settings.chunk_size, verified, settings.max_in_flight)
+        self.buffers = ChunkBuffers(settings.chunk_size, most=most, draws=work.draws)
         self.queue: asyncio.Queue[tuple[int, bytes | memoryview, str] | None] = asyncio.Queue(
             maxsize=work.settings.max_in_flight
         )
@@ -222,10 +237,13 @@ async def stage_object(work: StagingWork, open_source: Callable[[], ByteSource])
     await _align_records(work, verified)
 
     transfer = _Transfer(work, verified)
-    # Its buffers before the stream is read: a stream being read is emptied by its reader, so
-    # what it holds of the byte budget always comes back; all of them, so every stage that
-    # moves moves at the same depth (the others wait their turn holding nothing).
-    await transfer.buffers.prime(whole=True)
+    # Its first buffers before the stream is read: a stream being read is emptied by its
+    # reader, so what it holds of the byte budget always comes back. Two: one being filled
+    # while the one before is on its way to Corestore, the least depth that overlaps them, so
+    # every stage that moves moves at least so (the others wait their turn holding nothing).
+    # More come only as the budget has room: all five at once held 20 MiB for a stage a far
+    # link fed one chunk per round trip, and let two such stages move where four did.
+    await transfer.buffers.prime(depth=2)
     error: AgentError | None = None
     try:
         async with asyncio.TaskGroup() as group:

@@ -11,9 +11,11 @@ import structlog
 
 from agent.contracts.isolatedrestore import METHOD_STAGE
 from agent.corestore import CorestoreTimeouts
+from agent.corestore.models import VerifiedChunk
 from agent.corestore.routes import RouteName
 from agent.errors import CorestoreUnavailable, IntegrityError, StreamBroken
 from agent.restore.settings import EngineSettings
+from agent.restore.staging import buffer_count
 
 DUMP = "snap-db/dump.bson"  # 3 full chunks and 123 bytes: 4 chunk PUTs
 
@@ -300,3 +302,23 @@ async def test_a_stage_that_fails_closes_its_stream(world: Any, source_factory: 
         await _stage_raw(world, prepared["revision"], source, DUMP)
     assert source.opened
     assert source.closed
+
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("size", "verified", "count"),
+    [
+        (256 * MiB, 0, 5),  # max_in_flight (4) queued and one being filled
+        (8 * MiB, 0, 2),  # two chunks: two buffers
+        (8 * MiB + 1, 0, 3),  # the last chunk is one byte
+        (0, 0, 1),  # an empty object still reads its stream's end into one
+        (6 * MiB, 2, 3),  # two verified chunks of 1 MiB (read again), then 4 MiB in one
+    ],
+)
+def test_a_stage_draws_no_more_buffers_than_its_object_has_chunks(
+    size: int, verified: int, count: int
+) -> None:
+    chunks = [VerifiedChunk(offset=n * MiB, length=MiB, sha256="0" * 64) for n in range(verified)]
+    assert buffer_count(size, 4 * MiB, chunks, max_in_flight=4) == count

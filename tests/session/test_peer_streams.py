@@ -19,6 +19,7 @@ from agent.protocol.connection import ConnectionSettings, StreamSettings
 from agent.protocol.handlers import ByteSink, RequestContext, Route, Routes
 from agent.session.peer import Peer
 from agent.transfers.budget import ByteBudget
+from tests.clock import ManualClock
 from tests.memory import transport_pair
 from tests.session._helpers import FAST, body_route, peers
 
@@ -442,3 +443,64 @@ async def test_an_upload_through_a_budget_of_about_one_frame_completes() -> None
     assert digests == [hashlib.sha256(payload).hexdigest()]
     assert budget.refused > 0  # answers were held for room, and room let them go
     assert budget.held == 0
+
+
+async def test_the_probe_a_held_stream_parked_is_answered_as_its_handler_reads() -> None:
+    """The answer the read releases goes out at once, not with the session's next frame: on a
+    clock that never moves (no keep-alive falls due, no probe's park time runs out), an upload
+    whose handler held its stream until the probe was parked, then read it, completes. (With a
+    byte budget every request's stream is held until its handler reads it.)"""
+    clock = ManualClock()
+    payload = os.urandom(8 * 4096)
+    parked = asyncio.Event()
+    ta, tb = transport_pair()
+    receive = tb.recv
+
+    async def recv_and_see_the_probe() -> bytes:
+        frame = await receive()
+        if _probe(orjson.loads(frame)["request"]):
+            # The reader parks it before this runs: it handles a frame without awaiting.
+            asyncio.get_running_loop().call_soon(parked.set)
+        return frame
+
+    tb.recv = recv_and_see_the_probe  # type: ignore[method-assign]
+    tb.record = True
+
+    async def held_upload(request: Upload, ctx: RequestContext) -> Size:
+        ctx.hold_stream(request.data)
+        await parked.wait()
+        assert not [frame for frame in tb.sent if _answers_a_probe(frame)]  # it waits
+        size = 0
+        async for chunk in ctx.receive_stream(request.data):
+            size += len(chunk)
+        return Size(size=size)
+
+    left = Peer(ta, Routes(), settings=FAST, clock=clock)
+    right = Peer(
+        tb,
+        Routes([Route("upload", Upload, held_upload)]),
+        settings=FAST,
+        clock=clock,
+        pool=ByteBudget(4 * MIB, clock=clock),  # as in production: streams wait for a read
+        first_frame_bytes=64 * 1024,
+    )
+    runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
+    try:
+        async with asyncio.timeout(10):
+            assert await upload(left, payload, 4096) == {"size": len(payload)}
+    finally:
+        ta.close()
+        for run in runs:
+            with pytest.raises(SessionClosed):
+                await run
+
+
+def _probe(package: Any) -> bool:
+    """Whether a frame's `request` is a stream's `feedback` probe."""
+    return isinstance(package, dict) and package.get("mainPurpose") == "feedback"
+
+
+def _answers_a_probe(frame: bytes) -> bool:
+    """Whether `frame` answers a `feedback` probe (it echoes the probe as its `request`)."""
+    decoded = orjson.loads(frame)
+    return decoded.get("response") is not None and _probe(decoded.get("request"))
