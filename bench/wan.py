@@ -9,8 +9,9 @@ For every RTT in `--rtts` (default 0, 50, 100, 200 ms):
 - stage: `--stage-mib` MiB staged as `p` isolated restores of one object each, `p` in
   `--parallel` (the objects go at once; `[corestore] max_transfers_per_node` is raised to the
   largest `p`), Cloudly writing pieces of each size in `--pieces` (KiB). The stand-in Cloudly
-  initiates like typedrequest 3.3.0 (`StreamSettings(cycles=1)`: one chunk per round trip),
-  so this is what a real Cloudly gets: the table Cloudly's side reads.
+  initiates like typedrequest 3.3.0 (a `feedback` probe first, then `StreamSettings(cycles=1)`:
+  one chunk per round trip), so this is what a real Cloudly gets: the table Cloudly's side
+  reads.
 - closure backup and closure restore of a `--closure-mib` MiB database (`backupClusterService`,
   `restoreClusterService`): the agent drives these streams.
 - MB/s (10^6 B/s) of each, and each one's ratio to the same cell at 0 ms.

@@ -200,33 +200,26 @@ async def test_the_first_buffer_is_drawn_in_turn_before_the_stream_is_read() -> 
     assert (buffers.made, budget.held) == (1, 128)
 
 
-async def test_a_deep_prime_draws_its_buffers_in_one_turn() -> None:
-    """`prime(depth)` waits until the budget has `depth` buffers at once, then holds them: a
-    transfer moves at that depth from its first byte or holds nothing."""
+async def test_a_whole_prime_draws_every_buffer_in_one_turn() -> None:
+    """`prime(whole=True)` waits until the budget has all `most` buffers at once, then holds
+    them: a transfer moves at its full depth or holds nothing."""
     budget = ByteBudget(256, reserve=0)
     other = budget.holding()
     await other.take(256)
     buffers = ChunkBuffers(64, most=3, draws=budget.holding())
-    primed = asyncio.create_task(buffers.prime(depth=2))
-    other.give(64)
+    primed = asyncio.create_task(buffers.prime(whole=True))
+    other.give(128)
     for _ in range(20):
         await asyncio.sleep(0)
-    assert (primed.done(), budget.held) == (False, 192)
+    assert (primed.done(), budget.held) == (False, 128)
     other.give(64)
     await primed
-    assert (buffers.made, budget.held) == (2, 256)
+    assert (buffers.made, budget.held) == (3, 256)
 
 
-async def test_a_deep_prime_draws_no_more_than_the_budget_can_give_one_draw() -> None:
-    """Beyond what the budget has outside its reserve, a deep prime takes what fits."""
+async def test_a_whole_prime_draws_no_more_than_the_budget_can_give_one_draw() -> None:
+    """Beyond what the budget has outside its reserve, a whole prime takes what fits."""
     budget = ByteBudget(256, reserve=64)
     buffers = ChunkBuffers(64, most=10, draws=budget.holding())
-    await buffers.prime(depth=8)
+    await buffers.prime(whole=True)
     assert (buffers.made, budget.held) == (3, 192)
-
-
-async def test_a_deep_prime_draws_no_more_than_most() -> None:
-    budget = ByteBudget(256, reserve=0)
-    buffers = ChunkBuffers(64, most=2, draws=budget.holding())
-    await buffers.prime(depth=3)
-    assert (buffers.made, budget.held) == (2, 128)

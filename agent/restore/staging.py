@@ -101,8 +101,8 @@ def buffer_count(
     `verified` ones, then `chunk_size` pieces of the rest), and at least one. An 8 MiB object in
     4 MiB chunks holds two, not five: four stages of such objects move at once in the default
     budget, where five buffers each let only two (over a far link, where each stage moves one
-    chunk per round trip, that was half the rate: docs/benchmarks.md, "Four stages opened at
-    once")."""
+    chunk per round trip, two stages move half the bytes of four: docs/benchmarks.md, "Four
+    stages opened at once")."""
     end = max((chunk.offset + chunk.length for chunk in verified), default=0)
     chunks = len(verified) + -(-max(0, size - end) // chunk_size)
     return max(1, min(max_in_flight + 1, chunks))
@@ -237,13 +237,13 @@ async def stage_object(work: StagingWork, open_source: Callable[[], ByteSource])
     await _align_records(work, verified)
 
     transfer = _Transfer(work, verified)
-    # Its first buffers before the stream is read: a stream being read is emptied by its
-    # reader, so what it holds of the byte budget always comes back. Two: one being filled
-    # while the one before is on its way to Corestore, the least depth that overlaps them, so
-    # every stage that moves moves at least so (the others wait their turn holding nothing).
-    # More come only as the budget has room: all five at once held 20 MiB for a stage a far
-    # link fed one chunk per round trip, and let two such stages move where four did.
-    await transfer.buffers.prime(depth=2)
+    # Its buffers before the stream is read: a stream being read is emptied by its reader, so
+    # what it holds of the byte budget always comes back; all of them, so every stage that
+    # moves moves at the same depth (the others wait their turn holding nothing). Two (one
+    # filling while the one before goes to Corestore), more as the budget has room, let twice
+    # as many stages move at once and cost the agent more per byte: at 128 stages the status
+    # p99 went from 25 to 76 ms (docs/benchmarks.md, "Four stages opened at once").
+    await transfer.buffers.prime(whole=True)
     error: AgentError | None = None
     try:
         async with asyncio.TaskGroup() as group:

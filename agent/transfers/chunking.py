@@ -95,21 +95,21 @@ class ChunkBuffers:
             await self._back.wait()
         return self._free.pop()
 
-    async def prime(self, depth: int = 1) -> None:
-        """Draw the first buffers now, waiting in the budget's queue: before the stream is read,
+    async def prime(self, *, whole: bool = False) -> None:
+        """Draw the first buffer now, waiting in the budget's queue: before the stream is read,
         so a transfer that reads always holds a buffer to empty its stream into.
 
-        `depth` buffers (at most `most`, and as many as the budget can ever give one draw, if
-        fewer) in one draw: the transfer then moves at that depth from its first byte, or waits
-        holding nothing; further buffers come as `get` finds room. Drawn one by one, the first
-        stages to move held a single buffer each (filling it and sending it to Corestore one
-        after the other) while others waited for their first (a further buffer does not pass
-        a waiting draw), and moved at 7 MB/s where the ones after them moved at 18 to 37
-        (docs/benchmarks.md, "Cloudly keeps control")."""
-        if depth <= 1 or self._draws is None or self._made or self._free:
+        `whole`: every buffer the transfer may use (`most`, or as many as the budget can ever
+        give one draw), in one draw. A transfer then moves at its full depth from its first
+        byte, or waits holding nothing: the transfers moving at once are of equal standing.
+        Drawn one by one, the first ones to move held a single buffer each while others waited
+        for their first (a further buffer does not pass a waiting draw), and moved at 7 MB/s
+        where the ones after them moved at 18 to 37 (docs/benchmarks.md, "Cloudly keeps
+        control")."""
+        if not whole or self._draws is None or self._made or self._free:
             self._free.append(await self.get())
             return
-        count = max(1, min(depth, self._most, self._draws.most_at_once(self.size)))
+        count = max(1, min(self._most, self._draws.most_at_once(self.size)))
         await self._draws.take(self.size * count)
         self._free.extend(self._make() for _ in range(count))
 
