@@ -241,8 +241,8 @@ async def stage_object(work: StagingWork, open_source: Callable[[], ByteSource])
     # what it holds of the byte budget always comes back; all of them, so every stage that
     # moves moves at the same depth (the others wait their turn holding nothing). Two (one
     # filling while the one before goes to Corestore), more as the budget has room, let twice
-    # as many stages move at once and cost the agent more per byte: at 128 stages the status
-    # p99 went from 25 to 76 ms (docs/benchmarks.md, "Four stages opened at once").
+    # as many stages move at once, each with its own per-stage work: at 128 stages the status
+    # p99 was 76 ms against 36 (docs/benchmarks.md, "Four stages opened at once").
     await transfer.buffers.prime(whole=True)
     error: AgentError | None = None
     try:
