@@ -12,16 +12,16 @@ The rule: a chunk frame is drawn for before it is invited. The answer that invit
 what the frame may need (`reserve`, the receive budget's gate: a quarter more than the largest
 chunk frame seen, 7/4 of that to leave room for its decoded bytes; `first_frame` before any was
 seen; never more than the budget's reserve) and is held, first in line, until the budget has
-it. A frame that arrives takes its
-reservation; one that arrives without (it was not invited) or needs more is drawn for at once
-(`draw`), and when the budget cannot take it the connection drops the frame and breaks its
-stream (`no_room_reason`). What a stream holds: its reservation, its queue (frames until they
-are decoded, then bytes), room for the decoded bytes of its chunks being decoded, the chunk its
-reader took last (until the reader asks for the next one, or stops: it has copied it into a
-buffer of its own by then), and the whole draw of every frame waiting behind a chunk being
-decoded. Whatever is drawn beyond that goes back (`settle`); a stream that is gone gives back
-everything (`forget`, `keep_only`, `clear`). Streams nobody reads yet draw only beyond the
-budget's reserve, so they never crowd out the frames a moving transfer needs.
+it. A frame that arrives takes its reservation; one that arrives without (it was not invited)
+or needs more is drawn for at once (`draw`), and when the budget cannot take it the connection
+drops the frame and breaks its stream (`no_room_reason`). What a stream holds: its reservation,
+its queue (frames until they are decoded, then bytes), room for the decoded bytes of its chunks
+being decoded, the chunk its reader took last (until the reader asks for the next one, or
+stops: it has copied it into a buffer of its own by then), and the whole draw of every frame
+waiting behind a chunk being decoded. Whatever is drawn beyond that goes back (`settle`); a
+stream that is gone gives back everything (`forget`, `keep_only`, `clear`). Streams nobody
+reads yet draw only beyond the budget's reserve, so they never crowd out the frames a moving
+transfer needs.
 """
 
 from __future__ import annotations
