@@ -20,7 +20,7 @@ from agent.protocol.handlers import ByteSink, RequestContext, Route, Routes
 from agent.session.peer import Peer
 from agent.transfers.budget import ByteBudget
 from tests.clock import ManualClock
-from tests.memory import transport_pair
+from tests.memory import MemoryTransport, transport_pair
 from tests.session._helpers import FAST, body_route, peers
 
 MIB = 1 << 20
@@ -86,6 +86,22 @@ async def upload(left: Peer, payload: bytes, chunk: int) -> dict[str, Any]:
         await sink.write(payload[start : start + chunk])
     await sink.close()
     return await call
+
+
+async def upload_between(
+    left: Peer, right: Peer, transport: MemoryTransport, payload: bytes, *, within: float
+) -> dict[str, Any]:
+    """`upload` of `payload` in 4 KiB pieces with both peers running (`within` seconds at most);
+    then `transport` (left's) closes and both runs end SessionClosed."""
+    runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
+    try:
+        async with asyncio.timeout(within):
+            return await upload(left, payload, 4096)
+    finally:
+        transport.close()
+        for run in runs:
+            with pytest.raises(SessionClosed):
+                await run
 
 
 async def download(left: Peer) -> tuple[str, int]:
@@ -431,15 +447,7 @@ async def test_an_upload_through_a_budget_of_about_one_frame_completes() -> None
         pool=budget,
         first_frame_bytes=24 * 1024,  # its need (7/4) within the budget, as config requires
     )
-    runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
-    try:
-        async with asyncio.timeout(20):
-            assert await upload(left, payload, 4096) == {"size": len(payload)}
-    finally:
-        ta.close()
-        for run in runs:
-            with pytest.raises(SessionClosed):
-                await run
+    assert await upload_between(left, right, ta, payload, within=20) == {"size": len(payload)}
     assert digests == [hashlib.sha256(payload).hexdigest()]
     assert budget.refused > 0  # answers were held for room, and room let them go
     assert budget.held == 0
@@ -484,15 +492,7 @@ async def test_the_probe_a_held_stream_parked_is_answered_as_its_handler_reads()
         pool=ByteBudget(4 * MIB, clock=clock),  # as in production: streams wait for a read
         first_frame_bytes=64 * 1024,
     )
-    runs = [asyncio.create_task(left.run()), asyncio.create_task(right.run())]
-    try:
-        async with asyncio.timeout(10):
-            assert await upload(left, payload, 4096) == {"size": len(payload)}
-    finally:
-        ta.close()
-        for run in runs:
-            with pytest.raises(SessionClosed):
-                await run
+    assert await upload_between(left, right, ta, payload, within=10) == {"size": len(payload)}
 
 
 def _probe(package: Any) -> bool:
