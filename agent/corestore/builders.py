@@ -8,7 +8,7 @@ of routes, so a builder and the reference server cannot disagree on one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -23,16 +23,16 @@ from agent.corestore.models import (
 )
 from agent.corestore.routes import ROUTES, RouteName, RouteRequest, SupportsToWire
 from agent.corestore.shapes import (
-    MAX_CHUNK_SIZE,
     check_archive_path,
+    check_chunk,
     check_id,
-    check_sha256,
     is_compact_jws,
 )
 from agent.errors import GrantInvalid, LocalProtocolError
 from agent.secret import Secret
 
 __all__ = [
+    "body_of",
     "build_commit_object",
     "build_delete_object",
     "build_delete_resource",
@@ -45,7 +45,6 @@ __all__ = [
     "build_resource_status",
     "build_restore_resource",
     "build_verify_resource",
-    "json_for",
     "path_for",
     "request_for",
 ]
@@ -65,8 +64,15 @@ def _checked_grant(grant: Secret) -> Secret:
     return grant
 
 
-def json_for(model: BaseModel) -> bytes:
-    """A request body's JSON: wire names, absent fields left out."""
+def body_of(name: RouteName, build: Callable[[], BaseModel]) -> bytes:
+    """The JSON body `build()` makes for route `name` (wire names, absent fields left out); a
+    field it refuses is our own mistake, `LocalProtocolError` naming the field (never its
+    value)."""
+    try:
+        model = build()
+    except ValidationError as exc:
+        field, reason = first_problem(exc, root="body")
+        raise LocalProtocolError(f"{name} body is invalid: {field}: {reason}") from exc
     return model.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 
@@ -95,21 +101,20 @@ def build_prepare_restore(
     grant: Secret,
 ) -> RouteRequest:
     """`PUT /v1/isolated-restores/{restoreId}`: create the scratch namespace and staging archive."""
-    try:
-        body = PrepareRestoreBody(
+    body = body_of(
+        RouteName.PREPARE_RESTORE,
+        lambda: PrepareRestoreBody(
             scratch_namespace_id=scratch_namespace_id,
             staging_archive_id=staging_archive_id,
             resource_mappings=[MappingBody.model_validate(_wire(m)) for m in resource_mappings],
             archive_manifest=ArchiveManifest.model_validate(_wire(archive_manifest)),
-        )
-    except ValidationError as exc:
-        field, reason = first_problem(exc, root="body")
-        raise LocalProtocolError(f"prepare-restore body is invalid: {field}: {reason}") from exc
+        ),
+    )
     return request_for(
         RouteName.PREPARE_RESTORE,
         grant,
         path_for(ROUTES[RouteName.PREPARE_RESTORE].template, restoreId=restore_id),
-        body=json_for(body),
+        body=body,
         content_type="application/json",
     )
 
@@ -134,11 +139,7 @@ def build_put_chunk(
     grant: Secret,
 ) -> RouteRequest:
     """`PUT .../objects?path=P&offset=N`: one chunk, its sha256 in `X-Serve-Zone-Chunk-Sha256`."""
-    if not 0 < len(data) <= MAX_CHUNK_SIZE:
-        raise LocalProtocolError(f"a chunk holds 1 to {MAX_CHUNK_SIZE} bytes, not {len(data)}")
-    if offset < 0:
-        raise LocalProtocolError(f"a chunk offset is >= 0, not {offset}")
-    check_sha256(sha256, "chunk sha256")
+    check_chunk(data, offset, sha256)
     return _object_request(
         RouteName.PUT_CHUNK,
         staging_archive_id,
@@ -160,17 +161,13 @@ def build_commit_object(
     staging_archive_id: str, path: str, size: int, sha256: str, grant: Secret
 ) -> RouteRequest:
     """`POST .../objects/commit?path=P` with `{size, sha256}` of the whole object."""
-    try:
-        body = CommitObjectBody(size=size, sha256=sha256)
-    except ValidationError as exc:
-        field, reason = first_problem(exc, root="body")
-        raise LocalProtocolError(f"commit-object body is invalid: {field}: {reason}") from exc
+    body = body_of(RouteName.COMMIT_OBJECT, lambda: CommitObjectBody(size=size, sha256=sha256))
     return _object_request(
         RouteName.COMMIT_OBJECT,
         staging_archive_id,
         path,
         grant,
-        body=json_for(body),
+        body=body,
         content_type="application/json",
     )
 

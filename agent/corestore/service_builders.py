@@ -9,12 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
 from agent.contracts.backup import ArchiveRetentionPolicy
-from agent.contracts.base import first_problem
 from agent.contracts.relay import DatabaseClosureDescriptor, ReplicationOption
-from agent.corestore.builders import json_for, path_for, request_for
+from agent.corestore.builders import body_of, path_for, request_for
 from agent.corestore.models import CommitObjectBody
 from agent.corestore.routes import LIST_PAGE_LIMIT, ROUTES, RouteName, RouteRequest
 from agent.corestore.service_models import (
@@ -23,7 +20,7 @@ from agent.corestore.service_models import (
     ServiceBackupBody,
     ServiceRestoreBody,
 )
-from agent.corestore.shapes import MAX_CHUNK_SIZE, check_id, check_sha256
+from agent.corestore.shapes import MAX_CHUNK_SIZE, check_chunk, check_id
 from agent.errors import LocalProtocolError
 
 __all__ = [
@@ -45,15 +42,6 @@ __all__ = [
 ]
 
 
-def _body_of(name: RouteName, build: Any) -> bytes:
-    try:
-        model: BaseModel = build()
-    except ValidationError as exc:
-        field, reason = first_problem(exc, root="body")
-        raise LocalProtocolError(f"{name} body is invalid: {field}: {reason}") from exc
-    return json_for(model)
-
-
 def _service_path(template: str, service_id: str, backup_id: str) -> str:
     return path_for(template, serviceId=service_id, backupId=backup_id)
 
@@ -68,7 +56,7 @@ def build_service_backup(
 ) -> RouteRequest:
     """`PUT /v1/services/{serviceId}/backups/{backupId}`: back the service's resources up."""
     name = RouteName.SERVICE_BACKUP
-    body = _body_of(
+    body = body_of(
         name,
         lambda: ServiceBackupBody(
             service=dict(service),
@@ -92,7 +80,7 @@ def build_service_restore(
     """`PUT /v1/services/{serviceId}/restores/{restoreKey}`: restore exactly these snapshots of
     the backup from the archive, once for the key."""
     name = RouteName.SERVICE_RESTORE
-    body = _body_of(
+    body = body_of(
         name,
         lambda: ServiceRestoreBody(backup_id=backup_id, snapshot_ids=snapshot_ids, clear=clear),
     )
@@ -119,7 +107,7 @@ def build_archive_list() -> RouteRequest:
 def build_archive_prune(retention: ArchiveRetentionPolicy, *, dry_run: bool) -> RouteRequest:
     """`POST /v1/archive/prune` (404 archive-not-found: the node has no archive)."""
     name = RouteName.ARCHIVE_PRUNE
-    body = _body_of(name, lambda: ArchivePruneBody(retention=retention, dry_run=dry_run))
+    body = body_of(name, lambda: ArchivePruneBody(retention=retention, dry_run=dry_run))
     return request_for(
         name, None, ROUTES[name].template, body=body, content_type="application/json"
     )
@@ -152,7 +140,7 @@ def build_closure_import(
 ) -> RouteRequest:
     """`PUT /v1/database-closure-imports/{importId}`: open an import for exactly these bytes."""
     name = RouteName.CLOSURE_IMPORT
-    body = _body_of(
+    body = body_of(
         name,
         lambda: ClosureImportBody(
             service_id=service_id,
@@ -170,11 +158,7 @@ def build_closure_import_chunk(
     import_id: str, offset: int, data: bytes | bytearray | memoryview, sha256: str
 ) -> RouteRequest:
     """`PUT .../{importId}/chunks?offset=N`: one chunk, its sha256 in the chunk header."""
-    if not 0 < len(data) <= MAX_CHUNK_SIZE:
-        raise LocalProtocolError(f"a chunk holds 1 to {MAX_CHUNK_SIZE} bytes, not {len(data)}")
-    if offset < 0:
-        raise LocalProtocolError(f"a chunk offset is >= 0, not {offset}")
-    check_sha256(sha256, "chunk sha256")
+    check_chunk(data, offset, sha256)
     name = RouteName.CLOSURE_IMPORT_CHUNK
     return request_for(
         name,
@@ -190,7 +174,7 @@ def build_closure_import_chunk(
 def build_closure_import_commit(import_id: str, size: int, sha256: str) -> RouteRequest:
     """`POST .../{importId}/commit` with `{size, sha256}`: re-hash, then replace the database."""
     name = RouteName.CLOSURE_IMPORT_COMMIT
-    body = _body_of(name, lambda: CommitObjectBody(size=size, sha256=sha256))
+    body = body_of(name, lambda: CommitObjectBody(size=size, sha256=sha256))
     path = path_for(ROUTES[name].template, importId=import_id)
     return request_for(name, None, path, body=body, content_type="application/json")
 

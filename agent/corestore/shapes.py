@@ -21,6 +21,7 @@ __all__ = [
     "MAX_ID_LENGTH",
     "archive_path_problem",
     "check_archive_path",
+    "check_chunk",
     "check_id",
     "check_sha256",
     "id_problem",
@@ -80,3 +81,13 @@ def check_sha256(value: str, what: str) -> None:
     problem = sha256_problem(value)
     if problem:
         raise LocalProtocolError(f"{what} {problem}")
+
+
+def check_chunk(data: bytes | bytearray | memoryview, offset: int, sha256: str) -> None:
+    """Raise `LocalProtocolError` unless one chunk PUT may carry `data` at `offset` with its
+    `sha256` (a staged object's chunk or a closure import's alike)."""
+    if not 0 < len(data) <= MAX_CHUNK_SIZE:
+        raise LocalProtocolError(f"a chunk holds 1 to {MAX_CHUNK_SIZE} bytes, not {len(data)}")
+    if offset < 0:
+        raise LocalProtocolError(f"a chunk offset is >= 0, not {offset}")
+    check_sha256(sha256, "chunk sha256")
